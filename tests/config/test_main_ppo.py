@@ -1,0 +1,109 @@
+"""The entry points: ``python -m verl.trainer.main_ppo`` and the ``verl`` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from verl import cli
+from verl.config import TrainerConfig, from_dict
+from verl.config.yaml_io import load_yaml_text
+from verl.trainer import main_ppo
+
+HEAVY = ("torch", "transformers", "ray", "numpy", "pyarrow")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_print_config_subprocess():
+    proc = run(
+        "-m",
+        "verl.trainer.main_ppo",
+        "--print-config",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.rollout.n=2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg = from_dict(load_yaml_text(proc.stdout))
+    expected = TrainerConfig()
+    expected.data.train_batch_size = 16
+    expected.actor_rollout_ref.rollout.n = 2
+    assert cfg == expected
+
+
+def test_typo_exits_2_with_message_subprocess():
+    proc = run(
+        "-m",
+        "verl.trainer.main_ppo",
+        "actor_rollout_ref.actor.optim.lrr=1",
+        "data.train_bach_size=4",
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "invalid config (2 problems):",
+        "  - actor_rollout_ref.actor.optim.lrr: unknown key (override "
+        "'actor_rollout_ref.actor.optim.lrr=1'); did you mean actor_rollout_ref.actor.optim.lr?",
+        "  - data.train_bach_size: unknown key (override 'data.train_bach_size=4'); did you mean "
+        "data.train_batch_size?",
+    ]
+
+
+def test_config_errors_and_validation_import_nothing_heavy():
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from verl.trainer.main_ppo import main
+        assert main(["data.train_bach_size=4"]) == 2
+        assert main(["--validate-only", "actor_rollout_ref.rollout.n=2"]) == 0
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+        print("HEAVY", heavy)
+        """
+    )
+    proc = run("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert "config OK" in proc.stdout
+
+
+def test_missing_training_loop_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    # None in sys.modules makes the import fail with ModuleNotFoundError for exactly that module
+    monkeypatch.setitem(sys.modules, "verl.trainer.ppo_trainer", None)
+    assert main_ppo.main(["actor_rollout_ref.rollout.n=2"]) == 1
+    assert "training loop not available yet" in capsys.readouterr().err
+
+
+def test_user_config_file_and_intermixed_flags(tmp_path, capsys: pytest.CaptureFixture[str]):
+    user = tmp_path / "run.yaml"
+    user.write_text("trainer: {experiment_name: from_file}\n")
+    rc = main_ppo.main(["trainer.seed=3", "--config", str(user), "--print-config", "data.seed=5"])
+    assert rc == 0
+    cfg = from_dict(load_yaml_text(capsys.readouterr().out))
+    assert (cfg.trainer.experiment_name, cfg.trainer.seed, cfg.data.seed) == ("from_file", 3, 5)
+
+
+def test_cli(capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["config", "trainer.seed=9"]) == 0
+    assert from_dict(load_yaml_text(capsys.readouterr().out)).trainer.seed == 9
+    assert cli.main(["config", "trainer.sed=9"]) == 2
+    assert "did you mean trainer.seed?" in capsys.readouterr().err
+    assert cli.main(["bogus"]) == 2
+    assert "unknown command 'bogus'" in capsys.readouterr().err
+    assert cli.main([]) == 2
+    assert cli.main(["--help"]) == 0
+    assert "train" in capsys.readouterr().out
+
+
+def test_cli_module_subprocess():
+    proc = run("-m", "verl.cli", "train", "--validate-only", "data.train_batch_size=x")
+    assert proc.returncode == 2
+    assert "data.train_batch_size=x: expected int, got a string" in proc.stderr

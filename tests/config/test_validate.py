@@ -1,0 +1,285 @@
+"""Semantic validation: batch-size arithmetic, files, combinations, warnings, derived values."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from verl.config import (
+    ActorConfig,
+    ConfigError,
+    DataConfig,
+    TrainerConfig,
+    checkpoint_dir,
+    clip_ratio_bounds,
+    critic_enabled,
+    critic_model_path,
+    load_config,
+    log_dir,
+    ref_enabled,
+    rollout_seed,
+    tokenizer_path,
+    validate,
+    world_size,
+)
+
+
+def messages(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    return [p.message for p in info.value.problems]
+
+
+def test_mini_batch_must_divide_train_batch():
+    (msg,) = messages(["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    assert msg == (
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8: does not divide data.train_batch_size=12 "
+        "(prompts per step); use one of 1, 2, 3, 4, 6, 12"
+    )
+
+
+def test_micro_batch_must_divide_per_device_samples():
+    # 6 prompts x n=4 = 24 samples per optimizer step on 1 device; 5 does not divide 24
+    (msg,) = messages(
+        [
+            "data.train_batch_size=12",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=5",
+        ]
+    )
+    assert msg == (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=5: does not divide the 24 "
+        "samples per device per optimizer step (actor_rollout_ref.actor.ppo_mini_batch_size=6 "
+        "x rollout.n=4 / 1 devices); use one of 1, 2, 3, 4, 6, 8, 12, 24"
+    )
+    # with n=4 the 4 prompts of the default mini-batch are 16 samples: micro 8 divides them
+    load_config(
+        overrides=[
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=8",
+        ]
+    )
+
+
+def test_mini_batch_samples_split_over_devices():
+    base = ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=3"]
+    (msg,) = messages(base)
+    assert msg.startswith(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4: 4 prompts x rollout.n=1 = 4 samples per "
+        "optimizer step do not split over 3 devices"
+    )
+    # 4 prompts x 3 = 12 samples -> 4 per device, micro 4 divides
+    load_config(overrides=[*base, "actor_rollout_ref.rollout.n=3"])
+    # per device 4 samples, micro 3 does not divide
+    (msg,) = messages(
+        [
+            *base,
+            "actor_rollout_ref.rollout.n=3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=3",
+        ]
+    )
+    assert "does not divide the 4 samples per device" in msg
+
+
+def test_dynamic_bsz_skips_micro_check_but_needs_token_budget():
+    load_config(
+        overrides=[
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=3",
+        ]
+    )
+    (msg,) = messages(
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_device=100",
+        ]
+    )
+    assert msg == (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_device=100: smaller than one sample "
+        "(max_prompt_length + max_response_length = 192); raise it to at least 192"
+    )
+
+
+def test_critic_batches_checked_only_when_critic_is_on():
+    load_config(overrides=["critic.ppo_mini_batch_size=3"])  # grpo: no critic
+    msgs = messages(["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"])
+    assert msgs == [
+        "critic.ppo_mini_batch_size=3: does not divide data.train_batch_size=8 (prompts per "
+        "step); use one of 1, 2, 4, 8"
+    ]
+
+
+def test_gae_needs_critic():
+    (msg,) = messages(["algorithm.adv_estimator=gae", "critic.enable=false"])
+    assert msg.startswith("critic.enable=false: algorithm.adv_estimator=gae needs a value function")
+
+
+def test_missing_files_are_each_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    msgs = messages(
+        [
+            "data.train_files=[a.parquet, b.parquet]",
+            "data.val_files=c.jsonl",
+            "custom_reward_function.path=my_reward.py",
+            "actor_rollout_ref.model.path=models/tiny",
+            "trainer.resume_mode=resume_path",
+            "trainer.resume_from_path=ckpt/step_3",
+        ]
+    )
+    where = f"(relative paths are resolved from {tmp_path})"
+    assert msgs == [
+        f"data.train_files: file 'a.parquet' does not exist {where}",
+        f"data.train_files: file 'b.parquet' does not exist {where}",
+        f"data.val_files: file 'c.jsonl' does not exist {where}",
+        "actor_rollout_ref.model.path=models/tiny: no such local model directory or file; give a "
+        "local path or the embedded model 'smollm2-135m-instruct' (hub downloads are not done)",
+        f"custom_reward_function.path: reward function file 'my_reward.py' does not exist {where}",
+        f"trainer.resume_from_path: checkpoint 'ckpt/step_3' does not exist {where}",
+    ]
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "my_reward.py").write_text("def compute_score(*a): return 0.0\n")
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.model.path=models/tiny",
+            "custom_reward_function.path=my_reward.py",
+        ]
+    )
+    assert critic_model_path(cfg) == "models/tiny" == tokenizer_path(cfg)
+
+
+def test_no_training_data():
+    (msg,) = messages(["data.builtin=null"])
+    assert msg == (
+        "data.train_files=[]: no training data; set data.train_files=[file, ...] or "
+        "data.builtin=arithmetic"
+    )
+    (msg,) = messages(["data.arithmetic.train_size=4"])
+    assert msg.startswith("data.arithmetic.train_size=4: fewer prompts than one batch")
+
+
+def test_combinations():
+    msgs = messages(
+        [
+            "trainer.n_gpus_per_node=2",  # strategy single
+            "trainer.nnodes=2",  # backend local
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",  # temperature 0
+            "actor_rollout_ref.rollout.top_k=0",
+            "actor_rollout_ref.actor.clip_ratio_low=1.2",
+            "reward_model.enable=true",
+            "reward_model.clip_range=[1, -1]",
+            "reward_model.overlong_buffer.enable=true",
+            "trainer.default_local_dir=ckpt/{project}",
+            "trainer.save_freq=0",
+            "algorithm.gamma=1.5",
+            "actor_rollout_ref.actor.optim.betas=[0.9]",
+        ]
+    )
+    joined = "\n".join(msgs)
+    for expected in [
+        "actor_rollout_ref.actor.strategy=single: runs one process but the world size is 4",
+        "trainer.nnodes=2: several machines need trainer.backend=ray",
+        "actor_rollout_ref.rollout.name=vllm: needs CUDA but trainer.device=cpu",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0 with "
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.top_k=0: must be -1 (off) or >= 1",
+        "actor_rollout_ref.actor.clip_ratio_low=1.2: the lower clip epsilon must be in (0, 1)",
+        "reward_model.enable=true: reward_model.model.path is null",
+        "reward_model.clip_range=[1.0, -1.0]: must be [lo, hi] with lo < hi",
+        "reward_model.overlong_buffer.len=0: must be in [1, data.max_response_length=64]",
+        "trainer.default_local_dir='ckpt/{project}': unknown field project",
+        "trainer.save_freq=0: must be -1 (off) or >= 1",
+        "algorithm.gamma=1.5: must be in [0, 1]",
+        "actor_rollout_ref.actor.optim.betas=[0.9]: must be two numbers in [0, 1)",
+    ]:
+        assert expected in joined, expected
+
+
+def test_type_error_suppresses_checks_that_depend_on_it():
+    # a bad train_batch_size must not also produce "mini-batch does not divide" noise
+    (msg,) = messages(
+        ["data.train_batch_size=abc", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]
+    )
+    assert msg.startswith("data.train_batch_size=abc: expected int")
+
+
+def test_registries_are_checked_when_given():
+    cfg = TrainerConfig()
+    cfg.algorithm.adv_estimator = "grpoo"
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(registries={"algorithm.adv_estimator": ["gae", "grpo", "rloo"]})
+    assert str(info.value) == (
+        "invalid config: algorithm.adv_estimator=grpoo: must be one of gae, grpo, rloo; "
+        "did you mean grpo?"
+    )
+
+
+def test_python_objects_are_type_checked():
+    cfg = TrainerConfig()
+    cfg.data.train_batch_size = "8"
+    cfg.actor_rollout_ref.rollout.n = 2.0
+    cfg.critic = {"enable": True}
+    cfg.trainer.logger = "console"
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert [p.message for p in info.value.problems] == [
+        "data.train_batch_size='8': expected int, got a string (write the number without quotes)",
+        "actor_rollout_ref.rollout.n=2.0: expected int, got a float (use a whole number, e.g. 8 not 8.0)",
+        "critic={enable: true}: expected a CriticConfig instance (a section)",
+        'trainer.logger=console: expected list["console" | "jsonl" | "tensorboard" | "wandb"], got a string',
+    ]
+
+
+def test_python_config_ints_for_floats_are_fine():
+    cfg = TrainerConfig()
+    cfg.actor_rollout_ref.actor = ActorConfig(clip_ratio_c=3, entropy_coeff=0, grad_clip=1)
+    cfg.actor_rollout_ref.rollout.n = 2
+    assert cfg.validate() == []
+    cfg.actor_rollout_ref.actor.clip_ratio = 1  # leaves no room below the ratio
+    with pytest.raises(ConfigError, match=r"clip_ratio=1: the lower clip epsilon"):
+        cfg.validate()
+
+
+def test_warnings_are_logged_not_raised(caplog: pytest.LogCaptureFixture):
+    cfg = TrainerConfig()
+    cfg.algorithm.use_kl_in_reward = True
+    cfg.actor_rollout_ref.actor.use_kl_loss = True
+    cfg.data = DataConfig(train_files=[], val_files=[])
+    cfg.trainer.resume_from_path = "somewhere"
+    with caplog.at_level(logging.WARNING, logger="verl.config.validate"):
+        warnings = cfg.validate()
+    assert len(warnings) == 3
+    assert "group of one response has zero advantage" in warnings[0]
+    assert "the KL to the reference is penalised twice" in warnings[1]
+    assert (
+        warnings[2] == "trainer.resume_from_path is ignored unless trainer.resume_mode=resume_path"
+    )
+    assert [r.getMessage() for r in caplog.records] == warnings
+
+
+def test_derived_values():
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "trainer.project_name=p",
+            "trainer.experiment_name=e",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
+            "trainer.n_gpus_per_node=2",
+        ]
+    )
+    assert world_size(cfg) == 2
+    assert clip_ratio_bounds(cfg.actor_rollout_ref.actor) == (0.2, 0.28)
+    assert checkpoint_dir(cfg) == "checkpoints/p/e"
+    assert log_dir(cfg) == "runs/p/e"
+    assert critic_enabled(cfg) is False and ref_enabled(cfg) is False
+    assert rollout_seed(cfg) == 42
+    cfg.algorithm.adv_estimator = "gae"
+    cfg.actor_rollout_ref.actor.use_kl_loss = True
+    assert critic_enabled(cfg) is True and ref_enabled(cfg) is True
+    cfg.critic.enable = False
+    assert critic_enabled(cfg) is False

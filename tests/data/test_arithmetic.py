@@ -1,0 +1,136 @@
+"""Arithmetic dataset generator: correct answers, determinism, disjoint splits, CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from verl.data.arithmetic import (
+    main,
+    make_arithmetic_rows,
+    problem_space_size,
+    row_problem,
+    write_arithmetic_dataset,
+)
+from verl.data.io import read_records
+from verl.data.rl_dataset import RLHFDataset
+
+PROMPT = re.compile(r"What is (\d+) ([-+*]) (\d+)\? Answer with just the number\.")
+
+
+def evaluate(a: int, op: str, b: int) -> int:
+    return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+
+def test_rows_have_correct_answers():
+    rows = make_arithmetic_rows(300, digits=2, ops=["+", "-", "*"], seed=5)
+    assert len(rows) == 300
+    ops_seen = set()
+    for i, row in enumerate(rows):
+        assert row["data_source"] == "arithmetic"
+        assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"
+        a, op, b = PROMPT.fullmatch(row["prompt"][0]["content"]).groups()
+        a, b = int(a), int(b)
+        assert 10 <= a <= 99 and 10 <= b <= 99
+        assert row["reward_model"]["ground_truth"] == str(evaluate(a, op, b))
+        assert int(row["reward_model"]["ground_truth"]) >= 0
+        info = row["extra_info"]
+        assert (info["a"], info["op"], info["b"], info["index"]) == (a, op, b, i)
+        assert info["expression"] == f"{a} {op} {b}"
+        ops_seen.add(op)
+    assert ops_seen == {"+", "-", "*"}
+    assert len({row_problem(r) for r in rows}) == 300  # distinct: the space has 22,005
+
+
+def test_hand_checked_examples_and_plain_style():
+    rows = make_arithmetic_rows(40, digits=1, ops=["*"], seed=0, prompt_style="plain")
+    for row in rows:
+        a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+        assert 0 <= a <= 9 and 0 <= b <= 9
+        assert row["prompt"][0]["content"] == f"{a} * {b} ="
+        assert row["reward_model"]["ground_truth"] == str(a * b)
+    assert problem_space_size(1, ["+", "-", "*"]) == 100 + 55 + 100
+    assert problem_space_size(2, ["-"]) == 90 * 91 // 2
+
+
+def test_deterministic_per_seed():
+    assert make_arithmetic_rows(20, seed=3) == make_arithmetic_rows(20, seed=3)
+    assert make_arithmetic_rows(20, seed=3) != make_arithmetic_rows(20, seed=4)
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="digits=0 must be >= 1"):
+        make_arithmetic_rows(5, digits=0)
+    with pytest.raises(ValueError, match=r"unsupported op\(s\) \['/'\]"):
+        make_arithmetic_rows(5, ops=["+", "/"])
+    with pytest.raises(ValueError, match="prompt_style"):
+        make_arithmetic_rows(5, prompt_style="poem")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_written_splits_are_disjoint_and_loadable(tmp_path, tokenizer, fmt):
+    train, val = write_arithmetic_dataset(
+        tmp_path, train_size=150, val_size=40, digits=1, seed=2, fmt=fmt
+    )
+    assert os.path.basename(train) == f"train.{fmt}" and os.path.basename(val) == f"test.{fmt}"
+    train_rows = [r.data for r in read_records(train).records]
+    val_rows = [r.data for r in read_records(val).records]
+    assert (len(train_rows), len(val_rows)) == (150, 40)
+    train_set = {row_problem(r) for r in train_rows}
+    val_set = {row_problem(r) for r in val_rows}
+    assert train_set.isdisjoint(val_set)
+    assert len(train_set) == 150 and len(val_set) == 40  # 255 problems: room for both
+    assert {r["extra_info"]["split"] for r in val_rows} == {"test"}
+    ds = RLHFDataset([train, val], tokenizer)
+    assert len(ds) == 190
+    item = ds[0]
+    assert item["ground_truth"] == str(evaluate(*row_problem(train_rows[0])))
+
+
+def test_small_space_stays_disjoint_and_repeats(tmp_path, caplog):
+    # 1-digit addition has 100 problems: 30 go to val, train can only use the other 70.
+    with caplog.at_level(logging.WARNING, logger="verl.data.arithmetic"):
+        train, val = write_arithmetic_dataset(
+            tmp_path, train_size=200, val_size=30, digits=1, ops=["+"], fmt="jsonl"
+        )
+    train_set = {row_problem(r.data) for r in read_records(train).records}
+    val_set = {row_problem(r.data) for r in read_records(val).records}
+    assert len(val_set) == 30 and len(train_set) == 70
+    assert train_set.isdisjoint(val_set)
+    assert "only 70 distinct ones are available" in caplog.text
+    with pytest.raises(ValueError, match="lower val_size"):
+        write_arithmetic_dataset(tmp_path, train_size=5, val_size=100, digits=1, ops=["+"])
+
+
+def test_cli(tmp_path, capsys):
+    out = tmp_path / "arith"
+    argv = ["--out", str(out), "--train-size", "12", "--val-size", "4", "--digits", "2"]
+    assert main([*argv, "--ops", "+", "-", "--format", "jsonl", "--seed", "9"]) == 0
+    rows = [r.data for r in read_records(out / "train.jsonl").records]
+    assert len(rows) == 12 and {r["extra_info"]["op"] for r in rows} <= {"+", "-"}
+    assert "train:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--digits", "0"])
+    assert exc.value.code == 2
+    assert "--digits 0: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--ops", "+", "README.md"])
+    assert "each op must be one of + - '*'" in capsys.readouterr().err
+
+
+def test_module_entry_point(tmp_path):
+    args = ["--out", str(tmp_path), "--train-size", "8", "--val-size", "2", "--ops", "-", "*"]
+    result = subprocess.run(
+        [sys.executable, "-m", "verl.data.arithmetic", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [r.data for r in read_records(tmp_path / "train.parquet").records]
+    assert len(rows) == 8 and {r["extra_info"]["op"] for r in rows} <= {"-", "*"}

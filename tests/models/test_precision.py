@@ -1,0 +1,56 @@
+"""Tests for verl/models/precision.py."""
+
+import pytest
+import torch
+from torch import nn
+
+from verl.models import build_tiny_model, enable_activation_checkpointing, resolve_dtype
+from verl.models.precision import is_activation_checkpointing
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("fp32", torch.float32),
+        ("float32", torch.float32),
+        ("bf16", torch.bfloat16),
+        ("BFloat16", torch.bfloat16),
+        ("torch.bfloat16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("float16", torch.float16),
+        (torch.float16, torch.float16),
+    ],
+)
+def test_resolve_dtype(name, expected):
+    assert resolve_dtype(name) is expected
+
+
+def test_resolve_dtype_errors():
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp8'; use one of fp32/float32, bf16"):
+        resolve_dtype("fp8")
+    with pytest.raises(ValueError, match=r"dtype=torch\.int64 is not a training precision"):
+        resolve_dtype(torch.int64)
+    with pytest.raises(TypeError, match=r"dtype must be a str or torch\.dtype, got int: 16"):
+        resolve_dtype(16)
+
+
+def _grads(model, ids):
+    model.zero_grad()
+    model(input_ids=ids, use_cache=False).logits.float().pow(2).mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_activation_checkpointing_same_grads():
+    ids = torch.randint(3, 700, (2, 9), generator=torch.Generator().manual_seed(1))
+    plain = build_tiny_model(seed=2).train()
+    ckpt = enable_activation_checkpointing(build_tiny_model(seed=2).train())
+    assert is_activation_checkpointing(ckpt) and not is_activation_checkpointing(plain)
+    g_plain, g_ckpt = _grads(plain, ids), _grads(ckpt, ids)
+    assert g_plain.keys() == g_ckpt.keys()
+    for name in g_plain:
+        torch.testing.assert_close(g_ckpt[name], g_plain[name], rtol=1e-5, atol=1e-7)
+
+
+def test_activation_checkpointing_rejects_plain_module():
+    with pytest.raises(TypeError, match="Linear has no activation_checkpointing_enable"):
+        enable_activation_checkpointing(nn.Linear(2, 2))

@@ -1,0 +1,31 @@
+"""PreallocatedKVCache: fan-out prefill write, in-place decode writes, row selection."""
+
+import torch
+
+from verl.rollout.kv_cache import PreallocatedKVCache
+
+
+def test_fan_out_decode_and_select_rows():
+    cache = PreallocatedKVCache(num_layers=2, rows=6, max_len=5, repeats=3)
+    k = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).view(2, 2, 3, 4)  # 2 prompts, 3 tokens
+    v = -k
+    keys, values = cache.update(k, v, 0)
+    assert keys is k and values is v  # prefill attends over the un-repeated prompts
+    cache.update(k, v, 1)
+    assert cache.length == 3 and cache.get_seq_length() == 3
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys[:, :, :3], k.repeat_interleave(3, dim=0))
+    assert torch.equal(layer.values[:, :, :3], v.repeat_interleave(3, dim=0))
+
+    step = torch.full((6, 2, 1, 4), 7.0)
+    keys, _ = cache.update(step, step, 0)
+    assert keys.shape == (6, 2, 4, 4)
+    assert keys.data_ptr() == layer.keys.data_ptr()  # a view of the buffer, no copy
+    assert bool((keys[:, :, 3] == 7).all())
+
+    keep = torch.tensor([1, 4, 5])
+    before = layer.keys[:, :, :4].clone()
+    cache.select_rows(keep)
+    assert cache.layers[0].keys.shape == (3, 2, 5, 4)
+    assert torch.equal(cache.layers[0].keys[:, :, :4], before[keep])
+    assert cache.length == 4

@@ -1,0 +1,327 @@
+"""The native engine: exactness against a no-cache reference, output layout, log-probs,
+n samples, seeds, stop tokens / strings, compaction, and the sampling distribution."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from verl.models.tiny import build_tiny_model
+from verl.rollout import SamplingParams, build_rollout
+from verl.rollout.native import NativeRollout
+
+from .conftest import PROMPTS, make_batch
+
+
+def naive_greedy(model, batch, max_new: int, stop_ids: list[int]) -> list[list[int]]:
+    """No cache, no padding: one full forward per token, per prompt."""
+    out = []
+    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+    with torch.no_grad():
+        for row, m in zip(ids, mask):
+            seq = row[m.bool()].tolist()
+            gen: list[int] = []
+            for _ in range(max_new):
+                token = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+                gen.append(token)
+                seq.append(token)
+                if token in stop_ids:
+                    break
+            out.append(gen)
+    return out
+
+
+def recomputed_log_probs(model, out, temperature: float) -> torch.Tensor:
+    """What the trainer computes: one forward over prompt + response, tempered log-softmax."""
+    prompt_len = out.batch["prompts"].shape[1]
+    resp = out.batch["responses"]
+    with torch.no_grad():
+        logits = model(
+            input_ids=out.batch["input_ids"],
+            attention_mask=out.batch["attention_mask"],
+            position_ids=out.batch["position_ids"],
+        ).logits
+    logits = logits[:, prompt_len - 1 : -1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+
+
+def responses_as_lists(out) -> list[list[int]]:
+    lengths = out.batch["response_mask"].sum(-1).tolist()
+    return [r[:n] for r, n in zip(out.batch["responses"].tolist(), lengths)]
+
+
+def test_greedy_matches_no_cache_reference(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    out = engine.generate(batch, SamplingParams(do_sample=False, max_new_tokens=12))
+    got = responses_as_lists(out)
+    assert got == naive_greedy(model, batch, 12, [tokenizer.eos_token_id])
+    assert len({tuple(r) for r in got}) == len(PROMPTS)  # the model gives varied outputs
+    assert all(len(set(r)) > 3 for r in got)
+
+
+def test_output_layout(model, tokenizer, batch):
+    n, max_new = 3, 10
+    out = NativeRollout(model, tokenizer).generate(
+        batch, SamplingParams(n=n, max_new_tokens=max_new, seed=0)
+    )
+    rows, prompt_len = len(PROMPTS) * n, batch.batch["input_ids"].shape[1]
+    b = out.batch
+    assert b["prompts"].shape == (rows, prompt_len)
+    assert b["responses"].shape == b["response_mask"].shape == (rows, max_new)
+    assert b["rollout_log_probs"].shape == (rows, max_new)
+    assert b["rollout_log_probs"].dtype == torch.float32
+    assert b["response_mask"].dtype == batch.batch["attention_mask"].dtype
+    assert torch.equal(b["prompts"], batch.batch["input_ids"].repeat_interleave(n, 0))
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
+    prompt_mask = batch.batch["attention_mask"].repeat_interleave(n, 0)
+    assert torch.equal(b["attention_mask"], torch.cat([prompt_mask, b["response_mask"]], 1))
+    last = batch.batch["position_ids"][:, -1].repeat_interleave(n)
+    expected_pos = last[:, None] + torch.arange(1, max_new + 1)
+    assert torch.equal(b["position_ids"][:, prompt_len:], expected_pos)
+    assert torch.equal(
+        b["position_ids"][:, :prompt_len], batch.batch["position_ids"].repeat_interleave(n, 0)
+    )
+    assert list(out.non_tensor_batch["uid"]) == [f"u{i}" for i in range(4) for _ in range(n)]
+    assert out.meta_info == {"step": 7}
+    assert not any(t.is_inference() for t in b.values())  # usable in the trainer's autograd
+    # the input batch is left untouched
+    assert set(batch.batch) == {"input_ids", "attention_mask", "position_ids"}
+
+
+def test_stop_token_ends_response_then_pad(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    free = engine.generate(
+        batch, SamplingParams(do_sample=False, max_new_tokens=12, stop_token_ids=[])
+    )
+    assert free.batch["response_mask"].all()  # no stop ids: every row runs to the cap
+    stop = int(free.batch["responses"][0, 4])
+    out = engine.generate(
+        batch, SamplingParams(do_sample=False, max_new_tokens=12, stop_token_ids=[stop])
+    )
+    for row_free, row, mask, logp in zip(
+        free.batch["responses"].tolist(),
+        out.batch["responses"].tolist(),
+        out.batch["response_mask"].tolist(),
+        out.batch["rollout_log_probs"],
+    ):
+        end = row_free.index(stop) + 1 if stop in row_free else 12
+        assert mask == [1] * end + [0] * (12 - end)
+        assert row[:end] == row_free[:end]
+        assert row[end:] == [tokenizer.pad_token_id] * (12 - end)
+        assert bool((logp[end:] == 0).all()) and bool((logp[:end] < 0).all())
+    assert out.batch["response_mask"][0].sum() <= 5
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.7},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 20},
+        {"do_sample": False, "temperature": 0.6},
+    ],
+)
+def test_rollout_log_probs_match_trainer_recompute(model, tokenizer, batch, kwargs):
+    params = SamplingParams(n=2, max_new_tokens=10, seed=3, **kwargs)
+    out = NativeRollout(model, tokenizer).generate(batch, params)
+    expected = recomputed_log_probs(model, out, params.logprob_temperature)
+    mask = out.batch["response_mask"].bool()
+    got = out.batch["rollout_log_probs"]
+    assert torch.allclose(got[mask], expected[mask], atol=1e-4)
+    assert bool((got[~mask] == 0).all())
+
+
+def test_n_samples_share_prompt_and_differ(model, tokenizer, batch):
+    out = NativeRollout(model, tokenizer).generate(
+        batch, SamplingParams(n=4, max_new_tokens=8, seed=0)
+    )
+    responses = out.batch["responses"].view(len(PROMPTS), 4, -1)
+    prompts = out.batch["prompts"].view(len(PROMPTS), 4, -1)
+    assert bool((prompts == prompts[:, :1]).all())
+    for group in responses:
+        assert len({tuple(r.tolist()) for r in group}) > 1
+
+
+def test_prefill_runs_once_per_prompt_and_keeps_one_logit(model, tokenizer, batch):
+    calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    embed_shapes: list[tuple[int, ...]] = []
+    h1 = model.model.embed_tokens.register_forward_hook(
+        lambda mod, args, out: embed_shapes.append(tuple(args[0].shape))
+    )
+    h2 = model.lm_head.register_forward_hook(
+        lambda mod, args, out: calls.append((tuple(args[0].shape), tuple(out.shape)))
+    )
+    try:
+        NativeRollout(model, tokenizer).generate(
+            batch, SamplingParams(n=4, max_new_tokens=5, seed=0, stop_token_ids=[])
+        )
+    finally:
+        h1.remove()
+        h2.remove()
+    prompt_len = batch.batch["input_ids"].shape[1]
+    assert embed_shapes[0] == (len(PROMPTS), prompt_len)  # B prompts, not B * n
+    assert embed_shapes[1:] == [(len(PROMPTS) * 4, 1)] * 4  # max_new - 1 decode steps
+    assert calls[0][0][:2] == (len(PROMPTS), 1)  # only the last position reaches lm_head
+
+
+def test_seed_reproducibility(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=8, seed=11, temperature=0.9)
+    a, b = engine.generate(batch, params), engine.generate(batch, params)
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"])
+    c = engine.generate(batch, SamplingParams(n=2, max_new_tokens=8, seed=12, temperature=0.9))
+    assert not torch.equal(a.batch["responses"], c.batch["responses"])
+    # seed=None follows the global RNG
+    unseeded = SamplingParams(n=2, max_new_tokens=8)
+    torch.manual_seed(5)
+    d = engine.generate(batch, unseeded)
+    torch.manual_seed(5)
+    e = engine.generate(batch, unseeded)
+    assert torch.equal(d.batch["responses"], e.batch["responses"])
+
+
+def test_top_k_one_equals_greedy(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    greedy = engine.generate(batch, SamplingParams(do_sample=False, max_new_tokens=10))
+    top1 = engine.generate(batch, SamplingParams(top_k=1, max_new_tokens=10, seed=4))
+    assert torch.equal(greedy.batch["responses"], top1.batch["responses"])
+    assert torch.equal(greedy.batch["response_mask"], top1.batch["response_mask"])
+
+
+def test_stop_strings(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    free = engine.generate(
+        batch, SamplingParams(do_sample=False, max_new_tokens=12, stop_token_ids=[])
+    )
+    row0 = free.batch["responses"][0].tolist()
+    text0 = [tokenizer.decode(row0[: t + 1]) for t in range(12)]
+    # a stop string completed by token 5 of row 0 (its last 2 characters there)
+    stop = text0[5][-2:]
+    if not stop.strip():
+        pytest.skip("tiny model produced whitespace")
+    out = engine.generate(
+        batch,
+        SamplingParams(do_sample=False, max_new_tokens=12, stop_token_ids=[], stop_strings=[stop]),
+    )
+    for row, mask in zip(free.batch["responses"].tolist(), out.batch["response_mask"].tolist()):
+        texts = [tokenizer.decode(row[: t + 1]) for t in range(12)]
+        end = next((t + 1 for t, s in enumerate(texts) if stop in s), 12)
+        assert sum(mask) == end
+    assert sum(out.batch["response_mask"][0].tolist()) <= 6
+    with pytest.raises(ValueError, match="tokenizer"):
+        NativeRollout(model).generate(batch, SamplingParams(stop_strings=["x"], max_new_tokens=2))
+
+
+def test_compaction_does_not_change_results(model, tokenizer, batch):
+    # Common tokens as stop ids so rows finish at different steps.
+    probe = NativeRollout(model, tokenizer).generate(
+        batch, SamplingParams(n=4, max_new_tokens=16, seed=0, stop_token_ids=[])
+    )
+    counts = np.bincount(probe.batch["responses"].flatten().numpy())
+    stops = [int(i) for i in np.argsort(counts)[-3:]]
+    params = SamplingParams(n=4, max_new_tokens=16, seed=0, stop_token_ids=stops)
+    compacting = NativeRollout(model, tokenizer, compaction_threshold=0.0)
+    plain = NativeRollout(model, tokenizer, compaction=False)
+    a, b = compacting.generate(batch, params), plain.generate(batch, params)
+    lengths = a.batch["response_mask"].sum(-1)
+    assert compacting.last_stats["compactions"] > 0 and plain.last_stats["compactions"] == 0
+    assert lengths.min() < lengths.max()
+    assert compacting.last_stats["decode_row_steps"] < plain.last_stats["decode_row_steps"]
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    torch.testing.assert_close(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"])
+
+
+def test_end_to_end_sampling_distribution(model, tokenizer):
+    """One prompt, 4000 samples of one token: frequencies follow softmax(logits / T)."""
+    batch = make_batch(tokenizer, ["the answer is"])
+    temperature, n = 1.3, 4000
+    out = NativeRollout(model, tokenizer).generate(
+        batch, SamplingParams(n=n, max_new_tokens=1, temperature=temperature, seed=0)
+    )
+    with torch.no_grad():
+        logits = model(batch.batch["input_ids"]).logits[0, -1]
+    probs = (logits / temperature).softmax(-1).double()
+    top = probs.argsort(descending=True)[:5]
+    counts = torch.bincount(out.batch["responses"][:, 0], minlength=probs.numel()).double()
+    expected = torch.cat([probs[top], (1 - probs[top].sum()).reshape(1)]) * n
+    observed = torch.cat([counts[top], (n - counts[top].sum()).reshape(1)])
+    assert float(probs[top[0]]) > 0.05  # a peaked enough distribution for the test to bite
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # 5 degrees of freedom, p = 0.001; seeded, so deterministic
+
+
+def test_training_mode_restored_and_eval_during_generation(model, tokenizer, batch):
+    seen: list[bool] = []
+    hook = model.model.layers[0].register_forward_hook(lambda mod, a, o: seen.append(mod.training))
+    model.train()
+    model.model.layers[1].eval()  # a part the trainer keeps in eval mode stays so
+    try:
+        NativeRollout(model, tokenizer).generate(batch, SamplingParams(max_new_tokens=3, seed=0))
+        assert model.training and model.model.layers[0].training
+        assert not model.model.layers[1].training
+    finally:
+        hook.remove()
+        model.eval()
+    assert seen and not any(seen)
+
+
+def test_padding_columns_and_mask_paths_agree(model, tokenizer, batch):
+    params = SamplingParams(n=2, max_new_tokens=8, seed=2, temperature=0.8)
+    ref = NativeRollout(model, tokenizer).generate(batch, params)
+    # two extra all-padding columns on the left
+    b = batch.batch
+    padded = make_batch(tokenizer, PROMPTS)
+    padded.batch["input_ids"] = torch.cat(
+        [torch.zeros_like(b["input_ids"][:, :2]), b["input_ids"]], 1
+    )
+    padded.batch["attention_mask"] = torch.cat(
+        [torch.zeros_like(b["attention_mask"][:, :2]), b["attention_mask"]], 1
+    )
+    padded.batch["position_ids"] = torch.cat(
+        [torch.zeros_like(b["position_ids"][:, :2]), b["position_ids"]], 1
+    )
+    out = NativeRollout(model, tokenizer).generate(padded, params)
+    assert torch.equal(out.batch["responses"], ref.batch["responses"])
+    two_d = NativeRollout(model, tokenizer)
+    two_d._mask_mode = "2d"  # the path for sliding-window / flash-attention models
+    out = two_d.generate(batch, params)
+    assert torch.equal(out.batch["responses"], ref.batch["responses"])
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    engine = NativeRollout(eager, tokenizer)
+    assert engine._mask_mode == "eager"
+    out = engine.generate(batch, params)
+    assert torch.equal(out.batch["responses"], ref.batch["responses"])
+    torch.testing.assert_close(
+        out.batch["rollout_log_probs"], ref.batch["rollout_log_probs"], atol=1e-5, rtol=0
+    )
+
+
+def test_llama_architecture(tokenizer, batch):
+    llama = build_tiny_model(
+        arch="llama", tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=1
+    )
+    out = build_rollout("native", llama, tokenizer).generate(
+        batch, SamplingParams(do_sample=False, max_new_tokens=6)
+    )
+    assert responses_as_lists(out) == naive_greedy(llama, batch, 6, [tokenizer.eos_token_id])
+
+
+def test_bad_input_errors(model, tokenizer, batch):
+    engine = NativeRollout(model, tokenizer)
+    right = make_batch(tokenizer, PROMPTS)
+    right.batch["attention_mask"] = right.batch["attention_mask"].flip(-1)
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        engine.generate(right, SamplingParams(max_new_tokens=2))
+    missing = batch.select(batch_keys=["input_ids"])
+    with pytest.raises(KeyError, match="attention_mask"):
+        engine.generate(missing, SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="compaction_threshold"):
+        NativeRollout(model, tokenizer, compaction_threshold=2.0)
+    with pytest.raises(TypeError, match=r"no \.config"):
+        NativeRollout(torch.nn.Linear(2, 2), eos_token_ids=[1], pad_token_id=0)

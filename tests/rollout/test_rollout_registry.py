@@ -1,0 +1,55 @@
+"""The rollout registry: known names, lazy GPU-only stubs, custom backends."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from verl.rollout import (
+    RolloutEngine,
+    SamplingParams,
+    available_rollouts,
+    build_rollout,
+    get_rollout_engine,
+    register_rollout,
+)
+from verl.rollout.hf import HFRollout
+from verl.rollout.native import NativeRollout
+
+
+def test_builtin_names():
+    assert {"native", "hf", "vllm", "sglang"} <= set(available_rollouts())
+    assert get_rollout_engine("native") is NativeRollout
+    assert get_rollout_engine("hf") is HFRollout
+    with pytest.raises(ValueError, match="unknown rollout backend 'vlm'"):
+        get_rollout_engine("vlm")
+
+
+def test_build_passes_config(model, tokenizer):
+    engine = build_rollout("native", model, tokenizer, compaction=False)
+    assert isinstance(engine, NativeRollout) and engine.compaction is False
+    assert engine.eos_token_ids == [tokenizer.eos_token_id] and engine.pad_token_id == 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_gpu_backends_fail_clearly(name, model, tokenizer):
+    cls = get_rollout_engine(name)  # resolving the name imports nothing heavy
+    if importlib.util.find_spec(name) is None:
+        with pytest.raises(ImportError, match=f"{name} is not installed; install verl\\[gpu\\]"):
+            cls(model, tokenizer)
+    else:
+        with pytest.raises((RuntimeError, NotImplementedError), match=r"rollout\.name=native"):
+            cls(model, tokenizer)
+
+
+def test_register_custom_backend(model, tokenizer):
+    class Echo(RolloutEngine):
+        def __init__(self, module, tokenizer=None):
+            self.module = module
+
+        def generate(self, prompts, params: SamplingParams):
+            return prompts
+
+    register_rollout("echo_test", Echo)
+    assert isinstance(build_rollout("echo_test", model, tokenizer), Echo)

@@ -1,0 +1,36 @@
+"""verl: reinforcement-learning post-training for language models.
+
+PPO, GRPO and their relatives, driven by one single-controller loop, trained with
+PyTorch (FSDP2 when distributed) and runnable end to end on a laptop CPU with a tiny
+model. Public names are imported lazily so that ``import verl`` stays cheap and never
+imports Ray or any GPU-only package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "DataProto": "verl.protocol",
+    "TrainerConfig": "verl.config",
+    "load_config": "verl.config",
+    "RLTrainer": "verl.trainer.ppo_trainer",
+    "PPOTrainer": "verl.trainer.api",
+    "Trainer": "verl.trainer.api",
+    "make_trainer_config": "verl.trainer.api",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,120 @@
+"""Pure tensor functions of RL post-training: advantages, losses, KL, aggregation.
+
+No models, no I/O, no distributed calls: everything here maps tensors of shape
+``(batch, response_len)`` (plus prompt ids) to tensors, and is unit-tested against
+hand-computed values. Each extension point is a name registry, so the trainer picks an
+algorithm from the config by name and a new algorithm is one decorated function:
+
+- advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
+- policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``;
+  and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
+- the clipped value loss (:mod:`.value_loss`);
+- KL estimators ``k1``/``k2``/``k3``/``abs`` and KL controllers (:mod:`.kl`);
+- loss aggregation modes and the entropy loss (:mod:`.loss_agg`);
+- masked statistics and entropy from logits (:mod:`.core`);
+- reward shaping (:mod:`.reward_shaping`): DAPO's overlong penalty.
+"""
+
+from verl.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_gae_advantages,
+    compute_gpg_advantages,
+    compute_grpo_advantages,
+    compute_opo_advantages,
+    compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
+    compute_remax_advantages,
+    compute_rloo_advantages,
+    estimator_info,
+    estimator_requires_critic,
+    get_advantage_estimator,
+    group_ids_from_index,
+    informative_group_mask,
+    register_advantage_estimator,
+)
+from verl.algorithms.core import (
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from verl.algorithms.cov_losses import (
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_kl_cov,
+)
+from verl.algorithms.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_kl_loss,
+    get_kl_controller,
+    kl_penalty,
+)
+from verl.algorithms.loss_agg import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    apply_entropy_bonus,
+    compute_entropy_loss,
+)
+from verl.algorithms.policy_loss import (
+    POLICY_LOSSES,
+    compute_policy_loss_cispo,
+    compute_policy_loss_gspo,
+    compute_policy_loss_vanilla,
+    get_policy_loss,
+    register_policy_loss,
+)
+from verl.algorithms.registry import Registry, UnknownNameError
+from verl.algorithms.reward_shaping import overlong_penalty
+from verl.algorithms.value_loss import compute_value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "Registry",
+    "UnknownNameError",
+    "agg_loss",
+    "apply_entropy_bonus",
+    "apply_kl_penalty",
+    "compute_entropy_loss",
+    "compute_gae_advantages",
+    "compute_gpg_advantages",
+    "compute_grpo_advantages",
+    "compute_kl_loss",
+    "compute_opo_advantages",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_advantages",
+    "compute_reinforce_plus_plus_baseline_advantages",
+    "compute_remax_advantages",
+    "compute_rloo_advantages",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "estimator_info",
+    "estimator_requires_critic",
+    "get_advantage_estimator",
+    "get_kl_controller",
+    "get_policy_loss",
+    "group_ids_from_index",
+    "informative_group_mask",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "overlong_penalty",
+    "register_advantage_estimator",
+    "register_policy_loss",
+]

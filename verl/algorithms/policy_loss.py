@@ -1,0 +1,196 @@
+"""Policy-gradient losses for the actor, registered by name.
+
+Every loss has the signature::
+
+    loss_fn(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2,
+            clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode=..., rollout_is_weights=None,
+            **kwargs) -> (loss, metrics)
+
+``old_log_prob`` / ``log_prob``: log-probs of the sampled tokens under the rollout-time and
+current policy, ``advantages``, ``response_mask``, ``rollout_is_weights`` (optional
+importance weights correcting a rollout/training mismatch, multiplied into the per-token
+loss): all ``(batch, response_len)``. ``loss`` is a 0-dim tensor to minimise; ``metrics``
+holds Python floats: ``clipfrac`` (fraction of valid tokens whose ratio was clipped),
+``clipfrac_lower`` (fraction hit by the dual-clip bound) and ``approx_kl``, the k1 estimate
+``mean over valid tokens of (old_log_prob - log_prob)`` of ``KL(pi_old || pi)``.
+
+The log-ratio ``log_prob - old_log_prob`` is clamped to [-20, 20] before ``exp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from verl.algorithms.core import masked_mean
+from verl.algorithms.loss_agg import agg_loss
+from verl.algorithms.registry import Registry
+
+__all__ = [
+    "POLICY_LOSSES",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_vanilla",
+    "get_policy_loss",
+    "register_policy_loss",
+]
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+_LOG_RATIO_BOUND = 20.0
+
+
+def register_policy_loss(name: str, *aliases: str, **info):
+    """Decorator adding a policy loss under ``name``."""
+    return POLICY_LOSSES.register(name, *aliases, **info)
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The policy loss registered as ``name`` (raises listing the available names)."""
+    return POLICY_LOSSES.get(name)
+
+
+def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+
+
+def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(masked_mean(flags.float(), mask))
+
+
+def _approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(masked_mean((old_log_prob - log_prob).detach(), mask))
+
+
+def _weighted(per_token: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    if rollout_is_weights is None:
+        return per_token
+    return per_token * rollout_is_weights.detach()
+
+
+@register_policy_loss("vanilla", "ppo")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with dual clip (Ye et al. 2020).
+
+    Per token, with ``r = exp(log_prob - old_log_prob)`` and advantage ``A``:
+    ``L = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))``; for ``A < 0`` the
+    loss is further capped, ``L = min(L, -A clip_ratio_c)``, so a token whose ratio exploded
+    cannot dominate the batch (``clip_ratio_c=None`` disables the cap). The gradient is zero
+    on tokens where a clipped branch is active. Separate low/high ranges allow DAPO's
+    clip-higher.
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c={clip_ratio_c} must be > 1.0 for dual-clip PPO")
+    log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    clipfrac = _fraction(loss_clipped > loss_unclipped, response_mask)
+
+    per_token = loss_ppo
+    clipfrac_lower = 0.0
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        negative = advantages < 0
+        per_token = torch.where(negative, torch.minimum(loss_ppo, cap), loss_ppo)
+        clipfrac_lower = _fraction((loss_ppo > cap) & negative, response_mask)
+
+    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    metrics = {
+        "clipfrac": clipfrac,
+        "clipfrac_lower": clipfrac_lower,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
+    }
+    return loss, metrics
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str | None = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025): PPO clipping on a *sequence*-level importance ratio.
+
+    ``s_i = exp(mean over valid tokens of (log_prob - old_log_prob))`` (the geometric mean of
+    the token ratios). In the paper's token-wise form each token uses
+    ``s_it = sg[s_i] * exp(log_prob_t - sg[log_prob_t])``: its value is ``s_i`` but its
+    gradient flows through the token's own log-prob. Per token
+    ``L = max(-A s_it, -A clip(s_it, 1 - clip_ratio_low, 1 + clip_ratio_high))``, so a whole
+    sequence is clipped or not. ``clip_ratio_c`` is unused (no dual clip). The paper
+    aggregates ``seq-mean-token-mean``, the default here (``None`` means that too); GSPO's
+    clip ranges are much smaller than PPO's (the paper uses 3e-4 / 4e-4).
+    """
+    mask = response_mask.to(log_prob.dtype)
+    seq_log_ratio = masked_mean(log_prob - old_log_prob, mask, dim=-1).detach()
+    seq_log_ratio = torch.clamp(seq_log_ratio, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    log_s = seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach()
+    ratio = torch.exp(log_s)
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    per_token = torch.maximum(loss_unclipped, loss_clipped)
+
+    mode = "seq-mean-token-mean" if loss_agg_mode is None else loss_agg_mode
+    loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, mode)
+    metrics = {
+        "clipfrac": _fraction(loss_clipped > loss_unclipped, mask),
+        "clipfrac_lower": 0.0,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, mask),
+    }
+    return loss, metrics
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, 2025): clip the importance weight, never drop a token's gradient.
+
+    ``L = -sg(min(r, 1 + clip_ratio_high)) * A * log_prob``: a REINFORCE term weighted by the
+    truncated, stop-gradient ratio, so every token keeps a gradient (PPO zeroes it on clipped
+    tokens). Only the upper bound is applied, as in the paper's setting; ``clip_ratio_low``
+    and ``clip_ratio_c`` are unused. ``clipfrac`` is the fraction of valid tokens with
+    ``r > 1 + clip_ratio_high``.
+    """
+    ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob)).detach()
+    weight = torch.clamp(ratio, max=1.0 + clip_ratio_high)
+    per_token = -weight * advantages * log_prob
+    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    metrics = {
+        "clipfrac": _fraction(ratio > 1.0 + clip_ratio_high, response_mask),
+        "clipfrac_lower": 0.0,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
+    }
+    return loss, metrics

@@ -1,0 +1,49 @@
+"""Shared building blocks of the config schema: the field helper and the enumerations.
+
+Every schema field is declared with :func:`entry`, which stores its help text in the
+dataclass field metadata. The same text becomes the comment in the generated YAML
+defaults and the "meaning" column of the table in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Literal
+
+# The model shipped with the package (SmolLM2-135M-Instruct, see verl/models). A model path
+# equal to this name is not looked up on disk.
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+Strategy = Literal["single", "fsdp2"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+# KL estimators: k1 ("kl"), |k1| ("abs"), k2 ("mse"), k3 ("low_var_kl"), exact ("full").
+KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+RolloutName = Literal["native", "hf", "vllm", "sglang"]
+WarmupStyle = Literal["constant", "cosine"]
+Truncation = Literal["error", "drop", "left"]
+CheckpointContent = Literal["model", "optimizer", "extra"]
+Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
+Device = Literal["auto", "cpu", "cuda"]
+Backend = Literal["local", "ray"]
+ResumeMode = Literal["auto", "disable", "resume_path"]
+ArithmeticOp = Literal["+", "-", "*"]
+BuiltinDataset = Literal["arithmetic"]
+KLControlType = Literal["fixed", "adaptive"]
+
+
+def entry(default: Any, help: str) -> Any:
+    """A dataclass field with ``default`` and a one-line ``help`` text.
+
+    Mutable defaults (lists, dicts, dataclass instances) and nested section classes get a
+    ``default_factory`` so that every config owns fresh copies.
+    """
+    metadata = {"help": help}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)

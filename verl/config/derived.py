@@ -1,0 +1,81 @@
+"""Values derived from a config: the one place each "null means ..." default is resolved.
+
+Code elsewhere calls these helpers instead of re-deriving (``critic.enable=None`` means
+"on iff the estimator needs values", ``clip_ratio_low=None`` means ``clip_ratio``, ...).
+"""
+
+from __future__ import annotations
+
+import string
+
+from verl.config.schema import ActorConfig, TrainerConfig
+
+# Advantage estimators that need a value function.
+CRITIC_ESTIMATORS = frozenset({"gae"})
+# Estimators whose baseline comes from the other responses to the same prompt (need n >= 2).
+GROUP_ESTIMATORS = frozenset(
+    {"grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline", "opo", "gpg"}
+)
+# Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
+PATH_FIELDS = ("project_name", "experiment_name")
+
+
+def world_size(cfg: TrainerConfig) -> int:
+    """Data-parallel ranks of the actor (and critic): ``nnodes * n_gpus_per_node``."""
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def critic_enabled(cfg: TrainerConfig) -> bool:
+    """``critic.enable``, or when null, whether ``algorithm.adv_estimator`` needs values."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS
+
+
+def ref_enabled(cfg: TrainerConfig) -> bool:
+    """A reference policy is needed iff a KL term is on (in the loss or in the reward)."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def clip_ratio_bounds(actor: ActorConfig) -> tuple[float, float]:
+    """``(eps_low, eps_high)``: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``."""
+    low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    return low, high
+
+
+def critic_model_path(cfg: TrainerConfig) -> str:
+    """``critic.model.path``, or the actor's model path when null."""
+    return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
+
+
+def tokenizer_path(cfg: TrainerConfig) -> str:
+    """The policy tokenizer: ``model.tokenizer_path`` or ``model.path``."""
+    model = cfg.actor_rollout_ref.model
+    return model.tokenizer_path or model.path
+
+
+def rollout_seed(cfg: TrainerConfig) -> int:
+    """``rollout.seed``, or ``trainer.seed`` when null."""
+    seed = cfg.actor_rollout_ref.rollout.seed
+    return cfg.trainer.seed if seed is None else seed
+
+
+def template_fields(template: str) -> list[str]:
+    """The ``{name}`` fields a directory template uses (raises ValueError if malformed)."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
+def format_dir(template: str, cfg: TrainerConfig) -> str:
+    """Fill ``{project_name}`` / ``{experiment_name}`` in a ``trainer`` directory template."""
+    return template.format(**{k: getattr(cfg.trainer, k) for k in PATH_FIELDS})
+
+
+def checkpoint_dir(cfg: TrainerConfig) -> str:
+    """``trainer.default_local_dir`` with its fields filled in."""
+    return format_dir(cfg.trainer.default_local_dir, cfg)
+
+
+def log_dir(cfg: TrainerConfig) -> str:
+    """``trainer.log_dir`` with its fields filled in."""
+    return format_dir(cfg.trainer.log_dir, cfg)

@@ -1,0 +1,199 @@
+"""The typed config schema: one dataclass per section, ``TrainerConfig`` at the top.
+
+The tree mirrors upstream verl's ``ppo_trainer.yaml`` (``data``, ``actor_rollout_ref``,
+``critic``, ``reward_model``, ``custom_reward_function``, ``algorithm``, ``trainer``).
+These dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is
+generated from them (``python -m verl.config.gen yaml``). Constructing a config does not
+validate it: call ``cfg.validate()`` (``load_config`` does).
+"""
+
+# `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from verl.config._fields import (
+    ArithmeticOp,
+    Backend,
+    BuiltinDataset,
+    Device,
+    KLControlType,
+    KLEstimator,
+    Logger,
+    ResumeMode,
+    Truncation,
+    entry,
+)
+from verl.config.schema_roles import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    CheckpointConfig,
+    CriticConfig,
+    CriticModelConfig,
+    FSDPConfig,
+    MixedPrecisionConfig,
+    ModelConfig,
+    OptimConfig,
+    OverlongBufferConfig,
+    RefConfig,
+    RefFSDPConfig,
+    RewardModelConfig,
+    RewardModelModelConfig,
+    RolloutConfig,
+    ValKwargsConfig,
+)
+
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "ArithmeticConfig",
+    "CheckpointConfig",
+    "CriticConfig",
+    "CriticModelConfig",
+    "CustomRewardFunctionConfig",
+    "DataConfig",
+    "FSDPConfig",
+    "KLControlConfig",
+    "MixedPrecisionConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OverlongBufferConfig",
+    "RefConfig",
+    "RefFSDPConfig",
+    "RewardModelConfig",
+    "RewardModelModelConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "TrainerConfig",
+    "ValKwargsConfig",
+]
+
+
+@dataclass
+class ArithmeticConfig:
+    """The built-in arithmetic task: "a op b" questions with integer answers."""
+
+    digits: int = entry(1, "digits per operand")
+    ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
+    train_size: int = entry(1024, "generated training prompts")
+    val_size: int = entry(64, "generated validation prompts")
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets and their batching."""
+
+    train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
+    val_files: list[str] = entry([], "validation files; empty = no file-based validation")
+    prompt_key: str = entry("prompt", "column holding the prompt (text or chat messages)")
+    max_prompt_length: int = entry(128, "max prompt tokens (see truncation)")
+    max_response_length: int = entry(64, "max generated tokens per response")
+    train_batch_size: int = entry(8, "prompts per training step")
+    val_batch_size: int | None = entry(None, "prompts per validation batch; null = all at once")
+    truncation: Truncation = entry(
+        "error", "prompt longer than max_prompt_length: error, drop it, or keep its end (left)"
+    )
+    shuffle: bool = entry(True, "shuffle training prompts each epoch")
+    seed: int = entry(1, "seed of the shuffling sampler")
+    apply_chat_template: bool = entry(True, "wrap prompts with the tokenizer's chat template")
+    builtin: BuiltinDataset | None = entry(
+        "arithmetic",
+        "built-in dataset generated into a cache dir when train_files is empty: arithmetic, or null",
+    )
+    arithmetic: ArithmeticConfig = entry(ArithmeticConfig, "built-in arithmetic task")
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function loaded from a Python file."""
+
+    path: str | None = entry(None, "Python file defining the function; null = built-in scorers")
+    name: str = entry("compute_score", "function name in that file")
+
+
+@dataclass
+class KLControlConfig:
+    """Controller of the in-reward KL coefficient."""
+
+    type: KLControlType = entry(
+        "fixed", "fixed, or adaptive (moves the coefficient toward target_kl)"
+    )
+    kl_coef: float = entry(0.001, "(initial) KL coefficient")
+    horizon: int = entry(10000, "adaptive controller horizon in samples")
+    target_kl: float = entry(0.1, "adaptive controller target KL")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and the in-reward KL penalty."""
+
+    gamma: float = entry(1.0, "discount factor")
+    lam: float = entry(1.0, "GAE lambda")
+    adv_estimator: str = entry(
+        "grpo", "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)"
+    )
+    norm_adv_by_std_in_grpo: bool = entry(True, "GRPO: divide by the group's std")
+    use_kl_in_reward: bool = entry(False, "subtract a KL(actor || ref) penalty from rewards")
+    kl_penalty: KLEstimator = entry("kl", "KL estimator of the in-reward penalty")
+    kl_ctrl: KLControlConfig = entry(KLControlConfig, "in-reward KL coefficient")
+
+
+@dataclass
+class RunConfig:
+    """The ``trainer:`` section: run identity, resources, schedule, logging, checkpoints."""
+
+    project_name: str = entry("verl", "project name (trackers, default directories)")
+    experiment_name: str = entry("default", "run name (trackers, default directories)")
+    logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
+    log_dir: str = entry(
+        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
+    )
+    nnodes: int = entry(1, "machines")
+    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine")
+    device: Device = entry("auto", "auto = cuda when available, else cpu")
+    backend: Backend = entry("local", "worker groups: local (in-process) or ray")
+    total_epochs: int = entry(1, "passes over the training prompts")
+    total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
+    save_freq: int = entry(-1, "checkpoint every N steps; -1 = never")
+    test_freq: int = entry(-1, "validate every N steps; -1 = never")
+    val_before_train: bool = entry(True, "validate once before the first step")
+    default_local_dir: str = entry(
+        "checkpoints/{project_name}/{experiment_name}", "checkpoint directory"
+    )
+    resume_mode: ResumeMode = entry(
+        "auto", "auto = latest checkpoint in default_local_dir if any; disable; resume_path"
+    )
+    resume_from_path: str | None = entry(None, "checkpoint to resume when resume_mode=resume_path")
+    max_ckpt_to_keep: int | None = entry(None, "delete older checkpoints; null = keep all")
+    seed: int = entry(42, "global seed (model init, dropout, sampling)")
+    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything a PPO/GRPO run needs. Build from YAML with ``load_config`` or in Python."""
+
+    data: DataConfig = entry(DataConfig, "prompt data")
+    actor_rollout_ref: ActorRolloutRefConfig = entry(
+        ActorRolloutRefConfig, "policy, generation and reference"
+    )
+    critic: CriticConfig = entry(CriticConfig, "value function")
+    reward_model: RewardModelConfig = entry(RewardModelConfig, "reward computation")
+    custom_reward_function: CustomRewardFunctionConfig = entry(
+        CustomRewardFunctionConfig, "user scoring function"
+    )
+    algorithm: AlgorithmConfig = entry(AlgorithmConfig, "advantages and KL penalty")
+    trainer: RunConfig = entry(RunConfig, "run settings")
+
+    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+        """Check the whole config; raise ``ConfigError`` listing every problem.
+
+        Returns the warnings (also logged). See :func:`verl.config.validate.validate`.
+        """
+        from verl.config.validate import validate
+
+        return validate(self, registries=registries)

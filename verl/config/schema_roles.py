@@ -1,0 +1,255 @@
+"""Config sections of the model-holding roles: actor / rollout / reference, critic, reward model.
+
+Key names follow upstream verl where the same setting exists (``ppo_mini_batch_size``,
+``clip_ratio``, ``fsdp_config.param_offload`` ...), with ``_per_device`` in place of
+``_per_gpu`` since a device may be a CPU process. Batch-size units are stated in
+``docs/config.md`` ("Batch sizes") and in each field's help.
+"""
+
+# `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from verl.config._fields import (
+    EMBEDDED_MODEL,
+    CheckpointContent,
+    Dtype,
+    KLEstimator,
+    LossAggMode,
+    RolloutName,
+    Strategy,
+    WarmupStyle,
+    entry,
+)
+
+
+@dataclass
+class ModelConfig:
+    """A causal LM loaded from a local path (or the embedded model)."""
+
+    path: str = entry(
+        EMBEDDED_MODEL,
+        f"local HF model directory or checkpoint, or '{EMBEDDED_MODEL}' (the embedded model)",
+    )
+    tokenizer_path: str | None = entry(None, "tokenizer directory; null = model path")
+    trust_remote_code: bool = entry(False, "allow model code shipped with the checkpoint")
+    enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
+    dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
+    override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with a warmup then constant/cosine learning-rate schedule."""
+
+    lr: float = entry(1e-6, "peak learning rate")
+    betas: list[float] = entry([0.9, 0.999], "AdamW betas [beta1, beta2]")
+    weight_decay: float = entry(0.01, "AdamW decoupled weight decay")
+    eps: float = entry(1e-8, "AdamW epsilon")
+    lr_warmup_steps: int = entry(-1, "linear warmup steps; -1 = use lr_warmup_steps_ratio")
+    lr_warmup_steps_ratio: float = entry(0.0, "warmup steps as a fraction of total steps")
+    warmup_style: WarmupStyle = entry("constant", "schedule after warmup")
+    min_lr_ratio: float = entry(0.0, "cosine schedule floor, as a fraction of lr")
+    total_training_steps: int = entry(-1, "schedule length; -1 = filled in by the trainer")
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """FSDP2 mixed precision: compute dtype of params, gradient reduction and buffers."""
+
+    param_dtype: Dtype = entry("bf16", "dtype parameters are cast to for compute")
+    reduce_dtype: Dtype = entry("fp32", "dtype of gradient reduction")
+    buffer_dtype: Dtype = entry("fp32", "dtype of module buffers")
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 wrapping of a trained model (ignored by strategy=single)."""
+
+    param_offload: bool = entry(False, "keep parameters on CPU between uses")
+    optimizer_offload: bool = entry(False, "keep optimizer state on CPU between updates")
+    reshard_after_forward: bool = entry(True, "free gathered parameters after forward")
+    mixed_precision: MixedPrecisionConfig | None = entry(
+        None,
+        "null = compute in the model dtype; {param_dtype, reduce_dtype, buffer_dtype} "
+        "enables FSDP2 mixed precision",
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    """What a checkpoint of this role contains."""
+
+    save_contents: list[CheckpointContent] = entry(
+        ["model", "optimizer", "extra"],
+        "parts saved and restored: model, optimizer, extra (scheduler, RNG)",
+    )
+
+
+@dataclass
+class ActorConfig:
+    """The policy being trained: PPO-style clipped updates."""
+
+    strategy: Strategy = entry("single", "train engine: single (one process) or fsdp2")
+    ppo_mini_batch_size: int = entry(
+        4, "prompts per optimizer step (multiplied by rollout.n into samples)"
+    )
+    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device")
+    use_dynamic_bsz: bool = entry(False, "pack micro-batches by token budget instead of count")
+    ppo_max_token_len_per_device: int = entry(
+        16384, "token budget per micro-batch per device when use_dynamic_bsz"
+    )
+    ppo_epochs: int = entry(1, "passes over each step's batch")
+    shuffle: bool = entry(True, "shuffle samples between mini-batches")
+    clip_ratio: float = entry(0.2, "PPO clip epsilon")
+    clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
+    clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio")
+    clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)")
+    loss_agg_mode: LossAggMode = entry("token-mean", "how token losses become one scalar")
+    loss_scale_factor: float | None = entry(
+        None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"
+    )
+    policy_loss: str = entry("vanilla", "policy-loss name in the verl.algorithms registry")
+    entropy_coeff: float = entry(0.0, "entropy bonus coefficient")
+    use_kl_loss: bool = entry(False, "add KL(actor || ref) to the loss (GRPO style)")
+    kl_loss_coef: float = entry(0.001, "coefficient of the KL loss")
+    kl_loss_type: KLEstimator = entry("low_var_kl", "KL estimator of the KL loss")
+    grad_clip: float = entry(1.0, "max global gradient norm")
+    logprob_chunk_size: int = entry(
+        512, "tokens whose float32 logits exist at once when computing log-probs (bounds memory)"
+    )
+    optim: OptimConfig = entry(OptimConfig, "actor optimizer")
+    fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
+    checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
+
+
+@dataclass
+class ValKwargsConfig:
+    """Sampling settings used for validation (greedy by default)."""
+
+    n: int = entry(1, "responses per validation prompt")
+    temperature: float = entry(0.0, "sampling temperature")
+    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
+    top_k: int = entry(-1, "top-k sampling; -1 = off")
+    do_sample: bool = entry(False, "sample; false = greedy")
+
+
+@dataclass
+class RolloutConfig:
+    """Response generation. Response length is data.max_response_length."""
+
+    name: RolloutName = entry("native", "rollout backend: native, hf, vllm, sglang")
+    n: int = entry(1, "responses sampled per prompt")
+    temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)")
+    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
+    top_k: int = entry(-1, "top-k sampling; -1 = off")
+    do_sample: bool = entry(True, "sample; false = greedy")
+    stop: list[str] = entry([], "extra stop strings (EOS always stops)")
+    log_prob_micro_batch_size_per_device: int = entry(
+        8, "samples per forward when recomputing old log-probs"
+    )
+    seed: int | None = entry(None, "sampling seed; null = trainer.seed")
+    val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
+
+
+@dataclass
+class RefFSDPConfig:
+    """FSDP2 wrapping of the frozen reference model."""
+
+    param_offload: bool = entry(False, "keep reference parameters on CPU between uses")
+    reshard_after_forward: bool = entry(True, "free gathered parameters after forward")
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy (used when a KL term is on)."""
+
+    log_prob_micro_batch_size_per_device: int = entry(
+        8, "samples per forward when computing reference log-probs"
+    )
+    fsdp_config: RefFSDPConfig = entry(RefFSDPConfig, "reference FSDP2 wrapping")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """The hybrid worker: actor, rollout and reference share one model path."""
+
+    model: ModelConfig = entry(ModelConfig, "policy model (also the reference)")
+    actor: ActorConfig = entry(ActorConfig, "policy training")
+    rollout: RolloutConfig = entry(RolloutConfig, "generation")
+    ref: RefConfig = entry(RefConfig, "reference policy")
+
+
+@dataclass
+class CriticModelConfig:
+    """The value model: a causal LM body with a scalar head."""
+
+    path: str | None = entry(None, "value model path; null = actor_rollout_ref.model.path")
+    tokenizer_path: str | None = entry(None, "tokenizer directory; null = the model's")
+    dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
+    enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
+
+
+@dataclass
+class CriticConfig:
+    """The value function, trained by clipped value regression."""
+
+    enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
+    strategy: Strategy = entry("single", "train engine: single (one process) or fsdp2")
+    model: CriticModelConfig = entry(CriticModelConfig, "value model")
+    optim: OptimConfig = entry(OptimConfig(lr=1e-5), "critic optimizer")
+    ppo_mini_batch_size: int = entry(
+        4, "prompts per optimizer step (multiplied by rollout.n into samples)"
+    )
+    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device")
+    forward_micro_batch_size_per_device: int = entry(
+        8, "samples per forward when computing values (no gradient)"
+    )
+    use_dynamic_bsz: bool = entry(False, "pack micro-batches by token budget instead of count")
+    ppo_max_token_len_per_device: int = entry(
+        16384, "token budget per micro-batch per device when use_dynamic_bsz"
+    )
+    ppo_epochs: int = entry(1, "passes over each step's batch")
+    shuffle: bool = entry(True, "shuffle samples between mini-batches")
+    cliprange_value: float = entry(0.5, "value clip range around the old values")
+    loss_coef: float = entry(1.0, "multiplier of the value loss")
+    loss_agg_mode: LossAggMode = entry("token-mean", "how token losses become one scalar")
+    grad_clip: float = entry(1.0, "max global gradient norm")
+    fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
+    checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")
+
+
+@dataclass
+class RewardModelModelConfig:
+    """A sequence-classification reward model."""
+
+    path: str | None = entry(None, "reward model path (required when reward_model.enable)")
+    tokenizer_path: str | None = entry(None, "tokenizer directory; null = model path")
+    dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong penalty: linear penalty over the last ``len`` response tokens."""
+
+    enable: bool = entry(False, "penalise responses that enter the buffer")
+    len: int = entry(0, "buffer length in tokens at the end of max_response_length")
+    penalty_factor: float = entry(1.0, "penalty at the very end of the buffer")
+
+
+@dataclass
+class RewardModelConfig:
+    """Scoring: rule-based reward manager and optional model-based reward."""
+
+    enable: bool = entry(False, "score with a reward model (else rules only)")
+    model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
+    micro_batch_size_per_device: int = entry(8, "samples per reward-model forward")
+    reward_manager: str = entry("naive", "reward-manager name in the verl.rewards registry")
+    normalize: bool = entry(False, "normalise scores to zero mean, unit std per batch")
+    clip_range: list[float] | None = entry(None, "[lo, hi] clip of scores; null = no clip")
+    timeout_s: float | None = entry(None, "per-sample scoring timeout in seconds; null = none")
+    overlong_buffer: OverlongBufferConfig = entry(OverlongBufferConfig, "overlong penalty")

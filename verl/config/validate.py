@@ -1,0 +1,445 @@
+"""Validation of a whole config before any worker starts: every problem, reported at once.
+
+``validate(cfg)`` type-checks the tree, then runs the semantic checks below (ranges, batch
+divisibility, files on disk, feature combinations, optional packages). Problems raise one
+``ConfigError``; harmless oddities are logged as warnings and returned. Nothing is
+loaded or imported: files are only tested for existence and packages with ``find_spec``.
+The list of checks is kept in ``docs/config.md`` ("Validation").
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import logging
+import os
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from verl.config._fields import EMBEDDED_MODEL
+from verl.config.convert import build
+from verl.config.derived import (
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    PATH_FIELDS,
+    critic_enabled,
+    template_fields,
+    world_size,
+)
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.schema import OptimConfig, TrainerConfig
+from verl.config.yaml_io import show
+
+logger = logging.getLogger(__name__)
+
+
+def validate(
+    cfg: TrainerConfig, registries: Mapping[str, Iterable[str]] | None = None
+) -> list[str]:
+    """Check ``cfg``; raise ``ConfigError`` listing every problem; return (and log) warnings.
+
+    Args:
+        cfg: a config built in Python or loaded.
+        registries: optional ``{key path: allowed names}`` for registry-backed string keys,
+            e.g. ``{"algorithm.adv_estimator": ADV_ESTIMATORS}``; the config package cannot
+            import the registries itself, so the trainer passes them.
+    """
+    built, problems, bad_paths = build(TrainerConfig, cfg, strict=True)
+    more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
+    problems += more
+    if problems:
+        raise ConfigError(problems)
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
+
+
+def semantic_problems(
+    cfg: TrainerConfig,
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+    skip_paths: Collection[str] = (),
+) -> tuple[list[ConfigProblem], list[str]]:
+    """Run every check on a well-typed tree; skip checks that involve ``skip_paths``."""
+    checks = _Checks(skip_paths)
+    for check in (
+        _check_data,
+        _check_actor_rollout_ref,
+        _check_critic,
+        _check_rewards,
+        _check_algorithm,
+        _check_trainer,
+    ):
+        check(checks, cfg)
+    for path, names in (registries or {}).items():
+        checks.one_of(path, _get(cfg, path), list(names))
+    return checks.problems, checks.warnings
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+class _Checks:
+    """Accumulates problems and warnings; each helper names the key, the value and the fix."""
+
+    def __init__(self, skip_paths: Collection[str]) -> None:
+        self.skip = set(skip_paths)
+        self.problems: list[ConfigProblem] = []
+        self.warnings: list[str] = []
+
+    def _skipped(self, key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[: i + 1]) in self.skip for i in range(len(parts)))
+
+    def error(self, keys: str | tuple[str, ...], message: str) -> None:
+        keys = (keys,) if isinstance(keys, str) else keys
+        if not any(self._skipped(k) for k in keys):
+            self.problems.append(ConfigProblem(keys[0], message, keys))
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def at_least(self, path: str, value: float | None, lo: float) -> None:
+        if value is not None and value < lo:
+            self.error(path, f"{path}={show(value)}: must be >= {lo}")
+
+    def above(self, path: str, value: float | None, lo: float) -> None:
+        if value is not None and value <= lo:
+            self.error(path, f"{path}={show(value)}: must be > {lo}")
+
+    def between(self, path: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
+        if value < lo or value > hi or (lo_open and value == lo):
+            left = "(" if lo_open else "["
+            self.error(path, f"{path}={show(value)}: must be in {left}{lo}, {hi}]")
+
+    def off_or_positive(self, path: str, value: int) -> None:
+        if value != -1 and value < 1:
+            self.error(path, f"{path}={show(value)}: must be -1 (off) or >= 1")
+
+    def nonempty(self, path: str, value: str) -> None:
+        if not value.strip():
+            self.error(path, f"{path}={show(value)}: must not be empty")
+
+    def one_of(self, path: str, value: str, names: list[str]) -> None:
+        if value not in names:
+            close = difflib.get_close_matches(value, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.error(path, f"{path}={show(value)}: must be one of {', '.join(names)}{hint}")
+
+    def file(self, path: str, value: str, what: str = "file") -> None:
+        if not os.path.exists(value):
+            self.error(
+                path,
+                f"{path}: {what} {value!r} does not exist "
+                f"(relative paths are resolved from {os.getcwd()})",
+            )
+
+    def model(self, path: str, value: str | None) -> None:
+        if value is not None and value != EMBEDDED_MODEL and not os.path.exists(value):
+            self.error(
+                path,
+                f"{path}={show(value)}: no such local model directory or file; give a local "
+                f"path or the embedded model '{EMBEDDED_MODEL}' (hub downloads are not done)",
+            )
+
+    def package(self, path: str, value: str, module: str, install: str) -> None:
+        if importlib.util.find_spec(module) is None:
+            self.error(path, f"{path}={show(value)}: needs the '{module}' package; {install}")
+
+
+def _check_data(c: _Checks, cfg: TrainerConfig) -> None:
+    d = cfg.data
+    for name in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        c.at_least(f"data.{name}", getattr(d, name), 1)
+    c.at_least("data.val_batch_size", d.val_batch_size, 1)
+    c.nonempty("data.prompt_key", d.prompt_key)
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        for f in files:
+            c.file(key, f)
+    if not d.train_files and d.builtin is None:
+        c.error(
+            ("data.train_files", "data.builtin"),
+            "data.train_files=[]: no training data; set data.train_files=[file, ...] "
+            "or data.builtin=arithmetic",
+        )
+    uses_builtin = not d.train_files and d.builtin == "arithmetic"
+    if uses_builtin:
+        a = d.arithmetic
+        c.at_least("data.arithmetic.digits", a.digits, 1)
+        c.at_least("data.arithmetic.val_size", a.val_size, 0)
+        if not a.ops:
+            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+        if a.train_size < d.train_batch_size:
+            c.error(
+                ("data.arithmetic.train_size", "data.train_batch_size"),
+                f"data.arithmetic.train_size={a.train_size}: fewer prompts than one batch "
+                f"(data.train_batch_size={d.train_batch_size}); raise it or lower the batch",
+            )
+    has_val = bool(d.val_files) or (uses_builtin and d.arithmetic.val_size > 0)
+    if not has_val and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0):
+        c.warn("no validation data (data.val_files is empty): validation will be skipped")
+
+
+def _check_ppo_batches(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -> None:
+    """Mini-batches split the step's prompts; micro-batches split a device's mini-batch."""
+    mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_device
+    mini_key, micro_key = (
+        f"{prefix}.ppo_mini_batch_size",
+        f"{prefix}.ppo_micro_batch_size_per_device",
+    )
+    c.at_least(mini_key, mini, 1)
+    c.at_least(micro_key, micro, 1)
+    c.at_least(f"{prefix}.ppo_epochs", role.ppo_epochs, 1)
+    n, batch, ws = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size, world_size(cfg)
+    if mini < 1 or micro < 1 or n < 1 or batch < 1 or ws < 1:
+        return  # reported above
+    if batch % mini:
+        c.error(
+            (mini_key, "data.train_batch_size"),
+            f"{mini_key}={mini}: does not divide data.train_batch_size={batch} (prompts per "
+            f"step); use one of {_divisors(batch)}",
+        )
+        return
+    samples = mini * n
+    n_key, dev_keys = "actor_rollout_ref.rollout.n", ("trainer.nnodes", "trainer.n_gpus_per_node")
+    if samples % ws:
+        c.error(
+            (mini_key, n_key, *dev_keys),
+            f"{mini_key}={mini}: {mini} prompts x rollout.n={n} = {samples} samples per "
+            f"optimizer step do not split over {ws} devices (trainer.nnodes x "
+            f"trainer.n_gpus_per_node); make mini-batch x n a multiple of {ws}",
+        )
+        return
+    per_device = samples // ws
+    if not role.use_dynamic_bsz and per_device % micro:
+        c.error(
+            (micro_key, mini_key, n_key, *dev_keys),
+            f"{micro_key}={micro}: does not divide the {per_device} samples per device per "
+            f"optimizer step ({mini_key}={mini} x rollout.n={n} / {ws} devices); use one of "
+            f"{_divisors(per_device)}",
+        )
+    if role.use_dynamic_bsz:
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if role.ppo_max_token_len_per_device < longest:
+            c.error(
+                (f"{prefix}.ppo_max_token_len_per_device", "data.max_prompt_length"),
+                f"{prefix}.ppo_max_token_len_per_device={role.ppo_max_token_len_per_device}: "
+                f"smaller than one sample (max_prompt_length + max_response_length = "
+                f"{longest}); raise it to at least {longest}",
+            )
+
+
+def _check_optim(c: _Checks, prefix: str, o: OptimConfig) -> None:
+    c.at_least(f"{prefix}.lr", o.lr, 0)
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        c.error(f"{prefix}.betas", f"{prefix}.betas={show(o.betas)}: must be two numbers in [0, 1)")
+    c.at_least(f"{prefix}.weight_decay", o.weight_decay, 0)
+    c.above(f"{prefix}.eps", o.eps, 0)
+    c.at_least(f"{prefix}.lr_warmup_steps", o.lr_warmup_steps, -1)
+    c.between(f"{prefix}.lr_warmup_steps_ratio", o.lr_warmup_steps_ratio, 0, 1)
+    c.between(f"{prefix}.min_lr_ratio", o.min_lr_ratio, 0, 1)
+    c.off_or_positive(f"{prefix}.total_training_steps", o.total_training_steps)
+
+
+def _check_engine(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -> None:
+    ws = world_size(cfg)
+    if role.strategy == "single" and ws > 1:
+        c.error(
+            (f"{prefix}.strategy", "trainer.nnodes", "trainer.n_gpus_per_node"),
+            f"{prefix}.strategy=single: runs one process but the world size is {ws} "
+            f"(trainer.nnodes x trainer.n_gpus_per_node); use {prefix}.strategy=fsdp2",
+        )
+    if role.strategy == "single" and role.fsdp_config.mixed_precision is not None:
+        c.warn(f"{prefix}.fsdp_config.mixed_precision is ignored by strategy=single")
+    c.above(f"{prefix}.grad_clip", role.grad_clip, 0)
+    _check_optim(c, f"{prefix}.optim", role.optim)
+
+
+def _check_sampling(c: _Checks, prefix: str, s: Any) -> None:
+    c.at_least(f"{prefix}.n", s.n, 1)
+    c.at_least(f"{prefix}.temperature", s.temperature, 0)
+    c.between(f"{prefix}.top_p", s.top_p, 0, 1, lo_open=True)
+    if s.top_k != -1 and s.top_k < 1:
+        c.error(f"{prefix}.top_k", f"{prefix}.top_k={s.top_k}: must be -1 (off) or >= 1")
+    if s.do_sample and s.temperature == 0:
+        c.error(
+            (f"{prefix}.temperature", f"{prefix}.do_sample"),
+            f"{prefix}.temperature=0 with {prefix}.do_sample=true: sampling needs a positive "
+            f"temperature; set {prefix}.do_sample=false for greedy decoding",
+        )
+
+
+def _check_actor_rollout_ref(c: _Checks, cfg: TrainerConfig) -> None:
+    arr, device = cfg.actor_rollout_ref, cfg.trainer.device
+    c.model("actor_rollout_ref.model.path", arr.model.path)
+    c.model("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path)
+    a, p = arr.actor, "actor_rollout_ref.actor"
+    _check_ppo_batches(c, cfg, p, a)
+    _check_engine(c, cfg, p, a)
+    c.above(f"{p}.clip_ratio", a.clip_ratio, 0)
+    low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+    if not 0 < low < 1:
+        key = f"{p}.clip_ratio_low" if a.clip_ratio_low is not None else f"{p}.clip_ratio"
+        c.error(key, f"{key}={show(low)}: the lower clip epsilon must be in (0, 1)")
+    c.above(f"{p}.clip_ratio_high", a.clip_ratio_high, 0)
+    c.above(f"{p}.clip_ratio_c", a.clip_ratio_c, 1)
+    c.above(f"{p}.loss_scale_factor", a.loss_scale_factor, 0)
+    c.at_least(f"{p}.kl_loss_coef", a.kl_loss_coef, 0)
+    c.at_least(f"{p}.logprob_chunk_size", a.logprob_chunk_size, 1)
+    c.nonempty(f"{p}.policy_loss", a.policy_loss)
+
+    r, p = arr.rollout, "actor_rollout_ref.rollout"
+    _check_sampling(c, p, r)
+    _check_sampling(c, f"{p}.val_kwargs", r.val_kwargs)
+    c.at_least(
+        f"{p}.log_prob_micro_batch_size_per_device", r.log_prob_micro_batch_size_per_device, 1
+    )
+    if any(not s for s in r.stop):
+        c.error(f"{p}.stop", f"{p}.stop={show(r.stop)}: stop strings must not be empty")
+    if r.name in ("vllm", "sglang"):
+        if device == "cpu":
+            c.error(
+                (f"{p}.name", "trainer.device"),
+                f"{p}.name={r.name}: needs CUDA but trainer.device=cpu; use native or hf on CPU",
+            )
+        c.package(f"{p}.name", r.name, r.name, f"pip install {r.name}, or use native or hf")
+    c.at_least(
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_device",
+        arr.ref.log_prob_micro_batch_size_per_device,
+        1,
+    )
+    if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
+        c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
+
+
+def _check_critic(c: _Checks, cfg: TrainerConfig) -> None:
+    est = cfg.algorithm.adv_estimator
+    if cfg.critic.enable is False and est in CRITIC_ESTIMATORS:
+        c.error(
+            ("critic.enable", "algorithm.adv_estimator"),
+            f"critic.enable=false: algorithm.adv_estimator={est} needs a value function; "
+            "set critic.enable=true (or null for auto) or pick an estimator without a critic",
+        )
+    if cfg.critic.enable and est not in CRITIC_ESTIMATORS:
+        c.warn(f"critic.enable=true but algorithm.adv_estimator={est} does not use values")
+    if not critic_enabled(cfg):
+        return
+    cr = cfg.critic
+    c.model("critic.model.path", cr.model.path)
+    c.model("critic.model.tokenizer_path", cr.model.tokenizer_path)
+    _check_ppo_batches(c, cfg, "critic", cr)
+    _check_engine(c, cfg, "critic", cr)
+    c.above("critic.cliprange_value", cr.cliprange_value, 0)
+    c.above("critic.loss_coef", cr.loss_coef, 0)
+    c.at_least(
+        "critic.forward_micro_batch_size_per_device", cr.forward_micro_batch_size_per_device, 1
+    )
+
+
+def _check_rewards(c: _Checks, cfg: TrainerConfig) -> None:
+    rm, p = cfg.reward_model, "reward_model"
+    c.at_least(f"{p}.micro_batch_size_per_device", rm.micro_batch_size_per_device, 1)
+    c.nonempty(f"{p}.reward_manager", rm.reward_manager)
+    c.above(f"{p}.timeout_s", rm.timeout_s, 0)
+    if rm.clip_range is not None and (
+        len(rm.clip_range) != 2 or rm.clip_range[0] >= rm.clip_range[1]
+    ):
+        c.error(
+            f"{p}.clip_range",
+            f"{p}.clip_range={show(rm.clip_range)}: must be [lo, hi] with lo < hi",
+        )
+    if rm.enable and rm.model.path is None:
+        c.error(
+            (f"{p}.enable", f"{p}.model.path"),
+            f"{p}.enable=true: {p}.model.path is null; give the reward model's path",
+        )
+    if rm.enable:
+        c.model(f"{p}.model.path", rm.model.path)
+        c.model(f"{p}.model.tokenizer_path", rm.model.tokenizer_path)
+    ob = rm.overlong_buffer
+    if ob.enable and not 1 <= ob.len <= cfg.data.max_response_length:
+        c.error(
+            (f"{p}.overlong_buffer.len", "data.max_response_length"),
+            f"{p}.overlong_buffer.len={ob.len}: must be in [1, data.max_response_length="
+            f"{cfg.data.max_response_length}] when the overlong buffer is enabled",
+        )
+    c.at_least(f"{p}.overlong_buffer.penalty_factor", ob.penalty_factor, 0)
+    fn, p = cfg.custom_reward_function, "custom_reward_function"
+    if fn.path is not None:
+        c.file(f"{p}.path", fn.path, "reward function file")
+    if not fn.name.isidentifier():
+        c.error(f"{p}.name", f"{p}.name={show(fn.name)}: must be a Python function name")
+
+
+def _check_algorithm(c: _Checks, cfg: TrainerConfig) -> None:
+    al, p = cfg.algorithm, "algorithm"
+    c.between(f"{p}.gamma", al.gamma, 0, 1)
+    c.between(f"{p}.lam", al.lam, 0, 1)
+    c.nonempty(f"{p}.adv_estimator", al.adv_estimator)
+    n = cfg.actor_rollout_ref.rollout.n
+    if al.adv_estimator in GROUP_ESTIMATORS and n == 1:
+        c.warn(
+            f"algorithm.adv_estimator={al.adv_estimator} with actor_rollout_ref.rollout.n=1: a "
+            "group of one response has zero advantage, nothing is learned; set rollout.n >= 2"
+        )
+    if al.use_kl_in_reward and cfg.actor_rollout_ref.actor.use_kl_loss:
+        c.warn(
+            "algorithm.use_kl_in_reward=true and actor_rollout_ref.actor.use_kl_loss=true: "
+            "the KL to the reference is penalised twice"
+        )
+    c.at_least(f"{p}.kl_ctrl.kl_coef", al.kl_ctrl.kl_coef, 0)
+    c.at_least(f"{p}.kl_ctrl.horizon", al.kl_ctrl.horizon, 1)
+    c.above(f"{p}.kl_ctrl.target_kl", al.kl_ctrl.target_kl, 0)
+
+
+def _check_trainer(c: _Checks, cfg: TrainerConfig) -> None:
+    t, p = cfg.trainer, "trainer"
+    c.nonempty(f"{p}.project_name", t.project_name)
+    c.nonempty(f"{p}.experiment_name", t.experiment_name)
+    for name in ("log_dir", "default_local_dir"):
+        template = getattr(t, name)
+        try:
+            unknown = [f for f in template_fields(template) if f not in PATH_FIELDS]
+        except ValueError as exc:
+            unknown = [f"(malformed: {exc})"]
+        if unknown:
+            c.error(
+                f"{p}.{name}",
+                f"{p}.{name}={show(template)}: unknown field {unknown[0]}; only "
+                "{project_name} and {experiment_name} are filled in",
+            )
+    for name, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if name in t.logger:
+            c.package(f"{p}.logger", name, module, "pip install 'verl[tracking]' or drop it")
+    c.at_least(f"{p}.nnodes", t.nnodes, 1)
+    c.at_least(f"{p}.n_gpus_per_node", t.n_gpus_per_node, 1)
+    if t.nnodes > 1 and t.backend != "ray":
+        c.error(
+            (f"{p}.nnodes", f"{p}.backend"),
+            f"{p}.nnodes={t.nnodes}: several machines need {p}.backend=ray",
+        )
+    if t.backend == "ray":
+        c.package(f"{p}.backend", "ray", "ray", "pip install 'verl[ray]' or use backend=local")
+    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
+    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
+    c.off_or_positive(f"{p}.save_freq", t.save_freq)
+    c.off_or_positive(f"{p}.test_freq", t.test_freq)
+    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
+    c.at_least(f"{p}.num_threads", t.num_threads, 1)
+    if t.resume_mode == "resume_path":
+        if t.resume_from_path is None:
+            c.error(
+                (f"{p}.resume_mode", f"{p}.resume_from_path"),
+                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
+            )
+        else:
+            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
+    elif t.resume_from_path is not None:
+        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")

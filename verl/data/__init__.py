@@ -1,0 +1,59 @@
+"""Prompt datasets for RL: reading and validating verl-format files, tokenizing, left-padded
+collation into `DataProto`, resumable batching, and generators / converters for arithmetic
+and GSM8K data.
+
+Names are imported lazily so that `python -m verl.data.arithmetic` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl.data.arithmetic import make_arithmetic_rows, write_arithmetic_dataset
+    from verl.data.gsm8k import convert_gsm8k, extract_gsm8k_answer
+    from verl.data.io import DatasetValidationError, read_records, write_records
+    from verl.data.rl_dataset import RLHFDataset, collate_fn, collate_prompts, validate_row
+    from verl.data.sampler import PromptDataLoader, ResumableBatchSampler
+
+_LAZY = {
+    "RLHFDataset": "verl.data.rl_dataset",
+    "collate_fn": "verl.data.rl_dataset",
+    "collate_prompts": "verl.data.rl_dataset",
+    "validate_row": "verl.data.rl_dataset",
+    "DatasetValidationError": "verl.data.io",
+    "read_records": "verl.data.io",
+    "write_records": "verl.data.io",
+    "PromptDataLoader": "verl.data.sampler",
+    "ResumableBatchSampler": "verl.data.sampler",
+    "make_arithmetic_rows": "verl.data.arithmetic",
+    "write_arithmetic_dataset": "verl.data.arithmetic",
+    "convert_gsm8k": "verl.data.gsm8k",
+    "extract_gsm8k_answer": "verl.data.gsm8k",
+}
+
+__all__ = [
+    "DatasetValidationError",
+    "PromptDataLoader",
+    "RLHFDataset",
+    "ResumableBatchSampler",
+    "collate_fn",
+    "collate_prompts",
+    "convert_gsm8k",
+    "extract_gsm8k_answer",
+    "make_arithmetic_rows",
+    "read_records",
+    "validate_row",
+    "write_arithmetic_dataset",
+    "write_records",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,268 @@
+"""Generate verifiable arithmetic prompt datasets (`a op b`, op in + - *) in verl's format.
+
+    python -m verl.data.arithmetic --out data/arith --train-size 1000 --val-size 200 \\
+        --digits 1 --ops + - '*' --seed 0 --format parquet
+
+writes `train.parquet` and `test.parquet` (or `.jsonl`). Each row:
+
+    data_source  "arithmetic"
+    prompt       [{"role": "user", "content": "What is 3 + 4? Answer with just the number."}]
+    ability      "math"
+    reward_model {"style": "rule", "ground_truth": "7"}
+    extra_info   {"split", "index", "a", "b", "op", "expression"}
+
+Operands have exactly `digits` digits (0-9 for one digit). Subtraction puts the larger
+operand first, so every answer is a non-negative integer. `prompt_style="plain"` gives a
+completion prompt ("3 + 4 =") for base models (use it with `apply_chat_template=False`).
+
+Train and validation come from disjoint seeds (`2 * seed` and `2 * seed + 1`). The
+validation set is drawn first and its problems are excluded from train, so no problem is in
+both splits whenever the space of problems is larger than the validation set. Within a
+split, problems are distinct while the space allows; once a split asks for more rows than
+there are distinct problems left, problems repeat (logged as a warning). The space holds
+`m*m` problems for + and *, and `m*(m+1)/2` for -, with `m` operand values (m=10 for one
+digit: 255 problems with all three ops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import operator
+import os
+import random
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from verl.data.io import write_records
+
+logger = logging.getLogger(__name__)
+
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+PROMPT_STYLES = ("chat", "plain")
+FORMATS = ("parquet", "jsonl")
+DATA_SOURCE = "arithmetic"
+
+Problem = tuple[int, str, int]
+
+
+def _check_args(digits: int, ops: Sequence[str], prompt_style: str) -> None:
+    if digits < 1:
+        raise ValueError(f"digits={digits} must be >= 1")
+    if not ops:
+        raise ValueError("ops is empty; choose from '+', '-', '*'")
+    bad = [op for op in ops if op not in OPERATORS]
+    if bad:
+        raise ValueError(
+            f"unsupported op(s) {bad}; ops must be a subset of {list(OPERATORS)} "
+            "(quote '*' on a shell command line)"
+        )
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style={prompt_style!r}; choose one of {PROMPT_STYLES}")
+
+
+def operand_range(digits: int) -> tuple[int, int]:
+    """Smallest and largest operand with exactly `digits` digits (0 counts as one digit)."""
+    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+
+
+def problem_space_size(digits: int, ops: Sequence[str]) -> int:
+    """Number of distinct problems (a, op, b) the generator can produce."""
+    lo, hi = operand_range(digits)
+    m = hi - lo + 1
+    return sum(m * (m + 1) // 2 if op == "-" else m * m for op in set(ops))
+
+
+def _random_problem(rng: random.Random, lo: int, hi: int, ops: Sequence[str]) -> Problem:
+    op = rng.choice(ops)
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    if op == "-" and a < b:
+        a, b = b, a
+    return a, op, b
+
+
+def _in_space(p: Problem, lo: int, hi: int, ops: Sequence[str]) -> bool:
+    """Can the generator produce problem `p` with these settings?"""
+    a, op, b = p
+    in_range = lo <= a <= hi and lo <= b <= hi
+    return in_range and op in ops and not (op == "-" and a < b)
+
+
+def _all_problems(lo: int, hi: int, ops: Sequence[str]) -> list[Problem]:
+    return [
+        (a, op, b)
+        for op in ops
+        for a in range(lo, hi + 1)
+        for b in range(lo, hi + 1)
+        if not (op == "-" and a < b)
+    ]
+
+
+def sample_problems(
+    n: int, digits: int, ops: Sequence[str], seed: int, exclude: set[Problem] | None = None
+) -> list[Problem]:
+    """`n` problems, distinct while the space (minus `exclude`) allows, in random order."""
+    ops = list(dict.fromkeys(ops))  # dedupe, keep order: the draw depends on it
+    _check_args(digits, ops, "chat")
+    rng = random.Random(seed)
+    lo, hi = operand_range(digits)
+    exclude = {p for p in exclude or () if _in_space(p, lo, hi, ops)}
+    available = problem_space_size(digits, ops) - len(exclude)
+    if available <= 0:
+        raise ValueError(
+            f"no problems left: digits={digits}, ops={ops} give "
+            f"{problem_space_size(digits, ops)} problems and all are excluded (e.g. taken by "
+            "the validation set); lower val_size or use more digits or ops"
+        )
+    if n <= available // 2:
+        # Rejection sampling: cheap because at most half of the candidates are taken.
+        seen: set[Problem] = set()
+        out: list[Problem] = []
+        while len(out) < n:
+            p = _random_problem(rng, lo, hi, ops)
+            if p not in seen and p not in exclude:
+                seen.add(p)
+                out.append(p)
+        return out
+    # The space is small compared with n (available < 2n), so enumerating it is cheap.
+    pool = [p for p in _all_problems(lo, hi, ops) if p not in exclude]
+    if n <= len(pool):
+        return rng.sample(pool, n)
+    logger.warning(
+        "asked for %d problems but only %d distinct ones are available "
+        "(digits=%d, ops=%s); problems will repeat",
+        n,
+        len(pool),
+        digits,
+        ops,
+    )
+    out = rng.sample(pool, len(pool))
+    return out + rng.choices(pool, k=n - len(pool))
+
+
+def arithmetic_row(
+    problem: Problem, index: int, split: str, prompt_style: str = "chat"
+) -> dict[str, Any]:
+    """One dataset row for problem (a, op, b)."""
+    a, op, b = problem
+    expression = f"{a} {op} {b}"
+    answer = OPERATORS[op](a, b)
+    if prompt_style == "chat":
+        content = f"What is {expression}? Answer with just the number."
+    else:
+        content = f"{expression} ="
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "a": a,
+            "b": b,
+            "op": op,
+            "expression": expression,
+        },
+    }
+
+
+def make_arithmetic_rows(
+    n: int,
+    digits: int = 1,
+    ops: Sequence[str] = ("+", "-", "*"),
+    seed: int = 0,
+    split: str = "train",
+    prompt_style: str = "chat",
+    exclude: set[Problem] | None = None,
+) -> list[dict[str, Any]]:
+    """`n` arithmetic rows (see the module docstring), deterministic for a `seed`."""
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    _check_args(digits, ops, prompt_style)
+    problems = sample_problems(n, digits, ops, seed, exclude) if n else []
+    return [arithmetic_row(p, i, split, prompt_style) for i, p in enumerate(problems)]
+
+
+def row_problem(row: dict[str, Any]) -> Problem:
+    """The (a, op, b) of a generated row."""
+    info = row["extra_info"]
+    return info["a"], info["op"], info["b"]
+
+
+def write_arithmetic_dataset(
+    out_dir: str | os.PathLike,
+    train_size: int = 1000,
+    val_size: int = 200,
+    digits: int = 1,
+    ops: Sequence[str] = ("+", "-", "*"),
+    seed: int = 0,
+    fmt: str = "parquet",
+    prompt_style: str = "chat",
+) -> tuple[str, str]:
+    """Write `train.<fmt>` and `test.<fmt>` into `out_dir`; returns (train_path, val_path)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r}; choose one of {FORMATS}")
+    if train_size < 1 or val_size < 1:
+        raise ValueError(f"train_size={train_size} and val_size={val_size} must be >= 1")
+    _check_args(digits, ops, prompt_style)
+    val_rows = make_arithmetic_rows(val_size, digits, ops, 2 * seed + 1, "test", prompt_style)
+    val_problems = {row_problem(r) for r in val_rows}
+    train_rows = make_arithmetic_rows(
+        train_size, digits, ops, 2 * seed, "train", prompt_style, exclude=val_problems
+    )
+    suffix = "parquet" if fmt == "parquet" else "jsonl"
+    train_path = write_records(train_rows, os.path.join(out_dir, f"train.{suffix}"))
+    val_path = write_records(val_rows, os.path.join(out_dir, f"test.{suffix}"))
+    logger.info("wrote %d train rows to %s", train_size, train_path)
+    logger.info("wrote %d val rows to %s", val_size, val_path)
+    return train_path, val_path
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m verl.data.arithmetic",
+        description="Generate verifiable arithmetic prompt datasets in verl's format.",
+    )
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--train-size", type=int, default=1000)
+    p.add_argument("--val-size", type=int, default=200)
+    p.add_argument("--digits", type=int, default=1, help="digits per operand (>= 1)")
+    p.add_argument("--ops", nargs="+", default=["+", "-", "*"], help="subset of + - '*'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=FORMATS, default="parquet", dest="fmt")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.digits < 1:
+        parser.error(f"--digits {args.digits}: must be >= 1")
+    if args.train_size < 1 or args.val_size < 1:
+        parser.error("--train-size and --val-size must be >= 1")
+    bad = [op for op in args.ops if op not in OPERATORS]
+    if bad:
+        parser.error(f"--ops {bad}: each op must be one of + - '*' (quote '*' in a shell)")
+    try:
+        train_path, val_path = write_arithmetic_dataset(
+            args.out,
+            args.train_size,
+            args.val_size,
+            args.digits,
+            args.ops,
+            args.seed,
+            args.fmt,
+            args.prompt_style,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    print(f"train: {train_path} ({args.train_size} rows)")
+    print(f"val:   {val_path} ({args.val_size} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

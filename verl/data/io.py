@@ -1,0 +1,191 @@
+"""Read and write row files (parquet, JSON lines) with per-row locations for error messages.
+
+Reading never raises on a bad row: every row comes back as a `Record` carrying either its
+data or a description of what is wrong with it, so callers can validate a whole dataset and
+report many problems at once. Row numbers are 1-based: the physical line number for JSON
+lines files (blank lines are skipped but counted), the row number for parquet, the item
+number for a `.json` file holding one JSON array.
+
+Writing goes to a temporary file renamed into place, so an interrupted write never leaves a
+half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PARQUET_SUFFIXES = (".parquet",)
+JSON_SUFFIXES = (".jsonl", ".json")
+SUPPORTED_SUFFIXES = PARQUET_SUFFIXES + JSON_SUFFIXES
+
+
+class DatasetValidationError(ValueError):
+    """One or more rows of a dataset are malformed; `problems` lists all that were found."""
+
+    def __init__(self, problems: list[str], max_reported: int = 20):
+        self.problems = list(problems)
+        self.max_reported = max_reported
+        shown = problems[:max_reported]
+        header = f"{len(problems)} problem(s) in the dataset (rows and lines numbered from 1):"
+        lines = [header] + [f"  - {p}" for p in shown]
+        if len(problems) > len(shown):
+            lines.append(f"  ... and {len(problems) - len(shown)} more")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):  # keep it picklable (e.g. across Ray) despite the custom __init__
+        return self.__class__, (self.problems, self.max_reported)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One row of a file: its data (a dict) or, if unreadable, the reason in `problem`."""
+
+    file: str
+    number: int  # 1-based, counted in `unit`
+    unit: str  # "line" (JSON lines), "row" (parquet) or "item" (JSON array)
+    data: dict[str, Any] | None
+    problem: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.file} {self.unit} {self.number}"
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """All records of one file; `columns` is the parquet schema (None for JSON files)."""
+
+    path: str
+    columns: list[str] | None
+    records: list[Record]
+
+
+def normalize_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Turn one path or a list of paths into a list of strings, checking each exists."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = [os.fspath(p) for p in paths]
+    if not out:
+        raise ValueError("no data files given: pass a path or a non-empty list of paths")
+    for p in out:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"data file {p!r} does not exist (or is not a file)")
+        if not p.endswith(SUPPORTED_SUFFIXES):
+            raise ValueError(
+                f"data file {p!r} has an unsupported extension; use one of {SUPPORTED_SUFFIXES}"
+            )
+    return out
+
+
+def read_records(path: str | os.PathLike) -> RecordFile:
+    """Read every row of a parquet, `.jsonl` or `.json` file into `Record`s."""
+    path = os.fspath(path)
+    if path.endswith(PARQUET_SUFFIXES):
+        return _read_parquet(path)
+    if path.endswith(JSON_SUFFIXES):
+        return _read_json(path)
+    raise ValueError(f"{path!r}: unsupported extension; use one of {SUPPORTED_SUFFIXES}")
+
+
+def _read_parquet(path: str) -> RecordFile:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: cannot read as parquet: {e}") from e
+    rows = table.to_pylist()
+    records = [Record(path, i + 1, "row", row) for i, row in enumerate(rows)]
+    return RecordFile(path, list(table.column_names), records)
+
+
+def _read_json(path: str) -> RecordFile:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark written by some editors
+        raw = raw[3:]
+    if raw.lstrip()[:1] == b"[":
+        return RecordFile(path, None, _read_json_array(path, raw))
+    records: list[Record] = []
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = line[e.start : e.start + 1].hex()
+            records.append(
+                Record(
+                    path,
+                    lineno,
+                    "line",
+                    None,
+                    f"not valid UTF-8 (byte 0x{bad} at column {e.start + 1}); "
+                    "re-encode the file as UTF-8",
+                )
+            )
+            continue
+        records.append(_parse_json_object(path, lineno, "line", text))
+    return RecordFile(path, None, records)
+
+
+def _read_json_array(path: str, raw: bytes) -> list[Record]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = raw[: e.start].count(b"\n") + 1
+        return [Record(path, lineno, "line", None, "not valid UTF-8; re-encode the file as UTF-8")]
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        return [Record(path, e.lineno, "line", None, f"invalid JSON: {e.msg}")]
+    out = []
+    for i, item in enumerate(items, start=1):
+        if isinstance(item, dict):
+            out.append(Record(path, i, "item", item))
+        else:
+            out.append(
+                Record(path, i, "item", None, f"expected a JSON object, got {type(item).__name__}")
+            )
+    return out
+
+
+def _parse_json_object(path: str, number: int, unit: str, text: str) -> Record:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return Record(path, number, unit, None, f"invalid JSON at column {e.colno}: {e.msg}")
+    if not isinstance(obj, dict):
+        return Record(path, number, unit, None, f"expected a JSON object, got {type(obj).__name__}")
+    return Record(path, number, unit, obj)
+
+
+def write_records(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> str:
+    """Write rows to `path` as parquet or JSON lines (chosen by the extension); returns it."""
+    path = os.fspath(path)
+    rows = list(rows)
+    if not path.endswith(SUPPORTED_SUFFIXES):
+        raise ValueError(f"{path!r}: unsupported extension; use one of {SUPPORTED_SUFFIXES}")
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        if path.endswith(PARQUET_SUFFIXES):
+            os.close(fd)
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path

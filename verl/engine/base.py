@@ -1,0 +1,406 @@
+"""The training-engine interface: one model + AdamW + LR schedule, stepped in micro-batches.
+
+A :class:`TrainEngine` owns a module, its optimizer, scheduler and (for fp16) grad scaler.
+Workers call it in this shape::
+
+    with engine.train_mode():
+        metrics = engine.forward_backward(micro_batches, loss_fn, loss_scales)
+        step = engine.optimizer_step()   # {"grad_norm", "lr", "skipped"}
+
+    with engine.eval_mode():             # eval + no_grad + autocast
+        log_probs, _ = compute_response_log_probs(engine.module, ...)
+
+Everything that is the same for every backend (the optimizer, the schedule, gradient
+accumulation, clipping, the non-finite guard) lives here. A backend (``single`` now,
+``fsdp2`` later) supplies how the module is placed/wrapped, how the gradient norm is
+reduced, how backward sync is deferred across micro-batches, how state is saved and loaded,
+and how memory is offloaded: the abstract methods and ``_``-hooks below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Any]]]
+
+_DTYPE_NAMES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bf16"``/``"bfloat16"``/``"fp16"``/``"fp32"``/a ``torch.dtype``/``None`` -> dtype."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPE_NAMES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPE_NAMES)}") from None
+
+
+@dataclass
+class OptimSpec:
+    """AdamW hyper-parameters and the LR schedule.
+
+    The schedule is a linear warm-up over ``warmup_steps`` optimizer steps (step ``s``,
+    counted from 0, uses ``lr * (s + 1) / warmup_steps``, so the first step is not wasted at
+    lr 0), then ``warmup_style``: ``"constant"`` keeps ``lr``; ``"cosine"`` decays from
+    ``lr`` to ``lr * min_lr_ratio`` at ``total_steps`` and stays there.
+    """
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    warmup_style: str = "constant"
+    min_lr_ratio: float = 0.0
+    total_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        if self.lr < 0:
+            raise ValueError(f"optim lr={self.lr} must be >= 0")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim warmup_steps={self.warmup_steps} must be >= 0")
+        if self.warmup_style not in ("constant", "cosine"):
+            raise ValueError(
+                f"optim warmup_style={self.warmup_style!r} is not supported; "
+                "use 'constant' or 'cosine'"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.warmup_style == "cosine" and not self.total_steps:
+            raise ValueError(
+                f"optim warmup_style='cosine' needs total_steps > 0, got {self.total_steps}; "
+                "pass the number of optimizer steps of the run"
+            )
+
+    @classmethod
+    def from_config(cls, optim_cfg: Any, total_steps: int | None = None) -> OptimSpec:
+        """Build from a config ``optim`` section (duck-typed on its attribute names).
+
+        Reads ``lr, betas, weight_decay, eps, lr_warmup_steps, lr_warmup_steps_ratio,
+        warmup_style, min_lr_ratio, total_training_steps``. ``total_steps`` (what the
+        trainer computed) wins over ``total_training_steps`` when given. Warm-up is
+        ``lr_warmup_steps`` if it is >= 0, else ``int(lr_warmup_steps_ratio * total)``.
+        """
+        total = total_steps
+        if total is None:
+            total = getattr(optim_cfg, "total_training_steps", None)
+        total = int(total) if total is not None and total > 0 else None
+        warmup = optim_cfg.lr_warmup_steps
+        if warmup is None or warmup < 0:
+            ratio = optim_cfg.lr_warmup_steps_ratio
+            if ratio and total is None:
+                raise ValueError(
+                    f"optim lr_warmup_steps_ratio={ratio} needs the total number of "
+                    "training steps; set total_training_steps or lr_warmup_steps"
+                )
+            warmup = int(ratio * total) if ratio else 0
+        return cls(
+            lr=optim_cfg.lr,
+            betas=tuple(optim_cfg.betas),
+            weight_decay=optim_cfg.weight_decay,
+            eps=optim_cfg.eps,
+            warmup_steps=int(warmup),
+            warmup_style=optim_cfg.warmup_style,
+            min_lr_ratio=optim_cfg.min_lr_ratio,
+            total_steps=total,
+        )
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of ``lr`` for optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.warmup_style == "constant":
+            return 1.0
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+
+def build_adamw(params: list[nn.Parameter], spec: OptimSpec) -> torch.optim.AdamW:
+    """AdamW over ``params``, fused kernel when the device supports it, else foreach."""
+    kwargs = dict(lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except RuntimeError as err:  # device/dtype without a fused kernel
+        logger.info("fused AdamW unavailable (%s); using foreach", err)
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, spec: OptimSpec
+) -> torch.optim.lr_scheduler.LambdaLR:
+    # A plain function (not a bound method) so LambdaLR.state_dict() stores no lambda state.
+    def factor(step: int) -> float:
+        return spec.lr_factor(step)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class TrainEngine(ABC):
+    """A module with its optimizer, scheduler and precision policy on one or more devices.
+
+    Args:
+        module: the model. The engine moves (and for distributed backends wraps) it; use
+            :attr:`module` afterwards.
+        optimizer_cfg: AdamW + schedule, or ``None`` for an inference-only engine (e.g. the
+            reference policy): then :meth:`optimizer_step` raises.
+        grad_clip: max global L2 grad norm, or ``None`` to only measure it.
+        device: where parameters live (``"cpu"``, ``"cuda:0"``...).
+        param_dtype: cast parameters to this dtype (``None`` keeps them). Keep float32
+            master weights when training with autocast.
+        autocast_dtype: run forwards under ``torch.autocast`` in this dtype (``None`` or
+            float32: no autocast). float16 enables a dynamic loss scaler.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer_cfg: OptimSpec | None,
+        grad_clip: float | None = None,
+        device: str | torch.device = "cpu",
+        param_dtype: str | torch.dtype | None = None,
+        autocast_dtype: str | torch.dtype | None = None,
+    ) -> None:
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip={grad_clip} must be > 0, or None to disable clipping")
+        self.device = torch.device(device)
+        self.param_dtype = resolve_dtype(param_dtype)
+        autocast_dtype = resolve_dtype(autocast_dtype)
+        self.autocast_dtype = None if autocast_dtype == torch.float32 else autocast_dtype
+        if self.autocast_dtype == torch.float16 and self.param_dtype == torch.float16:
+            raise ValueError(
+                "autocast_dtype=float16 needs float32 master weights for loss scaling; "
+                "got param_dtype=float16. Use param_dtype=None or float32"
+            )
+        self.grad_clip = grad_clip
+        self.optim_spec = optimizer_cfg
+        self.skipped_steps = 0
+
+        self.module = self._prepare_module(module)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        if optimizer_cfg is not None:
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            if not params:
+                raise ValueError("module has no parameters with requires_grad=True to optimize")
+            self.optimizer = build_adamw(params, optimizer_cfg)
+            self.scheduler = build_lr_scheduler(self.optimizer, optimizer_cfg)
+            if self.autocast_dtype == torch.float16:
+                self.scaler = torch.amp.GradScaler(self.device.type)
+
+    # ---- backend hooks ---------------------------------------------------------------
+
+    @abstractmethod
+    def _prepare_module(self, module: nn.Module) -> nn.Module:
+        """Place (cast, wrap) the module; return the module the engine trains."""
+
+    def _backward_context(self, is_last_micro_batch: bool) -> contextlib.AbstractContextManager:
+        """Context around one micro-batch backward (FSDP defers grad sync until the last)."""
+        return contextlib.nullcontext()
+
+    def _grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of all gradients (0-d tensor; a distributed backend all-reduces)."""
+        grads = [p.grad for p in self._trainable_params() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+    @abstractmethod
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) model state dict as CPU tensors, safe to keep while training."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Write model, optimizer, scheduler and scaler state under directory ``path``."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the state written by :meth:`save_checkpoint`."""
+
+    @abstractmethod
+    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
+        """Move parameters/gradients and/or optimizer state to host memory."""
+
+    @abstractmethod
+    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
+        """Undo :meth:`offload_to_cpu`."""
+
+    # ---- modes -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def train_mode(self) -> Iterator[None]:
+        """``module.train()`` for the block; the previous mode is restored after."""
+        was_training = self.module.training
+        self.module.train()
+        try:
+            yield
+        finally:
+            self.module.train(was_training)
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """``module.eval()`` + ``torch.no_grad()`` + :meth:`autocast` for the block."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad(), self.autocast():
+                yield
+        finally:
+            self.module.train(was_training)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` in ``autocast_dtype``, or a no-op when training in float32."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # ---- training --------------------------------------------------------------------
+
+    def forward_backward(
+        self,
+        micro_batches: Sequence[Any],
+        loss_fn: LossFn,
+        loss_scales: Sequence[float] | None = None,
+    ) -> list[dict[str, float]]:
+        """Accumulate gradients over micro-batches (no optimizer step).
+
+        For each micro-batch ``mb_i``: ``loss_i, metrics_i = loss_fn(module, mb_i)`` runs in
+        train mode under :meth:`autocast`, then ``(loss_i * loss_scales[i]).backward()``.
+        The accumulated gradient is that of ``sum_i loss_scales[i] * loss_i``, so the caller
+        chooses the mini-batch aggregation exactly:
+
+        - sample mean: ``loss_i`` = mean over ``mb_i``, scale ``len(mb_i) / len(mini_batch)``;
+        - token mean over the whole mini-batch: ``loss_i`` = token-mean over ``mb_i``, scale
+          ``tokens_i / tokens_total`` (or ``loss_i`` = token-sum / ``tokens_total``, scale 1).
+
+        Default scales are ``1 / len(micro_batches)`` (equal-size micro-batches).
+
+        Returns:
+            one metrics dict per micro-batch: ``loss_fn``'s metrics as Python floats, plus
+            ``"loss"`` (the unscaled ``loss_i``) unless ``loss_fn`` reported one.
+        """
+        n = len(micro_batches)
+        if n == 0:
+            raise ValueError("forward_backward got no micro-batches")
+        if loss_scales is None:
+            loss_scales = [1.0 / n] * n
+        if len(loss_scales) != n:
+            raise ValueError(f"got {len(loss_scales)} loss_scales for {n} micro-batches")
+
+        results = []
+        with self.train_mode():
+            for i, (micro_batch, scale) in enumerate(zip(micro_batches, loss_scales)):
+                with self.autocast():
+                    loss, metrics = loss_fn(self.module, micro_batch)
+                if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+                    raise TypeError(
+                        f"loss_fn must return (scalar tensor, metrics), got loss={loss!r}"
+                    )
+                self.backward(loss * scale, is_last_micro_batch=i == n - 1)
+                out = {k: _to_float(v) for k, v in metrics.items()}
+                out.setdefault("loss", loss.item())
+                results.append(out)
+        return results
+
+    def backward(self, loss: torch.Tensor, is_last_micro_batch: bool = True) -> None:
+        """Backward of one already-weighted micro-batch loss (applies the fp16 loss scale).
+
+        For callers that run their own micro-batch loop instead of :meth:`forward_backward`.
+        Pass ``is_last_micro_batch=False`` for all but the last micro-batch of a step so a
+        distributed backend can defer its gradient reduction; ``True`` is always correct.
+        """
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        with self._backward_context(is_last_micro_batch=is_last_micro_batch):
+            loss.backward()
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step the optimizer (unless gradients are non-finite), step the schedule.
+
+        Returns:
+            ``{"grad_norm": pre-clip global L2 norm, "lr": the lr this step used,
+            "skipped": 1.0 if the step was skipped because the norm was inf/nan else 0.0}``.
+            The schedule advances on skipped steps too, so the lr stays a function of the
+            trainer's step count. Gradients are cleared afterwards.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built with optimizer_cfg=None (inference only)")
+        lr = self.lr
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        total_norm = self._grad_norm()
+        grad_norm = float(total_norm)
+        finite = math.isfinite(grad_norm)
+        if finite:
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grads_with_norm_(
+                    self._trainable_params(), self.grad_clip, total_norm
+                )
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+            logger.warning(
+                "grad norm is %s: skipping the optimizer step (%d skipped so far)",
+                grad_norm,
+                self.skipped_steps,
+            )
+        if self.scaler is not None:
+            self.scaler.update()
+        with warnings.catch_warnings():
+            # Skipping the very first optimizer step is deliberate, not a call-order bug.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.zero_grad()
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
+
+    def zero_grad(self) -> None:
+        """Drop all gradients (``set_to_none``)."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.module.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (skipped ones included)."""
+        return 0 if self.scheduler is None else int(self.scheduler.last_epoch)
+
+    def _trainable_params(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().item()
+    return float(value)

@@ -1,0 +1,192 @@
+"""The single-process train engine: one module on one device, no wrapping.
+
+Used for CPU runs, tests and one-GPU jobs. Checkpoints are a directory of three files:
+
+- ``model.safetensors``: the weights (tied weights stored once);
+- ``optim_tensors.pt``: every tensor of the optimizer / scheduler / scaler state as a flat
+  ``{name: tensor}`` dict, loaded with ``torch.load(weights_only=True)``;
+- ``engine_state.json``: everything else (param groups, step counters, the schedule's
+  position, the loss-scale), with placeholders naming the tensors in ``optim_tensors.pt``.
+
+Each file is written to a temporary name and renamed, the JSON last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from verl.engine.base import TrainEngine
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+TENSORS_FILE = "optim_tensors.pt"
+STATE_FILE = "engine_state.json"
+_FORMAT_VERSION = 1
+
+
+class SingleProcessEngine(TrainEngine):
+    """:class:`TrainEngine` for one process on one device (see the base class for args)."""
+
+    def _prepare_module(self, module: nn.Module) -> nn.Module:
+        module.to(self.device)
+        if self.param_dtype is not None:
+            module.to(self.param_dtype)
+        return module
+
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        """Full model state dict, copied to CPU (tied weights appear under each name)."""
+        return {
+            name: tensor.detach().to("cpu", copy=True)
+            for name, tensor in self.module.state_dict().items()
+        }
+
+    def save_checkpoint(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        _replace_atomically(os.path.join(path, MODEL_FILE), lambda f: save_model(self.module, f))
+
+        tensors: dict[str, torch.Tensor] = {}
+        state = {
+            "format_version": _FORMAT_VERSION,
+            "param_names": self._param_names(),
+            "skipped_steps": self.skipped_steps,
+            "optimizer": _encode(_state_of(self.optimizer), "optim", tensors),
+            "scheduler": _encode(_state_of(self.scheduler), "sched", tensors),
+            "scaler": _encode(_state_of(self.scaler), "scaler", tensors),
+        }
+        _replace_atomically(os.path.join(path, TENSORS_FILE), lambda f: torch.save(tensors, f))
+        _replace_atomically(
+            os.path.join(path, STATE_FILE),
+            lambda f: _write_text(f, json.dumps(state, indent=1, allow_nan=True)),
+        )
+        logger.info("saved engine checkpoint to %s", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        files = [os.path.join(path, name) for name in (MODEL_FILE, TENSORS_FILE, STATE_FILE)]
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise FileNotFoundError(f"incomplete engine checkpoint at {path}: missing {missing}")
+        with open(files[2]) as f:
+            state = json.load(f)
+        if state.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"{files[2]} has format_version={state.get('format_version')}, "
+                f"this code reads {_FORMAT_VERSION}"
+            )
+        if state["param_names"] != self._param_names():
+            raise ValueError(
+                f"checkpoint at {path} was saved for different trainable parameters "
+                f"({len(state['param_names'])} saved vs {len(self._param_names())} here); "
+                "load it into the same model architecture"
+            )
+        load_model(self.module, files[0], strict=True, device=str(self.device))
+        tensors = torch.load(files[1], map_location="cpu", weights_only=True)
+        for key, component in (
+            ("optimizer", self.optimizer),
+            ("scheduler", self.scheduler),
+            ("scaler", self.scaler),
+        ):
+            saved = _decode(state[key], tensors)
+            if (saved is None) != (component is None):
+                raise ValueError(
+                    f"checkpoint at {path} has {key} state={saved is not None} but this "
+                    f"engine has {key}={component is not None}; build the engine with the "
+                    "same optimizer_cfg / autocast_dtype it was saved with"
+                )
+            if component is not None:
+                # Optimizer.load_state_dict moves state tensors to each parameter's device.
+                component.load_state_dict(saved)
+        self.skipped_steps = int(state["skipped_steps"])
+        logger.info("loaded engine checkpoint from %s (step %d)", path, self.global_step)
+
+    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
+        """Free device memory (no-op when the engine already lives on the CPU)."""
+        if self.device.type == "cpu":
+            return
+        self._move(torch.device("cpu"), model, optimizer)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
+        if self.device.type == "cpu":
+            return
+        self._move(self.device, model, optimizer)
+
+    def _move(self, device: torch.device, model: bool, optimizer: bool) -> None:
+        if model:
+            # In-place .data moves keep Parameter identity, so the optimizer stays valid;
+            # Module._apply moves .grad too.
+            self.module.to(device)
+        if optimizer and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                # Adam's "step" counter lives on the host unless the kernel is fused/capturable.
+                step_on_device = group.get("fused") or group.get("capturable")
+                for param in group["params"]:
+                    param_state = self.optimizer.state.get(param, {})
+                    for key, value in param_state.items():
+                        if not isinstance(value, torch.Tensor):
+                            continue
+                        if key == "step" and not step_on_device and device.type != "cpu":
+                            continue
+                        param_state[key] = value.to(device)
+
+    def _param_names(self) -> list[str]:
+        return [name for name, p in self.module.named_parameters() if p.requires_grad]
+
+
+def _state_of(component: Any) -> dict[str, Any] | None:
+    return None if component is None else component.state_dict()
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _replace_atomically(path: str, write: Any) -> None:
+    tmp = f"{path}.tmp"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _encode(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON-able copy of ``obj``; tensors go to ``tensors`` and leave a named placeholder.
+
+    Tuples and dicts with non-string keys (the optimizer's ``{param_index: state}``) are
+    tagged so :func:`_decode` restores them exactly.
+    """
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().cpu()
+        return {"__tensor__": prefix}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: _encode(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
+        return {"__items__": [[k, _encode(v, f"{prefix}.{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot checkpoint {prefix}={obj!r} of type {type(obj).__name__}")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if set(obj) == {"__tensor__"}:
+        return tensors[obj["__tensor__"]]
+    if set(obj) == {"__tuple__"}:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    if set(obj) == {"__items__"}:
+        return {k: _decode(v, tensors) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors) for k, v in obj.items()}

@@ -1,0 +1,165 @@
+"""Load tokenizers and causal LMs from local directories only (never from a model hub).
+
+A model path is either a local HF directory (config.json + *.safetensors / *.bin, or a
+directory holding one *.gguf file) or the name of the embedded model, `"smollm2-135m-instruct"`
+(alias `"embedded:smollm2"`), which resolves to its converted cache directory
+(see `verl/models/embedded.py`). Problems are reported before transformers is called, with
+the path and what was expected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from verl.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, is_embedded_alias
+from verl.models.precision import resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def set_hub_offline() -> None:
+    """Set HF_HUB_OFFLINE=1 unless the user set it: verl never downloads models."""
+    # Belt and braces next to local_files_only=True: also covers code paths (and child
+    # processes started later) that consult the environment instead of the argument.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """Turn a model path value into an existing local directory.
+
+    The embedded-model names resolve to the converted SmolLM2 cache (converting on first use).
+    Raises FileNotFoundError for a missing path, NotADirectoryError for a file.
+    """
+    if is_embedded_alias(path):
+        return embedded_model_dir()
+    raw = os.fspath(path)
+    p = Path(raw).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(
+            f"model path '{raw}' does not exist; pass a local HF model directory or "
+            f"'{EMBEDDED_MODEL_NAME}' for the embedded SmolLM2-135M-Instruct "
+            "(models are never downloaded from a hub)"
+        )
+    if not p.is_dir():
+        hint = f"; pass its directory '{p.parent}'" if p.suffix == ".gguf" else ""
+        raise NotADirectoryError(
+            f"model path '{raw}' is a file, not a model directory (expected a directory with "
+            f"config.json and weights){hint}"
+        )
+    return p.resolve()
+
+
+def _gguf_file(path: Path) -> str | None:
+    """The single .gguf to load when the directory has no HF weights, else None."""
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return None
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if len(ggufs) > 1:
+        raise ValueError(
+            f"model directory '{path}' holds several GGUF files {ggufs}; keep only one, or "
+            "convert the one you want to safetensors"
+        )
+    return ggufs[0] if ggufs else None
+
+
+def check_model_dir(path: Path) -> str | None:
+    """Check that a directory holds loadable weights; return the GGUF file name to pass as
+    `gguf_file` when the weights are a single GGUF, else None."""
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise FileNotFoundError(
+            f"model directory '{path}' has no weights: expected *.safetensors, "
+            "pytorch_model*.bin or a single *.gguf file"
+        )
+    gguf = _gguf_file(path)
+    if gguf is None and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory '{path}' has weights but no config.json")
+    return gguf
+
+
+def load_tokenizer(
+    path: str | os.PathLike, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a local model directory (or the embedded model).
+
+    If the tokenizer has no pad token, the eos token is used as pad (logged). `padding_side`
+    is left as saved: callers set it (left for prompts, right for training).
+    """
+    from transformers import AutoTokenizer
+
+    set_hub_offline()
+    model_dir = resolve_model_path(path)
+    kwargs = {}
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        gguf = _gguf_file(model_dir)
+        if gguf is None:
+            raise FileNotFoundError(
+                f"model directory '{model_dir}' has no tokenizer: expected one of "
+                f"{', '.join(TOKENIZER_FILES)} or a *.gguf file"
+            )
+        kwargs["gguf_file"] = gguf
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_dir, trust_remote_code=trust_remote_code, local_files_only=True, **kwargs
+    )
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            logger.warning("tokenizer at %s has neither pad nor eos token", model_dir)
+        else:
+            tokenizer.pad_token = tokenizer.eos_token
+            logger.info(
+                "tokenizer at %s has no pad token; using eos %r as pad",
+                model_dir,
+                tokenizer.eos_token,
+            )
+    return tokenizer
+
+
+def load_causal_lm(
+    path: str | os.PathLike,
+    dtype: torch.dtype | str = torch.float32,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
+    """Load a causal LM (`AutoModelForCausalLM`) from a local directory, in eval mode.
+
+    `dtype` is a torch dtype or a name accepted by `resolve_dtype` ("bf16", "fp32", ...).
+    `attn_implementation` ("eager", "sdpa", ...) is passed through when given.
+    """
+    from transformers import AutoModelForCausalLM
+
+    set_hub_offline()
+    torch_dtype = resolve_dtype(dtype)
+    model_dir = resolve_model_path(path)
+    gguf = check_model_dir(model_dir)
+    kwargs = {}
+    if gguf is not None:
+        kwargs["gguf_file"] = gguf
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        dtype=torch_dtype,
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+        **kwargs,
+    )
+    if gguf is not None:
+        # Dequantised on load; dropping the GGUF marker lets the model be saved as safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    logger.info(
+        "loaded %s from %s (%.1f M params, %s)",
+        type(model).__name__,
+        model_dir,
+        model.num_parameters() / 1e6,
+        torch_dtype,
+    )
+    return model.eval()

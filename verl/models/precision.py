@@ -1,0 +1,83 @@
+"""Precision names -> torch dtypes, and activation checkpointing for HF models."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+_ALLOWED = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map "fp32"/"float32"/"bf16"/"bfloat16"/"fp16"/"float16" (or a torch dtype) to a dtype.
+
+    Also accepts "torch.bfloat16"-style strings. Raises ValueError naming the accepted names.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _ALLOWED:
+            raise ValueError(f"dtype={dtype} is not a training precision; use one of {_ALLOWED}")
+        return dtype
+    if not isinstance(dtype, str):
+        raise TypeError(
+            f"dtype must be a str or torch.dtype, got {type(dtype).__name__}: {dtype!r}"
+        )
+    key = dtype.strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(
+            f"unknown dtype {dtype!r}; use one of fp32/float32, bf16/bfloat16, fp16/float16"
+        )
+    return _DTYPES[key]
+
+
+def hf_checkpointing_enable(model: nn.Module, kwargs: dict | None) -> None:
+    """Call a HF model's activation-checkpointing switch with `torch.utils.checkpoint` kwargs.
+
+    transformers >= 5.2x names it `activation_checkpointing_enable` and deprecates
+    `gradient_checkpointing_enable`; older 5.x releases only have the latter.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise TypeError(
+            f"{type(model).__name__} has no activation_checkpointing_enable() or "
+            "gradient_checkpointing_enable(); activation checkpointing here supports HF "
+            "PreTrainedModel instances and CausalLMWithValueHead"
+        )
+    enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
+    """Turn on non-reentrant activation checkpointing of a HF model in place; return it.
+
+    Non-reentrant checkpointing works with FSDP2 and with inputs that do not require grad.
+    Checkpointing acts only in train mode (HF then drops the KV cache itself), so the same
+    module still generates with a cache in eval mode. Raises TypeError for a module without
+    HF checkpointing support.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", True):
+        raise TypeError(f"{type(model).__name__} does not support activation checkpointing")
+    hf_checkpointing_enable(model, {"use_reentrant": False})
+    logger.info("enabled activation checkpointing on %s", type(model).__name__)
+    return model
+
+
+def is_activation_checkpointing(model: nn.Module) -> bool:
+    """True if any submodule of `model` has HF activation checkpointing switched on."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

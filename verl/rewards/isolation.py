@@ -1,0 +1,185 @@
+"""Isolate reward functions from the training loop: failures become score 0 and a count.
+
+A reward function can fail four ways, each counted under its own metric:
+
+| kind | metric | when |
+|---|---|---|
+| errors | `reward/errors` | it raised (or its worker process died) |
+| timeouts | `reward/timeouts` | it ran longer than `timeout_s` |
+| non_finite | `reward/non_finite` | it returned NaN or +-inf |
+| invalid_type | `reward/invalid_type` | it returned something other than a number or a dict with a numeric "score" |
+
+Every failure scores 0.0. The first `max_logged_per_kind` failures of each kind are logged
+with their message; later ones are only counted.
+
+How calls run (`safe_call`):
+
+- `timeout_s=None`: called directly in this process with exceptions caught. This is the
+  fast path for the built-in scorers, which are pure and bounded; it cannot stop a hang.
+- `timeout_s` set: the call runs in a forked worker process (`RewardWorkerPool`) that is
+  killed when the deadline passes. Processes, not threads, because a Python thread cannot be
+  killed: a hung call would keep burning CPU for the rest of the run, and a call stuck in C
+  code that holds the GIL (a catastrophic `re` backtrack, a big sympy simplification) would
+  freeze the whole trainer, timeout included. `safe_call` starts a one-shot worker per call
+  (tens of ms); the reward manager keeps a persistent pool for whole batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ERROR = "errors"
+TIMEOUT = "timeouts"
+NON_FINITE = "non_finite"
+INVALID_TYPE = "invalid_type"
+FAILURE_KINDS = (ERROR, TIMEOUT, NON_FINITE, INVALID_TYPE)
+
+
+@dataclass
+class RewardResult:
+    """Outcome of one reward call: the score to use and what went wrong, if anything."""
+
+    score: float
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys of a dict result
+    failure: str | None = None  # one of FAILURE_KINDS, None on success
+    message: str | None = None  # why it failed
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def failed(kind: str, message: str) -> RewardResult:
+    """A score-0 result for a failure of `kind` (one of FAILURE_KINDS)."""
+    if kind not in FAILURE_KINDS:
+        raise ValueError(f"failure kind {kind!r} is not one of {FAILURE_KINDS}")
+    return RewardResult(score=0.0, failure=kind, message=message)
+
+
+def _to_float(value: Any) -> float | None:
+    if isinstance(value, numbers.Real):  # includes bool, numpy floats and ints
+        return float(value)
+    # 0-d torch tensors / numpy arrays
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return float(item)
+    return None
+
+
+def coerce_result(raw: Any) -> RewardResult:
+    """Validate what a reward function returned and turn it into a `RewardResult`."""
+    extra: dict[str, Any] = {}
+    value = raw
+    if isinstance(raw, Mapping):
+        if "score" not in raw:
+            keys = sorted(str(k) for k in raw)
+            return failed(INVALID_TYPE, f"reward dict has no 'score' key (keys: {keys})")
+        value = raw["score"]
+        extra = {str(k): v for k, v in raw.items() if k != "score"}
+    number = _to_float(value)
+    if number is None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return failed(
+            INVALID_TYPE,
+            f"reward must be a number or a dict with a numeric 'score', got "
+            f"{type(value).__name__}: {shown}",
+        )
+    if not math.isfinite(number):
+        return failed(NON_FINITE, f"reward is {number}")
+    return RewardResult(score=number, extra=extra)
+
+
+class FailureTracker:
+    """Counts failures by kind (per batch and for the whole run) and rate-limits their logs."""
+
+    def __init__(self, max_logged_per_kind: int = 5) -> None:
+        self.max_logged_per_kind = max_logged_per_kind
+        self.counts: Counter[str] = Counter()  # since the last reset()
+        self.totals: Counter[str] = Counter()  # since construction
+        self._logged: Counter[str] = Counter()
+
+    def record(self, result: RewardResult, context: str = "") -> None:
+        """Count `result` if it failed; log it while under the per-kind log limit."""
+        kind = result.failure
+        if kind is None:
+            return
+        self.counts[kind] += 1
+        self.totals[kind] += 1
+        if self._logged[kind] < self.max_logged_per_kind:
+            self._logged[kind] += 1
+            where = f" ({context})" if context else ""
+            logger.warning("reward function failure [%s]%s: %s", kind, where, result.message)
+            if self._logged[kind] == self.max_logged_per_kind:
+                logger.warning(
+                    "logged %d reward failures of kind %r; further ones are only counted "
+                    "in the reward/%s metric",
+                    self.max_logged_per_kind,
+                    kind,
+                    kind,
+                )
+
+    def metrics(self) -> dict[str, float]:
+        """`reward/<kind>` counts since the last reset, for every kind (0 when none)."""
+        return {f"reward/{kind}": float(self.counts[kind]) for kind in FAILURE_KINDS}
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+
+_DEFAULT_TRACKER = FailureTracker()
+
+
+def default_tracker() -> FailureTracker:
+    """The tracker `safe_call` uses when none is passed."""
+    return _DEFAULT_TRACKER
+
+
+def call_inline(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> RewardResult:
+    """Call `fn(**kwargs)` in this process; exceptions become `errors` results."""
+    try:
+        raw = fn(**kwargs)
+    except (Exception, SystemExit) as exc:
+        return failed(ERROR, f"{type(exc).__name__}: {exc}")
+    return coerce_result(raw)
+
+
+def safe_call(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    timeout_s: float | None = None,
+    *,
+    tracker: FailureTracker | None = None,
+    context: str = "",
+) -> RewardResult:
+    """Call `fn(**kwargs)` so that no failure escapes: see the module docstring.
+
+    Args:
+        fn: the reward function (any callable; with `timeout_s` it runs in a forked process).
+        kwargs: its keyword arguments.
+        timeout_s: seconds before the call is abandoned and its process killed; None runs it
+            directly in this process with no time limit.
+        tracker: where failures are counted (default: a module-level tracker).
+        context: short description for the log line, e.g. "sample 3, data_source=gsm8k".
+
+    Returns:
+        A `RewardResult`; `score` is 0.0 whenever `failure` is set.
+    """
+    if timeout_s is None:
+        result = call_inline(fn, kwargs)
+    else:
+        from verl.rewards.worker_pool import RewardWorkerPool
+
+        with RewardWorkerPool(fn, num_workers=1, timeout_s=timeout_s) as pool:
+            result = pool.map([kwargs])[0]
+    (tracker or _DEFAULT_TRACKER).record(result, context)
+    return result

@@ -1,0 +1,447 @@
+"""Reward manager: decoded responses -> scores -> token-level scores, with metrics.
+
+`RewardManager(data)` for a batch of generated responses:
+
+1. decodes each response (`responses` where `response_mask` is set, special tokens skipped);
+2. scores it with the scorer for its `data_source` (or a custom reward function), isolated
+   so that no failure escapes (see `verl.rewards.isolation`);
+3. shapes the sequence score: raw + overlong penalty -> running normalisation -> clip;
+4. puts the shaped score on the last valid response token (`placement.place_on_last_token`;
+   an empty response gets it at position 0, masked out of the loss, so that row sums always
+   equal the sequence score).
+
+Where scoring runs (`isolation="auto"`): the built-in scorers are pure and fast, so they run
+inline in this process unless `timeout_s` is set; a custom reward function always runs in a
+persistent pool of forked worker processes with a per-call timeout (`timeout_s`, default
+`DEFAULT_CUSTOM_TIMEOUT_S`), so a hang costs one killed worker, not the run. Force one mode
+with `isolation="inline"` (no hang protection; for functions that cannot run in a forked
+child) or `isolation="process"`. Scorers registered after the first pooled batch are not
+seen by the already-forked workers.
+
+Batch contract (`DataProto`): tensors `responses` (batch, response_len) and
+`response_mask` (batch, response_len) (falls back to the last response_len columns of
+`attention_mask`); non-tensors `data_source`, `ground_truth` (or verl-style
+`reward_model={"ground_truth": ...}`) and optional `extra_info`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.rewards.isolation import FailureTracker, RewardResult, call_inline
+from verl.rewards.normalization import RunningMeanStd
+from verl.rewards.placement import place_on_last_token
+from verl.rewards.scorers import default_compute_score, get_scorer
+from verl.rewards.worker_pool import RewardWorkerPool
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CUSTOM_TIMEOUT_S = 30.0
+ISOLATION_MODES = ("auto", "inline", "process")
+# extras keys the manager fills itself; scorer dict keys with these names are not copied
+_RESERVED_EXTRAS = ("score", "shaped_score", "acc", "data_source", "failure")
+
+
+@dataclass
+class OverlongBuffer:
+    """DAPO soft overlong penalty on the sequence score.
+
+    With `L` the valid response length and `expected = max_response_length - buffer_len`,
+    the penalty is `min(0, -(L - expected) / buffer_len * penalty_factor)`: 0 until the
+    response enters the last `buffer_len` tokens, then linear down to `-penalty_factor` at
+    `max_response_length` (default: the batch's response_len).
+    """
+
+    buffer_len: int
+    penalty_factor: float = 1.0
+    max_response_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.buffer_len <= 0:
+            raise ValueError(f"overlong buffer_len={self.buffer_len} must be > 0")
+
+    @classmethod
+    def from_config(cls, config: Any) -> OverlongBuffer | None:
+        """Build from an `OverlongBuffer`, a mapping or a config object with `len`,
+        `penalty_factor` and optional `enable` / `max_response_length`; None if disabled."""
+        if config is None or isinstance(config, OverlongBuffer):
+            return config
+        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        if not get("enable", True):
+            return None
+        length = get("buffer_len", get("len"))
+        if length is None:
+            raise ValueError(f"overlong buffer config {config!r} needs a 'len' (buffer length)")
+        return cls(int(length), float(get("penalty_factor", 1.0)), get("max_response_length"))
+
+    def penalty(self, lengths: np.ndarray, response_len: int) -> np.ndarray:
+        """Penalty (<= 0) per sequence for valid lengths `lengths` (batch,)."""
+        max_len = self.max_response_length or response_len
+        if max_len <= self.buffer_len:
+            raise ValueError(
+                f"max_response_length={max_len} must exceed overlong buffer_len={self.buffer_len}"
+            )
+        exceed = np.asarray(lengths, dtype=np.float64) - (max_len - self.buffer_len)
+        return np.minimum(-exceed / self.buffer_len * self.penalty_factor, 0.0)
+
+
+def _column(non_tensor: Mapping[str, Any], key: str, size: int) -> list[Any] | None:
+    values = non_tensor.get(key)
+    if values is None:
+        return None
+    values = list(values)
+    if len(values) != size:
+        raise ValueError(f"non_tensor_batch[{key!r}] has {len(values)} rows, batch has {size}")
+    return values
+
+
+def _acc_of(result: RewardResult) -> float:
+    value = result.extra.get("acc")
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else 0.0
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {}
+    return {
+        f"{prefix}_mean": float(values.mean()),
+        f"{prefix}_min": float(values.min()),
+        f"{prefix}_max": float(values.max()),
+    }
+
+
+class RewardManager:
+    """Score a batch of responses into `token_level_scores` (batch, response_len).
+
+    Args:
+        tokenizer: has `batch_decode(list[list[int]], skip_special_tokens=True)` or `decode`.
+        compute_score: custom reward function called with keyword arguments `data_source,
+            solution_str, ground_truth, extra_info`; None uses the built-in scorers.
+        num_examine: decoded examples per data source logged at INFO on every call.
+        timeout_s: per-call time limit in seconds (see the module docstring).
+        normalize: standardise sequence scores with running mean/std across calls.
+        clip_range: `(lo, hi)` clip of the (normalised) sequence score.
+        overlong_buffer: DAPO overlong penalty (`OverlongBuffer`, a mapping or a config
+            object with `enable`, `len`, `penalty_factor`); None disables it.
+        isolation: "auto", "inline" or "process".
+        num_workers: worker processes when scoring runs in a pool.
+        norm_eps: epsilon in `(r - mean) / (std + eps)`.
+        max_logged_failures: failures logged with their message per kind; then only counted.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+        timeout_s: float | None = None,
+        normalize: bool = False,
+        clip_range: tuple[float, float] | None = None,
+        overlong_buffer: Any = None,
+        *,
+        isolation: str = "auto",
+        num_workers: int = 2,
+        norm_eps: float = 1e-8,
+        max_logged_failures: int = 5,
+    ) -> None:
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation={isolation!r} is not one of {ISOLATION_MODES}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds or None")
+        if isolation == "inline" and timeout_s is not None:
+            raise ValueError(
+                f"isolation='inline' cannot enforce timeout_s={timeout_s}: inline calls cannot "
+                "be interrupted; use isolation='process' or timeout_s=None"
+            )
+        if clip_range is not None:
+            if len(clip_range) != 2 or not clip_range[0] < clip_range[1]:
+                raise ValueError(f"clip_range={clip_range!r} must be (lo, hi) with lo < hi")
+            clip_range = (float(clip_range[0]), float(clip_range[1]))
+        self.tokenizer = tokenizer
+        self.builtin = compute_score is None or compute_score is default_compute_score
+        self.compute_score = default_compute_score if compute_score is None else compute_score
+        self.num_examine = num_examine
+        self.clip_range = clip_range
+        self.overlong_buffer = OverlongBuffer.from_config(overlong_buffer)
+        self.normalizer = RunningMeanStd(norm_eps) if normalize else None
+        self.failures = FailureTracker(max_logged_failures)
+        self._invalid_gt_logged = 0
+        self._max_logged = max_logged_failures
+        use_pool = isolation == "process" or (
+            isolation == "auto" and (not self.builtin or timeout_s is not None)
+        )
+        self.timeout_s = (timeout_s or DEFAULT_CUSTOM_TIMEOUT_S) if use_pool else None
+        self._pool = (
+            RewardWorkerPool(self.compute_score, num_workers, self.timeout_s) if use_pool else None
+        )
+
+    # ------------------------------------------------------------------ scoring
+    def _decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        rows = [ids[m != 0].tolist() for ids, m in zip(responses.cpu(), mask.cpu())]
+        if hasattr(self.tokenizer, "batch_decode"):
+            return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+
+    def _score(self, kwargs_list: list[dict[str, Any]]) -> list[RewardResult]:
+        scorers: dict[Any, Callable[..., Any]] = {}
+        if self.builtin:
+            # Resolved up front, once per data source: an unknown source is a configuration
+            # error that must stop the run (UnknownDataSourceError), unlike a scoring failure.
+            for kw in kwargs_list:
+                if kw["data_source"] not in scorers:
+                    scorers[kw["data_source"]] = get_scorer(kw["data_source"])
+        if self._pool is not None:
+            results = self._pool.map(kwargs_list)
+        elif self.builtin:
+            results = [
+                call_inline(
+                    scorers[kw["data_source"]], {k: v for k, v in kw.items() if k != "data_source"}
+                )
+                for kw in kwargs_list
+            ]
+        else:
+            results = [call_inline(self.compute_score, kw) for kw in kwargs_list]
+        for i, (kw, result) in enumerate(zip(kwargs_list, results)):
+            self.failures.record(result, f"sample {i}, data_source={kw['data_source']!r}")
+        return results
+
+    def __call__(
+        self, data: Any, *, update_stats: bool = True
+    ) -> tuple[torch.Tensor, dict[str, float], dict[str, np.ndarray]]:
+        """Score `data` (a DataProto of generated responses).
+
+        Args:
+            data: batch with the keys listed in the module docstring.
+            update_stats: update the running normaliser with this batch (pass False for
+                validation so it does not shift training's statistics).
+
+        Returns:
+            token_level_scores: float32 (batch, response_len), shaped score on the last
+                valid response token, zeros elsewhere.
+            metrics: `reward/...` floats (see `_metrics`).
+            extras: per-sample arrays (batch,): `score` (raw scorer score), `shaped_score`,
+                `data_source`, `failure` (kind or None), `acc` when any scorer reported
+                one (NaN where a successful scorer did not, 0 where the call failed), and
+                any other keys the scorers returned (object arrays, None where absent).
+
+        Raises:
+            UnknownDataSourceError: a data source has no built-in scorer.
+            ValueError / KeyError: the batch lacks a required key.
+        """
+        responses = data.batch["responses"]
+        if "response_mask" in data.batch:
+            mask = data.batch["response_mask"]
+        else:
+            mask = data.batch["attention_mask"][:, -responses.shape[1] :]
+        size, response_len = responses.shape
+        non_tensor = data.non_tensor_batch
+        sources = _column(non_tensor, "data_source", size)
+        truths = _column(non_tensor, "ground_truth", size)
+        if truths is None and "reward_model" in non_tensor:
+            truths = [row.get("ground_truth") for row in _column(non_tensor, "reward_model", size)]
+        if sources is None or truths is None:
+            raise KeyError(
+                "the reward manager needs non_tensor_batch keys 'data_source' and "
+                f"'ground_truth'; the batch has {sorted(non_tensor)}"
+            )
+        extra_infos = _column(non_tensor, "extra_info", size) or [None] * size
+        texts = self._decode(responses, mask)
+        kwargs_list = [
+            {"data_source": s, "solution_str": t, "ground_truth": g, "extra_info": e}
+            for s, t, g, e in zip(sources, texts, truths, extra_infos)
+        ]
+        self.failures.reset()
+        results = self._score(kwargs_list)
+
+        raw = np.array([r.score for r in results], dtype=np.float64)
+        lengths = (mask != 0).sum(dim=-1).cpu().numpy()
+        shaped, metrics = self._shape(raw, lengths, response_len, update_stats)
+        token_level_scores = place_on_last_token(torch.from_numpy(shaped).float(), mask)
+
+        extras = self._extras(results, raw, shaped, sources)
+        metrics.update(self._metrics(results, raw, shaped, sources, truths, lengths, extras))
+        self._examine(data, texts, sources, truths, raw, shaped)
+        return token_level_scores, metrics, extras
+
+    # ------------------------------------------------------------------ shaping
+    def _shape(
+        self, raw: np.ndarray, lengths: np.ndarray, response_len: int, update_stats: bool
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """raw -> (+ overlong penalty) -> (normalise) -> (clip); returns shaped and metrics."""
+        metrics: dict[str, float] = {}
+        shaped = raw.copy()
+        if self.overlong_buffer is not None:
+            penalty = self.overlong_buffer.penalty(lengths, response_len)
+            shaped = shaped + penalty
+            metrics["reward/overlong_penalty_mean"] = _mean(penalty)
+            metrics["reward/overlong_ratio"] = _mean(penalty < 0)
+        if self.normalizer is not None:
+            if update_stats:
+                self.normalizer.update(shaped)
+            shaped = self.normalizer.normalize(shaped)
+            metrics["reward/running_mean"] = self.normalizer.mean
+            metrics["reward/running_std"] = self.normalizer.std
+        if self.clip_range is not None:
+            lo, hi = self.clip_range
+            metrics["reward/clip_ratio"] = _mean((shaped < lo) | (shaped > hi))
+            shaped = np.clip(shaped, lo, hi)
+        return shaped, metrics
+
+    # ------------------------------------------------------------------ reporting
+    def _extras(
+        self,
+        results: list[RewardResult],
+        raw: np.ndarray,
+        shaped: np.ndarray,
+        sources: list[Any],
+    ) -> dict[str, np.ndarray]:
+        extras: dict[str, np.ndarray] = {
+            "score": raw.astype(np.float32),
+            "shaped_score": shaped.astype(np.float32),
+            "data_source": np.array(sources, dtype=object),
+            "failure": np.array([r.failure for r in results], dtype=object),
+        }
+        if any(r.ok and "acc" in r.extra for r in results):
+            extras["acc"] = np.array(
+                [_acc_of(r) if r.ok else 0.0 for r in results], dtype=np.float32
+            )
+        keys = {k for r in results for k in r.extra if k not in _RESERVED_EXTRAS}
+        for key in sorted(keys):
+            column = np.empty(len(results), dtype=object)
+            column[:] = [r.extra.get(key) for r in results]
+            extras[key] = column
+        return extras
+
+    def _metrics(
+        self,
+        results: list[RewardResult],
+        raw: np.ndarray,
+        shaped: np.ndarray,
+        sources: list[Any],
+        truths: list[Any],
+        lengths: np.ndarray,
+        extras: dict[str, np.ndarray],
+    ) -> dict[str, float]:
+        metrics = {**_stats("reward/score", raw), **_stats("reward/shaped_score", shaped)}
+        metrics.update(self.failures.metrics())
+        invalid = [i for i, r in enumerate(results) if r.extra.get("invalid_ground_truth")]
+        metrics["reward/invalid_ground_truth"] = float(len(invalid))
+        for i in invalid:
+            if self._invalid_gt_logged < self._max_logged:
+                self._invalid_gt_logged += 1
+                logger.warning(
+                    "unparseable ground truth %r (data_source=%r): scored 0",
+                    truths[i],
+                    sources[i],
+                )
+        metrics["reward/empty_responses"] = float((lengths == 0).sum())
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for i, source in enumerate(sources):
+            by_source[str(source)].append(i)
+        for source, index in by_source.items():
+            metrics[f"reward/score_mean/{source}"] = float(raw[index].mean())
+        acc = extras.get("acc")
+        if acc is not None:
+            if not np.isnan(acc).all():
+                metrics["reward/acc"] = float(np.nanmean(acc))
+            for source, index in by_source.items():
+                if not np.isnan(acc[index]).all():
+                    metrics[f"reward/acc/{source}"] = float(np.nanmean(acc[index]))
+        return metrics
+
+    def _examine(
+        self,
+        data: Any,
+        texts: list[str],
+        sources: list[Any],
+        truths: list[Any],
+        raw: np.ndarray,
+        shaped: np.ndarray,
+    ) -> None:
+        if self.num_examine <= 0 or not logger.isEnabledFor(logging.INFO):
+            return
+        shown: Counter[str] = Counter()
+        for i, source in enumerate(sources):
+            if shown[str(source)] >= self.num_examine:
+                continue
+            shown[str(source)] += 1
+            prompt = self._decode_prompt(data, i)
+            logger.info(
+                "[%s] prompt: %r\n  response: %r\n  ground_truth: %r  score: %.4g  shaped: %.4g",
+                source,
+                prompt,
+                texts[i],
+                truths[i],
+                raw[i],
+                shaped[i],
+            )
+
+    def _decode_prompt(self, data: Any, i: int) -> str | None:
+        prompts = data.batch.get("prompts") if hasattr(data.batch, "get") else None
+        if prompts is None:
+            return None
+        ids = prompts[i]
+        if "attention_mask" in data.batch:
+            ids = ids[data.batch["attention_mask"][i, : prompts.shape[1]] != 0]
+        return self._decode(ids.unsqueeze(0), torch.ones_like(ids).unsqueeze(0))[0]
+
+    # ------------------------------------------------------------------ lifecycle
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state: the running normaliser (empty when normalize=False)."""
+        return {"normalizer": self.normalizer.state_dict()} if self.normalizer else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.normalizer is not None and "normalizer" in state:
+            self.normalizer.load_state_dict(state["normalizer"])
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- registry
+REWARD_MANAGERS: dict[str, type] = {}
+
+
+def register_reward_manager(name: str) -> Callable[[type], type]:
+    """Class decorator registering a reward manager under `name` (config `reward_manager`)."""
+
+    def decorator(cls: type) -> type:
+        if name in REWARD_MANAGERS and REWARD_MANAGERS[name] is not cls:
+            raise ValueError(f"a reward manager is already registered as {name!r}")
+        REWARD_MANAGERS[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_reward_manager(name: str) -> type:
+    """The reward manager class registered as `name`."""
+    if name not in REWARD_MANAGERS:
+        raise ValueError(f"unknown reward_manager={name!r}; registered: {sorted(REWARD_MANAGERS)}")
+    return REWARD_MANAGERS[name]
+
+
+register_reward_manager("naive")(RewardManager)

@@ -1,0 +1,120 @@
+"""A preallocated key/value cache for batched decoding that plugs into HF models.
+
+Each layer owns one ``(rows, kv_heads, max_len, head_dim)`` buffer for keys and one for
+values, allocated once at the first (prefill) write. Decoding writes one column in place and
+hands the attention a view of the filled prefix, so a step never reallocates (transformers'
+``DynamicCache`` concatenates, i.e. copies the whole cache, every step) and attention only
+spans the tokens written so far (``StaticCache`` attends over all ``max_len`` columns).
+
+Two batch operations support the rollout engine:
+
+- the prefill write can fan out: with ``repeats=n`` the ``B`` prompts' keys are written to
+  ``B * n`` rows in ``repeat_interleave`` order, so a prompt is encoded once and shared by
+  its ``n`` samples;
+- ``select_rows`` keeps only the rows still generating (copying just the filled prefix), so
+  finished sequences stop costing attention and projection compute.
+
+All layers advance together: every row has the same number of cache columns, padding inside
+them is handled by the attention mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+__all__ = ["PreallocatedKVCache"]
+
+
+class _PreallocatedLayer(CacheLayerMixin):
+    is_sliding = False
+
+    def __init__(self, rows: int, max_len: int, repeats: int) -> None:
+        super().__init__()
+        self.rows = rows
+        self.max_len = max_len
+        self.repeats = repeats
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        _, heads, _, k_dim = key_states.shape
+        self.keys = key_states.new_empty(self.rows, heads, self.max_len, k_dim)
+        self.values = value_states.new_empty(self.rows, heads, self.max_len, value_states.shape[-1])
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        new = key_states.shape[-2]
+        start, end = self.length, self.length + new
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {end} tokens > max_len={self.max_len}")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            if self.repeats > 1:
+                # Fan the prompts out to their samples: a broadcast write, no extra copy.
+                b, h = key_states.shape[:2]
+                n = self.repeats
+                k_view = self.keys.view(b, n, h, self.max_len, -1)
+                v_view = self.values.view(b, n, h, self.max_len, -1)
+                k_view[:, :, :, start:end] = key_states.unsqueeze(1)
+                v_view[:, :, :, start:end] = value_states.unsqueeze(1)
+                self.length = end
+                # The prefill's own attention needs only the un-repeated prompt rows.
+                return key_states, value_states
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.max_len
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if not self.is_initialized:
+            self.rows = int(index.numel())
+            return
+        filled = self.length
+        keys = self.keys.new_empty(index.numel(), *self.keys.shape[1:])
+        values = self.values.new_empty(index.numel(), *self.values.shape[1:])
+        # Only the filled prefix is worth copying.
+        keys[:, :, :filled] = self.keys[:, :, :filled].index_select(0, index)
+        values[:, :, :filled] = self.values[:, :, :filled].index_select(0, index)
+        self.keys, self.values = keys, values
+        self.rows = int(index.numel())
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(indices)
+
+
+class PreallocatedKVCache(Cache):
+    """KV cache of ``num_layers`` preallocated layers for ``rows`` sequences of ``max_len``.
+
+    ``repeats`` > 1 makes the first write (prefill of ``rows // repeats`` prompts) fill the
+    rows in ``repeat_interleave`` order. Pass it as ``past_key_values`` with
+    ``use_cache=True``; the caller supplies ``position_ids`` and the attention mask.
+    """
+
+    def __init__(self, num_layers: int, rows: int, max_len: int, repeats: int = 1) -> None:
+        if rows % repeats:
+            raise ValueError(f"rows={rows} is not a multiple of repeats={repeats}")
+        super().__init__(
+            layers=[_PreallocatedLayer(rows, max_len, repeats) for _ in range(num_layers)]
+        )
+
+    @property
+    def length(self) -> int:
+        """Columns written so far (prompt + fed-back tokens), the same for every layer."""
+        return self.layers[0].length
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only rows ``index`` (1-D long), in that order."""
+        for layer in self.layers:
+            layer.select_rows(index)

@@ -1,0 +1,307 @@
+"""The native rollout engine: a batched KV-cache sampler over the actor's own HF module.
+
+It reads the training module's weights in place (no copy) and runs this loop:
+
+1. **Prefill once per prompt.** Columns that are padding in every row are dropped, then the
+   ``B`` prompts go through one forward that writes their keys/values straight into the
+   ``B * n`` rows of a preallocated cache (``repeat_interleave`` order), so the ``n`` samples
+   of a prompt share its prefill. Only the last position's logits are computed
+   (``logits_to_keep=1``): no (B, P, vocab) tensor.
+2. **Decode.** Each step feeds one token per running row, with a 4-D attention mask that is
+   a view of a preallocated (rows, max_len) boolean mask (no mask rebuilt by transformers)
+   and explicit position ids (left padding makes them differ per row). The last token is
+   sampled without a forward behind it, so ``R`` new tokens cost one prefill + ``R - 1``
+   decode forwards.
+3. **Compaction.** Rows that hit a stop token / stop string are dropped from the batch and
+   the cache once they make up ``compaction_threshold`` of the running rows, so late steps
+   only compute unfinished rows. Sampling draws one uniform per row of the FULL batch each
+   step (see ``verl.rollout.sampling``), so compaction never changes any sample.
+
+Generation runs under ``torch.inference_mode`` with the module in eval mode; its previous
+training mode is restored afterwards. Outputs follow ``verl.rollout.base``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from verl.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout_output,
+    eval_mode,
+    validate_prompts,
+)
+from verl.rollout.kv_cache import PreallocatedKVCache
+from verl.rollout.sampling import sample_next_tokens
+from verl.rollout.stopping import StopStringChecker, resolve_eos_token_ids, resolve_pad_token_id
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NativeRollout"]
+
+# Attention implementations that take a ready 4-D mask (bool for sdpa, additive for eager).
+_MASK_4D_IMPLS = ("sdpa", "eager")
+
+
+class NativeRollout(RolloutEngine):
+    """Batched sampler with a shared-prefill, preallocated, compacting KV cache.
+
+    Args:
+        module: a HF causal LM (``Qwen2ForCausalLM``, ``LlamaForCausalLM``, ...), used as is.
+        tokenizer: needed for ``stop_strings``; also supplies eos / pad ids.
+        pad_token_id: fills responses after their end (default: tokenizer / config pad, eos).
+        eos_token_ids: default stop tokens when ``params.stop_token_ids`` is None (default:
+            every eos id of the generation config, model config and tokenizer).
+        compaction: drop finished rows from the running batch (off only for testing).
+        compaction_threshold: compact once finished rows are at least this fraction of the
+            running rows (0 = every step with a finished row). Each compaction copies the
+            filled cache once, so the default 1/8 trades a copy for >= 12.5% less compute
+            on every later step.
+        stop_string_window: tokens decoded per row per step for stop strings (default
+            ``2 * len(longest stop string) + 2``).
+
+    After each ``generate``, ``last_stats`` holds timings and token counts.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer: Any = None,
+        *,
+        pad_token_id: int | None = None,
+        eos_token_ids: list[int] | None = None,
+        compaction: bool = True,
+        compaction_threshold: float = 0.125,
+        stop_string_window: int | None = None,
+    ) -> None:
+        if not 0 <= compaction_threshold <= 1:
+            raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
+        if not hasattr(module, "config"):
+            raise TypeError(
+                f"{type(module).__name__} has no .config; the native rollout needs a "
+                "transformers causal LM (e.g. Qwen2ForCausalLM), not a wrapper around one"
+            )
+        self.module = module
+        self.tokenizer = tokenizer
+        self.eos_token_ids = (
+            list(eos_token_ids)
+            if eos_token_ids is not None
+            else resolve_eos_token_ids(tokenizer, module)
+        )
+        self.pad_token_id = (
+            int(pad_token_id)
+            if pad_token_id is not None
+            else resolve_pad_token_id(tokenizer, module, self.eos_token_ids)
+        )
+        self.compaction = compaction
+        self.compaction_threshold = compaction_threshold
+        self.stop_string_window = stop_string_window
+        self.last_stats: dict[str, float] = {}
+
+        config = module.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self._num_layers = int(text_config.num_hidden_layers)
+        layer_types = getattr(text_config, "layer_types", None) or []
+        impl = getattr(config, "_attn_implementation", None) or "eager"
+        # Sliding-window or hybrid models need one mask per layer type: let transformers
+        # build them from a 2-D mask instead.
+        only_full = all(t == "full_attention" for t in layer_types)
+        self._mask_mode = impl if impl in _MASK_4D_IMPLS and only_full else "2d"
+        params = inspect.signature(module.forward).parameters
+        if "logits_to_keep" in params:
+            self._logits_kwargs: dict[str, int] = {"logits_to_keep": 1}
+        elif "num_logits_to_keep" in params:
+            self._logits_kwargs = {"num_logits_to_keep": 1}
+        else:
+            self._logits_kwargs = {}
+
+    # ------------------------------------------------------------------ public
+    def generate(self, prompts: Any, params: SamplingParams) -> Any:
+        """Sample ``params.n`` responses per prompt (layout: ``verl.rollout.base``)."""
+        input_ids, attention_mask, position_ids = validate_prompts(prompts)
+        with eval_mode(self.module), torch.inference_mode():
+            responses, log_probs, lengths = self._generate(
+                input_ids, attention_mask, position_ids, params
+            )
+            resp_len = responses.shape[1]
+            mask = torch.arange(resp_len, device=lengths.device) < lengths.unsqueeze(1)
+            responses = responses.masked_fill(~mask, self.pad_token_id)
+            log_probs = log_probs.masked_fill(~mask, 0.0)
+        return assemble_rollout_output(
+            prompts, params, responses, mask, log_probs, position_ids=position_ids
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _device(self) -> torch.device:
+        for p in self.module.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: PreallocatedKVCache,
+    ) -> torch.Tensor:
+        """One model call; returns the last position's logits (rows, vocab)."""
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **self._logits_kwargs,
+        )
+        return out.logits[:, -1, :]
+
+    def _to_model_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """4-D boolean ``allowed`` (True = attend) in the form the attention expects."""
+        if self._mask_mode == "eager":
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+                ~allowed, torch.finfo(dtype).min
+            )
+        return allowed
+
+    def _prefill_mask(self, key_real: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, P, P) causal-and-padding mask; a padding query attends to itself only.
+
+        Left padding makes the queries at pad positions see no real key; a fully masked row
+        gives NaN in SDPA, which would reach real rows through 0 * NaN in the value matmul.
+        """
+        if self._mask_mode == "2d":
+            return key_real.long()
+        length = key_real.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=key_real.device).tril_()
+        eye = torch.eye(length, dtype=torch.bool, device=key_real.device)
+        allowed = (causal & key_real[:, None, None, :]) | eye
+        return self._to_model_mask(allowed, dtype)
+
+    def _decode_mask(self, kv_real: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._mask_mode == "2d":
+            return kv_real[:, :length].long()
+        return self._to_model_mask(kv_real[:, None, None, :length], dtype)
+
+    def _generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        params: SamplingParams,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
+        ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
+        max_new_tokens and ``lengths`` counts tokens up to and including the stop."""
+        t_start = time.perf_counter()
+        device = self._device()
+        dtype = next(self.module.parameters()).dtype
+        n, max_new = params.n, params.max_new_tokens
+        batch = input_ids.shape[0]
+        rows = batch * n
+
+        # Padding columns shared by every row cost compute and change nothing.
+        key_real = attention_mask.to(device).bool()
+        first = int(key_real.any(dim=0).int().argmax())
+        key_real = key_real[:, first:]
+        ids = input_ids[:, first:].to(device)
+        pos = position_ids[:, first:].to(device)
+        prompt_len = ids.shape[1]
+        max_len = prompt_len + max_new - 1  # the last sampled token is never fed back
+
+        stop_ids = (
+            params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
+        )
+        stop_ids_t = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        checker = StopStringChecker(self.tokenizer, params.stop_strings, self.stop_string_window)
+        generator = None
+        if not params.greedy:
+            seed = params.seed
+            if seed is None:  # follow torch's global RNG, so torch.manual_seed reproduces
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            generator = torch.Generator(device=device).manual_seed(seed)
+
+        cache = PreallocatedKVCache(self._num_layers, rows, max_len, repeats=n)
+        kv_real = torch.ones(rows, max_len, dtype=torch.bool, device=device)
+        kv_real[:, :prompt_len] = key_real.repeat_interleave(n, dim=0)
+        logits = self._forward(ids, self._prefill_mask(key_real, dtype), pos, cache)
+        if n > 1:
+            logits = logits.repeat_interleave(n, dim=0)
+        next_pos = pos[:, -1].repeat_interleave(n) + 1
+        t_prefill = time.perf_counter()
+
+        responses = torch.empty(rows, max_new, dtype=torch.long, device=device)
+        log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
+        lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
+        active = torch.arange(rows, device=device)  # full-batch row of each running row
+        alive = torch.ones(rows, dtype=torch.bool, device=device)
+        compactions = 0
+        row_steps = 0
+        for step in range(max_new):
+            uniforms = None
+            if generator is not None:
+                uniforms = torch.rand(rows, generator=generator, device=device)[active]
+            tokens, chosen = sample_next_tokens(
+                logits,
+                greedy=params.greedy,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                uniforms=uniforms,
+            )
+            responses[active, step] = tokens
+            log_probs[active, step] = chosen
+            done = torch.isin(tokens, stop_ids_t) if stop_ids else torch.zeros_like(alive)
+            if checker:
+                running = alive.nonzero().flatten()
+                start = max(0, step + 1 - checker.window)
+                tails = responses[active[running], start : step + 1].tolist()
+                hits = torch.tensor(checker.hits(tails), dtype=torch.bool, device=device)
+                done[running] |= hits
+            done &= alive
+            if bool(done.any()):
+                lengths[active[done]] = step + 1
+                alive &= ~done
+            if step == max_new - 1 or not bool(alive.any()):
+                break
+            running_rows = int(alive.sum())
+            finished_rows = active.numel() - running_rows
+            threshold = max(1, math.ceil(self.compaction_threshold * active.numel()))
+            if self.compaction and finished_rows >= threshold:
+                keep = alive.nonzero().flatten()
+                cache.select_rows(keep)
+                kv_real, next_pos, tokens = kv_real[keep], next_pos[keep], tokens[keep]
+                active, alive = active[keep], alive[keep]
+                compactions += 1
+            row_steps += active.numel()
+            length = cache.length + 1
+            logits = self._forward(
+                tokens.unsqueeze(1),
+                self._decode_mask(kv_real, length, dtype),
+                next_pos.unsqueeze(1),
+                cache,
+            )
+            next_pos += 1
+
+        t_end = time.perf_counter()
+        generated = int(lengths.sum())
+        self.last_stats = {
+            "prompts": float(batch),
+            "samples": float(rows),
+            "prompt_len": float(prompt_len),
+            "generated_tokens": float(generated),
+            "decode_steps": float(step),
+            "decode_row_steps": float(row_steps),
+            "compactions": float(compactions),
+            "prefill_s": t_prefill - t_start,
+            "decode_s": t_end - t_prefill,
+            "total_s": t_end - t_start,
+            "tokens_per_s": generated / max(t_end - t_start, 1e-9),
+        }
+        return responses, log_probs, lengths

@@ -1,0 +1,249 @@
+"""The short Python API: a config, a trainer object, ``.fit()``.
+
+Two styles, both thin layers over :class:`~verl.trainer.ppo_trainer.RLTrainer`:
+
+* ``PPOTrainer(config, reward_fn=..., reward_normalization=True,
+  reward_clip_range=(-5.0, 5.0), log_with="console").fit()`` — the whole run from a
+  :class:`~verl.config.TrainerConfig`.
+* ``make_trainer_config(algo="grpo", ...)`` + ``Trainer(config, actor_model=...,
+  reward_fn=...)`` with ``trainer.collect_data(prompts)`` and
+  ``trainer.update_policy(batch)`` — step by step, for notebooks and custom loops.
+
+A ``reward_fn`` here is a *scoring function*: ``fn(data_source, solution_str, ground_truth,
+extra_info) -> float | dict`` (a dict carries ``"score"`` and optionally ``"acc"``), called
+once per response. It runs isolated (timeout, failures score 0 and are counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.config import TrainerConfig
+from verl.data import collate_fn
+from verl.models import load_causal_lm
+from verl.protocol import DataProto
+from verl.rewards import RewardManager
+from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.tracking import Tracker
+
+ScoreFn = Callable[..., float | dict[str, Any]]
+
+
+def _reward_manager(trainer: RLTrainer, score_fn: ScoreFn | None, train: bool) -> RewardManager:
+    rcfg = trainer.config.reward_model
+    return RewardManager(
+        trainer.tokenizer,
+        compute_score=score_fn,
+        timeout_s=rcfg.timeout_s,
+        normalize=rcfg.normalize and train,
+        clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
+    )
+
+
+class PPOTrainer(RLTrainer):
+    """:class:`RLTrainer` with TRL-style keyword arguments.
+
+    Args:
+        config: the run configuration (``TrainerConfig``; see :func:`make_trainer_config`).
+        reward_fn: scoring function (see the module docstring); default: the built-in
+            scorers chosen by ``data_source``.
+        reward_normalization: running mean/std normalisation of training scores.
+        reward_clip_range: ``(lo, hi)`` clip of training scores after normalisation.
+        log_with: ``"console"``, ``"jsonl"``, ``"tensorboard"``, ``"wandb"`` or a list.
+        **kwargs: passed to :class:`RLTrainer` (``actor_module``, ``tokenizer``, ...).
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        reward_fn: ScoreFn | None = None,
+        reward_normalization: bool | None = None,
+        reward_clip_range: tuple[float, float] | None = None,
+        log_with: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        config = dataclasses.replace(config)  # never mutate the caller's object
+        config.reward_model = dataclasses.replace(config.reward_model)
+        config.trainer = dataclasses.replace(config.trainer)
+        if reward_normalization is not None:
+            config.reward_model.normalize = bool(reward_normalization)
+        if reward_clip_range is not None:
+            config.reward_model.clip_range = [float(x) for x in reward_clip_range]
+        if log_with is not None:
+            config.trainer.logger = [log_with] if isinstance(log_with, str) else list(log_with)
+        self._score_fn = reward_fn
+        super().__init__(config, **kwargs)
+        if reward_fn is not None:
+            self.reward_fn = _reward_manager(self, reward_fn, train=True)
+            self.val_reward_fn = _reward_manager(self, reward_fn, train=False)
+
+
+def make_trainer_config(
+    algo: str = "grpo",
+    model: str | None = None,
+    *,
+    train_batch_size: int | None = None,
+    n: int | None = None,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    lr: float | None = None,
+    critic_lr: float | None = None,
+    actor_micro_batch_size: int | None = None,
+    critic_micro_batch_size: int | None = None,
+    ppo_mini_batch_size: int | None = None,
+    ppo_epochs: int | None = None,
+    clip_eps: float | None = None,
+    vf_coef: float | None = None,
+    kl_coef: float | None = None,
+    entropy_coeff: float | None = None,
+    temperature: float | None = None,
+    total_training_steps: int | None = None,
+    seed: int | None = None,
+    overrides: Sequence[str] = (),
+) -> TrainerConfig:
+    """A validated :class:`TrainerConfig` for ``algo`` from a few familiar knobs.
+
+    ``algo="ppo"`` uses GAE with a critic (``vf_coef`` scales its value loss);
+    ``algo="grpo"`` uses group-normalised advantages, no critic, and a KL loss when
+    ``kl_coef`` is given. Any other key can be set with dotted ``overrides``
+    (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the YAML default.
+    """
+    from verl.config import load_config
+
+    if algo not in ("ppo", "grpo"):
+        raise ValueError(f"algo={algo!r}; expected 'ppo' or 'grpo'")
+    o: list[str] = []
+
+    def put(key: str, value: Any) -> None:
+        if value is not None:
+            o.append(f"{key}={_yaml_value(value)}")
+
+    if algo == "ppo":
+        o += ["algorithm.adv_estimator=gae", "critic.enable=true"]
+    else:
+        o += ["algorithm.adv_estimator=grpo"]
+        if kl_coef is not None:
+            o += ["actor_rollout_ref.actor.use_kl_loss=true"]
+            put("actor_rollout_ref.actor.kl_loss_coef", kl_coef)
+    if algo == "ppo" and kl_coef is not None:
+        o += ["algorithm.use_kl_in_reward=true"]
+        put("algorithm.kl_ctrl.kl_coef", kl_coef)
+    put("actor_rollout_ref.model.path", model)
+    put("data.train_batch_size", train_batch_size)
+    put("data.max_prompt_length", max_prompt_length)
+    put("data.max_response_length", max_response_length)
+    put("actor_rollout_ref.rollout.n", n)
+    put("actor_rollout_ref.rollout.temperature", temperature)
+    put("actor_rollout_ref.actor.optim.lr", lr)
+    put("critic.optim.lr", critic_lr)
+    put("actor_rollout_ref.actor.ppo_micro_batch_size_per_device", actor_micro_batch_size)
+    put("critic.ppo_micro_batch_size_per_device", critic_micro_batch_size)
+    put("actor_rollout_ref.actor.ppo_mini_batch_size", ppo_mini_batch_size)
+    put("critic.ppo_mini_batch_size", ppo_mini_batch_size)
+    put("actor_rollout_ref.actor.ppo_epochs", ppo_epochs)
+    put("critic.ppo_epochs", ppo_epochs)
+    put("actor_rollout_ref.actor.clip_ratio", clip_eps)
+    put("critic.loss_coef", vf_coef)
+    put("actor_rollout_ref.actor.entropy_coeff", entropy_coeff)
+    put("trainer.total_training_steps", total_training_steps)
+    put("trainer.seed", seed)
+    return load_config(overrides=[*o, *overrides])
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    return repr(value)
+
+
+class Trainer(PPOTrainer):
+    """Step-by-step trainer: ``collect_data(prompts)`` then ``update_policy(batch)``.
+
+    Args:
+        config: from :func:`make_trainer_config` or :func:`verl.config.load_config`.
+        actor_model: an ``nn.Module`` (HF causal LM) or a local model path; default: the
+            config's ``actor_rollout_ref.model.path``.
+        critic_model: a value model module or a path (PPO only).
+        reward_fn: scoring function (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        actor_model: torch.nn.Module | str | Path | None = None,
+        critic_model: torch.nn.Module | str | Path | None = None,
+        reward_fn: ScoreFn | None = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(actor_model, str | Path):
+            actor_model = load_causal_lm(str(actor_model))
+        if isinstance(critic_model, str | Path):
+            from verl.models import CausalLMWithValueHead
+
+            critic_model = CausalLMWithValueHead.from_pretrained(str(critic_model))
+        kwargs.setdefault("tracker", Tracker([]))
+        super().__init__(
+            config,
+            reward_fn=reward_fn,
+            actor_module=actor_model,
+            critic_module=critic_model,
+            tokenizer=tokenizer,
+            **kwargs,
+        )
+
+    def collect_data(self, prompts: DataProto | Sequence[Any]) -> DataProto:  # type: ignore[override]
+        """Rollout + rewards + advantages for ``prompts``.
+
+        ``prompts`` is a ``DataProto`` from the dataset, or a list whose items are a string,
+        a list of chat messages, or a dict with ``prompt`` and optional ``ground_truth``,
+        ``data_source`` (default ``"custom"``) and ``extra_info``.
+        """
+        if not isinstance(prompts, DataProto):
+            prompts = self.prompts_to_batch(prompts)
+        return super().collect_data(prompts)
+
+    def update_policy(self, data: DataProto) -> dict[str, Any]:
+        """Critic and actor updates; metrics include ``reward`` (mean sequence score)."""
+        metrics = dict(data.meta_info.get("metrics", {}))
+        metrics |= super().update_policy(data)
+        metrics["reward"] = data.batch["token_level_scores"].sum(-1).mean().item()
+        return metrics
+
+    def prompts_to_batch(self, prompts: Sequence[Any]) -> DataProto:
+        """Tokenize (chat template, left padding) a list of prompts into a batch."""
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty")
+        items = []
+        for i, p in enumerate(prompts):
+            row = dict(p) if isinstance(p, dict) else {"prompt": p}
+            if "prompt" not in row:
+                raise ValueError(f"prompts[{i}] is a dict without a 'prompt' key: {sorted(row)}")
+            messages = row["prompt"]
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            items.append(
+                {
+                    "input_ids": torch.tensor(ids, dtype=torch.long),
+                    "raw_prompt": messages,
+                    "data_source": row.get("data_source", "custom"),
+                    "ground_truth": row.get("ground_truth"),
+                    "extra_info": row.get("extra_info", {}),
+                    "index": i,
+                }
+            )
+        batch = collate_fn(items, pad_token_id=self.tokenizer.pad_token_id)
+        batch.non_tensor_batch["index"] = np.arange(len(items), dtype=object)
+        return batch

@@ -1,0 +1,91 @@
+"""Per-step metrics computed on the driver from a finished batch, and stage timers.
+
+Names follow the field's conventions (``critic/score/mean``, ``response_length/mean``,
+``timing_s/gen``) so dashboards built for other PPO frameworks read the same keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of one training batch.
+
+    Token-level tensors are reduced over valid response tokens; sequence scores are the sum
+    of the token-level scores of each response.
+    """
+    b = batch.batch
+    mask = b["response_mask"].bool()
+    metrics: dict[str, float] = {}
+    metrics |= _stats("critic/score", b["token_level_scores"].sum(-1))
+    metrics |= _stats("critic/rewards", b["token_level_rewards"].sum(-1))
+    for key, name in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
+        if key in b:
+            metrics |= _stats(f"critic/{name}", b[key][mask])
+    response_length = mask.sum(-1).float()
+    metrics |= _stats("response_length", response_length)
+    metrics["response_length/clip_ratio"] = (
+        (response_length >= max_response_length).float().mean().item()
+    )
+    prompt_length = b["attention_mask"][:, : b["prompts"].shape[1]].sum(-1).float()
+    metrics |= _stats("prompt_length", prompt_length)
+    return metrics
+
+
+def compute_rollout_mismatch_metrics(batch: DataProto) -> dict[str, float]:
+    """Gap between the rollout's sampling log-probs and the trainer's recomputed ones.
+
+    Both are log-probs of the same sampled tokens under the same weights, so any gap is
+    numerical (kernels, precision, batching). Reported over valid response tokens: mean and
+    max absolute difference, and the k3 KL estimate of KL(rollout || trainer).
+    """
+    b = batch.batch
+    mask = b["response_mask"].bool()
+    if not mask.any():
+        return {}
+    diff = (b["old_log_probs"] - b["rollout_log_probs"])[mask].float()
+    # k3 estimator with log-ratio r = log p_train - log p_rollout, samples from the rollout.
+    kl = torch.expm1(diff) - diff
+    return {
+        "rollout/logprob_abs_diff_mean": diff.abs().mean().item(),
+        "rollout/logprob_abs_diff_max": diff.abs().max().item(),
+        "rollout/kl_k3": kl.mean().item(),
+    }
+
+
+def compute_throughput_metrics(batch: DataProto, step_seconds: float) -> dict[str, float]:
+    """Tokens (prompt + response) processed per second over the whole step."""
+    n_tokens = batch.batch["attention_mask"].sum().item()
+    return {
+        "perf/total_num_tokens": float(n_tokens),
+        "perf/throughput_tokens_per_s": n_tokens / max(step_seconds, 1e-9),
+    }
+
+
+@contextmanager
+def timer(name: str, sink: dict[str, Any]) -> Iterator[None]:
+    """Time a block and store the seconds under ``timing_s/<name>`` in ``sink``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        sink[f"timing_s/{name}"] = time.perf_counter() - start

@@ -1,0 +1,410 @@
+"""The single-controller RL loop: PPO, GRPO and their relatives.
+
+``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way DESIGN.md draws it::
+
+    for batch in loader:
+        gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
+        gen  |= actor_rollout.compute_log_prob(gen)          # old policy (+ entropy)
+        gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
+        gen  |= critic.compute_values(gen)                   # if the estimator needs V
+        gen  |= reward(gen)                                  # rules / reward model
+        gen  |= advantages(gen)                              # pure tensor functions
+        critic.update_critic(gen); actor_rollout.update_actor(gen)
+        log, validate, save
+
+The driver holds no model: every tensor-heavy call goes through a worker group (the
+``local`` backend runs the workers in this process). Rewards and advantages are cheap and
+computed here, on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from verl.algorithms import (
+    apply_kl_penalty,
+    estimator_requires_critic,
+    get_advantage_estimator,
+    get_kl_controller,
+)
+from verl.config import TrainerConfig
+from verl.controller import LocalWorkerGroup, ResourcePool
+from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.protocol import DataProto
+from verl.rewards import RewardManager, load_reward_function
+from verl.trainer.metrics import (
+    compute_data_metrics,
+    compute_rollout_mismatch_metrics,
+    compute_throughput_metrics,
+    timer,
+)
+from verl.trainer.setup import prepare_data_files, resolve_run_dirs, seed_everything
+from verl.trainer.tracking import Tracker
+from verl.workers import ActorRolloutRefWorker, CriticWorker
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]
+
+
+class RLTrainer:
+    """PPO-family trainer driven by one :class:`~verl.config.TrainerConfig`.
+
+    Args:
+        config: the validated run configuration.
+        reward_fn: callable ``batch -> (token_level_scores, metrics, extras)``; by default a
+            :class:`~verl.rewards.RewardManager` over the built-in scorers (or the
+            ``custom_reward_function`` from the config).
+        val_reward_fn: the same for validation (default: like ``reward_fn`` but without
+            normalisation or clipping, so accuracy is comparable across runs).
+        tracker: where metrics go (default: built from ``trainer.logger``).
+        actor_module / critic_module: already-built ``nn.Module`` objects to train instead
+            of loading ``actor_rollout_ref.model.path`` / ``critic.model.path``.
+        tokenizer: a tokenizer to use instead of loading one from the model path.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        reward_fn: RewardFn | None = None,
+        val_reward_fn: RewardFn | None = None,
+        tracker: Tracker | None = None,
+        actor_module: torch.nn.Module | None = None,
+        critic_module: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        cfg = config
+        seed_everything(cfg.trainer.seed)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
+
+        self.use_critic = (
+            cfg.critic.enable
+            if cfg.critic.enable is not None
+            else estimator_requires_critic(cfg.algorithm.adv_estimator)
+        )
+        self.use_reference = (
+            cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        )
+
+        # --- roles, placed on resource pools through the controller (local backend) ---
+        pool = ResourcePool([1], use_gpu=False, name="global_pool")
+        self.actor_rollout_wg = LocalWorkerGroup(
+            ActorRolloutRefWorker,
+            pool,
+            config=cfg,
+            role="actor_rollout_ref" if self.use_reference else "actor_rollout",
+            module=actor_module,
+            tokenizer=tokenizer,
+        )
+        self.tokenizer = self.actor_rollout_wg.workers[0].tokenizer
+        self.critic_wg = None
+        if self.use_critic:
+            self.critic_wg = LocalWorkerGroup(
+                CriticWorker, pool, config=cfg, module=critic_module, tokenizer=self.tokenizer
+            )
+
+        # --- data ---
+        train_files, val_files = prepare_data_files(cfg, self.run_dir)
+        dcfg = cfg.data
+        ds_kwargs = dict(
+            tokenizer=self.tokenizer,
+            max_prompt_length=dcfg.max_prompt_length,
+            truncation=dcfg.truncation,
+            apply_chat_template=dcfg.apply_chat_template,
+            prompt_key=dcfg.prompt_key,
+        )
+        self.train_dataset = RLHFDataset(train_files, **ds_kwargs)
+        self.val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
+        collate = _Collate(self.tokenizer.pad_token_id)
+        self.train_loader = PromptDataLoader(
+            self.train_dataset,
+            batch_size=dcfg.train_batch_size,
+            shuffle=dcfg.shuffle,
+            seed=dcfg.seed,
+            drop_last=True,
+            collate_fn=collate,
+        )
+        self.collate = collate
+        steps_per_epoch = len(self.train_loader)
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"the training set has {len(self.train_dataset)} prompts, fewer than "
+                f"data.train_batch_size={dcfg.train_batch_size}: no full step can be made"
+            )
+        self.total_steps = cfg.trainer.total_training_steps or (
+            steps_per_epoch * cfg.trainer.total_epochs
+        )
+
+        # --- models: now that the number of optimizer steps is known ---
+        self.actor_rollout_wg.init_model(total_steps=self.total_steps)
+        if self.critic_wg is not None:
+            self.critic_wg.init_model(total_steps=self.total_steps)
+
+        # --- rewards ---
+        self.reward_fn = reward_fn or self._default_reward_manager(train=True)
+        self.val_reward_fn = val_reward_fn or self._default_reward_manager(train=False)
+        akl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = get_kl_controller(
+            akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
+        )
+
+        self.tracker = tracker or Tracker(
+            cfg.trainer.logger,
+            log_dir=self.run_dir,
+            project=cfg.trainer.project_name,
+            experiment=cfg.trainer.experiment_name,
+        )
+        self.global_step = 0
+        self.history: list[dict[str, Any]] = []
+        self.validation_history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ setup helpers
+    def _default_reward_manager(self, train: bool) -> RewardManager:
+        cfg = self.config
+        rcfg = cfg.reward_model
+        compute_score = None
+        if cfg.custom_reward_function.path:
+            compute_score = load_reward_function(
+                cfg.custom_reward_function.path, cfg.custom_reward_function.name
+            )
+        return RewardManager(
+            self.tokenizer,
+            compute_score=compute_score,
+            timeout_s=rcfg.timeout_s,
+            normalize=rcfg.normalize and train,
+            clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
+        )
+
+    # ------------------------------------------------------------------ the algorithm
+    def collect_data(self, batch: DataProto) -> DataProto:
+        """Rollout, scoring and advantages for one batch of prompts.
+
+        Returns the batch of ``len(batch) * rollout.n`` responses with every tensor the
+        updates need (``old_log_probs``, ``advantages``, ``returns`` ...); the step's
+        metrics so far are in ``meta_info["metrics"]``.
+        """
+        cfg = self.config
+        metrics: dict[str, Any] = {}
+        # One id per prompt: the n responses of a prompt share it (the GRPO group).
+        batch.non_tensor_batch["uid"] = np.array(
+            [str(uuid.uuid4()) for _ in range(len(batch))], dtype=object
+        )
+
+        with timer("gen", metrics):
+            gen = self.actor_rollout_wg.generate_sequences(batch)
+        if cfg.algorithm.adv_estimator == "remax":
+            with timer("gen_greedy_baseline", metrics):
+                greedy = self.actor_rollout_wg.generate_sequences(
+                    _with_meta(batch, do_sample=False, n=1)
+                )
+                baseline, _, _ = self.reward_fn(greedy)
+            # One baseline per prompt, repeated for its n responses.
+            n = len(gen) // len(batch)
+            gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
+
+        with timer("old_log_prob", metrics):
+            gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
+        if "rollout_log_probs" in gen.batch:
+            metrics |= compute_rollout_mismatch_metrics(gen)
+        if self.use_reference:
+            with timer("ref", metrics):
+                gen = gen.union(self.actor_rollout_wg.compute_ref_log_prob(gen))
+        if self.critic_wg is not None:
+            with timer("values", metrics):
+                gen = gen.union(self.critic_wg.compute_values(gen))
+
+        with timer("reward", metrics):
+            scores, reward_metrics, _ = self.reward_fn(gen)
+            gen.batch["token_level_scores"] = scores
+            metrics |= reward_metrics
+            if cfg.algorithm.use_kl_in_reward:
+                rewards, kl_metrics = apply_kl_penalty(
+                    scores,
+                    gen.batch["old_log_probs"],
+                    gen.batch["ref_log_probs"],
+                    gen.batch["response_mask"],
+                    kl_ctrl=self.kl_ctrl,
+                    kind=cfg.algorithm.kl_penalty,
+                )
+                metrics |= kl_metrics
+            else:
+                rewards = scores
+            gen.batch["token_level_rewards"] = rewards
+
+        with timer("adv", metrics):
+            self._compute_advantages(gen)
+        gen.meta_info["metrics"] = metrics
+        return gen
+
+    def _compute_advantages(self, gen: DataProto) -> None:
+        acfg = self.config.algorithm
+        estimator = get_advantage_estimator(acfg.adv_estimator)
+        b = gen.batch
+        advantages, returns = estimator(
+            token_level_rewards=b["token_level_rewards"],
+            response_mask=b["response_mask"],
+            values=b.get("values"),
+            index=gen.non_tensor_batch["uid"],
+            gamma=acfg.gamma,
+            lam=acfg.lam,
+            norm_adv_by_std=acfg.norm_adv_by_std_in_grpo,
+            reward_baselines=b.get("reward_baselines"),
+        )
+        b["advantages"] = advantages
+        b["returns"] = returns
+
+    def update_policy(self, gen: DataProto) -> dict[str, Any]:
+        """Critic then actor updates on a batch from :meth:`collect_data`."""
+        metrics: dict[str, Any] = {}
+        if self.critic_wg is not None:
+            with timer("update_critic", metrics):
+                out = self.critic_wg.update_critic(gen)
+            metrics |= out.meta_info["metrics"]
+        with timer("update_actor", metrics):
+            out = self.actor_rollout_wg.update_actor(gen)
+        metrics |= out.meta_info["metrics"]
+        return metrics
+
+    def train_step(self, batch: DataProto) -> dict[str, Any]:
+        start = time.perf_counter()
+        gen = self.collect_data(batch)
+        metrics = gen.meta_info.pop("metrics")
+        metrics |= self.update_policy(gen)
+        step_seconds = time.perf_counter() - start
+        metrics["timing_s/step"] = step_seconds
+        metrics |= compute_data_metrics(gen, self.config.data.max_response_length)
+        metrics |= compute_throughput_metrics(gen, step_seconds)
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``.
+
+        Returns ``val/acc/<data_source>``, ``val/score/<data_source>`` and overall
+        ``val/acc`` / ``val/score``.
+        """
+        if self.val_dataset is None:
+            return {}
+        cfg = self.config
+        vk = cfg.actor_rollout_ref.rollout.val_kwargs
+        bs = cfg.data.val_batch_size or len(self.val_dataset)
+        scores: list[float] = []
+        accs: list[float] = []
+        sources: list[str] = []
+        for start in range(0, len(self.val_dataset), bs):
+            items = [
+                self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
+            ]
+            batch = _with_meta(
+                self.collate(items),
+                do_sample=vk.do_sample,
+                n=vk.n,
+                temperature=vk.temperature,
+                top_p=vk.top_p,
+                top_k=vk.top_k,
+            )
+            gen = self.actor_rollout_wg.generate_sequences(batch)
+            _, _, extras = self.val_reward_fn(gen)
+            scores.extend(float(s) for s in extras["score"])
+            accs.extend(float(a) for a in extras.get("acc", extras["score"]))
+            sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for i, source in enumerate(sources):
+            by_source[source].append(i)
+        out: dict[str, float] = {
+            "val/acc": float(np.mean(accs)),
+            "val/score": float(np.mean(scores)),
+        }
+        for source, idx in sorted(by_source.items()):
+            out[f"val/acc/{source}"] = float(np.mean([accs[i] for i in idx]))
+            out[f"val/score/{source}"] = float(np.mean([scores[i] for i in idx]))
+        return out
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        """Train for ``total_steps`` steps; returns the last step's metrics and validation."""
+        cfg = self.config.trainer
+        results: dict[str, Any] = {}
+        if cfg.val_before_train and self.val_dataset is not None:
+            val = self.validate()
+            self.validation_history.append({"step": 0, **val})
+            self.tracker.log(val, step=0)
+            results["val_before"] = val
+        progress = tqdm(total=self.total_steps, desc="training", unit="step", dynamic_ncols=True)
+        metrics: dict[str, Any] = {}
+        try:
+            while self.global_step < self.total_steps:
+                for batch in self.train_loader:
+                    self.global_step += 1
+                    metrics = self.train_step(batch)
+                    metrics["training/epoch"] = self.train_loader.epoch
+                    last = self.global_step == self.total_steps
+                    if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
+                        with timer("testing", metrics):
+                            val = self.validate()
+                        metrics |= val
+                        self.validation_history.append({"step": self.global_step, **val})
+                    self.tracker.log(metrics, step=self.global_step)
+                    self.history.append(metrics)
+                    progress.update(1)
+                    progress.set_postfix(
+                        reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}",
+                        refresh=False,
+                    )
+                    if last:
+                        break
+        finally:
+            progress.close()
+        if self.val_dataset is not None and (
+            not self.validation_history or self.validation_history[-1]["step"] != self.global_step
+        ):
+            val = self.validate()
+            self.validation_history.append({"step": self.global_step, **val})
+            self.tracker.log(val, step=self.global_step)
+        results["last_metrics"] = metrics
+        if self.validation_history:
+            results["val_after"] = {
+                k: v for k, v in self.validation_history[-1].items() if k != "step"
+            }
+        results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
+        self.tracker.close()
+        return results
+
+    def save_hf(self, out_dir: str | Path) -> Path:
+        """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""
+        return Path(self.actor_rollout_wg.save_hf(str(out_dir))[0])
+
+
+class _Collate:
+    """Picklable collate: left-pads a list of dataset items into a ``DataProto``."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, items: list[dict[str, Any]]) -> DataProto:
+        return collate_fn(items, pad_token_id=self.pad_token_id)
+
+
+def _with_meta(batch: DataProto, **meta: Any) -> DataProto:
+    """A shallow copy of ``batch`` with extra sampling overrides in ``meta_info``."""
+    out = DataProto.from_dict(
+        tensors=dict(batch.batch),
+        non_tensors=dict(batch.non_tensor_batch),
+        meta_info={**batch.meta_info, **meta},
+    )
+    return out

@@ -1,0 +1,71 @@
+"""Run set-up shared by the trainers: seeding, run directories and the built-in data."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from verl.config import TrainerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and, when present, CUDA) generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_run_dirs(cfg: TrainerConfig) -> tuple[Path, Path]:
+    """``(log_dir, checkpoint_dir)`` of this run, created if missing.
+
+    ``trainer.default_local_dir`` and ``trainer.log_dir`` may contain ``{project_name}`` and
+    ``{experiment_name}`` placeholders.
+    """
+    t = cfg.trainer
+    names = {"project_name": t.project_name, "experiment_name": t.experiment_name}
+    ckpt_dir = Path(os.path.expanduser(t.default_local_dir.format(**names)))
+    log_dir = Path(os.path.expanduser((t.log_dir or t.default_local_dir).format(**names)))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return log_dir, ckpt_dir
+
+
+def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], list[str]]:
+    """The train and validation files, generating the built-in data set when asked for.
+
+    With ``data.builtin="arithmetic"`` and no ``data.train_files``, the arithmetic generator
+    writes ``train.parquet`` / ``test.parquet`` under ``<run_dir>/data`` (deterministic for
+    ``data.seed``), so the default run needs no data download.
+    """
+    d = cfg.data
+    train_files = list(d.train_files)
+    val_files = list(d.val_files)
+    if not train_files and d.builtin == "arithmetic":
+        from verl.data import write_arithmetic_dataset
+
+        a = d.arithmetic
+        train_path, val_path = write_arithmetic_dataset(
+            run_dir / "data",
+            train_size=a.train_size,
+            val_size=a.val_size,
+            digits=a.digits,
+            ops=list(a.ops),
+            seed=d.seed,
+        )
+        logger.info("built-in arithmetic data: %s, %s", train_path, val_path)
+        train_files = [str(train_path)]
+        if not val_files:
+            val_files = [str(val_path)]
+    if not train_files:
+        raise ValueError(
+            "no training data: set data.train_files=[...] (parquet or jsonl) "
+            "or data.builtin=arithmetic"
+        )
+    return train_files, val_files

@@ -1,0 +1,265 @@
+"""Memory-lean log-probability and entropy helpers for causal language models.
+
+A full-vocabulary logits tensor is the largest activation in RL post-training: for a batch
+of 16 sequences of 256 tokens and a 32k vocabulary it is 0.5 GB in float32, and the naive
+``log_softmax(logits.float()).gather(...)`` makes one or two more copies of it. The helpers
+here never hold more than ``chunk_size`` rows of float32 logits at a time:
+
+- :func:`logprobs_from_logits` / :func:`entropy_from_logits` work on logits you already
+  have, upcasting one row chunk at a time. Their backward passes recompute the softmax per
+  chunk from the saved input (no float32 copy is kept for autograd).
+- :func:`compute_response_log_probs` runs the base transformer once and applies the LM head
+  only to the positions that predict response tokens, chunk by chunk. With gradients
+  enabled each chunk is checkpointed, so the head's logits are recomputed in backward
+  instead of being stored.
+
+Log-probs are those of the temperature-scaled distribution ``softmax(logits / T)`` before
+any top-k / top-p filtering, which is the convention the rollout engines sample with.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 512  # rows (tokens) of logits upcast to float32 at a time
+
+# Model types whose causal-LM head is exactly ``lm_head(model(...).last_hidden_state)``.
+# Others (Gemma soft-capping, Cohere logit_scale, Granite logits_scaling, ...) post-process
+# the logits, so they take the generic ``model(..., logits_to_keep=...)`` path.
+_PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "smollm3"}
+)
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size={chunk_size} must be a positive number of rows")
+
+
+def _row_chunks(n_rows: int, chunk_size: int):
+    for start in range(0, n_rows, chunk_size):
+        yield start, min(start + chunk_size, n_rows)
+
+
+class _ChunkedLogProb(torch.autograd.Function):
+    """log softmax(x)[label] over rows of a 2-D ``(rows, vocab)`` tensor, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int):
+        n_rows = logits.shape[0]
+        out = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        for s, e in _row_chunks(n_rows, chunk_size):
+            chunk = logits[s:e].float()
+            lse[s:e] = torch.logsumexp(chunk, dim=-1)
+            out[s:e] = chunk.gather(-1, labels[s:e, None]).squeeze(-1) - lse[s:e]
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for s, e in _row_chunks(logits.shape[0], ctx.chunk_size):
+            g = grad_out[s:e].float()
+            # d/dx_j log p_label = onehot_j - p_j
+            chunk = torch.exp(logits[s:e].float() - lse[s:e, None]).mul_(-g[:, None])
+            chunk.scatter_add_(-1, labels[s:e, None], g[:, None])
+            grad[s:e] = chunk
+        return grad, None, None
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    """Entropy of softmax(x) over rows of a 2-D ``(rows, vocab)`` tensor, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, chunk_size: int):
+        n_rows = logits.shape[0]
+        lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        mean_logit = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        for s, e in _row_chunks(n_rows, chunk_size):
+            chunk = logits[s:e].float()
+            lse[s:e] = torch.logsumexp(chunk, dim=-1)
+            probs = torch.exp(chunk - lse[s:e, None])
+            mean_logit[s:e] = (probs * chunk).sum(-1)
+        ctx.save_for_backward(logits, lse, mean_logit)
+        ctx.chunk_size = chunk_size
+        # H = logsumexp(x) - E_p[x]
+        return lse - mean_logit
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, lse, mean_logit = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for s, e in _row_chunks(logits.shape[0], ctx.chunk_size):
+            chunk = logits[s:e].float()  # a view when logits is already float32
+            probs = torch.exp(chunk - lse[s:e, None])
+            # dH/dx_j = -p_j (x_j - E_p[x])
+            centered = chunk - mean_logit[s:e, None]
+            grad[s:e] = centered.mul_(probs).mul_(-grad_out[s:e, None].float())
+        return grad, None
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Log-probabilities of ``labels`` under ``softmax(logits)``.
+
+    Args:
+        logits: ``(..., vocab)`` any float dtype; only ``chunk_size`` rows are upcast to
+            float32 at a time.
+        labels: ``(...)`` integer token ids.
+        chunk_size: rows (tokens) processed per chunk.
+
+    Returns:
+        ``(...)`` float32 log-probs. Differentiable w.r.t. ``logits``.
+    """
+    _check_chunk_size(chunk_size)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits shape {tuple(logits.shape)} does not match labels shape "
+            f"{tuple(labels.shape)}: expected logits (..., vocab) and labels (...)"
+        )
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1).long()
+    return _ChunkedLogProb.apply(flat_logits, flat_labels, chunk_size).view(labels.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """Entropy (nats) of ``softmax(logits)`` along the last dim.
+
+    Args:
+        logits: ``(..., vocab)`` any float dtype; upcast to float32 one chunk at a time.
+        chunk_size: rows (tokens) processed per chunk.
+
+    Returns:
+        ``(...)`` float32 entropies. Differentiable w.r.t. ``logits``.
+    """
+    _check_chunk_size(chunk_size)
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    return _ChunkedEntropy.apply(flat_logits, chunk_size).view(logits.shape[:-1])
+
+
+def _head_logprobs(
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    calculate_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Apply the LM head to ``hidden (rows, H)`` and score ``labels (rows,)``."""
+    # The head's output may be bf16 under autocast; the chunk is small, so upcast it whole
+    # before dividing by the temperature to keep the division in float32.
+    logits = lm_head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    n_rows = logits.shape[0]
+    log_probs = _ChunkedLogProb.apply(logits, labels, n_rows)
+    entropy = _ChunkedEntropy.apply(logits, n_rows) if calculate_entropy else None
+    return log_probs, entropy
+
+
+def _has_plain_head(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return (
+        getattr(config, "model_type", None) in _PLAIN_HEAD_MODEL_TYPES
+        and isinstance(getattr(model, "model", None), nn.Module)
+        and isinstance(getattr(model, "lm_head", None), nn.Module)
+    )
+
+
+def compute_response_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    calculate_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and optionally entropies) of the response tokens under a causal LM.
+
+    The sequence is ``cat(prompt, response)`` with the response in the last
+    ``response_len`` columns. Hidden state ``t`` predicts token ``t + 1``, so the positions
+    ``[-response_len - 1, -1)`` are the only ones sent through the LM head, ``chunk_size``
+    tokens at a time. Runs under whatever grad mode the caller set: in train mode gradients
+    flow to all parameters, and each head chunk is checkpointed (its logits are recomputed
+    in backward rather than stored).
+
+    For Llama / Qwen2 / Qwen3 / Mistral the base transformer (``model.model``) and the head
+    (``model.lm_head``) are called separately; other models fall back to
+    ``model(..., logits_to_keep=response_len + 1)`` and score the returned logits chunk-wise.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: ``(batch, seq_len)`` prompt (left-padded) + response (right-padded).
+        attention_mask: ``(batch, seq_len)`` 1 for real tokens.
+        position_ids: ``(batch, seq_len)``.
+        response_len: number of response columns ``R`` at the end of the sequence.
+        temperature: the rollout sampling temperature; log-probs are of ``softmax(logits/T)``.
+        chunk_size: tokens per LM-head chunk.
+        calculate_entropy: also return per-token entropies of ``softmax(logits/T)``.
+
+    Returns:
+        ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
+        ``None`` unless ``calculate_entropy``. Padded response positions get finite values
+        that the caller masks with ``response_mask``.
+    """
+    _check_chunk_size(chunk_size)
+    batch, seq_len = input_ids.shape
+    if not 0 < response_len < seq_len:
+        raise ValueError(
+            f"response_len={response_len} must be in [1, seq_len - 1] for input_ids of shape "
+            f"{tuple(input_ids.shape)} (the first response token needs one prompt token)"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (greedy decoding uses 1.0 here)")
+    labels = input_ids[:, -response_len:].reshape(-1)
+
+    if _has_plain_head(model):
+        out = model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, -response_len - 1 : -1]
+        hidden = hidden.reshape(batch * response_len, hidden.shape[-1])
+        head = model.lm_head
+    else:
+        kwargs = {}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            kwargs["logits_to_keep"] = response_len + 1
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **kwargs,
+        ).logits[:, -response_len - 1 : -1]
+        hidden = logits.reshape(batch * response_len, logits.shape[-1])
+        head = nn.Identity()
+
+    use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
+    log_prob_chunks, entropy_chunks = [], []
+    for s, e in _row_chunks(hidden.shape[0], chunk_size):
+        args = (head, hidden[s:e], labels[s:e], temperature, calculate_entropy)
+        if use_checkpoint:
+            lp, ent = checkpoint(_head_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_logprobs(*args)
+        log_prob_chunks.append(lp)
+        entropy_chunks.append(ent)
+
+    log_probs = torch.cat(log_prob_chunks).view(batch, response_len)
+    entropy = torch.cat(entropy_chunks).view(batch, response_len) if calculate_entropy else None
+    return log_probs, entropy

@@ -1,0 +1,277 @@
+"""The hybrid actor / rollout / reference worker.
+
+One worker process per device holds the actor's train engine and a rollout engine that
+samples from the *same* module (no second copy of the weights), plus, when a KL term is
+used, a frozen reference copy of the initial policy. The worker only translates
+``DataProto`` batches into engine calls; the algorithm lives in the trainer and in
+``verl.algorithms``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+from verl.algorithms import agg_loss, get_policy_loss, kl_penalty
+from verl.config import TrainerConfig
+from verl.controller import Dispatch, Worker, register
+from verl.engine import OptimSpec, build_engine
+from verl.models import (
+    enable_activation_checkpointing,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_dtype,
+)
+from verl.protocol import DataProto
+from verl.rollout import SamplingParams, build_rollout
+from verl.utils.torch_functional import compute_response_log_probs
+from verl.workers.common import (
+    MetricsAccumulator,
+    atomic_save_pretrained,
+    iter_ppo_mini_batches,
+    micro_batch_weights,
+)
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_OVERRIDES = ("n", "temperature", "top_p", "top_k", "do_sample")
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor (trainable policy) + rollout (sampling) + optional reference policy.
+
+    Args:
+        config: the full trainer config (the worker reads ``actor_rollout_ref``, ``data``).
+        role: ``"actor_rollout"`` or ``"actor_rollout_ref"`` (also keeps a reference copy).
+        module: an already-built causal LM to use instead of loading ``model.path``.
+        tokenizer: a tokenizer to use instead of loading one.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        role: str = "actor_rollout_ref",
+        module: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        **worker_kwargs: Any,
+    ) -> None:
+        super().__init__(**worker_kwargs)
+        if role not in ("actor_rollout", "actor_rollout_ref"):
+            raise ValueError(f"role={role!r}; expected 'actor_rollout' or 'actor_rollout_ref'")
+        self.config = config
+        self.role = role
+        mcfg = config.actor_rollout_ref.model
+        self.tokenizer = tokenizer or load_tokenizer(
+            mcfg.tokenizer_path or mcfg.path, trust_remote_code=mcfg.trust_remote_code
+        )
+        self.tokenizer.padding_side = "left"
+        self._given_module = module
+        self.engine = None
+        self.rollout = None
+        self.ref_module: torch.nn.Module | None = None
+        self._update_calls = 0
+
+    # ------------------------------------------------------------------ set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        """Load the policy, build its train engine, rollout engine and reference copy."""
+        arr = self.config.actor_rollout_ref
+        module = self._given_module
+        if module is None:
+            module = load_causal_lm(
+                arr.model.path,
+                dtype=resolve_dtype(arr.model.dtype),
+                trust_remote_code=arr.model.trust_remote_code,
+            )
+        self._given_module = None
+        if self.role == "actor_rollout_ref":
+            # The reference is the initial policy, frozen; copied before any update.
+            self.ref_module = copy.deepcopy(module).eval().requires_grad_(False)
+        if arr.model.enable_gradient_checkpointing:
+            enable_activation_checkpointing(module)
+        self.engine = build_engine(
+            arr.actor.strategy,
+            module=module,
+            optim=OptimSpec.from_config(arr.actor.optim, total_steps=total_steps),
+            grad_clip=arr.actor.grad_clip,
+        )
+        self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
+
+    # ------------------------------------------------------------------ rollout
+    def _sampling_params(self, meta_info: dict[str, Any]) -> SamplingParams:
+        rcfg = self.config.actor_rollout_ref.rollout
+        values = {key: getattr(rcfg, key) for key in _SAMPLING_OVERRIDES}
+        values |= {k: meta_info[k] for k in _SAMPLING_OVERRIDES if k in meta_info}
+        eos = self.tokenizer.eos_token_id
+        return SamplingParams(
+            n=values["n"],
+            temperature=values["temperature"],
+            top_p=values["top_p"],
+            top_k=values["top_k"],
+            do_sample=values["do_sample"],
+            max_new_tokens=self.config.data.max_response_length,
+            stop_token_ids=[eos] if eos is not None else [],
+            stop_strings=list(rcfg.stop),
+            seed=meta_info.get("seed"),
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys)."""
+        params = self._sampling_params(prompts.meta_info)
+        out = self.rollout.generate(prompts, params)
+        # The trainer's log-prob recomputation must use the temperature that sampled.
+        out.meta_info["temperature"] = params.temperature if params.do_sample else 1.0
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+    def _log_probs(
+        self,
+        module: torch.nn.Module,
+        data: DataProto,
+        micro_batch_size: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        temperature = data.meta_info.get("temperature", 1.0)
+        response_len = data.batch["responses"].shape[1]
+        chunk = self.config.actor_rollout_ref.actor.logprob_chunk_size
+        log_probs, entropies = [], []
+        with torch.no_grad(), self.engine.autocast():
+            for mb in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
+                micro_batch_size
+            ):
+                lp, ent = compute_response_log_probs(
+                    module,
+                    mb.batch["input_ids"],
+                    mb.batch["attention_mask"],
+                    mb.batch["position_ids"],
+                    response_len=response_len,
+                    temperature=temperature,
+                    chunk_size=chunk,
+                    calculate_entropy=with_entropy,
+                )
+                log_probs.append(lp.float())
+                if ent is not None:
+                    entropies.append(ent.float())
+        return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs of the sampled tokens under the current (old) policy, and entropy.
+
+        Returns ``old_log_probs`` and ``entropys``, both ``(batch, response_len)``.
+        """
+        rcfg = self.config.actor_rollout_ref.rollout
+        mbs = rcfg.log_prob_micro_batch_size_per_device or len(data)
+        with self.engine.eval_mode():
+            log_probs, entropy = self._log_probs(self.engine.module, data, mbs, True)
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropy},
+            meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs of the sampled tokens under the frozen reference policy."""
+        if self.ref_module is None:
+            raise RuntimeError(
+                "compute_ref_log_prob called on a worker built without a reference policy "
+                "(role='actor_rollout'); enable actor.use_kl_loss or algorithm.use_kl_in_reward"
+            )
+        mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
+        log_probs, _ = self._log_probs(self.ref_module, data, mbs, False)
+        return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO epochs over mini-batches (one optimizer step each) and micro-batches.
+
+        Micro-batch losses are weighted so that the accumulated gradient equals the
+        gradient of the loss aggregated over the whole mini-batch (exactly, for every
+        ``loss_agg_mode``). Returns metrics in ``meta_info["metrics"]``.
+        """
+        acfg = self.config.actor_rollout_ref.actor
+        n = self.config.actor_rollout_ref.rollout.n
+        policy_loss_fn = get_policy_loss(acfg.policy_loss)
+        clip_low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
+        clip_high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
+        temperature = data.meta_info.get("temperature", 1.0)
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
+        keys += ["old_log_probs", "advantages"]
+        if acfg.use_kl_loss:
+            keys.append("ref_log_probs")
+        data = data.select(batch_keys=keys)
+        response_len = data.batch["responses"].shape[1]
+        acc = MetricsAccumulator()
+        self._update_calls += 1
+        with self.engine.train_mode():
+            for mini in iter_ppo_mini_batches(
+                data,
+                mini_batch_size=acfg.ppo_mini_batch_size * n,
+                epochs=acfg.ppo_epochs,
+                shuffle=acfg.shuffle,
+                seed=self.config.trainer.seed + self._update_calls,
+            ):
+                self.engine.zero_grad()
+                micro = mini.split(acfg.ppo_micro_batch_size_per_device)
+                weights = micro_batch_weights(micro, acfg.loss_agg_mode)
+                for mb, weight in zip(micro, weights):
+                    b = mb.batch
+                    mask = b["response_mask"]
+                    with self.engine.autocast():
+                        log_prob, entropy = compute_response_log_probs(
+                            self.engine.module,
+                            b["input_ids"],
+                            b["attention_mask"],
+                            b["position_ids"],
+                            response_len=response_len,
+                            temperature=temperature,
+                            chunk_size=acfg.logprob_chunk_size,
+                            calculate_entropy=acfg.entropy_coeff != 0,
+                        )
+                    log_prob = log_prob.float()
+                    pg_loss, pg_metrics = policy_loss_fn(
+                        old_log_prob=b["old_log_probs"],
+                        log_prob=log_prob,
+                        advantages=b["advantages"],
+                        response_mask=mask,
+                        clip_ratio_low=clip_low,
+                        clip_ratio_high=clip_high,
+                        clip_ratio_c=acfg.clip_ratio_c,
+                        loss_agg_mode=acfg.loss_agg_mode,
+                        loss_scale_factor=acfg.loss_scale_factor,
+                    )
+                    loss = pg_loss
+                    if entropy is not None:
+                        entropy_loss = agg_loss(entropy.float(), mask, acfg.loss_agg_mode)
+                        loss = loss - acfg.entropy_coeff * entropy_loss
+                        acc.add("actor/entropy", entropy_loss.item())
+                    if acfg.use_kl_loss:
+                        kld = kl_penalty(log_prob, b["ref_log_probs"], acfg.kl_loss_type)
+                        kl_loss = agg_loss(kld, mask, acfg.loss_agg_mode)
+                        loss = loss + acfg.kl_loss_coef * kl_loss
+                        acc.add("actor/kl_loss", kl_loss.item())
+                        acc.add("actor/kl_coef", acfg.kl_loss_coef)
+                    self.engine.backward(loss * weight)
+                    acc.add("actor/pg_loss", pg_loss.item())
+                    for key, value in pg_metrics.items():
+                        acc.add(f"actor/{key}", float(value))
+                step = self.engine.optimizer_step()
+                acc.add("actor/grad_norm", float(step["grad_norm"]))
+                acc.add("actor/lr", float(step["lr"]))
+                acc.add("actor/skipped_steps", float(step.get("skipped", 0)), reduce="sum")
+        return DataProto.from_dict(meta_info={"metrics": acc.result()})
+
+    # ------------------------------------------------------------------ export
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_hf(self, out_dir: str) -> str:
+        """Write the actor as a HuggingFace model directory (weights, config, tokenizer)."""
+        return str(atomic_save_pretrained(self.engine.module, self.tokenizer, out_dir))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        return self.engine.state_dict_for_save()

@@ -1,0 +1,127 @@
+"""The critic worker: a value model (LM backbone + scalar head) with its own engine."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from verl.algorithms import compute_value_loss
+from verl.config import TrainerConfig
+from verl.controller import Dispatch, Worker, register
+from verl.engine import OptimSpec, build_engine
+from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
+from verl.protocol import DataProto
+from verl.workers.common import MetricsAccumulator, iter_ppo_mini_batches, micro_batch_weights
+
+logger = logging.getLogger(__name__)
+
+
+def _response_values(module: torch.nn.Module, mb: DataProto, response_len: int) -> torch.Tensor:
+    """Values of the states that produced each response token, ``(batch, response_len)``.
+
+    The value for response token ``t`` is read at the position just before it (the state
+    in which the policy chose it), i.e. positions ``[-response_len - 1, -1)``.
+    """
+    b = mb.batch
+    values = module(
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        position_ids=b["position_ids"],
+    )
+    return values[:, -response_len - 1 : -1].float()
+
+
+class CriticWorker(Worker):
+    """Value model for GAE. ``critic.model.path`` defaults to the actor's model path."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        module: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        **worker_kwargs: Any,
+    ) -> None:
+        super().__init__(**worker_kwargs)
+        self.config = config
+        self.tokenizer = tokenizer
+        self._given_module = module
+        self.engine = None
+        self._update_calls = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        ccfg = self.config.critic
+        module = self._given_module
+        if module is None:
+            path = ccfg.model.path or self.config.actor_rollout_ref.model.path
+            module = CausalLMWithValueHead.from_pretrained(
+                path, dtype=resolve_dtype(ccfg.model.dtype)
+            )
+        self._given_module = None
+        if ccfg.model.enable_gradient_checkpointing:
+            enable_activation_checkpointing(module)
+        self.engine = build_engine(
+            ccfg.strategy,
+            module=module,
+            optim=OptimSpec.from_config(ccfg.optim, total_steps=total_steps),
+            grad_clip=ccfg.grad_clip,
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` ``(batch, response_len)`` of the current critic, masked to 0."""
+        ccfg = self.config.critic
+        response_len = data.batch["responses"].shape[1]
+        mbs = ccfg.forward_micro_batch_size_per_device or len(data)
+        out = []
+        with torch.no_grad(), self.engine.eval_mode(), self.engine.autocast():
+            for mb in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
+                mbs
+            ):
+                out.append(_response_values(self.engine.module, mb, response_len))
+        values = torch.cat(out) * data.batch["response_mask"]
+        return DataProto.from_dict(tensors={"values": values})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Clipped value-loss regression onto ``returns``; metrics in ``meta_info``."""
+        ccfg = self.config.critic
+        n = self.config.actor_rollout_ref.rollout.n
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
+        data = data.select(batch_keys=[*keys, "values", "returns"])
+        response_len = data.batch["responses"].shape[1]
+        acc = MetricsAccumulator()
+        self._update_calls += 1
+        with self.engine.train_mode():
+            for mini in iter_ppo_mini_batches(
+                data,
+                mini_batch_size=ccfg.ppo_mini_batch_size * n,
+                epochs=ccfg.ppo_epochs,
+                shuffle=ccfg.shuffle,
+                seed=self.config.trainer.seed + 7919 * self._update_calls,
+            ):
+                self.engine.zero_grad()
+                micro = mini.split(ccfg.ppo_micro_batch_size_per_device)
+                for mb, weight in zip(micro, micro_batch_weights(micro, ccfg.loss_agg_mode)):
+                    b = mb.batch
+                    with self.engine.autocast():
+                        vpreds = _response_values(self.engine.module, mb, response_len)
+                    vf_loss, vf_clipfrac = compute_value_loss(
+                        vpreds=vpreds,
+                        returns=b["returns"],
+                        values=b["values"],
+                        response_mask=b["response_mask"],
+                        cliprange_value=ccfg.cliprange_value,
+                        loss_agg_mode=ccfg.loss_agg_mode,
+                    )
+                    self.engine.backward(vf_loss * ccfg.loss_coef * weight)
+                    acc.add("critic/vf_loss", vf_loss.item())
+                    acc.add("critic/vf_clipfrac", float(vf_clipfrac))
+                    mask = b["response_mask"].bool()
+                    acc.add("critic/vpred_mean", vpreds.detach()[mask].mean().item())
+                step = self.engine.optimizer_step()
+                acc.add("critic/grad_norm", float(step["grad_norm"]))
+                acc.add("critic/lr", float(step["lr"]))
+        return DataProto.from_dict(meta_info={"metrics": acc.result()})
