@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from verl.utils.torch_functional import DEFAULT_CHUNK_SIZE
+
 METHODS = ("naive", "chunked")
 SHAPE_ARGS = ("vocab", "hidden", "layers", "batch", "seq", "chunk_size", "repeats")
 
@@ -165,7 +167,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=256, help="prompt + response; R = seq / 2")
-    parser.add_argument("--chunk-size", type=int, default=512)
+    parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument(

@@ -65,7 +65,11 @@ def test_micro_batch_must_divide_per_device_samples():
 
 
 def test_mini_batch_samples_split_over_devices():
-    base = ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=3"]
+    base = [
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "trainer.n_gpus_per_node=3",
+        "actor_rollout_ref.rollout.n=1",
+    ]
     (msg,) = messages(base)
     assert msg.startswith(
         "actor_rollout_ref.actor.ppo_mini_batch_size=4: 4 prompts x rollout.n=1 = 4 samples per "
@@ -246,6 +250,7 @@ def test_python_config_ints_for_floats_are_fine():
 
 def test_warnings_are_logged_not_raised(caplog: pytest.LogCaptureFixture):
     cfg = TrainerConfig()
+    cfg.actor_rollout_ref.rollout.n = 1
     cfg.algorithm.use_kl_in_reward = True
     cfg.actor_rollout_ref.actor.use_kl_loss = True
     cfg.data = DataConfig(train_files=[], val_files=[])

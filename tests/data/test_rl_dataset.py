@@ -85,6 +85,15 @@ def test_missing_optional_fields_and_raw_mode(tmp_path, tokenizer):
     assert ds[0]["input_ids"].tolist() == tokenizer("a\nb")["input_ids"]
 
 
+def test_plain_text_prompt_is_one_user_message(tmp_path, tokenizer):
+    row = {"data_source": "s", "prompt": "What is 1+1?", "reward_model": {"ground_truth": "2"}}
+    path = write_jsonl_lines(tmp_path / "t.jsonl", [row])
+    ds = RLHFDataset(path, tokenizer)
+    messages = [{"role": "user", "content": "What is 1+1?"}]
+    assert ds[0]["raw_prompt"] == messages
+    assert ds[0]["input_ids"].tolist() == chat_ids(tokenizer, messages)
+
+
 def test_prompt_key(tmp_path, tokenizer):
     row = dict(GOOD)
     row["messages"] = row.pop("prompt")
@@ -243,7 +252,8 @@ def _with(**changes):
 MALFORMED = [
     ("missing column", _with(data_source=KeyError), "missing required field 'data_source'"),
     ("missing prompt", _with(prompt=KeyError), "missing required field 'prompt'"),
-    ("prompt is a string", _with(prompt="What is 1+1?"), "'prompt' must be a list"),
+    ("prompt is a number", _with(prompt=7), "'prompt' must be a list"),
+    ("prompt is a blank string", _with(prompt="  "), "every message content is blank"),
     ("message not a dict", _with(prompt=["hi"]), "prompt message 0 must be a dict"),
     ("no role", _with(prompt=[{"content": "q"}]), "prompt message 0 has no 'role'"),
     (
@@ -292,7 +302,7 @@ def test_parquet_missing_column_and_bad_row(tmp_path, tokenizer):
 
 
 def test_reports_many_problems_at_once(tmp_path, tokenizer):
-    a = write_jsonl_lines(tmp_path / "a.jsonl", [_with(prompt=[]), GOOD, _with(prompt="x")])
+    a = write_jsonl_lines(tmp_path / "a.jsonl", [_with(prompt=[]), GOOD, _with(prompt=3)])
     b = write_jsonl_lines(
         tmp_path / "b.jsonl", [GOOD, _with(reward_model={}), "{oops", _with(data_source=None)]
     )

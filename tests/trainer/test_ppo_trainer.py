@@ -57,6 +57,7 @@ REQUIRED_KEYS = {
     "timing_s/step",
     "perf/throughput_tokens_per_s",
     "rollout/logprob_abs_diff_mean",
+    "actor/entropy",
 }
 
 
@@ -79,7 +80,7 @@ def test_grpo_runs_logs_and_saves_reloadable_actor(tiny_model_dir, tmp_path):
     assert trainer.global_step == 2
     assert len(trainer.history) == 2
     for metrics in trainer.history:
-        missing = (REQUIRED_KEYS | {"actor/kl_loss", "actor/entropy"}) - set(metrics)
+        missing = (REQUIRED_KEYS | {"actor/kl_loss", "actor/entropy_loss"}) - set(metrics)
         assert not missing, missing
         _finite(metrics)
         assert metrics["actor/grad_norm"] > 0

@@ -40,6 +40,25 @@ def test_hand_computed_two_token_vocab():
     assert entropy_from_logits(logits).item() == pytest.approx(expected_h, abs=1e-6)
 
 
+def test_banned_tokens_with_minus_inf_logits():
+    logits = torch.tensor([[0.0, 0.0, -math.inf], [1.0, -math.inf, 0.0]], requires_grad=True)
+    entropy = entropy_from_logits(logits)
+    log_probs = logprobs_from_logits(logits, torch.tensor([0, 1]))
+    assert log_probs[0].item() == pytest.approx(-math.log(2.0))
+    assert log_probs[1].item() == -math.inf
+    entropy.sum().backward()
+
+    # Reference: the same distributions with the banned column removed.
+    live = torch.tensor([[0.0, 0.0], [1.0, 0.0]], requires_grad=True)
+    ref = _reference_entropy(live)
+    ref.sum().backward()
+    assert entropy[0].item() == pytest.approx(math.log(2.0))
+    torch.testing.assert_close(entropy, ref)
+    torch.testing.assert_close(logits.grad[0, [0, 2]], live.grad[0])
+    torch.testing.assert_close(logits.grad[1, [0, 2]], live.grad[1])
+    assert logits.grad[0, 2].item() == logits.grad[1, 1].item() == 0.0
+
+
 @pytest.mark.parametrize("chunk_size", [1, 4, 5, 1000])  # 15 rows: 5 divides, 4 does not
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logprobs_and_entropy_match_log_softmax(chunk_size, dtype):

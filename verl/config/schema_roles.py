@@ -143,7 +143,7 @@ class RolloutConfig:
     """Response generation. Response length is data.max_response_length."""
 
     name: RolloutName = entry("native", "rollout backend: native, hf, vllm, sglang")
-    n: int = entry(1, "responses sampled per prompt")
+    n: int = entry(4, "responses sampled per prompt (GRPO-style estimators need >= 2)")
     temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)")
     top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
     top_k: int = entry(-1, "top-k sampling; -1 = off")

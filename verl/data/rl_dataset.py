@@ -3,7 +3,8 @@
 Rows follow verl's format, in parquet or JSON lines files (one or many):
 
     data_source   str                               which reward function scores the row
-    prompt        [{"role": str, "content": str}]   chat messages, non-empty
+    prompt        [{"role": str, "content": str}]   chat messages, non-empty (a plain
+                                                    string is read as one user message)
     reward_model  {"ground_truth": ..., "style": str (optional)}
     extra_info    dict (optional)
     ability       str (optional)
@@ -223,6 +224,10 @@ class RLHFDataset(Dataset):
     def _record_problems(self, rec: Record) -> list[str]:
         if rec.problem is not None:
             return [rec.problem]
+        prompt = rec.data.get(self.prompt_key)
+        if isinstance(prompt, str):
+            # A plain-text prompt is one user turn.
+            rec.data[self.prompt_key] = [{"role": "user", "content": prompt}]
         return validate_row(rec.data, self.prompt_key)
 
     def _tokenize(self, prompts: list[list[dict]], where: list[str]) -> list[list[int]]:

@@ -15,6 +15,12 @@ accumulation, clipping, the non-finite guard) lives here. A backend (``single`` 
 ``fsdp2`` later) supplies how the module is placed/wrapped, how the gradient norm is
 reduced, how backward sync is deferred across micro-batches, how state is saved and loaded,
 and how memory is offloaded: the abstract methods and ``_``-hooks below.
+
+Note for the fsdp2 backend: ``compute_response_log_probs`` calls ``module.model(...)`` and
+``module.lm_head`` directly, bypassing the root module's forward hook, so every parameter
+must belong to an ``fully_shard`` unit whose own hooks fire on those calls (the base model
+and the head as units; with tied embeddings the tie has to be handled first), or the
+wrapped module must expose the same two-call path another way.
 """
 
 from __future__ import annotations

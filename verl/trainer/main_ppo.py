@@ -13,16 +13,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from verl.config import ConfigError, TrainerConfig, load_config, to_yaml
 
 EXIT_CONFIG_ERROR = 2
-EXIT_NO_TRAINER = 1
-_TRAINER_MODULE = "verl.trainer.ppo_trainer"
-
-
-class TrainingLoopUnavailable(RuntimeError):
-    """``verl.trainer.ppo_trainer`` is not installed in this build."""
 
 
 def build_parser(prog: str = "python -m verl.trainer.main_ppo") -> argparse.ArgumentParser:
@@ -53,22 +48,35 @@ def config_from_argv(
     return load_config(args.config, args.overrides), args
 
 
-def run_ppo(cfg: TrainerConfig) -> None:
-    """Run the training loop on a validated config (imports the torch-heavy modules)."""
-    try:
-        from verl.trainer.ppo_trainer import RLTrainer
-    except ModuleNotFoundError as exc:
-        if exc.name == _TRAINER_MODULE:
-            raise TrainingLoopUnavailable(
-                f"training loop not available yet: {_TRAINER_MODULE} is missing in this build; "
-                "the config is valid (use --print-config or --validate-only meanwhile)"
-            ) from exc
-        raise
-    RLTrainer(cfg).fit()
+def run_ppo(cfg: TrainerConfig) -> dict:
+    """Run the training loop on a validated config (imports the torch-heavy modules).
+
+    Returns the trainer's results (validation before/after, last metrics, saved model dir).
+    """
+    from verl.trainer.ppo_trainer import RLTrainer
+
+    return RLTrainer(cfg).fit()
+
+
+def format_results(results: dict, seconds: float) -> str:
+    """A before/after validation table and the run's wall time, for the console."""
+    before = results.get("val_before", {})
+    after = results.get("val_after", {})
+    lines = []
+    keys = sorted(k for k in after if k.startswith("val/acc"))
+    if keys:
+        width = max(len(k) for k in keys)
+        lines.append(f"{'validation':<{width}}  {'before':>8}  {'after':>8}")
+        for key in keys:
+            b = before.get(key)
+            b_text = f"{b:8.3f}" if b is not None else f"{'-':>8}"
+            lines.append(f"{key:<{width}}  {b_text}  {after[key]:8.3f}")
+    lines.append(f"wall time: {seconds / 60:.1f} min; actor saved to {results.get('hf_dir')}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Command-line entry; returns the exit code (0 ok, 1 no trainer, 2 bad config)."""
+    """Command-line entry; returns the exit code (0 ok, 2 bad config)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv, prog)
@@ -81,11 +89,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.validate_only:
         print("config OK")
         return 0
-    try:
-        run_ppo(cfg)
-    except TrainingLoopUnavailable as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_NO_TRAINER
+    start = time.perf_counter()
+    results = run_ppo(cfg)
+    print(format_results(results, time.perf_counter() - start))
     return 0
 
 

@@ -41,6 +41,9 @@ def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str
     for key, name in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
         if key in b:
             metrics |= _stats(f"critic/{name}", b[key][mask])
+    if "entropys" in b:
+        # Entropy of the sampling policy (computed with the old log-probs), per valid token.
+        metrics["actor/entropy"] = b["entropys"][mask].float().mean().item() if mask.any() else 0.0
     response_length = mask.sum(-1).float()
     metrics |= _stats("response_length", response_length)
     metrics["response_length/clip_ratio"] = (

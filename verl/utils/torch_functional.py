@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_SIZE = 512  # rows (tokens) of logits upcast to float32 at a time
+DEFAULT_CHUNK_SIZE = 128  # tokens per chunk; see bench/bench_logprob.py for the trade-off
 
 # Model types whose causal-LM head is exactly ``lm_head(model(...).last_hidden_state)``.
 # Others (Gemma soft-capping, Cohere logit_scale, Granite logits_scaling, ...) post-process
@@ -89,7 +89,8 @@ class _ChunkedEntropy(torch.autograd.Function):
             chunk = logits[s:e].float()
             lse[s:e] = torch.logsumexp(chunk, dim=-1)
             probs = torch.exp(chunk - lse[s:e, None])
-            mean_logit[s:e] = (probs * chunk).sum(-1)
+            # nansum: a -inf logit (a banned token) has p = 0 and contributes 0 * -inf -> 0
+            mean_logit[s:e] = (probs * chunk).nansum(-1)
         ctx.save_for_backward(logits, lse, mean_logit)
         ctx.chunk_size = chunk_size
         # H = logsumexp(x) - E_p[x]
@@ -104,6 +105,7 @@ class _ChunkedEntropy(torch.autograd.Function):
             probs = torch.exp(chunk - lse[s:e, None])
             # dH/dx_j = -p_j (x_j - E_p[x])
             centered = chunk - mean_logit[s:e, None]
+            centered.masked_fill_(probs == 0, 0.0)  # -inf logits get zero gradient, not nan
             grad[s:e] = centered.mul_(probs).mul_(-grad_out[s:e, None].float())
         return grad, None
 
@@ -236,6 +238,10 @@ def compute_response_log_probs(
         hidden = hidden.reshape(batch * response_len, hidden.shape[-1])
         head = model.lm_head
     else:
+        logger.debug(
+            "model_type=%r has no plain LM-head path; scoring model(..., logits_to_keep) output",
+            getattr(getattr(model, "config", None), "model_type", None),
+        )
         kwargs = {}
         if "logits_to_keep" in inspect.signature(model.forward).parameters:
             kwargs["logits_to_keep"] = response_len + 1

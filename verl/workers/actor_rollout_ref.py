@@ -249,7 +249,7 @@ class ActorRolloutRefWorker(Worker):
                     if entropy is not None:
                         entropy_loss = agg_loss(entropy.float(), mask, acfg.loss_agg_mode)
                         loss = loss - acfg.entropy_coeff * entropy_loss
-                        acc.add("actor/entropy", entropy_loss.item())
+                        acc.add("actor/entropy_loss", entropy_loss.item())
                     if acfg.use_kl_loss:
                         kld = kl_penalty(log_prob, b["ref_log_probs"], acfg.kl_loss_type)
                         kl_loss = agg_loss(kld, mask, acfg.loss_agg_mode)
