@@ -1,0 +1,33 @@
+"""The package imports cheaply: no torch, Ray or GPU-only package at `import verl`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import verl
+
+
+def test_version_and_light_import():
+    code = (
+        "import sys, verl; print(verl.__version__); "
+        "print(sorted(m for m in ('torch', 'ray', 'vllm', 'flash_attn', 'sglang', 'megatron') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == verl.__version__
+    assert out[1] == "[]"
+
+
+def test_lazy_public_names():
+    assert verl.TrainerConfig.__name__ == "TrainerConfig"
+    assert verl.DataProto.__name__ == "DataProto"
+    assert callable(verl.make_trainer_config)
+    try:
+        verl.NotAThing  # noqa: B018
+    except AttributeError as e:
+        assert "NotAThing" in str(e)
+    else:
+        raise AssertionError("unknown attribute did not raise")
