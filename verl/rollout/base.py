@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from verl.rollout.stopping import resolve_eos_token_ids, resolve_pad_token_id
+
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
@@ -135,7 +137,37 @@ class SamplingParams:
 
 
 class RolloutEngine(abc.ABC):
-    """Generates responses for a batch of prompts. See the module docstring for the layout."""
+    """Generates responses for a batch of prompts. See the module docstring for the layout.
+
+    Args:
+        module: the actor's causal LM (the engine samples from its weights, never a copy).
+        tokenizer: decodes tails for stop strings and supplies eos / pad ids.
+        pad_token_id / eos_token_ids: override what the tokenizer and config say.
+        stop_string_window: tokens of the tail decoded to look for stop strings.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer: Any = None,
+        *,
+        pad_token_id: int | None = None,
+        eos_token_ids: list[int] | None = None,
+        stop_string_window: int | None = None,
+    ) -> None:
+        self.module = module
+        self.tokenizer = tokenizer
+        self.eos_token_ids = (
+            list(eos_token_ids)
+            if eos_token_ids is not None
+            else resolve_eos_token_ids(tokenizer, module)
+        )
+        self.pad_token_id = (
+            int(pad_token_id)
+            if pad_token_id is not None
+            else resolve_pad_token_id(tokenizer, module, self.eos_token_ids)
+        )
+        self.stop_string_window = stop_string_window
 
     @abc.abstractmethod
     def generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:

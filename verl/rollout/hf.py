@@ -27,7 +27,7 @@ from verl.rollout.base import (
     eval_mode,
     validate_prompts,
 )
-from verl.rollout.stopping import StopStringChecker, resolve_eos_token_ids, resolve_pad_token_id
+from verl.rollout.stopping import StopStringChecker
 
 logger = logging.getLogger(__name__)
 
@@ -51,19 +51,13 @@ class HFRollout(RolloutEngine):
                 f"{type(module).__name__} has no .generate(); the hf rollout needs a "
                 "transformers PreTrainedModel (use rollout.name=native for other modules)"
             )
-        self.module = module
-        self.tokenizer = tokenizer
-        self.eos_token_ids = (
-            list(eos_token_ids)
-            if eos_token_ids is not None
-            else resolve_eos_token_ids(tokenizer, module)
+        super().__init__(
+            module,
+            tokenizer,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+            stop_string_window=stop_string_window,
         )
-        self.pad_token_id = (
-            int(pad_token_id)
-            if pad_token_id is not None
-            else resolve_pad_token_id(tokenizer, module, self.eos_token_ids)
-        )
-        self.stop_string_window = stop_string_window
 
     def _generation_kwargs(self, params: SamplingParams, stop_ids: list[int]) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(

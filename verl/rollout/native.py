@@ -40,7 +40,7 @@ from verl.rollout.base import (
 )
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.sampling import sample_next_tokens
-from verl.rollout.stopping import StopStringChecker, resolve_eos_token_ids, resolve_pad_token_id
+from verl.rollout.stopping import StopStringChecker
 
 logger = logging.getLogger(__name__)
 
@@ -88,21 +88,15 @@ class NativeRollout(RolloutEngine):
                 f"{type(module).__name__} has no .config; the native rollout needs a "
                 "transformers causal LM (e.g. Qwen2ForCausalLM), not a wrapper around one"
             )
-        self.module = module
-        self.tokenizer = tokenizer
-        self.eos_token_ids = (
-            list(eos_token_ids)
-            if eos_token_ids is not None
-            else resolve_eos_token_ids(tokenizer, module)
-        )
-        self.pad_token_id = (
-            int(pad_token_id)
-            if pad_token_id is not None
-            else resolve_pad_token_id(tokenizer, module, self.eos_token_ids)
+        super().__init__(
+            module,
+            tokenizer,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+            stop_string_window=stop_string_window,
         )
         self.compaction = compaction
         self.compaction_threshold = compaction_threshold
-        self.stop_string_window = stop_string_window
         self.last_stats: dict[str, float] = {}
 
         config = module.config

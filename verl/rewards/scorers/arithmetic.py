@@ -26,11 +26,10 @@ from typing import Any
 from verl.rewards.scorers.extract import (
     find_numbers,
     first_number,
-    format_number,
     last_boxed,
     last_number,
     parse_number,
-    to_fraction,
+    score_number,
 )
 
 _HASHES_RE = re.compile(r"####")
@@ -96,12 +95,4 @@ def compute_score(
     if target is None:
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
     token, _ = extract_answer(solution_str if isinstance(solution_str, str) else "")
-    pred = to_fraction(token) if token is not None else None
-    if pred is None:
-        return {"score": 0.0, "acc": 0.0, "pred": None}
-    correct = pred == target
-    return {
-        "score": 1.0 if correct else float(format_score),
-        "acc": 1.0 if correct else 0.0,
-        "pred": format_number(pred),
-    }
+    return score_number(token, target, format_score)

@@ -87,6 +87,23 @@ def format_number(value: Fraction) -> str:
     return f"{float(value):.10g}"
 
 
+def score_number(token: str | None, target: Fraction, format_score: float) -> dict:
+    """The result dict of a numeric scorer: the predicted ``token`` compared with ``target``.
+
+    ``score`` is 1 when equal, ``format_score`` when a number was given but wrong, 0 when
+    there is none; ``acc`` is 1 or 0; ``pred`` the prediction in canonical form.
+    """
+    pred = to_fraction(token) if token is not None else None
+    if pred is None:
+        return {"score": 0.0, "acc": 0.0, "pred": None}
+    correct = pred == target
+    return {
+        "score": 1.0 if correct else float(format_score),
+        "acc": 1.0 if correct else 0.0,
+        "pred": format_number(pred),
+    }
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced.
 

@@ -19,10 +19,9 @@ from typing import Any
 
 from verl.rewards.scorers.extract import (
     first_number,
-    format_number,
     last_number,
     parse_number,
-    to_fraction,
+    score_number,
 )
 
 METHODS = ("strict", "flexible")
@@ -71,12 +70,4 @@ def compute_score(
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
     text = solution_str if isinstance(solution_str, str) else ""
     token = extract_answer(text, method)
-    pred = to_fraction(token) if token is not None else None
-    if pred is None:
-        return {"score": 0.0, "acc": 0.0, "pred": None}
-    correct = pred == target
-    return {
-        "score": 1.0 if correct else float(format_score),
-        "acc": 1.0 if correct else 0.0,
-        "pred": format_number(pred),
-    }
+    return score_number(token, target, format_score)
