@@ -27,6 +27,7 @@ from verl.models import (
 )
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, build_rollout
+from verl.utils.device import resolve_device
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.common import (
     MetricsAccumulator,
@@ -69,6 +70,7 @@ class ActorRolloutRefWorker(Worker):
         )
         self.tokenizer.padding_side = "left"
         self._given_module = module
+        self.device = resolve_device(config.trainer.device, self.local_rank or 0)
         self.engine = None
         self.rollout = None
         self.ref_module: torch.nn.Module | None = None
@@ -89,7 +91,7 @@ class ActorRolloutRefWorker(Worker):
         self._given_module = None
         if self.role == "actor_rollout_ref":
             # The reference is the initial policy, frozen; copied before any update.
-            self.ref_module = copy.deepcopy(module).eval().requires_grad_(False)
+            self.ref_module = copy.deepcopy(module).eval().requires_grad_(False).to(self.device)
         if arr.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         self.engine = build_engine(
@@ -97,6 +99,7 @@ class ActorRolloutRefWorker(Worker):
             module=module,
             optim=OptimSpec.from_config(arr.actor.optim, total_steps=total_steps),
             grad_clip=arr.actor.grad_clip,
+            device=self.device,
         )
         self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
 
@@ -122,7 +125,7 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys)."""
         params = self._sampling_params(prompts.meta_info)
-        out = self.rollout.generate(prompts, params)
+        out = self.rollout.generate(_on(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.temperature if params.do_sample else 1.0
         return out
@@ -153,9 +156,9 @@ class ActorRolloutRefWorker(Worker):
                     chunk_size=chunk,
                     calculate_entropy=with_entropy,
                 )
-                log_probs.append(lp.float())
+                log_probs.append(lp.float().cpu())
                 if ent is not None:
-                    entropies.append(ent.float())
+                    entropies.append(ent.float().cpu())
         return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -204,7 +207,7 @@ class ActorRolloutRefWorker(Worker):
         keys += ["old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")
-        data = data.select(batch_keys=keys)
+        data = _on(data.select(batch_keys=keys), self.device)
         response_len = data.batch["responses"].shape[1]
         acc = MetricsAccumulator()
         self._update_calls += 1
@@ -275,3 +278,10 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_dict_for_save(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict_for_save()
+
+
+def _on(data: DataProto, device: torch.device) -> DataProto:
+    """``data``'s tensors on ``device`` (a new object: the caller's batch is not moved)."""
+    if all(t.device == device for t in data.batch.values()):
+        return data
+    return data.select().to(device)

@@ -13,6 +13,8 @@ from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
 from verl.protocol import DataProto
+from verl.utils.device import resolve_device
+from verl.workers.actor_rollout_ref import _on
 from verl.workers.common import MetricsAccumulator, iter_ppo_mini_batches, micro_batch_weights
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class CriticWorker(Worker):
         self.config = config
         self.tokenizer = tokenizer
         self._given_module = module
+        self.device = resolve_device(config.trainer.device, self.local_rank or 0)
         self.engine = None
         self._update_calls = 0
 
@@ -67,6 +70,7 @@ class CriticWorker(Worker):
             module=module,
             optim=OptimSpec.from_config(ccfg.optim, total_steps=total_steps),
             grad_clip=ccfg.grad_clip,
+            device=self.device,
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -90,7 +94,7 @@ class CriticWorker(Worker):
         ccfg = self.config.critic
         n = self.config.actor_rollout_ref.rollout.n
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
-        data = data.select(batch_keys=[*keys, "values", "returns"])
+        data = _on(data.select(batch_keys=[*keys, "values", "returns"]), self.device)
         response_len = data.batch["responses"].shape[1]
         acc = MetricsAccumulator()
         self._update_calls += 1
