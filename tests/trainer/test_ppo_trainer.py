@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,21 @@ def test_ppo_with_critic_runs(tiny_model_dir, tmp_path):
         assert "actor/reward_kl_penalty" in metrics
         _finite(metrics)
         assert metrics["critic/grad_norm"] > 0
+
+
+@pytest.mark.parametrize(
+    "override, phrase",
+    [
+        ("trainer.save_freq=5", "periodic checkpoints and resume are not implemented yet"),
+        ("actor_rollout_ref.actor.use_dynamic_bsz=true", "use_dynamic_bsz=true"),
+        ("trainer.n_gpus_per_node=2", "multi-process training"),
+    ],
+)
+def test_unsupported_settings_fail_before_loading(tiny_model_dir, tmp_path, override, phrase):
+    from verl.trainer.setup import NotSupportedYet
+
+    extra = [override]
+    if "n_gpus" in override:
+        extra.append("actor_rollout_ref.actor.strategy=fsdp2")
+    with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
+        RLTrainer(_config(tiny_model_dir, tmp_path, *extra))

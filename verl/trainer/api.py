@@ -28,22 +28,10 @@ from verl.config import TrainerConfig
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
-from verl.rewards import RewardManager
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.tracking import Tracker
 
 ScoreFn = Callable[..., float | dict[str, Any]]
-
-
-def _reward_manager(trainer: RLTrainer, score_fn: ScoreFn | None, train: bool) -> RewardManager:
-    rcfg = trainer.config.reward_model
-    return RewardManager(
-        trainer.tokenizer,
-        compute_score=score_fn,
-        timeout_s=rcfg.timeout_s,
-        normalize=rcfg.normalize and train,
-        clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
-    )
 
 
 class PPOTrainer(RLTrainer):
@@ -80,8 +68,8 @@ class PPOTrainer(RLTrainer):
         self._score_fn = reward_fn
         super().__init__(config, **kwargs)
         if reward_fn is not None:
-            self.reward_fn = _reward_manager(self, reward_fn, train=True)
-            self.val_reward_fn = _reward_manager(self, reward_fn, train=False)
+            self.reward_fn = self.build_reward_manager(reward_fn, train=True)
+            self.val_reward_fn = self.build_reward_manager(reward_fn, train=False)
 
 
 def make_trainer_config(

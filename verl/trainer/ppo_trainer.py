@@ -41,14 +41,19 @@ from verl.config import TrainerConfig
 from verl.controller import LocalWorkerGroup, ResourcePool
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.protocol import DataProto
-from verl.rewards import RewardManager, load_reward_function
+from verl.rewards import OverlongBuffer, RewardManager, load_reward_function
 from verl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
     compute_throughput_metrics,
     timer,
 )
-from verl.trainer.setup import prepare_data_files, resolve_run_dirs, seed_everything
+from verl.trainer.setup import (
+    check_supported,
+    prepare_data_files,
+    resolve_run_dirs,
+    seed_everything,
+)
 from verl.trainer.tracking import Tracker
 from verl.workers import ActorRolloutRefWorker, CriticWorker
 
@@ -85,6 +90,7 @@ class RLTrainer:
         tokenizer: Any = None,
     ) -> None:
         config.validate()
+        check_supported(config)
         self.config = config
         cfg = config
         seed_everything(cfg.trainer.seed)
@@ -156,8 +162,13 @@ class RLTrainer:
             self.critic_wg.init_model(total_steps=self.total_steps)
 
         # --- rewards ---
-        self.reward_fn = reward_fn or self._default_reward_manager(train=True)
-        self.val_reward_fn = val_reward_fn or self._default_reward_manager(train=False)
+        compute_score = None
+        if cfg.custom_reward_function.path:
+            compute_score = load_reward_function(
+                cfg.custom_reward_function.path, cfg.custom_reward_function.name
+            )
+        self.reward_fn = reward_fn or self.build_reward_manager(compute_score, train=True)
+        self.val_reward_fn = val_reward_fn or self.build_reward_manager(compute_score, train=False)
         akl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(
             akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
@@ -174,13 +185,19 @@ class RLTrainer:
         self.validation_history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ setup helpers
-    def _default_reward_manager(self, train: bool) -> RewardManager:
-        cfg = self.config
-        rcfg = cfg.reward_model
-        compute_score = None
-        if cfg.custom_reward_function.path:
-            compute_score = load_reward_function(
-                cfg.custom_reward_function.path, cfg.custom_reward_function.name
+    def build_reward_manager(self, compute_score: Callable[..., Any] | None, train: bool):
+        """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers).
+
+        Training rewards get the configured shaping (overlong penalty, normalisation,
+        clipping); validation rewards are raw scores, comparable across runs.
+        """
+        rcfg = self.config.reward_model
+        overlong = None
+        if train and rcfg.overlong_buffer.enable:
+            overlong = OverlongBuffer(
+                buffer_len=rcfg.overlong_buffer.len,
+                penalty_factor=rcfg.overlong_buffer.penalty_factor,
+                max_response_length=self.config.data.max_response_length,
             )
         return RewardManager(
             self.tokenizer,
@@ -188,6 +205,7 @@ class RLTrainer:
             timeout_s=rcfg.timeout_s,
             normalize=rcfg.normalize and train,
             clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
+            overlong_buffer=overlong,
         )
 
     # ------------------------------------------------------------------ the algorithm
@@ -382,8 +400,16 @@ class RLTrainer:
                 k: v for k, v in self.validation_history[-1].items() if k != "step"
             }
         results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
-        self.tracker.close()
+        self.close()
         return results
+
+    def close(self) -> None:
+        """Release reward worker processes and flush the trackers."""
+        for fn in (self.reward_fn, self.val_reward_fn):
+            close = getattr(fn, "close", None)
+            if close is not None:
+                close()
+        self.tracker.close()
 
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""

@@ -75,6 +75,7 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = None
         self.ref_module: torch.nn.Module | None = None
         self._update_calls = 0
+        self._generate_calls = 0
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -109,6 +110,10 @@ class ActorRolloutRefWorker(Worker):
         values = {key: getattr(rcfg, key) for key in _SAMPLING_OVERRIDES}
         values |= {k: meta_info[k] for k in _SAMPLING_OVERRIDES if k in meta_info}
         eos = self.tokenizer.eos_token_id
+        seed = meta_info.get("seed")
+        if seed is None and rcfg.seed is not None:
+            # A fixed rollout.seed seeds each call differently, reproducibly.
+            seed = rcfg.seed + self._generate_calls
         return SamplingParams(
             n=values["n"],
             temperature=values["temperature"],
@@ -118,12 +123,13 @@ class ActorRolloutRefWorker(Worker):
             max_new_tokens=self.config.data.max_response_length,
             stop_token_ids=[eos] if eos is not None else [],
             stop_strings=list(rcfg.stop),
-            seed=meta_info.get("seed"),
+            seed=seed,
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys)."""
+        self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
         out = self.rollout.generate(_on(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
