@@ -141,3 +141,41 @@ def test_unsupported_settings_fail_before_loading(tiny_model_dir, tmp_path, over
         extra.append("actor_rollout_ref.actor.strategy=fsdp2")
     with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
         RLTrainer(_config(tiny_model_dir, tmp_path, *extra))
+
+
+def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rm_config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    rm = Qwen2ForSequenceClassification(rm_config)
+    torch.nn.init.normal_(rm.score.weight, std=0.5)
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "reward_model.enable=true",
+        f"reward_model.model.path={tmp_path / 'rm'}",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+    )
+    trainer = RLTrainer(cfg)
+    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    scores = gen.batch["token_level_scores"]
+    # real-valued model scores (not 0/1 rule scores), one per response on its last token
+    assert (scores != 0).sum(-1).tolist() == [1] * len(gen)
+    assert not torch.all((scores == 0) | (scores == 1))
+    last = gen.batch["response_mask"].sum(-1) - 1
+    assert torch.all(scores[torch.arange(len(gen)), last] != 0)

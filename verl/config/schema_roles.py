@@ -245,7 +245,9 @@ class OverlongBufferConfig:
 class RewardModelConfig:
     """Scoring: rule-based reward manager and optional model-based reward."""
 
-    enable: bool = entry(False, "score with a reward model (else rules only)")
+    enable: bool = entry(
+        False, "score training responses with a reward model instead of the rule scorers"
+    )
     model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
     micro_batch_size_per_device: int = entry(8, "samples per reward-model forward")
     reward_manager: str = entry("naive", "reward-manager name in the verl.rewards registry")

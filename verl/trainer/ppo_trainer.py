@@ -55,7 +55,7 @@ from verl.trainer.setup import (
     seed_everything,
 )
 from verl.trainer.tracking import Tracker
-from verl.workers import ActorRolloutRefWorker, CriticWorker
+from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,11 @@ class RLTrainer:
             tokenizer=tokenizer,
         )
         self.tokenizer = self.actor_rollout_wg.workers[0].tokenizer
+        self.rm_wg = None
+        if cfg.reward_model.enable:
+            self.rm_wg = LocalWorkerGroup(
+                RewardModelWorker, pool, config=cfg, actor_tokenizer=self.tokenizer
+            )
         self.critic_wg = None
         if self.use_critic:
             self.critic_wg = LocalWorkerGroup(
@@ -160,6 +165,8 @@ class RLTrainer:
         self.actor_rollout_wg.init_model(total_steps=self.total_steps)
         if self.critic_wg is not None:
             self.critic_wg.init_model(total_steps=self.total_steps)
+        if self.rm_wg is not None:
+            self.rm_wg.init_model()
 
         # --- rewards ---
         compute_score = None
@@ -247,9 +254,13 @@ class RLTrainer:
                 gen = gen.union(self.critic_wg.compute_values(gen))
 
         with timer("reward", metrics):
-            scores, reward_metrics, _ = self.reward_fn(gen)
+            if self.rm_wg is not None:
+                # A reward model replaces the rule-based scores for training.
+                scores = self.rm_wg.compute_rm_score(gen).batch["rm_scores"]
+            else:
+                scores, reward_metrics, _ = self.reward_fn(gen)
+                metrics |= reward_metrics
             gen.batch["token_level_scores"] = scores
-            metrics |= reward_metrics
             if cfg.algorithm.use_kl_in_reward:
                 rewards, kl_metrics = apply_kl_penalty(
                     scores,

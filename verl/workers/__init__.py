@@ -2,5 +2,6 @@
 
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.reward_model import RewardModelWorker
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker"]
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
