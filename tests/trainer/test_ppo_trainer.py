@@ -179,3 +179,29 @@ def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):
     assert not torch.all((scores == 0) | (scores == 1))
     last = gen.batch["response_mask"].sum(-1) - 1
     assert torch.all(scores[torch.arange(len(gen)), last] != 0)
+
+
+def test_custom_reward_file_and_hf_rollout(tiny_model_dir, tmp_path):
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(
+        "def length_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': len(solution_str) / 100.0, 'acc': 0.0}\n"
+    )
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "actor_rollout_ref.rollout.name=hf",
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=length_score",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+    )
+    trainer = RLTrainer(cfg)
+    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    texts = trainer.tokenizer.batch_decode(
+        [r[m.bool()] for r, m in zip(gen.batch["responses"], gen.batch["response_mask"])],
+        skip_special_tokens=True,
+    )
+    expected = torch.tensor([len(t) / 100.0 for t in texts])
+    torch.testing.assert_close(gen.batch["token_level_scores"].sum(-1), expected)
+    trainer.close()

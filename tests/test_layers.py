@@ -1,0 +1,80 @@
+"""The layering of DESIGN: each package imports only from the layers below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import verl
+
+ROOT = Path(verl.__file__).parent
+
+# package -> the verl packages it may import (besides itself)
+ALLOWED = {
+    "config": set(),
+    "protocol": set(),
+    "algorithms": set(),
+    "utils": set(),
+    "models": {"utils"},
+    "data": {"protocol", "models"},
+    "engine": {"utils", "models"},
+    "rollout": {"protocol", "utils"},
+    "rewards": {"protocol", "utils", "algorithms"},
+    "controller": {"protocol"},
+    "workers": {
+        "config",
+        "protocol",
+        "algorithms",
+        "utils",
+        "models",
+        "engine",
+        "rollout",
+        "rewards",
+        "controller",
+    },
+    "trainer": {
+        "config",
+        "protocol",
+        "algorithms",
+        "utils",
+        "models",
+        "data",
+        "engine",
+        "rollout",
+        "rewards",
+        "controller",
+        "workers",
+    },
+}
+
+
+def _package_of(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "verl" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_each_layer_imports_only_lower_layers():
+    violations = []
+    for path in sorted(ROOT.rglob("*.py")):
+        pkg = _package_of(path)
+        if pkg not in ALLOWED:  # __init__.py, cli.py: the top level may use anything
+            continue
+        for dep in _imported_packages(path) - ALLOWED[pkg] - {pkg}:
+            violations.append(f"{path.relative_to(ROOT.parent)} imports verl.{dep}")
+    assert not violations, "\n".join(violations)
