@@ -53,8 +53,12 @@ def run_ppo(cfg: TrainerConfig) -> dict:
 
     Returns the trainer's results (validation before/after, last metrics, saved model dir).
     """
+    import transformers
+
     from verl.trainer.ppo_trainer import RLTrainer
 
+    # One progress bar (the trainer's) rather than one per weight load and save.
+    transformers.utils.logging.disable_progress_bar()
     return RLTrainer(cfg).fit()
 
 
