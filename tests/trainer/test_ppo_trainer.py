@@ -144,30 +144,12 @@ def test_unsupported_settings_fail_before_loading(tiny_model_dir, tmp_path, over
 
 
 def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    rm_config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    rm = Qwen2ForSequenceClassification(rm_config)
-    torch.nn.init.normal_(rm.score.weight, std=0.5)
-    rm.save_pretrained(tmp_path / "rm")
-    tok.save_pretrained(tmp_path / "rm")
-
+    rm_dir = save_tiny_model_dir(tmp_path / "rm", arch="qwen2", num_layers=1, reward_head=True)
     cfg = _config(
         tiny_model_dir,
         tmp_path,
         "reward_model.enable=true",
-        f"reward_model.model.path={tmp_path / 'rm'}",
+        f"reward_model.model.path={rm_dir}",
         "trainer.total_training_steps=1",
         "trainer.val_before_train=false",
     )

@@ -196,13 +196,21 @@ def build_tiny_model(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     tie_word_embeddings: bool = True,
+    reward_head: bool = False,
 ) -> PreTrainedModel:
     """Randomly initialise a tiny Qwen2 or Llama causal LM (deterministic for a `seed`).
 
     `vocab_size = len(tokenizer)` (the tiny tokenizer when None); pad/eos ids come from the
     tokenizer, bos falls back to the pad token when the tokenizer has none (as Qwen2 does).
+    With `reward_head=True` the model is a sequence classifier with one output (a reward
+    model) instead of a causal LM.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        LlamaConfig,
+        Qwen2Config,
+    )
 
     if arch not in _ARCHES:
         raise ValueError(f"arch={arch!r} is not supported; choose one of {_ARCHES}")
@@ -228,14 +236,18 @@ def build_tiny_model(
         bos_token_id=bos_id,
         rms_norm_eps=1e-6,
     )
+    if reward_head:
+        common["num_labels"] = 1
     config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
+    auto_cls = AutoModelForSequenceClassification if reward_head else AutoModelForCausalLM
     # fork_rng keeps model building from disturbing the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.bos_token_id = bos_id
+        model = auto_cls.from_config(config, dtype=dtype)
+    if not reward_head:
+        model.generation_config.pad_token_id = pad_id
+        model.generation_config.eos_token_id = eos_id
+        model.generation_config.bos_token_id = bos_id
     return model.eval()
 
 
