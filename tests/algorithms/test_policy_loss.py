@@ -234,3 +234,28 @@ def test_cov_losses_handle_all_masked_batch():
             torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(1, 3)
         )
         assert loss.item() == 0.0
+
+
+def test_loss_scale_factor_reaches_dr_grpo_aggregation():
+    import torch
+
+    from verl.algorithms import get_policy_loss
+
+    old = torch.zeros(2, 4)
+    adv = torch.tensor([[1.0] * 4, [-0.5] * 4])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    for name in ("vanilla", "gspo"):
+        fn = get_policy_loss(name)
+        # ratio 1 everywhere: per-token loss is -A; sum over valid tokens = -3 + 1 = -2
+        default, _ = fn(old, old.clone(), adv, mask, loss_agg_mode="seq-mean-token-sum-norm")
+        scaled, _ = fn(
+            old,
+            old.clone(),
+            adv,
+            mask,
+            loss_agg_mode="seq-mean-token-sum-norm",
+            loss_scale_factor=100.0,
+        )
+        # default factor = response positions (4): -2 / (2 * 4); with 100: -2 / (2 * 100)
+        assert default.item() == pytest.approx(-2 / 8), name
+        assert scaled.item() == pytest.approx(-2 / 200), name

@@ -105,6 +105,9 @@ def test_ppo_trainer_fit_with_custom_reward_and_clipping(tiny_model_dir, tmp_pat
     assert (tmp_path / "metrics.jsonl").exists()
     # every score was 10, clipped to 5 before it reached the advantages
     assert trainer.history[-1]["critic/score/mean"] == pytest.approx(5.0)
+    # validation scores are raw (no clipping); a scorer without "acc" counts its score
+    assert trainer.validation_history[-1]["val/score"] == pytest.approx(10.0)
+    assert trainer.validation_history[-1]["val/acc"] == pytest.approx(10.0)
 
 
 @pytest.mark.slow

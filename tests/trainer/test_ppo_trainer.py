@@ -187,3 +187,40 @@ def test_custom_reward_file_and_hf_rollout(tiny_model_dir, tmp_path):
     expected = torch.tensor([len(t) / 100.0 for t in texts])
     torch.testing.assert_close(gen.batch["token_level_scores"].sum(-1), expected)
     trainer.close()
+
+
+def test_lr_schedule_spans_all_optimizer_steps(tiny_model_dir, tmp_path):
+    # 2 trainer steps x 2 mini-batches = 4 optimizer steps of a cosine schedule to 0:
+    # the lr must still be positive in the last trainer step.
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "actor_rollout_ref.actor.optim.warmup_style=cosine",
+        "trainer.val_before_train=false",
+    )
+    trainer = RLTrainer(cfg)
+    trainer.fit()
+    lrs = [m["actor/lr"] for m in trainer.history]
+    assert lrs[0] > lrs[1] > 0
+
+
+def test_remax_uses_a_greedy_baseline(tiny_model_dir, tmp_path):
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.adv_estimator=remax",
+        "trainer.val_before_train=false",
+        "trainer.total_training_steps=1",
+    )
+    trainer = RLTrainer(cfg)
+    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    baselines = gen.batch["reward_baselines"]
+    assert baselines.shape == (len(gen),)
+    # the n=2 responses of a prompt share their prompt's greedy baseline
+    assert torch.equal(baselines[0::2], baselines[1::2])
+    scores = gen.batch["token_level_scores"].sum(-1)
+    mask = gen.batch["response_mask"].bool()
+    torch.testing.assert_close(
+        gen.batch["advantages"], (scores - baselines)[:, None].expand_as(mask) * mask
+    )
+    trainer.close()

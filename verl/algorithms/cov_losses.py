@@ -88,7 +88,12 @@ def compute_policy_loss_clip_cov(
     cut = cut.reshape(candidates.shape)
     per_token = torch.where(cut, per_token.detach(), per_token)
 
-    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    loss = agg_loss(
+        _weighted(per_token, rollout_is_weights),
+        response_mask,
+        loss_agg_mode,
+        loss_scale_factor=kwargs.get("loss_scale_factor"),
+    )
     metrics = {
         "clipfrac": _fraction(ppo_clipped, response_mask),
         "clipfrac_lower": 0.0,
@@ -129,7 +134,12 @@ def compute_policy_loss_kl_cov(
     chosen = chosen.reshape(cov.shape) & valid
     per_token = per_token + torch.where(chosen, ppo_kl_coef * log_ratio.abs(), 0.0)
 
-    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    loss = agg_loss(
+        _weighted(per_token, rollout_is_weights),
+        response_mask,
+        loss_agg_mode,
+        loss_scale_factor=kwargs.get("loss_scale_factor"),
+    )
     metrics = {
         "clipfrac": 0.0,
         "clipfrac_lower": 0.0,

@@ -110,7 +110,12 @@ def compute_policy_loss_vanilla(
         per_token = torch.where(negative, torch.minimum(loss_ppo, cap), loss_ppo)
         clipfrac_lower = _fraction((loss_ppo > cap) & negative, response_mask)
 
-    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    loss = agg_loss(
+        _weighted(per_token, rollout_is_weights),
+        response_mask,
+        loss_agg_mode,
+        loss_scale_factor=kwargs.get("loss_scale_factor"),
+    )
     metrics = {
         "clipfrac": clipfrac,
         "clipfrac_lower": clipfrac_lower,
@@ -154,7 +159,12 @@ def compute_policy_loss_gspo(
     per_token = torch.maximum(loss_unclipped, loss_clipped)
 
     mode = "seq-mean-token-mean" if loss_agg_mode is None else loss_agg_mode
-    loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, mode)
+    loss = agg_loss(
+        _weighted(per_token, rollout_is_weights),
+        mask,
+        mode,
+        loss_scale_factor=kwargs.get("loss_scale_factor"),
+    )
     metrics = {
         "clipfrac": _fraction(loss_clipped > loss_unclipped, mask),
         "clipfrac_lower": 0.0,
@@ -187,7 +197,12 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob)).detach()
     weight = torch.clamp(ratio, max=1.0 + clip_ratio_high)
     per_token = -weight * advantages * log_prob
-    loss = agg_loss(_weighted(per_token, rollout_is_weights), response_mask, loss_agg_mode)
+    loss = agg_loss(
+        _weighted(per_token, rollout_is_weights),
+        response_mask,
+        loss_agg_mode,
+        loss_scale_factor=kwargs.get("loss_scale_factor"),
+    )
     metrics = {
         "clipfrac": _fraction(ratio > 1.0 + clip_ratio_high, response_mask),
         "clipfrac_lower": 0.0,

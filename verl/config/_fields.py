@@ -20,8 +20,8 @@ Strategy = Literal["single", "fsdp2"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
-# KL estimators: k1 ("kl"), |k1| ("abs"), k2 ("mse"), k3 ("low_var_kl"), exact ("full").
-KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+# KL estimators: k1 ("kl"), |k1| ("abs"), k2 ("mse"), k3 ("low_var_kl").
+KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 RolloutName = Literal["native", "hf", "vllm", "sglang"]
 WarmupStyle = Literal["constant", "cosine"]
 Truncation = Literal["error", "drop", "left"]

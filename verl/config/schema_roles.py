@@ -251,7 +251,9 @@ class RewardModelConfig:
     model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
     micro_batch_size_per_device: int = entry(8, "samples per reward-model forward")
     reward_manager: str = entry("naive", "reward-manager name in the verl.rewards registry")
-    normalize: bool = entry(False, "normalise scores to zero mean, unit std per batch")
+    normalize: bool = entry(
+        False, "normalise training scores by their running mean/std across batches"
+    )
     clip_range: list[float] | None = entry(None, "[lo, hi] clip of scores; null = no clip")
     timeout_s: float | None = entry(None, "per-sample scoring timeout in seconds; null = none")
     overlong_buffer: OverlongBufferConfig = entry(OverlongBufferConfig, "overlong penalty")

@@ -68,6 +68,8 @@ class PPOTrainer(RLTrainer):
         self._score_fn = reward_fn
         super().__init__(config, **kwargs)
         if reward_fn is not None:
+            for manager in (self.reward_fn, self.val_reward_fn):
+                manager.close()
             self.reward_fn = self.build_reward_manager(reward_fn, train=True)
             self.val_reward_fn = self.build_reward_manager(reward_fn, train=False)
 
@@ -97,7 +99,10 @@ def make_trainer_config(
 ) -> TrainerConfig:
     """A validated :class:`TrainerConfig` for ``algo`` from a few familiar knobs.
 
-    ``algo="ppo"`` uses GAE with a critic (``vf_coef`` scales its value loss);
+    ``algo="ppo"`` uses GAE with a critic. ``vf_coef`` scales the critic's value loss
+    (``critic.loss_coef``); the critic has its own AdamW optimizer, so unlike a shared-body
+    actor-critic this mainly interacts with gradient clipping: ``critic_lr`` is the knob
+    that sets how fast the critic learns.
     ``algo="grpo"`` uses group-normalised advantages, no critic, and a KL loss when
     ``kl_coef`` is given. Any other key can be set with dotted ``overrides``
     (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the YAML default.

@@ -20,6 +20,7 @@ computed here, on the driver.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections import defaultdict
@@ -41,7 +42,12 @@ from verl.config import TrainerConfig
 from verl.controller import LocalWorkerGroup, ResourcePool
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.protocol import DataProto
-from verl.rewards import OverlongBuffer, RewardManager, load_reward_function
+from verl.rewards import (
+    OverlongBuffer,
+    RewardManager,
+    get_reward_manager,
+    load_reward_function,
+)
 from verl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
@@ -89,7 +95,7 @@ class RLTrainer:
         critic_module: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        config.validate()
+        config.validate(registries=registry_names())
         check_supported(config)
         self.config = config
         cfg = config
@@ -162,9 +168,14 @@ class RLTrainer:
         )
 
         # --- models: now that the number of optimizer steps is known ---
-        self.actor_rollout_wg.init_model(total_steps=self.total_steps)
+        a = cfg.actor_rollout_ref.actor
+        self.actor_rollout_wg.init_model(
+            total_steps=self.total_steps * optimizer_steps_per_step(cfg, a)
+        )
         if self.critic_wg is not None:
-            self.critic_wg.init_model(total_steps=self.total_steps)
+            self.critic_wg.init_model(
+                total_steps=self.total_steps * optimizer_steps_per_step(cfg, cfg.critic)
+            )
         if self.rm_wg is not None:
             self.rm_wg.init_model()
 
@@ -206,7 +217,8 @@ class RLTrainer:
                 penalty_factor=rcfg.overlong_buffer.penalty_factor,
                 max_response_length=self.config.data.max_response_length,
             )
-        return RewardManager(
+        manager_cls = get_reward_manager(rcfg.reward_manager)
+        return manager_cls(
             self.tokenizer,
             compute_score=compute_score,
             timeout_s=rcfg.timeout_s,
@@ -232,15 +244,12 @@ class RLTrainer:
 
         with timer("gen", metrics):
             gen = self.actor_rollout_wg.generate_sequences(batch)
+        greedy = None
         if cfg.algorithm.adv_estimator == "remax":
             with timer("gen_greedy_baseline", metrics):
                 greedy = self.actor_rollout_wg.generate_sequences(
                     _with_meta(batch, do_sample=False, n=1)
                 )
-                baseline, _, _ = self.reward_fn(greedy)
-            # One baseline per prompt, repeated for its n responses.
-            n = len(gen) // len(batch)
-            gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
 
         with timer("old_log_prob", metrics):
             gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
@@ -254,13 +263,15 @@ class RLTrainer:
                 gen = gen.union(self.critic_wg.compute_values(gen))
 
         with timer("reward", metrics):
-            if self.rm_wg is not None:
-                # A reward model replaces the rule-based scores for training.
-                scores = self.rm_wg.compute_rm_score(gen).batch["rm_scores"]
-            else:
-                scores, reward_metrics, _ = self.reward_fn(gen)
-                metrics |= reward_metrics
+            scores, reward_metrics = self._score(gen, update_stats=True)
+            metrics |= reward_metrics
             gen.batch["token_level_scores"] = scores
+            if greedy is not None:
+                # ReMax: the greedy response's score, from the same scorer and shaping,
+                # is the baseline of the n sampled responses of its prompt.
+                baseline, _ = self._score(greedy, update_stats=False)
+                n = len(gen) // len(batch)
+                gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
             if cfg.algorithm.use_kl_in_reward:
                 rewards, kl_metrics = apply_kl_penalty(
                     scores,
@@ -279,6 +290,21 @@ class RLTrainer:
             self._compute_advantages(gen)
         gen.meta_info["metrics"] = metrics
         return gen
+
+    def _score(self, gen: DataProto, update_stats: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Token-level scores of ``gen``: the reward model's when enabled, else the rules'.
+
+        ``update_stats=False`` scores without moving running reward statistics (used for
+        baselines, which must not count as training samples).
+        """
+        if self.rm_wg is not None:
+            # A reward model replaces the rule-based scores for training.
+            return self.rm_wg.compute_rm_score(gen).batch["rm_scores"], {}
+        if isinstance(self.reward_fn, RewardManager):
+            scores, metrics, _ = self.reward_fn(gen, update_stats=update_stats)
+        else:
+            scores, metrics, _ = self.reward_fn(gen)
+        return scores, (metrics if update_stats else {})
 
     def _compute_advantages(self, gen: DataProto) -> None:
         acfg = self.config.algorithm
@@ -349,8 +375,11 @@ class RLTrainer:
             )
             gen = self.actor_rollout_wg.generate_sequences(batch)
             _, _, extras = self.val_reward_fn(gen)
-            scores.extend(float(s) for s in extras["score"])
-            accs.extend(float(a) for a in extras.get("acc", extras["score"]))
+            batch_scores = [float(x) for x in extras["score"]]
+            batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
+            scores.extend(batch_scores)
+            # a scorer that reports no accuracy counts its score as the accuracy
+            accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
             sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
         by_source: dict[str, list[int]] = defaultdict(list)
         for i, source in enumerate(sources):
@@ -375,47 +404,50 @@ class RLTrainer:
             self.tracker.log(val, step=0)
             results["val_before"] = val
         progress = tqdm(total=self.total_steps, desc="training", unit="step", dynamic_ncols=True)
-        metrics: dict[str, Any] = {}
         try:
-            while self.global_step < self.total_steps:
-                for batch in self.train_loader:
-                    self.global_step += 1
-                    metrics = self.train_step(batch)
-                    metrics["training/epoch"] = self.train_loader.epoch
-                    last = self.global_step == self.total_steps
-                    if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
-                        with timer("testing", metrics):
-                            val = self.validate()
-                        metrics |= val
-                        self.validation_history.append({"step": self.global_step, **val})
-                    self.tracker.log(metrics, step=self.global_step)
-                    self.history.append(metrics)
-                    progress.update(1)
-                    progress.set_postfix(
-                        reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}",
-                        refresh=False,
-                    )
-                    if last:
-                        break
+            self._train_loop(progress)
+            if self.val_dataset is not None and (
+                not self.validation_history
+                or self.validation_history[-1]["step"] != self.global_step
+            ):
+                val = self.validate()
+                self.validation_history.append({"step": self.global_step, **val})
+                self.tracker.log(val, step=self.global_step)
+            results["last_metrics"] = self.history[-1] if self.history else {}
+            if self.validation_history:
+                results["val_after"] = {
+                    k: v for k, v in self.validation_history[-1].items() if k != "step"
+                }
+            results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
         finally:
             progress.close()
-        if self.val_dataset is not None and (
-            not self.validation_history or self.validation_history[-1]["step"] != self.global_step
-        ):
-            val = self.validate()
-            self.validation_history.append({"step": self.global_step, **val})
-            self.tracker.log(val, step=self.global_step)
-        results["last_metrics"] = metrics
-        if self.validation_history:
-            results["val_after"] = {
-                k: v for k, v in self.validation_history[-1].items() if k != "step"
-            }
-        results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
-        self.close()
+            self.close()
         return results
 
+    def _train_loop(self, progress: tqdm) -> None:
+        cfg = self.config.trainer
+        while self.global_step < self.total_steps:
+            for batch in self.train_loader:
+                self.global_step += 1
+                metrics = self.train_step(batch)
+                metrics["training/epoch"] = self.train_loader.epoch
+                last = self.global_step == self.total_steps
+                if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
+                    with timer("testing", metrics):
+                        val = self.validate()
+                    metrics |= val
+                    self.validation_history.append({"step": self.global_step, **val})
+                self.tracker.log(metrics, step=self.global_step)
+                self.history.append(metrics)
+                progress.update(1)
+                progress.set_postfix(
+                    reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
+                )
+                if last:
+                    break
+
     def close(self) -> None:
-        """Release reward worker processes and flush the trackers."""
+        """Release reward worker processes and flush the trackers (idempotent)."""
         for fn in (self.reward_fn, self.val_reward_fn):
             close = getattr(fn, "close", None)
             if close is not None:
@@ -435,6 +467,28 @@ class _Collate:
 
     def __call__(self, items: list[dict[str, Any]]) -> DataProto:
         return collate_fn(items, pad_token_id=self.pad_token_id)
+
+
+def optimizer_steps_per_step(cfg: TrainerConfig, role_cfg: Any) -> int:
+    """Optimizer steps a role takes per trainer step: one per mini-batch, per PPO epoch.
+
+    The learning-rate schedule is counted in optimizer steps, so its length is
+    ``total_steps * optimizer_steps_per_step``.
+    """
+    mini_batches = math.ceil(cfg.data.train_batch_size / role_cfg.ppo_mini_batch_size)
+    return role_cfg.ppo_epochs * mini_batches
+
+
+def registry_names() -> dict[str, list[str]]:
+    """Names the config may use for registry-backed keys (checked by ``validate``)."""
+    from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from verl.rewards.manager import REWARD_MANAGERS
+
+    return {
+        "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS.names(include_aliases=True),
+        "actor_rollout_ref.actor.policy_loss": POLICY_LOSSES.names(include_aliases=True),
+        "reward_model.reward_manager": sorted(REWARD_MANAGERS),
+    }
 
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:

@@ -110,5 +110,26 @@ def check_supported(cfg: TrainerConfig) -> None:
             "actor_rollout_ref.model.override_config is not applied yet; edit the model's "
             "config.json instead"
         )
+    fsdp_sections = (
+        ("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
+        ("critic.fsdp_config", cfg.critic.fsdp_config),
+    )
+    for section, fsdp in fsdp_sections:
+        if fsdp.param_offload or fsdp.optimizer_offload or fsdp.mixed_precision is not None:
+            problems.append(
+                f"{section}: param_offload / optimizer_offload / mixed_precision belong to "
+                "the FSDP2 engine, which is not implemented yet; leave them at their defaults"
+            )
+    if cfg.actor_rollout_ref.ref.fsdp_config.param_offload:
+        problems.append(
+            "actor_rollout_ref.ref.fsdp_config.param_offload is not implemented yet; leave it false"
+        )
+    rm = cfg.reward_model
+    if rm.enable and (rm.normalize or rm.clip_range or rm.overlong_buffer.enable):
+        problems.append(
+            "reward_model.normalize / clip_range / overlong_buffer shape rule-based scores "
+            "and are not applied to reward-model scores yet; unset them with "
+            "reward_model.enable=true"
+        )
     if problems:
         raise NotSupportedYet("; ".join(problems))

@@ -129,11 +129,14 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys)."""
-        self._generate_calls += 1
+        if not any(k in prompts.meta_info for k in _SAMPLING_OVERRIDES):
+            # Only training rollouts advance the seed: validation frequency must not
+            # change which samples training sees.
+            self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
         out = self.rollout.generate(_on(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
-        out.meta_info["temperature"] = params.temperature if params.do_sample else 1.0
+        out.meta_info["temperature"] = params.logprob_temperature
         return out
 
     # ------------------------------------------------------------------ log-probs
@@ -256,12 +259,14 @@ class ActorRolloutRefWorker(Worker):
                     )
                     loss = pg_loss
                     if entropy is not None:
-                        entropy_loss = agg_loss(entropy.float(), mask, acfg.loss_agg_mode)
+                        entropy_loss = agg_loss(
+                            entropy.float(), mask, acfg.loss_agg_mode, acfg.loss_scale_factor
+                        )
                         loss = loss - acfg.entropy_coeff * entropy_loss
                         acc.add("actor/entropy_loss", entropy_loss.item())
                     if acfg.use_kl_loss:
                         kld = kl_penalty(log_prob, b["ref_log_probs"], acfg.kl_loss_type)
-                        kl_loss = agg_loss(kld, mask, acfg.loss_agg_mode)
+                        kl_loss = agg_loss(kld, mask, acfg.loss_agg_mode, acfg.loss_scale_factor)
                         loss = loss + acfg.kl_loss_coef * kl_loss
                         acc.add("actor/kl_loss", kl_loss.item())
                         acc.add("actor/kl_coef", acfg.kl_loss_coef)

@@ -40,11 +40,17 @@ def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) 
 
     For ``token-mean`` a micro-batch's loss is a mean over its valid tokens, so it is
     weighted by its share of the mini-batch's valid tokens; for the sequence-mean modes, by
-    its share of the sequences; ``seq-mean-token-sum-norm`` divides by a constant and a
-    batch size, so it is weighted by the share of sequences too.
+    its share of the non-empty sequences (empty ones are left out of the mean);
+    ``seq-mean-token-sum-norm`` divides by a constant and the batch size, so it is weighted
+    by its share of all sequences.
     """
     if loss_agg_mode == "token-mean":
         counts = [float(mb.batch["response_mask"].sum().item()) for mb in micro_batches]
+    elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        # these modes average over sequences with at least one valid token
+        counts = [
+            float((mb.batch["response_mask"].sum(-1) > 0).sum().item()) for mb in micro_batches
+        ]
     else:
         counts = [float(len(mb)) for mb in micro_batches]
     total = sum(counts)
