@@ -38,7 +38,7 @@ from verl.algorithms import (
     get_advantage_estimator,
     get_kl_controller,
 )
-from verl.config import TrainerConfig
+from verl.config import TrainerConfig, ref_enabled
 from verl.controller import LocalWorkerGroup, ResourcePool
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.protocol import DataProto
@@ -109,9 +109,7 @@ class RLTrainer:
             if cfg.critic.enable is not None
             else estimator_requires_critic(cfg.algorithm.adv_estimator)
         )
-        self.use_reference = (
-            cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        )
+        self.use_reference = ref_enabled(cfg)
 
         # --- roles, placed on resource pools through the controller (local backend) ---
         pool = ResourcePool([1], use_gpu=False, name="global_pool")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import agg_loss, get_policy_loss, kl_penalty
-from verl.config import TrainerConfig
+from verl.config import TrainerConfig, clip_ratio_bounds
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -34,6 +34,7 @@ from verl.workers.common import (
     atomic_save_pretrained,
     iter_ppo_mini_batches,
     micro_batch_weights,
+    to_device,
 )
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class ActorRolloutRefWorker(Worker):
             # change which samples training sees.
             self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
-        out = self.rollout.generate(_on(prompts, self.device), params).to("cpu")
+        out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
         return out
@@ -151,10 +152,9 @@ class ActorRolloutRefWorker(Worker):
         response_len = data.batch["responses"].shape[1]
         chunk = self.config.actor_rollout_ref.actor.logprob_chunk_size
         log_probs, entropies = [], []
+        inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         with torch.no_grad(), self.engine.autocast():
-            for mb in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
-                micro_batch_size
-            ):
+            for mb in to_device(inputs, self.device).split(micro_batch_size):
                 lp, ent = compute_response_log_probs(
                     module,
                     mb.batch["input_ids"],
@@ -209,14 +209,13 @@ class ActorRolloutRefWorker(Worker):
         acfg = self.config.actor_rollout_ref.actor
         n = self.config.actor_rollout_ref.rollout.n
         policy_loss_fn = get_policy_loss(acfg.policy_loss)
-        clip_low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
-        clip_high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
+        clip_low, clip_high = clip_ratio_bounds(acfg)
         temperature = data.meta_info.get("temperature", 1.0)
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
         keys += ["old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")
-        data = _on(data.select(batch_keys=keys), self.device)
+        data = to_device(data.select(batch_keys=keys), self.device)
         response_len = data.batch["responses"].shape[1]
         acc = MetricsAccumulator()
         self._update_calls += 1
@@ -289,10 +288,3 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_dict_for_save(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict_for_save()
-
-
-def _on(data: DataProto, device: torch.device) -> DataProto:
-    """``data``'s tensors on ``device`` (a new object: the caller's batch is not moved)."""
-    if all(t.device == device for t in data.batch.values()):
-        return data
-    return data.select().to(device)

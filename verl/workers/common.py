@@ -59,6 +59,13 @@ def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) 
     return [c / total for c in counts]
 
 
+def to_device(data: DataProto, device: torch.device) -> DataProto:
+    """``data``'s tensors on ``device`` (a new object: the caller's batch is not moved)."""
+    if all(t.device == device for t in data.batch.values()):
+        return data
+    return data.select().to(device)
+
+
 class MetricsAccumulator:
     """Collects scalar metrics over micro-batches and steps; reduces by mean (or sum)."""
 

@@ -14,8 +14,12 @@ from verl.engine import OptimSpec, build_engine
 from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
-from verl.workers.actor_rollout_ref import _on
-from verl.workers.common import MetricsAccumulator, iter_ppo_mini_batches, micro_batch_weights
+from verl.workers.common import (
+    MetricsAccumulator,
+    iter_ppo_mini_batches,
+    micro_batch_weights,
+    to_device,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +84,10 @@ class CriticWorker(Worker):
         response_len = data.batch["responses"].shape[1]
         mbs = ccfg.forward_micro_batch_size_per_device or len(data)
         out = []
+        inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         with torch.no_grad(), self.engine.eval_mode(), self.engine.autocast():
-            for mb in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
-                mbs
-            ):
-                out.append(_response_values(self.engine.module, mb, response_len))
+            for mb in to_device(inputs, self.device).split(mbs):
+                out.append(_response_values(self.engine.module, mb, response_len).cpu())
         values = torch.cat(out) * data.batch["response_mask"]
         return DataProto.from_dict(tensors={"values": values})
 
@@ -94,7 +97,7 @@ class CriticWorker(Worker):
         ccfg = self.config.critic
         n = self.config.actor_rollout_ref.rollout.n
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
-        data = _on(data.select(batch_keys=[*keys, "values", "returns"]), self.device)
+        data = to_device(data.select(batch_keys=[*keys, "values", "returns"]), self.device)
         response_len = data.batch["responses"].shape[1]
         acc = MetricsAccumulator()
         self._update_calls += 1
