@@ -14,13 +14,13 @@ ALLOWED = {
     "config": set(),
     "protocol": set(),
     "algorithms": set(),
-    "utils": set(),
+    "utils": {"config"},  # set_device_map is re-exported (config imports nothing of verl)
     "models": {"utils"},
     "data": {"protocol", "models"},
     "engine": {"utils", "models"},
     "rollout": {"protocol", "utils"},
     "rewards": {"protocol", "utils", "algorithms"},
-    "controller": {"protocol"},
+    "controller": {"protocol", "utils"},
     "workers": {
         "config",
         "protocol",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -11,7 +13,9 @@ from verl.controller import (
     LocalWorkerGroup,
     ResourcePool,
     Worker,
+    WorkerDiedError,
     create_colocated_worker_cls,
+    make_worker_group,
     register,
 )
 from verl.protocol import DataProto
@@ -238,3 +242,51 @@ def test_colocated_workers_share_ranks_and_spawn_role_groups():
     assert wg.workers[1].call_role("critic", "rank_seen") == 1
     with pytest.raises(TypeError, match="spawn"):
         actor.spawn()
+
+
+def test_submit_returns_a_completed_future_that_raises_on_result():
+    class Failing(Worker):
+        @register(Dispatch.ONE_TO_ALL)
+        def boom(self):
+            raise RuntimeError(f"bad rank {self.rank}")
+
+    wg = LocalWorkerGroup(Failing, ResourcePool([2]))
+    future = wg.submit("boom")  # runs now; the error waits for result()
+    assert future.done()
+    for _ in range(2):  # the error is kept
+        with pytest.raises(RuntimeError, match="bad rank 0"):
+            future.result()
+    with pytest.raises(AttributeError, match=r"Failing\.nothing is not a registered method"):
+        wg.submit("nothing")
+
+
+def test_submit_forms_gather_like_the_blocking_call():
+    wg = group(2)
+    data = batch(5)
+    by_name = wg.submit("double", data).result()
+    by_attr = wg.double.submit(data).result()
+    assert by_name.batch["doubled"].tolist() == by_attr.batch["doubled"].tolist()
+    assert by_name.batch["doubled"].tolist() == wg.double(data).batch["doubled"].tolist()
+    with wg as same:  # shutdown() is a no-op for in-process workers
+        assert same.describe("x")[0] == ("x", 0, 2, 0)
+
+
+def test_make_worker_group_picks_the_backend():
+    wg = make_worker_group("local", DoublerWorker, ResourcePool([2]), scale=4.0)
+    assert isinstance(wg, LocalWorkerGroup)
+    assert [w.scale for w in wg.workers] == [4.0, 4.0]
+    with pytest.raises(ValueError, match=r"unknown worker-group backend 'mpi'.*\('local', 'ray'\)"):
+        make_worker_group("mpi", DoublerWorker, ResourcePool([1]))
+
+
+def test_worker_died_error_message_and_pickling():
+    err = WorkerDiedError("CriticWorker", 3, "killed by SIGKILL", method="compute_values")
+    assert isinstance(err, RuntimeError)
+    assert str(err) == "worker CriticWorker rank 3 died during 'compute_values': killed by SIGKILL"
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.role, again.rank, again.cause, again.method) == (
+        "CriticWorker",
+        3,
+        "killed by SIGKILL",
+        "compute_values",
+    )

@@ -1,31 +1,78 @@
 """Single-controller plumbing: workers, dispatch modes, resource pools and worker groups.
 
 The driver holds no model; it calls ``WorkerGroup`` proxies whose registered methods split
-a ``DataProto`` by data-parallel rank, run every worker, and gather the results. Backends:
-``LocalWorkerGroup`` (in-process, here). Nothing in this package imports Ray at import time.
+a ``DataProto`` by data-parallel rank, run every worker, and gather the results
+(``wg.method(batch)``), or start the call without waiting (``wg.submit("method", batch)``
+-> ``GroupFuture``; ``.result()`` gathers).
+
+Backends, picked by name with ``make_worker_group("local" | "ray", worker_cls, pool, ...)``:
+
+- ``LocalWorkerGroup``: every rank in the driver process, run one after another; for
+  tests and single-device runs.
+- ``RayWorkerGroup``: one Ray actor per rank, placed by placement groups built from the
+  ``ResourcePool`` (groups over the same pool object share its devices), with a real
+  ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray;
+  a dead worker process surfaces as ``WorkerDiedError``.
+
+Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions`` and
+``ensure_ray`` are loaded on first access.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from verl.controller.colocate import ClassWithInitArgs, ColocatedWorker, create_colocated_worker_cls
 from verl.controller.dispatch import Dispatch, MethodDispatch, register
+from verl.controller.factory import BACKENDS, make_worker_group
 from verl.controller.local import LocalWorkerGroup
 from verl.controller.resource_pool import ResourcePool, ResourcePoolManager, Role
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
-from verl.controller.worker_group import WorkerGroup, registered_methods
+from verl.controller.worker_group import (
+    GroupFuture,
+    WorkerDiedError,
+    WorkerGroup,
+    registered_methods,
+)
+
+# names whose module imports Ray, loaded on first access
+_LAZY = {
+    "RayOptions": "verl.controller.ray_backend",
+    "RayWorkerGroup": "verl.controller.ray_backend",
+    "ensure_ray": "verl.controller.ray_backend",
+}
 
 __all__ = [
+    "BACKENDS",
     "ClassWithInitArgs",
     "ColocatedWorker",
     "Dispatch",
     "DistInfo",
+    "GroupFuture",
     "LocalWorkerGroup",
     "MethodDispatch",
+    "RayOptions",
+    "RayWorkerGroup",
     "ResourcePool",
     "ResourcePoolManager",
     "Role",
     "Worker",
+    "WorkerDiedError",
     "WorkerGroup",
     "create_colocated_worker_cls",
+    "ensure_ray",
     "instantiate_worker",
+    "make_worker_group",
     "register",
     "registered_methods",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl.controller' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class ResourcePool:
     process_on_nodes: list[int]
     use_gpu: bool = False
     name: str = "global_pool"
+    # Backend-private state: the Ray backend keeps the pool's placement groups here, so every
+    # worker group created over this same pool object lands on the same devices.
+    backend_state: dict[str, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.process_on_nodes = list(self.process_on_nodes)

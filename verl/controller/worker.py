@@ -4,7 +4,9 @@ A worker learns its rank either from the environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, as set by torchrun or by a Ray backend
 for its actor process) or from the worker-group backend that creates it (``instantiate_worker``
 injects a ``DistInfo`` before ``__init__`` runs, so several workers can live in one process).
-It never initialises ``torch.distributed``: the engines do that, using these values.
+It never initialises ``torch.distributed`` itself. The Ray backend joins the default process
+group in the actor before constructing a worker of a group with ``world_size > 1``;
+otherwise the engines do it, using these values (``init_distributed`` is idempotent).
 """
 
 from __future__ import annotations

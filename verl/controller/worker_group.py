@@ -6,9 +6,17 @@ the method on every rank (how is the backend's business: in-process for ``local`
 actor per rank for ``ray``), and gathers the outputs. Unregistered methods are not
 reachable through the group.
 
+Every call also has a non-blocking form, the same for every backend so the trainer needs
+no backend branches: ``future = wg.submit("compute_values", batch)`` (or
+``wg.compute_values.submit(batch)``) starts the call and returns a ``GroupFuture``;
+``future.result()`` waits for every rank and gathers. In-process backends run the call at
+``submit`` and hand back a completed future; a remote backend returns at once, so calls on
+groups in different resource pools run at the same time.
+
 A backend subclasses ``WorkerGroup`` and implements ``_execute`` (run one method on every
 rank with per-rank arguments) and ``_role_view`` (a group for one role of a colocated
-worker, sharing the same processes).
+worker, sharing the same processes); a remote backend also overrides ``_start`` (begin the
+call, return its ``PendingOutputs``) and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from verl.controller.colocate import ColocatedWorker
@@ -29,7 +38,110 @@ from verl.controller.worker import Worker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "registered_methods"]
+__all__ = [
+    "CompletedOutputs",
+    "GroupFuture",
+    "PendingOutputs",
+    "WorkerDiedError",
+    "WorkerGroup",
+    "registered_methods",
+]
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process of a group died (killed, out of memory, crashed) during or before a call.
+
+    ``role`` names the worker class (or colocated role), ``rank`` the dead rank and ``cause``
+    what the backend reported. The group cannot be used afterwards: its collectives have
+    lost a member, and the surviving ranks may stay blocked in one until ``shutdown()``
+    kills them. Create a new group (or restart the run from a checkpoint).
+    """
+
+    def __init__(self, role: str, rank: int, cause: str, method: str | None = None) -> None:
+        self.role = role
+        self.rank = rank
+        self.cause = cause
+        self.method = method
+        during = f" during {method!r}" if method else ""
+        super().__init__(f"worker {role} rank {rank} died{during}: {cause}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.role, self.rank, self.cause, self.method))
+
+
+class PendingOutputs(ABC):
+    """The per-rank outputs of a started group call, not yet gathered."""
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Block until every rank finished; the outputs in rank order.
+
+        Raises the first rank's error as soon as it is known (without waiting for the
+        others), or ``TimeoutError`` when ``timeout`` seconds pass first.
+        """
+
+    @abstractmethod
+    def done(self) -> bool:
+        """Whether ``wait`` would return (or raise) without blocking."""
+
+
+class CompletedOutputs(PendingOutputs):
+    """Outputs of a call that already ran (in-process backends), or the error it raised."""
+
+    def __init__(self, outputs: list[Any] | None = None, error: BaseException | None = None):
+        self._outputs = outputs
+        self._error = error
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        if self._error is not None:
+            raise self._error
+        assert self._outputs is not None
+        return self._outputs
+
+    def done(self) -> bool:
+        return True
+
+
+class GroupFuture:
+    """The result of ``WorkerGroup.submit``: ``result()`` waits for every rank and gathers.
+
+    The gathered value (or the error) is kept, so ``result()`` may be called again.
+    """
+
+    def __init__(self, method: str, pending: PendingOutputs, collect: Callable[[list[Any]], Any]):
+        self.method = method
+        self._pending = pending
+        self._collect = collect
+        self._finished = False
+        self._value: Any = None
+        self._error: Exception | None = None
+
+    def done(self) -> bool:
+        """Whether every rank has finished (successfully or not)."""
+        return self._finished or self._pending.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The gathered output, as the blocking call would return it.
+
+        Raises the worker's error (noting its rank), ``WorkerDiedError`` if a worker process
+        died, or ``TimeoutError`` if ``timeout`` seconds pass first (the call goes on; ask
+        again later).
+        """
+        if not self._finished:
+            try:
+                self._value = self._collect(self._pending.wait(timeout))
+            except TimeoutError:
+                raise
+            except Exception as e:
+                self._error = e
+            self._finished = True
+            self._pending = CompletedOutputs([])  # drop references to the per-rank outputs
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"GroupFuture({self.method!r}, done={self.done()})"
 
 
 def registered_methods(worker_cls: type[Worker]) -> dict[str, MethodDispatch]:
@@ -75,14 +187,45 @@ class WorkerGroup(ABC):
 
         @functools.wraps(method)
         def proxy(*args: Any, **kwargs: Any) -> Any:
-            return self._call(name, spec, args, kwargs)
+            return self._submit(name, spec, args, kwargs).result()
 
+        def submit(*args: Any, **kwargs: Any) -> GroupFuture:
+            return self._submit(name, spec, args, kwargs)
+
+        submit.__doc__ = f"Start ``{name}`` on every rank without waiting; see WorkerGroup.submit."
+        proxy.submit = submit  # type: ignore[attr-defined]
         return proxy
 
-    def _call(self, name: str, spec: MethodDispatch, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def submit(self, method_name: str, /, *args: Any, **kwargs: Any) -> GroupFuture:
+        """Start registered method ``method_name`` on every rank; return its ``GroupFuture``.
+
+        ``wg.submit("compute_values", batch).result()`` equals ``wg.compute_values(batch)``.
+        Under a remote backend ``submit`` returns at once, so calls on groups in different
+        resource pools overlap; calls on one group run one after another, in submit order.
+        """
+        spec = self._methods.get(method_name)
+        if spec is None:
+            raise AttributeError(
+                f"{self._target_cls.__name__}.{method_name} is not a registered method; "
+                f"registered: {sorted(self._methods)}"
+            )
+        return self._submit(method_name, spec, args, kwargs)
+
+    def _submit(
+        self, name: str, spec: MethodDispatch, args: tuple, kwargs: dict[str, Any]
+    ) -> GroupFuture:
         plan = split_inputs(spec.mode, self._world_size, args, kwargs)
-        outputs = self._execute(name, plan.calls)
-        return collect_outputs(spec, plan, outputs, method=name)
+        pending = self._start(name, plan.calls)
+        return GroupFuture(
+            name, pending, lambda outputs: collect_outputs(spec, plan, outputs, method=name)
+        )
+
+    def _start(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> PendingOutputs:
+        """Begin ``method_name`` on every rank. Default: run it now through ``_execute``."""
+        try:
+            return CompletedOutputs(self._execute(method_name, calls))
+        except Exception as e:
+            return CompletedOutputs(error=e)
 
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup fails: explain unregistered worker methods
@@ -117,6 +260,20 @@ class WorkerGroup(ABC):
                 f"not {self._target_cls.__name__}"
             )
         return {role: self._role_view(role) for role in self._worker_cls.role_specs}
+
+    def shutdown(self) -> None:
+        """Release the group's worker processes (nothing to release for in-process workers).
+
+        A remote backend kills its workers; the per-role groups of ``spawn()`` share them, so
+        shutting down one role's group shuts down every role. Calls afterwards raise.
+        """
+        return None
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     @abstractmethod
     def _execute(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:

@@ -1,0 +1,633 @@
+"""Ray backend: one Ray actor per rank, placed with placement groups built from a ResourcePool.
+
+``RayWorkerGroup(worker_cls, resource_pool, *args, **kwargs)`` has the shape of
+``LocalWorkerGroup`` but runs each rank's ``worker_cls(*args, **kwargs)`` in its own Ray
+actor process, so ranks compute in parallel, join a real ``torch.distributed`` group and can
+live on other machines. Creating a group:
+
+1. Placement: one placement group per node of the pool (``STRICT_PACK``), one bundle per
+   process (``{"CPU": num_cpus_per_worker}``, plus ``{"GPU": 1}`` when ``use_gpu``). Rank
+   ``r`` goes to bundle ``local_rank`` of its node's group (``ResourcePool.placement``).
+   The placement groups are cached on the pool object: groups created over the *same*
+   ``ResourcePool`` share them, i.e. they run on the same devices (colocation by pool).
+   Each actor claims only a small slice of its bundle, so several groups fit in one bundle;
+   the bundle itself is what is reserved. They are removed when the last group using them
+   shuts down.
+2. Rendezvous: every actor starts at once; rank 0's reports its node IP and a free port.
+3. Set-up, on every rank at once: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
+   ``MASTER_PORT`` and ``OMP_NUM_THREADS`` in the environment, ``torch.set_num_threads``,
+   and, when ``world_size > 1``, ``init_distributed`` (gloo on CPU, nccl on CUDA) *before*
+   the worker is constructed, so its ``__init__`` may already use collectives.
+
+Colocating several roles in one process per rank: build one group over
+``create_colocated_worker_cls({...})`` and ``spawn()`` it; each role's group calls its
+methods through ``ColocatedWorker.call_role`` on the shared actors.
+
+Calls never wait blindly: the driver waits on every rank's result with ``ray.wait`` and
+raises on the first failure, so a rank that died (killed, out of memory) surfaces within
+seconds as ``WorkerDiedError`` naming the role, rank and cause, even while the other ranks
+are stuck in a collective with it. ``shutdown()`` kills the actors.
+
+This module imports Ray; ``verl.controller`` loads it only when a Ray name is first used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCrashedError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from verl.controller.resource_pool import ResourcePool
+from verl.controller.worker import DistInfo, Worker, instantiate_worker
+from verl.controller.worker_group import PendingOutputs, WorkerDiedError, WorkerGroup
+from verl.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RayOptions", "RayWorkerGroup", "ensure_ray"]
+
+# The share of its bundle each actor claims. The placement group reserves the whole bundle;
+# actors only need to be placed in it, and a small claim lets up to 100 groups (roles)
+# share one bundle, which is what colocation by pool means.
+_ACTOR_SHARE = 0.01
+
+# After an ordinary error from one rank, how long to look for a dead rank among the others:
+# a rank blocked in a collective with a rank that died fails with a connection error at
+# about the moment the death is reported, and the death is the cause worth naming.
+_DEATH_GRACE_S = 2.0
+
+_DEATH_ERRORS = (RayActorError, WorkerCrashedError, OutOfMemoryError)
+
+
+def ensure_ray(
+    num_cpus: int | None = None,
+    address: str | None = None,
+    *,
+    include_dashboard: bool = False,
+    runtime_env: dict[str, Any] | None = None,
+    **init_kwargs: Any,
+) -> None:
+    """Connect to Ray once per driver: an existing cluster, or a new local one.
+
+    Args:
+        num_cpus: logical CPUs of a new local cluster (default ``os.cpu_count()``). Give at
+            least the number of bundles every pool needs together (processes x
+            ``num_cpus_per_worker``); logical CPUs may exceed physical ones.
+        address: an existing cluster's address (``"auto"``, ``"ray://host:10001"``, ...);
+            default ``$RAY_ADDRESS``. Without either a new local cluster is started (never a
+            stray ``ray start`` cluster found on this machine).
+        include_dashboard: start the dashboard (bound to 127.0.0.1) with a local cluster.
+        runtime_env: job-wide Ray runtime environment, e.g.
+            ``{"env_vars": {"PYTHONPATH": ...}}`` when workers need modules that the
+            driver imports from outside the installed packages and its working directory.
+        init_kwargs: passed to ``ray.init``.
+
+    A no-op when Ray is already initialised (it warns if that cluster has fewer CPUs than
+    ``num_cpus``).
+    """
+    if ray.is_initialized():
+        have = ray.cluster_resources().get("CPU", 0)
+        if num_cpus is not None and have < num_cpus:
+            logger.warning(
+                "Ray is already initialised with %s logical CPUs, fewer than num_cpus=%d "
+                "asked for; placement groups that do not fit will not be scheduled",
+                have,
+                num_cpus,
+            )
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict[str, Any] = dict(init_kwargs)
+    if runtime_env is not None:
+        kwargs["runtime_env"] = runtime_env
+    start = time.monotonic()
+    if address is not None:
+        if num_cpus is not None:
+            logger.info("connecting to Ray at %s: num_cpus=%d is not applied", address, num_cpus)
+        ray.init(address=address, **kwargs)
+        logger.info("connected to Ray cluster at %s", address)
+    else:
+        num_cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
+        if include_dashboard:
+            kwargs.setdefault("dashboard_host", "127.0.0.1")
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard, **kwargs)
+        logger.info(
+            "started a local Ray cluster with %d logical CPUs in %.1fs",
+            num_cpus,
+            time.monotonic() - start,
+        )
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How a ``RayWorkerGroup`` places and sets up its actors.
+
+    Passed as ``RayWorkerGroup(..., ray_options=RayOptions(...))`` so that these names never
+    collide with the worker's own keyword arguments.
+
+    Attributes:
+        device_type: ``"cpu"`` or ``"cuda"``: the ``torch.distributed`` backend (gloo /
+            nccl). Default: ``"cuda"`` when the pool has ``use_gpu``, else ``"cpu"``.
+        num_cpus_per_worker: CPUs in each process's bundle; also its ``OMP_NUM_THREADS``
+            and ``torch.set_num_threads``. Groups sharing a pool must agree on it.
+        collective_timeout_s: ``torch.distributed`` collective timeout (default
+            ``VERL_COLLECTIVE_TIMEOUT_S`` or 1800 s).
+        placement_timeout_s: how long to wait for the cluster to grant the placement
+            groups before failing with the resources it lacks.
+        runtime_env: per-actor Ray runtime environment (e.g. extra ``env_vars``).
+    """
+
+    device_type: str | None = None
+    num_cpus_per_worker: int = 1
+    collective_timeout_s: float | None = None
+    placement_timeout_s: float = 120.0
+    runtime_env: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.device_type not in (None, "cpu", "cuda"):
+            raise ValueError(f"device_type={self.device_type!r}; expected 'cpu' or 'cuda'")
+        if not isinstance(self.num_cpus_per_worker, int) or self.num_cpus_per_worker < 1:
+            raise ValueError(
+                f"num_cpus_per_worker={self.num_cpus_per_worker!r} must be an int >= 1"
+            )
+        if self.placement_timeout_s <= 0:
+            raise ValueError(f"placement_timeout_s={self.placement_timeout_s} must be > 0")
+
+
+# --------------------------------------------------------------------------- actor side
+
+
+@ray.remote(max_restarts=0, max_task_retries=0)
+class _WorkerHost:
+    """The Ray actor of one rank: sets up the process, then holds and calls the worker."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._worker: Worker | None = None
+
+    def __repr__(self) -> str:
+        # Ray prefixes the actor's log lines with this: "(CriticWorker rank=1 pid=...)"
+        return self._label
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's IP and a port free on it, for rank 0 to host the rendezvous."""
+        from verl.utils.distributed import find_free_port
+
+        # the TCP store listens on every interface, so look for a port free on all of them
+        return ray.util.get_node_ip_address(), find_free_port("0.0.0.0")
+
+    def init_worker(
+        self,
+        worker_cls: type[Worker],
+        info: DistInfo,
+        args: tuple,
+        kwargs: dict[str, Any],
+        device_type: str,
+        num_threads: int,
+        collective_timeout_s: float | None,
+    ) -> tuple[int, str]:
+        """Set up the process (env, threads, process group), then construct the worker."""
+        os.environ.update(info.to_env())
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
+        os.environ["MKL_NUM_THREADS"] = str(num_threads)
+        import torch
+
+        torch.set_num_threads(num_threads)
+        if info.world_size > 1:
+            from verl.utils.distributed import init_distributed
+
+            assert info.master_addr is not None and info.master_port is not None
+            init_distributed(
+                info.rank,
+                info.world_size,
+                info.master_addr,
+                info.master_port,
+                device_type=device_type,
+                timeout_s=collective_timeout_s,
+            )
+        self._worker = instantiate_worker(worker_cls, info, args, kwargs)
+        return os.getpid(), ray.util.get_node_ip_address()
+
+    def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
+        role, method = target
+        if self._worker is None:
+            raise RuntimeError(f"{self._label}: the worker was not constructed")
+        if role is None:
+            return getattr(self._worker, method)(*args, **kwargs)
+        return self._worker.call_role(role, method, *args, **kwargs)  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass
+class _PoolPlacement:
+    """The placement groups of one pool (one per node) and how many groups use them."""
+
+    session: tuple[str, str]
+    bundle: dict[str, float]
+    groups: list[PlacementGroup]
+    users: int = 0
+
+
+def _ray_session() -> tuple[str, str]:
+    # placement groups belong to one job on one cluster; a new ray.init makes them stale
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), ctx.get_job_id()
+
+
+def _acquire_placement(
+    pool: ResourcePool, bundle: dict[str, float], timeout_s: float
+) -> _PoolPlacement:
+    """The pool's placement groups, created and scheduled on first use, with a user more."""
+    cached: _PoolPlacement | None = pool.backend_state.get("ray")
+    if cached is not None and cached.session == _ray_session() and cached.users > 0:
+        if cached.bundle != bundle:
+            raise ValueError(
+                f"resource pool {pool.name!r} already has placement groups with bundles "
+                f"{cached.bundle}; a group asking for {bundle} cannot share them (use the same "
+                "RayOptions.num_cpus_per_worker for every group of a pool, or another pool)"
+            )
+        cached.users += 1
+        return cached
+
+    cluster = ray.cluster_resources()
+    for resource, per_bundle in bundle.items():
+        need = per_bundle * pool.world_size
+        have = cluster.get(resource, 0)
+        if have < need:
+            fix = (
+                f"start Ray with more logical CPUs, e.g. ensure_ray(num_cpus={int(need)})"
+                if resource == "CPU"
+                else "use_gpu=False on a machine without GPUs"
+                if resource == "GPU"
+                else "add the resource to the cluster"
+            )
+            raise ValueError(
+                f"resource pool {pool.name!r} (process_on_nodes={pool.process_on_nodes}) needs "
+                f"{need:g} {resource} but the Ray cluster has {have:g}; {fix}"
+            )
+    groups = [
+        placement_group(
+            [dict(bundle) for _ in range(count)],
+            strategy="STRICT_PACK",
+            name=f"verl_{pool.name}_node{node}_{os.getpid()}_{id(pool):x}",
+        )
+        for node, count in enumerate(pool.process_on_nodes)
+    ]
+    ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
+    if len(ready) < len(groups):
+        for pg in groups:
+            remove_placement_group(pg)
+        raise TimeoutError(
+            f"resource pool {pool.name!r}: the Ray cluster did not grant "
+            f"{pool.process_on_nodes} bundles of {bundle} (one placement group per node, "
+            f"STRICT_PACK) within {timeout_s:g}s; available now: {ray.available_resources()}. "
+            "Other pools or groups may hold the resources: shut them down, or start Ray with "
+            "more (ensure_ray(num_cpus=...))"
+        )
+    placement = _PoolPlacement(_ray_session(), dict(bundle), groups, users=1)
+    pool.backend_state["ray"] = placement
+    logger.debug("placed pool %r: %d placement group(s) of %s", pool.name, len(groups), bundle)
+    return placement
+
+
+def _release_placement(pool: ResourcePool, placement: _PoolPlacement) -> None:
+    placement.users -= 1
+    if placement.users > 0:
+        return
+    if pool.backend_state.get("ray") is placement:
+        del pool.backend_state["ray"]
+    if ray.is_initialized() and placement.session == _ray_session():
+        for pg in placement.groups:
+            try:
+                remove_placement_group(pg)
+            except Exception as e:  # the cluster may be going down already
+                logger.debug("could not remove placement group %s: %s", pg.id, e)
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+@dataclass
+class _Actors:
+    """The actors of one group, shared by its ``spawn()`` role views."""
+
+    label: str
+    pool: ResourcePool
+    placement: _PoolPlacement | None
+    handles: list[Any] = field(default_factory=list)
+    pids: list[int | None] = field(default_factory=list)
+    nodes: list[str | None] = field(default_factory=list)
+    dead: WorkerDiedError | None = None
+    closed: bool = False
+    # results of ranks a failed call stopped waiting for; kept (not dropped) so that Ray does
+    # not report their errors as unhandled, and collected quietly at shutdown
+    abandoned: list[Any] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if ray.is_initialized():
+            for handle in self.handles:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception as e:  # already dead, or the cluster is gone
+                    logger.debug("could not kill %s actor: %s", self.label, e)
+            if self.abandoned:
+                ready, _ = ray.wait(
+                    self.abandoned, num_returns=len(self.abandoned), timeout=_DEATH_GRACE_S
+                )
+                for ref in ready:
+                    try:
+                        ray.get(ref)
+                    except Exception as e:
+                        logger.debug("abandoned %s result: %s", self.label, type(e).__name__)
+            self.abandoned = []
+        if self.placement is not None:
+            _release_placement(self.pool, self.placement)
+            self.placement = None
+        logger.debug("shut down %d %s actor(s)", len(self.handles), self.label)
+
+
+def _death_cause(error: RayError) -> str:
+    """Ray's explanation of why a worker process died, without its id/namespace lines."""
+    text = getattr(error, "error_msg", None) or str(error)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("\t")]
+    base = getattr(error, "BASE_ERROR_MSG", None)
+    lines = [ln for ln in lines if ln != base] or lines
+    return " ".join(lines) or type(error).__name__
+
+
+class _RayPending(PendingOutputs):
+    """The per-rank ObjectRefs of one call; ``wait`` raises on the first failing rank."""
+
+    def __init__(self, actors: _Actors, role: str, method: str, refs: list[Any]) -> None:
+        self._actors = actors
+        self._role = role
+        self._method = method
+        self._rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        self._outputs: list[Any] = [None] * len(refs)
+        self._pending = list(refs)
+
+    def done(self) -> bool:
+        if not self._pending:
+            return True
+        ready, _ = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
+        return len(ready) == len(self._pending)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, self._pending = ray.wait(self._pending, num_returns=1, timeout=left)
+            if not ready:
+                ranks = sorted(self._rank_of[r] for r in self._pending)
+                raise TimeoutError(
+                    f"{self._role}.{self._method}: ranks {ranks} still running after {timeout}s"
+                )
+            for ref in ready:
+                try:
+                    self._outputs[self._rank_of[ref]] = self._get(ref)
+                except BaseException:
+                    self._actors.abandoned.extend(self._pending)
+                    self._pending = []
+                    raise
+        return self._outputs
+
+    def _get(self, ref: Any) -> Any:
+        rank = self._rank_of[ref]
+        try:
+            return ray.get(ref)
+        except _DEATH_ERRORS as e:
+            if self._actors.closed:
+                raise RuntimeError(
+                    f"the {self._role} worker group was shut down while {self._method!r} ran"
+                ) from e
+            raise self._died(rank, e) from e
+        except Exception as e:
+            # a rank in a collective with a dead rank fails too: report the dead one
+            death = self._find_death()
+            if death is not None:
+                logger.debug("rank %d failed after rank %d died: %s", rank, death.rank, e)
+                raise death from e
+            _note(e, f"(in {self._role}.{self._method} on rank {rank})")
+            raise
+
+    def _find_death(self) -> WorkerDiedError | None:
+        deadline = time.monotonic() + _DEATH_GRACE_S
+        rest = list(self._pending)
+        while rest and (left := deadline - time.monotonic()) > 0:
+            ready, rest = ray.wait(rest, num_returns=1, timeout=left)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except _DEATH_ERRORS as e:
+                    return self._died(self._rank_of[ref], e)
+                except Exception:
+                    continue
+        return None
+
+    def _died(self, rank: int, error: RayError) -> WorkerDiedError:
+        pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
+        node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
+        where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
+        cause = f"({where}) {_death_cause(error)}" if where else _death_cause(error)
+        died = WorkerDiedError(self._role, rank, cause, method=self._method)
+        if self._actors.dead is None:
+            self._actors.dead = died
+        return died
+
+
+def _note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):  # Python >= 3.11
+        error.add_note(note)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """``resource_pool.world_size`` Ray actors of ``worker_cls``, one per rank.
+
+    ``RayWorkerGroup(worker_cls, resource_pool, *args, ray_options=None, **kwargs)``: every
+    rank runs ``worker_cls(*args, **kwargs)`` in its own actor (arguments are pickled, so
+    they must be picklable; a module-level worker class is imported by the actor, a class
+    defined in ``__main__`` is shipped by value). Starts a local Ray cluster through
+    ``ensure_ray`` when Ray is not initialised yet.
+    """
+
+    def __init__(
+        self,
+        worker_cls: type[Worker],
+        resource_pool: ResourcePool,
+        *args: Any,
+        ray_options: RayOptions | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(resource_pool, ResourcePool):
+            raise TypeError(
+                f"resource_pool must be a ResourcePool, got {type(resource_pool).__name__} "
+                "(e.g. ResourcePool(process_on_nodes=[2]))"
+            )
+        super().__init__(worker_cls, resource_pool.world_size)
+        opts = ray_options or RayOptions()
+        if not isinstance(opts, RayOptions):
+            raise TypeError(f"ray_options must be a RayOptions, got {type(opts).__name__}")
+        device_type = opts.device_type or ("cuda" if resource_pool.use_gpu else "cpu")
+        if device_type == "cuda" and not resource_pool.use_gpu:
+            raise ValueError(
+                f"device_type='cuda' needs GPUs, but resource pool {resource_pool.name!r} has "
+                "use_gpu=False (set use_gpu=True on the pool, or device_type='cpu')"
+            )
+        self._options = opts
+        self._device_type = device_type
+        self._resource_pool = resource_pool
+
+        if not ray.is_initialized():
+            ensure_ray(
+                num_cpus=max(
+                    os.cpu_count() or 1, resource_pool.world_size * opts.num_cpus_per_worker
+                )
+            )
+        bundle: dict[str, float] = {"CPU": float(opts.num_cpus_per_worker)}
+        if resource_pool.use_gpu:
+            bundle["GPU"] = 1.0
+        start = time.monotonic()
+        placement = _acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
+        self._actors = _Actors(worker_cls.__name__, resource_pool, placement)
+        try:
+            self._create_actors(worker_cls, args, kwargs)
+        except BaseException:
+            self._actors.shutdown()
+            raise
+        logger.info(
+            "started %d %s actor(s) in pool %r (%s) in %.1fs",
+            self.world_size,
+            worker_cls.__name__,
+            resource_pool.name,
+            device_type,
+            time.monotonic() - start,
+        )
+
+    def _create_actors(self, worker_cls: type[Worker], args: tuple, kwargs: dict) -> None:
+        pool, opts, actors = self._resource_pool, self._options, self._actors
+        assert actors.placement is not None
+        for rank in range(pool.world_size):
+            node, local_rank = pool.placement(rank)
+            options: dict[str, Any] = {
+                "num_cpus": _ACTOR_SHARE * opts.num_cpus_per_worker,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=actors.placement.groups[node],
+                    placement_group_bundle_index=local_rank,
+                ),
+            }
+            if pool.use_gpu:
+                options["num_gpus"] = _ACTOR_SHARE
+            if opts.runtime_env is not None:
+                options["runtime_env"] = opts.runtime_env
+            label = f"{worker_cls.__name__} rank={rank}"
+            actors.handles.append(_WorkerHost.options(**options).remote(label))
+        actors.pids = [None] * pool.world_size
+        actors.nodes = [None] * pool.world_size
+
+        # rank 0 hosts the rendezvous (also for world_size 1: an engine may still want one)
+        rendezvous = [actors.handles[0].rendezvous.remote()]
+        ((master_addr, master_port),) = _RayPending(
+            actors, worker_cls.__name__, "rendezvous", rendezvous
+        ).wait()
+        refs = []
+        for rank, handle in enumerate(actors.handles):
+            _, local_rank = pool.placement(rank)
+            info = DistInfo(
+                rank=rank,
+                world_size=pool.world_size,
+                local_rank=local_rank,
+                master_addr=master_addr,
+                master_port=master_port,
+            )
+            refs.append(
+                handle.init_worker.remote(
+                    worker_cls,
+                    info,
+                    args,
+                    kwargs,
+                    self._device_type,
+                    opts.num_cpus_per_worker,
+                    opts.collective_timeout_s,
+                )
+            )
+        started = _RayPending(actors, worker_cls.__name__, "__init__", refs).wait()
+        actors.pids = [pid for pid, _ in started]
+        actors.nodes = [node_ip for _, node_ip in started]
+
+    # ------------------------------------------------------------------ WorkerGroup API
+
+    @property
+    def resource_pool(self) -> ResourcePool:
+        return self._resource_pool
+
+    @property
+    def actor_handles(self) -> list[Any]:
+        """The Ray actor handles in rank order (shared with the ``spawn()`` role groups)."""
+        return list(self._actors.handles)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The process id of each rank's actor."""
+        return list(self._actors.pids)
+
+    @property
+    def _label(self) -> str:
+        if self._role is None:
+            return self._actors.label
+        return f"{self._role} ({self._target_cls.__name__})"
+
+    def _start(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> _RayPending:
+        if self._actors.closed:
+            raise RuntimeError(f"the {self._label} worker group was shut down")
+        dead = self._actors.dead
+        if dead is not None:
+            raise WorkerDiedError(
+                dead.role,
+                dead.rank,
+                f"{dead.cause} [the group cannot run {method_name!r} any more: create a new one]",
+                method=dead.method,
+            )
+        shared = len(calls) > 1 and all(c is calls[0] for c in calls)
+        if shared:
+            # ONE_TO_ALL: serialize each batch once, not once per rank
+            args, kwargs = calls[0]
+            args = tuple(ray.put(a) if isinstance(a, DataProto) else a for a in args)
+            kwargs = {k: ray.put(v) if isinstance(v, DataProto) else v for k, v in kwargs.items()}
+            calls = [(args, kwargs)] * len(calls)
+        target = (self._role, method_name)
+        refs = [
+            handle.execute.remote(target, *args, **kwargs)
+            for handle, (args, kwargs) in zip(self._actors.handles, calls, strict=True)
+        ]
+        return _RayPending(self._actors, self._label, method_name, refs)
+
+    def _execute(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
+        return self._start(method_name, calls).wait()
+
+    def _role_view(self, role: str) -> RayWorkerGroup:
+        view = RayWorkerGroup.__new__(RayWorkerGroup)
+        WorkerGroup.__init__(view, self._worker_cls, self._world_size, role=role)
+        view._options = self._options
+        view._device_type = self._device_type
+        view._resource_pool = self._resource_pool
+        view._actors = self._actors
+        return view
+
+    def shutdown(self) -> None:
+        """Kill the actors (of every role, for a colocated group) and release the pool.
+
+        The pool's placement groups are removed once no other group uses them. Idempotent.
+        """
+        self._actors.shutdown()
