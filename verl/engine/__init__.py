@@ -1,19 +1,30 @@
 """Training engines: a model + optimizer + LR schedule, stepped in micro-batches.
 
 ``build_engine("single", module, optim_spec, ...)`` returns the one-process engine;
-``"fsdp2"`` (torch.distributed FSDP2, one process per device) arrives with the Ray/FSDP2
-worker issue. This package is the only place in verl that knows about FSDP.
+``build_engine("fsdp2", ...)`` the FSDP2 engine (torch.distributed, one process per device,
+the process group initialised first by ``verl.utils.distributed.init_distributed``). This
+package is the only place in verl that knows about FSDP.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
+from verl.engine.fsdp import FSDP2Engine
 from verl.engine.single import SingleProcessEngine
 
-__all__ = ["OptimSpec", "SingleProcessEngine", "TrainEngine", "build_engine", "resolve_dtype"]
+__all__ = [
+    "FSDP2Engine",
+    "OptimSpec",
+    "SingleProcessEngine",
+    "TrainEngine",
+    "build_engine",
+    "resolve_dtype",
+]
 
 STRATEGIES = ("single", "fsdp2")
 
@@ -27,20 +38,35 @@ def build_engine(
     device: str | torch.device = "cpu",
     param_dtype: str | torch.dtype | None = None,
     autocast_dtype: str | torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    mixed_precision: dict[str, Any] | None = None,
+    cpu_offload: bool = False,
+    full_state_dict_from_rank0: bool = False,
 ) -> TrainEngine:
     """Build the train engine for ``strategy`` (``"single"`` or ``"fsdp2"``).
 
     ``optim`` is the engine's ``optimizer_cfg`` (``None``: inference only, e.g. the
     reference policy); see :class:`verl.engine.base.TrainEngine` for the other arguments.
+    The fsdp2-only options (``reshard_after_forward``, ``mixed_precision``, ``cpu_offload``,
+    ``full_state_dict_from_rank0``) are documented on :class:`verl.engine.fsdp.FSDP2Engine`;
+    the single engine refuses non-default values for them.
     """
     kwargs = dict(
         grad_clip=grad_clip, device=device, param_dtype=param_dtype, autocast_dtype=autocast_dtype
     )
+    fsdp_kwargs = dict(
+        reshard_after_forward=reshard_after_forward,
+        mixed_precision=mixed_precision,
+        cpu_offload=cpu_offload,
+        full_state_dict_from_rank0=full_state_dict_from_rank0,
+    )
     if strategy == "single":
+        if mixed_precision or cpu_offload or full_state_dict_from_rank0:
+            raise ValueError(
+                "mixed_precision / cpu_offload / full_state_dict_from_rank0 are fsdp2 options; "
+                "the single engine takes param_dtype / autocast_dtype instead"
+            )
         return SingleProcessEngine(module, optim, **kwargs)
     if strategy == "fsdp2":
-        raise NotImplementedError(
-            "strategy='fsdp2' is not implemented yet: the FSDP2 engine lands with the "
-            "Ray/FSDP2 worker issue. Use strategy='single' (one process) until then."
-        )
+        return FSDP2Engine(module, optim, **kwargs, **fsdp_kwargs)
     raise ValueError(f"unknown engine strategy={strategy!r}; use one of {STRATEGIES}")

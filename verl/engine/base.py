@@ -11,16 +11,17 @@ Workers call it in this shape::
         log_probs, _ = compute_response_log_probs(engine.module, ...)
 
 Everything that is the same for every backend (the optimizer, the schedule, gradient
-accumulation, clipping, the non-finite guard) lives here. A backend (``single`` now,
-``fsdp2`` later) supplies how the module is placed/wrapped, how the gradient norm is
+accumulation, clipping, the non-finite guard) lives here. A backend (``single``,
+``fsdp2``) supplies how the module is placed/wrapped, how the gradient norm is
 reduced, how backward sync is deferred across micro-batches, how state is saved and loaded,
-and how memory is offloaded: the abstract methods and ``_``-hooks below.
+and how memory is offloaded: the abstract methods and ``_``-hooks below. Generation on the
+training weights runs inside ``with engine.gathered_params():`` (a no-op unless sharded).
 
 Note for the fsdp2 backend: ``compute_response_log_probs`` calls ``module.model(...)`` and
 ``module.lm_head`` directly, bypassing the root module's forward hook, so every parameter
-must belong to an ``fully_shard`` unit whose own hooks fire on those calls (the base model
-and the head as units; with tied embeddings the tie has to be handled first), or the
-wrapped module must expose the same two-call path another way.
+must belong to an ``fully_shard`` unit whose own hooks fire on those calls. ``fsdp2`` makes
+the body (``module.model``) the FSDP root and groups the input embedding with the head(s)
+in one unit, which also keeps tied embeddings tied (see ``verl.engine.fsdp``).
 """
 
 from __future__ import annotations
@@ -274,6 +275,14 @@ class TrainEngine(ABC):
                 yield
         finally:
             self.module.train(was_training)
+
+    def gathered_params(self) -> contextlib.AbstractContextManager:
+        """Full, unsharded weights on :attr:`module` for the block (hybrid-engine generation).
+
+        A no-op here: a single-process module is never sharded. Sharded backends gather once
+        on entry and reshard on exit, so many forwards (decoding) run without collectives.
+        """
+        return contextlib.nullcontext(self.module)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """``torch.autocast`` in ``autocast_dtype``, or a no-op when training in float32."""

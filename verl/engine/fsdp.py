@@ -1,0 +1,592 @@
+"""The FSDP2 train engine: one process per device, parameters sharded with ``fully_shard``.
+
+:func:`apply_fsdp2` is the one place that decides how a model is cut into FSDP units;
+:class:`FSDP2Engine` adds the :class:`~verl.engine.base.TrainEngine` backend hooks on top
+(deferred gradient sync, a global norm over DTensor gradients, full and sharded state
+dicts, the hybrid-engine :meth:`FSDP2Engine.gathered_params`). The default process group
+must exist first (``verl.utils.distributed.init_distributed``).
+
+Design decisions:
+
+- **Units.** Every decoder layer is its own unit. verl calls a Hugging Face model in two
+  ways: through its root forward (``generate``, the native rollout) and, for the log-prob
+  path of ``compute_response_log_probs`` / the reward-model scorer, as
+  ``model.model(...)`` followed by ``model.lm_head(hidden)`` (or ``model.score``) applied
+  chunk by chunk outside the root forward. So for a HF ``PreTrainedModel`` with a body
+  (``model.base_model`` is not the model itself) the FSDP root is the *body*, and the
+  input embedding plus every head module form one grouped unit
+  (``fully_shard([embed_tokens, lm_head])``). Both call patterns are then "body, then head
+  module": every parameter is gathered by a hook of the module that uses it. The top module
+  itself is not wrapped. Grouping the input and output embeddings is also what makes tied
+  embeddings correct: the one shared parameter lives in one unit, its gradient collects the
+  embedding and head contributions, and it is reduced once per use (torch documents this
+  grouped, partially-run unit as its "chunked loss" pattern). Any other module (e.g. the
+  critic's ``CausalLMWithValueHead``, whose forward reads ``value_head.weight`` directly) is
+  wrapped the usual way: layers, then the whole module as root, so it must be called
+  through its forward.
+- **Precision.** The sharded parameters are the fp32 master weights (``param_dtype=None``);
+  ``mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}`` makes FSDP gather
+  and compute in bf16 and reduce gradients in fp32
+  (:class:`torch.distributed.fsdp.MixedPrecisionPolicy`). ``buffer_dtype`` casts floating
+  buffers once at wrap time. fp16 autocast (which needs a sharded grad scaler) is refused.
+- **Checkpoints** are directories written by all ranks: ``model_optim/`` is a
+  ``torch.distributed.checkpoint`` (DCP) of the sharded model and optimizer state (each
+  rank writes its shards; loading re-shards, so the world size may change), and
+  ``engine_state.json`` (rank 0) holds the scheduler, skipped-step count and layout. Each
+  part is written under a temporary name and renamed; the JSON is written last and removed
+  first, so a directory with a JSON is a complete checkpoint. DCP's own ``.metadata`` file is
+  a pickle: it is read with an unpickler that only admits DCP's metadata classes.
+- **Hybrid engine.** :meth:`FSDP2Engine.gathered_params` gathers every unit once, keeps the
+  full weights registered on the module for any number of forwards (generation), then
+  reshards. No second copy of the weights is made. Forwards inside it run no collective, so
+  ranks may generate different amounts (different batches, early stops); outside it every
+  forward all-gathers, so every rank must run the same number of forwards.
+- **Inference mode.** FSDP allocates a unit's gathered-parameter tensors on its first
+  all-gather and reuses them; allocated under ``torch.inference_mode`` they would be
+  inference tensors that a later training step cannot write. The engine therefore gathers
+  every unit once at construction, and gathers in ``gathered_params`` with inference mode
+  off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+
+from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FSDP2Engine",
+    "apply_fsdp2",
+    "find_decoder_layers",
+    "mixed_precision_policy",
+]
+
+DCP_DIR = "model_optim"
+STATE_FILE = "engine_state.json"
+_FORMAT_VERSION = 1
+_MP_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype", "output_dtype")
+
+
+# ---- wrapping ------------------------------------------------------------------------
+
+
+def find_decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of ``module``, in forward order.
+
+    Modules whose class name is in ``module._no_split_modules`` (what HF uses for
+    ``device_map``, e.g. ``["Qwen2DecoderLayer"]``); else the children of ``model.layers``
+    / ``layers`` when that is a ``ModuleList``; else ``[]``.
+    """
+    names = set(getattr(module, "_no_split_modules", None) or [])
+    if names:
+        found = [m for m in module.modules() if type(m).__name__ in names and m is not module]
+        if found:
+            return found
+    for owner in (getattr(module, "model", None), module):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return list(layers)
+    return []
+
+
+def _hf_body(module: nn.Module) -> nn.Module | None:
+    """The HF body (``model.model``) of a model with a head, or None for other modules."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(module, PreTrainedModel):
+        return None
+    body = getattr(module, "base_model", None)
+    if not isinstance(body, nn.Module) or body is module:
+        return None
+    return body
+
+
+def apply_fsdp2(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    reshard_after_forward: bool = True,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    offload_policy: OffloadPolicy | None = None,
+) -> list[FSDPModule]:
+    """Shard ``module`` in place with FSDP2 (see the module docstring for the unit layout).
+
+    Args:
+        module: a HF causal LM / sequence classifier, or any module called through its
+            forward. Parameters must already be on the mesh's device (or on ``meta``).
+        mesh: 1-D data-parallel device mesh.
+        reshard_after_forward: ``True`` frees gathered parameters after each unit's forward
+            and gathers again in backward (ZeRO-3, FSDP1's FULL_SHARD); ``False`` keeps them
+            until the end of backward (ZeRO-2, SHARD_GRAD_OP).
+        mp_policy / offload_policy: passed to every ``fully_shard`` call.
+
+    Returns:
+        The FSDP units, root last. ``module`` itself is a unit only when it is the root.
+    """
+    kwargs: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    if offload_policy is not None:
+        kwargs["offload_policy"] = offload_policy
+
+    layers = find_decoder_layers(module)
+    if not layers:
+        logger.warning(
+            "found no decoder layers in %s (no _no_split_modules / model.layers): "
+            "sharding it as one unit, which gathers the whole model at once",
+            type(module).__name__,
+        )
+    units: list[FSDPModule] = [fully_shard(layer, **kwargs) for layer in layers]
+
+    body = _hf_body(module)
+    if body is None:
+        units.append(fully_shard(module, **kwargs))
+        return units
+
+    heads = [
+        child
+        for child in module.children()
+        if child is not body and any(True for _ in child.parameters())
+    ]
+    direct = [name for name, _ in module.named_parameters(recurse=False)]
+    if direct:
+        raise ValueError(
+            f"{type(module).__name__} has parameters outside its body and head modules "
+            f"({direct}); apply_fsdp2 cannot place them in a unit"
+        )
+    group = [m for m in (body.get_input_embeddings(), *heads) if m is not None]
+    if group:
+        # One unit for both vocabulary matrices: required when they are tied, and the head
+        # (called after the body's forward) still has its own forward hooks to gather it.
+        fully_shard(group, **kwargs)
+        units.append(group[0])  # any module of a grouped unit reaches its state
+    units.append(fully_shard(body, **kwargs))
+    return units
+
+
+def mixed_precision_policy(cfg: dict[str, Any] | None) -> MixedPrecisionPolicy | None:
+    """``{"param_dtype": "bf16", "reduce_dtype": "fp32", ...}`` -> ``MixedPrecisionPolicy``.
+
+    Keys: ``param_dtype`` (gather / compute dtype), ``reduce_dtype`` (gradient reduction),
+    ``output_dtype`` (cast of unit outputs) and ``buffer_dtype`` (handled by the engine, not
+    by FSDP2). Missing keys keep the parameter's own dtype. ``None`` or ``{}`` -> ``None``.
+    """
+    if not cfg:
+        return None
+    unknown = set(cfg) - set(_MP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown mixed_precision keys {sorted(unknown)}; use {_MP_KEYS}")
+    return MixedPrecisionPolicy(
+        param_dtype=resolve_dtype(cfg.get("param_dtype")),
+        reduce_dtype=resolve_dtype(cfg.get("reduce_dtype")),
+        output_dtype=resolve_dtype(cfg.get("output_dtype")),
+    )
+
+
+# ---- the engine ----------------------------------------------------------------------
+
+
+class FSDP2Engine(TrainEngine):
+    """:class:`TrainEngine` over an FSDP2-sharded module, one process per device.
+
+    Args (beyond the base class's ``module, optimizer_cfg, grad_clip, device, param_dtype,
+    autocast_dtype``):
+        reshard_after_forward: ``True`` = FULL_SHARD, ``False`` = SHARD_GRAD_OP.
+        mixed_precision: see :func:`mixed_precision_policy`; ``None`` computes in the
+            parameters' dtype.
+        cpu_offload: keep sharded parameters, gradients and optimizer state on the host
+            (``CPUOffloadPolicy``); only meaningful with a CUDA device.
+        full_state_dict_from_rank0: the weights are loaded only on rank 0; other ranks may
+            pass the same architecture on the ``meta`` device (or randomly initialised).
+            Rank 0's weights and buffers are broadcast after sharding.
+
+    The engine's :attr:`module` is the original module object, sharded in place: call it
+    like the unwrapped model (``module(...)``, ``module.model(...)`` + ``module.lm_head``).
+    Every rank must make the same sequence of calls (forwards, ``state_dict_for_save``,
+    checkpoints), as each one runs collectives.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer_cfg: OptimSpec | None,
+        grad_clip: float | None = None,
+        device: str | torch.device = "cpu",
+        param_dtype: str | torch.dtype | None = None,
+        autocast_dtype: str | torch.dtype | None = None,
+        *,
+        reshard_after_forward: bool = True,
+        mixed_precision: dict[str, Any] | None = None,
+        cpu_offload: bool = False,
+        full_state_dict_from_rank0: bool = False,
+    ) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "the fsdp2 engine needs torch.distributed to be initialised first: call "
+                "verl.utils.distributed.init_distributed(rank, world_size, master_addr, "
+                "master_port) in every worker process before building it"
+            )
+        if resolve_dtype(autocast_dtype) == torch.float16:
+            raise NotImplementedError(
+                "autocast_dtype=float16 is not supported by the fsdp2 engine (its loss scaler "
+                "would need a sharded inf check); use bf16"
+            )
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.mixed_precision = dict(mixed_precision or {})
+        self.mp_policy = mixed_precision_policy(self.mixed_precision)
+        self.cpu_offload = bool(cpu_offload)
+        self.full_state_dict_from_rank0 = bool(full_state_dict_from_rank0)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.units: list[FSDPModule] = []
+        self._gathered = False
+        super().__init__(module, optimizer_cfg, grad_clip, device, param_dtype, autocast_dtype)
+
+    # ---- backend hooks ---------------------------------------------------------------
+
+    def _prepare_module(self, module: nn.Module) -> nn.Module:
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        full_sd: dict[str, torch.Tensor] = {}
+        if self.full_state_dict_from_rank0 and self.rank == 0:
+            # A copy: set_model_state_dict replaces the values it is given with DTensors.
+            full_sd = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        on_meta = any(p.is_meta for p in module.parameters())
+        if on_meta and not (self.full_state_dict_from_rank0 and self.rank != 0):
+            raise ValueError(
+                "module has parameters on the meta device: that is only allowed on ranks > 0 "
+                "with full_state_dict_from_rank0=True"
+            )
+        if on_meta and self.cpu_offload and self.device.type != "cpu":
+            raise NotImplementedError(
+                "cpu_offload with a meta-device module on an accelerator is not supported: "
+                "load the weights on every rank, or drop cpu_offload"
+            )
+        if not on_meta:
+            module.to(self.device)
+        if self.param_dtype is not None:
+            module.to(self.param_dtype)
+        buffer_dtype = resolve_dtype(self.mixed_precision.get("buffer_dtype"))
+        if buffer_dtype is not None:
+            for buf in module.buffers():
+                if buf.is_floating_point():
+                    buf.data = buf.data.to(buffer_dtype)
+
+        offload = None
+        if self.cpu_offload:
+            offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
+        mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        self.units = apply_fsdp2(
+            module,
+            mesh,
+            reshard_after_forward=self.reshard_after_forward,
+            mp_policy=self.mp_policy,
+            offload_policy=offload,
+        )
+        if on_meta:
+            module.to_empty(device=self.device)
+        if self.full_state_dict_from_rank0:
+            self._broadcast_from_rank0(module, full_sd)
+        not_sharded = [n for n, p in module.named_parameters() if not isinstance(p, DTensor)]
+        if not_sharded:
+            raise RuntimeError(f"apply_fsdp2 left parameters unsharded: {not_sharded}")
+        # FSDP allocates each unit's gathered-parameter tensors on its first all-gather and
+        # reuses them for good. Made inside torch.inference_mode (a first forward in a
+        # rollout), they would be inference tensors that training can never write again:
+        # gather once now, in normal mode.
+        with torch.inference_mode(False), torch.no_grad():
+            for unit in self.units:
+                unit.unshard()
+                unit.reshard()
+        logger.info(
+            "fsdp2: %d units over %d ranks (reshard_after_forward=%s, mp=%s, cpu_offload=%s)",
+            len(self.units),
+            self.world_size,
+            self.reshard_after_forward,
+            self.mixed_precision or None,
+            self.cpu_offload,
+        )
+        return module
+
+    def _broadcast_from_rank0(self, module: nn.Module, full_sd: dict[str, torch.Tensor]) -> None:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(module, full_sd, options=options)
+        # Buffers that are not in the state dict (rotary inv_freq) must come from rank 0 too.
+        for buf in module.buffers():
+            if buf.is_meta:
+                raise RuntimeError("a buffer is still on the meta device after sharding")
+            dist.broadcast(buf, src=0)
+
+    def _backward_context(self, is_last_micro_batch: bool) -> contextlib.AbstractContextManager:
+        """Reduce-scatter gradients only on the last micro-batch (earlier ones accumulate
+        unsharded gradients locally)."""
+        return self._gradient_sync(is_last_micro_batch)
+
+    @contextlib.contextmanager
+    def _gradient_sync(self, enabled: bool) -> Iterator[None]:
+        for unit in self.units:
+            unit.set_requires_gradient_sync(enabled, recurse=False)
+        try:
+            yield
+        finally:
+            if not enabled:
+                for unit in self.units:
+                    unit.set_requires_gradient_sync(True, recurse=False)
+
+    def _grad_norm(self) -> torch.Tensor:
+        """Global L2 norm over all ranks' gradient shards: a plain 0-d tensor, the same
+        value on every rank (so every rank clips and skips identically)."""
+        grads = [p.grad for p in self._trainable_params() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return norm
+
+    # ---- hybrid engine -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def gathered_params(self) -> Iterator[nn.Module]:
+        """Gather every unit once and keep the full weights on the module for the block.
+
+        For generation (the native rollout, HF ``generate``): the forwards inside run
+        without any collective. Yields :attr:`module`. All ranks must enter together.
+        Afterwards the parameters are resharded and ``reshard_after_forward`` restored.
+        """
+        if self._gathered:  # nested: the outer block owns the gathered state
+            yield self.module
+            return
+        self._gathered = True
+        for unit in self.units:
+            unit.set_reshard_after_forward(False, recurse=False)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                for unit in self.units:
+                    unit.unshard()
+            yield self.module
+        finally:
+            for unit in self.units:
+                unit.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
+            self._gathered = False
+            self._reset_fsdp_iteration()
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """As the base class; also clears FSDP's per-forward bookkeeping afterwards, which
+        only a backward pass would otherwise reset. Reduced (sharded) gradients survive;
+        do not use it between ``backward(..., is_last_micro_batch=False)`` calls."""
+        with super().eval_mode():
+            yield
+        if not self._gathered:
+            self._reset_fsdp_iteration()
+
+    def _reset_fsdp_iteration(self) -> None:
+        # Clears the per-forward trackers (forward order, partially run grouped units) that
+        # only a backward pass resets otherwise; then every unit goes back to its shards.
+        self.units[-1].reset_iter_state()
+        for unit in self.units:
+            unit.reshard()
+
+    # ---- state -----------------------------------------------------------------------
+
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        """The full model state dict (HF names, plain CPU tensors) on rank 0; ``{}`` on the
+        other ranks. Collective: every rank must call it."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.module, options=options)
+        return state if self.rank == 0 else {}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write the sharded model + optimizer (DCP) and ``engine_state.json`` under ``path``.
+
+        Collective. ``path`` must be on a filesystem every rank sees.
+        """
+        final_dir = os.path.join(path, DCP_DIR)
+        tmp_dir = final_dir + ".tmp"
+        state_file = os.path.join(path, STATE_FILE)
+        if self.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        dist.barrier()
+        dcp.save(self._dcp_state(), checkpoint_id=tmp_dir)
+        dist.barrier()
+        if self.rank == 0:
+            state = {
+                "format_version": _FORMAT_VERSION,
+                "world_size": self.world_size,
+                "param_names": self._param_names(),
+                "skipped_steps": self.skipped_steps,
+                "has_optimizer": self.optimizer is not None,
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            }
+            text = json.dumps(state, indent=1, allow_nan=True)  # fails before touching files
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(state_file)  # invalidate first: a crash below leaves no JSON
+            if os.path.isdir(final_dir):
+                shutil.rmtree(final_dir)
+            os.replace(tmp_dir, final_dir)
+            with open(state_file + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(state_file + ".tmp", state_file)
+        dist.barrier()
+        logger.info("saved fsdp2 engine checkpoint to %s (step %d)", path, self.global_step)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (any world size). Collective."""
+        state_file = os.path.join(path, STATE_FILE)
+        dcp_dir = os.path.join(path, DCP_DIR)
+        if not (os.path.isfile(state_file) and os.path.isdir(dcp_dir)):
+            raise FileNotFoundError(
+                f"incomplete fsdp2 engine checkpoint at {path}: need {STATE_FILE} and {DCP_DIR}/"
+            )
+        with open(state_file) as f:
+            state = json.load(f)
+        if state.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"{state_file} has format_version={state.get('format_version')}, "
+                f"this code reads {_FORMAT_VERSION}"
+            )
+        if state["param_names"] != self._param_names():
+            raise ValueError(
+                f"checkpoint at {path} was saved for different trainable parameters; "
+                "load it into the same model architecture"
+            )
+        if state["has_optimizer"] != (self.optimizer is not None):
+            raise ValueError(
+                f"checkpoint at {path} has optimizer state={state['has_optimizer']} but this "
+                f"engine has an optimizer={self.optimizer is not None}; build it with the "
+                "same optimizer_cfg it was saved with"
+            )
+        target = self._dcp_state()
+        dcp.load(target, storage_reader=_MetadataSafeReader(dcp_dir))
+        options = StateDictOptions(strict=True)
+        if self.optimizer is None:
+            set_model_state_dict(self.module, target["model"], options=options)
+        else:
+            set_state_dict(
+                self.module,
+                self.optimizer,
+                model_state_dict=target["model"],
+                optim_state_dict=target["optim"],
+                options=options,
+            )
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_steps = int(state["skipped_steps"])
+        dist.barrier()
+        logger.info("loaded fsdp2 engine checkpoint from %s (step %d)", path, self.global_step)
+
+    def _dcp_state(self) -> dict[str, Any]:
+        """Sharded ``{"model": ..., "optim": ...}`` (DTensor values) for DCP."""
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.module)}
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def _param_names(self) -> list[str]:
+        return [name for name, p in self.module.named_parameters() if p.requires_grad]
+
+    # ---- memory ------------------------------------------------------------------------
+
+    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
+        """Move the sharded parameters / optimizer state to the host (no-op on CPU or with
+        ``cpu_offload``, where they already live there)."""
+        if self.device.type == "cpu" or self.cpu_offload:
+            return
+        self._move(torch.device("cpu"), model, optimizer)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
+        if self.device.type == "cpu" or self.cpu_offload:
+            return
+        self._move(self.device, model, optimizer)
+
+    def _move(self, device: torch.device, model: bool, optimizer: bool) -> None:
+        if model:
+            # FSDPModule._apply reshards first and re-registers the moved sharded params
+            # (same Parameter objects, so the optimizer stays valid).
+            self.module.to(device)
+        if optimizer and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                # Adam's "step" counter lives on the host unless the kernel is fused/capturable.
+                step_on_device = group.get("fused") or group.get("capturable")
+                for param in group["params"]:
+                    param_state = self.optimizer.state.get(param, {})
+                    for key, value in param_state.items():
+                        if not isinstance(value, torch.Tensor):
+                            continue
+                        if key == "step" and not step_on_device and device.type != "cpu":
+                            continue
+                        param_state[key] = value.to(device)
+
+
+class _MetadataSafeReader(FileSystemReader):
+    """A DCP reader whose ``.metadata`` unpickler only admits DCP's metadata classes."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        path = self._get_metadata_path(rank)
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = _RestrictedUnpickler(f).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{path} does not hold DCP Metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Admits DCP's metadata dataclasses and the few torch / stdlib values they hold."""
+
+    _ALLOWED = frozenset(
+        {
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),  # a lookup of torch.strided etc. by name
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("collections", "OrderedDict"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (
+            module.startswith("torch.distributed.checkpoint.")
+            or (module, name) in self._ALLOWED
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle {module}.{name} from a checkpoint's DCP metadata"
+        )
