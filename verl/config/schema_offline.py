@@ -1,0 +1,544 @@
+"""Typed configs of the offline trainers: ``SFTConfig`` (supervised fine-tuning) and
+``DPOConfig`` (DPO / IPO / KTO preference optimisation), with their loader.
+
+They follow the PPO schema's conventions: every key is a dataclass field declared with
+``entry(default, help)``; sections shared with PPO (``ModelConfig``, ``OptimConfig``,
+``ArithmeticConfig``) are reused; the YAML defaults beside the entry points
+(``verl/trainer/config/sft_trainer.yaml`` / ``dpo_trainer.yaml``) and the key tables of
+``docs/sft_dpo.md`` are generated from the dataclasses (``tests/config`` checks they are
+current)::
+
+    python -m verl.trainer.main_sft --print-defaults > verl/trainer/config/sft_trainer.yaml
+    python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
+    python -c "import verl.config.schema_offline as s; s.write_doc_tables('docs/sft_dpo.md')"
+
+``load_sft_config`` / ``load_dpo_config`` read those defaults, a user YAML file (a partial
+tree, deep-merged) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
+every problem is reported at once in one ``ConfigError`` naming the key. Nothing here
+imports torch.
+"""
+
+# `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+import logging
+import os
+import typing
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from verl.config._fields import Device, Logger, Strategy, entry
+from verl.config.convert import build, field_types, section_class, suggest, unwrap_optional
+from verl.config.derived import PATH_FIELDS, template_fields
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.loader import default_config_text, merge
+from verl.config.render import config_table, to_yaml
+from verl.config.schema import ArithmeticConfig
+from verl.config.schema_roles import ModelConfig, OptimConfig
+from verl.config.validate import _check_optim, _Checks
+from verl.config.yaml_io import load_yaml_text, parse_value, show
+
+__all__ = [
+    "DPOConfig",
+    "OfflineEngineConfig",
+    "OfflineRunConfig",
+    "PreferenceDataConfig",
+    "PreferenceLossConfig",
+    "SFTConfig",
+    "SFTDataConfig",
+    "load_dpo_config",
+    "load_offline_config",
+    "load_sft_config",
+]
+
+SFTTruncation = Literal["error", "right", "drop"]
+PreferenceTruncation = Literal["error", "truncate", "drop"]
+OfflineBuiltin = Literal["arithmetic"]
+
+SFT_DEFAULT_CONFIG = "sft_trainer.yaml"
+DPO_DEFAULT_CONFIG = "dpo_trainer.yaml"
+
+C = TypeVar("C")
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class SFTDataConfig:
+    """Chat / prompt-response rows for SFT, their tokenisation and batching."""
+
+    train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
+    val_files: list[str] = entry([], "validation files (validation loss); empty = none")
+    messages_key: str = entry(
+        "messages", "column of chat messages; rows without it use prompt_key + response_key"
+    )
+    prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)")
+    response_key: str = entry("response", "column of the response text")
+    apply_chat_template: bool = entry(
+        True, "render with the tokenizer's chat template; false = prompt + response + eos"
+    )
+    max_length: int = entry(512, "max tokens per sample (and per packed sequence)")
+    truncation: SFTTruncation = entry(
+        "error",
+        "sample longer than max_length: error (list the rows), right (keep its first "
+        "max_length tokens) or drop it",
+    )
+    packing: bool = entry(
+        False, "pack several samples into each sequence of up to max_length tokens"
+    )
+    train_batch_size: int = entry(8, "sequences per optimizer step (packed sequences when packing)")
+    micro_batch_size_per_device: int = entry(4, "sequences per forward/backward")
+    shuffle: bool = entry(True, "shuffle training sequences each epoch")
+    seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
+    builtin: OfflineBuiltin | None = entry(
+        "arithmetic",
+        "built-in data written under the checkpoint dir when train_files is empty: "
+        "arithmetic (question -> answer chats), or null",
+    )
+    arithmetic: ArithmeticConfig = entry(
+        ArithmeticConfig(ops=["+", "-", "*"], train_size=192, val_size=32),
+        "built-in arithmetic task",
+    )
+
+
+@dataclass
+class PreferenceDataConfig:
+    """Preference rows (prompt/chosen/rejected, or prompt/completion/label for KTO)."""
+
+    train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
+    val_files: list[str] = entry([], "validation files (loss and reward metrics); empty = none")
+    apply_chat_template: bool = entry(
+        True, "render with the tokenizer's chat template; false = plain text + eos"
+    )
+    max_prompt_length: int = entry(256, "max prompt tokens (see truncation)")
+    max_length: int = entry(512, "max prompt + completion tokens (see truncation)")
+    truncation: PreferenceTruncation = entry(
+        "error",
+        "row over a limit: error (list the rows), truncate (keep the prompt's end and the "
+        "completion's start) or drop it",
+    )
+    train_batch_size: int = entry(
+        8, "rows per optimizer step: pairs (dpo, ipo) or labelled completions (kto)"
+    )
+    micro_batch_size_per_device: int = entry(
+        4, "rows per forward/backward (a pair is two sequences)"
+    )
+    shuffle: bool = entry(True, "shuffle training rows each epoch")
+    seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
+    builtin: OfflineBuiltin | None = entry(
+        "arithmetic",
+        "built-in data written under the checkpoint dir when train_files is empty: "
+        "arithmetic (correct answer chosen, wrong answer rejected), or null",
+    )
+    arithmetic: ArithmeticConfig = entry(
+        ArithmeticConfig(ops=["+", "-", "*"], train_size=192, val_size=32),
+        "built-in arithmetic task",
+    )
+
+
+@dataclass
+class OfflineEngineConfig:
+    """The train engine of an offline trainer."""
+
+    strategy: Strategy = entry(
+        "single", "train engine: single (one process; auto = single) or fsdp2 (not yet)"
+    )
+    grad_clip: float = entry(1.0, "max global gradient norm")
+    logprob_chunk_size: int = entry(
+        512, "tokens whose float32 logits exist at once when computing log-probs"
+    )
+
+
+@dataclass
+class PreferenceLossConfig:
+    """Which preference loss, and its coefficients."""
+
+    loss_type: str = entry("dpo", "loss name in the verl.algorithms registry: dpo, ipo, kto")
+    beta: float = entry(0.1, "reward scale beta (> 0); for ipo the regularisation strength")
+    label_smoothing: float = entry(
+        0.0, "dpo only: assumed probability that a pair's labels are flipped, in [0, 0.5)"
+    )
+    desirable_weight: float = entry(1.0, "kto: weight of desirable rows' losses")
+    undesirable_weight: float = entry(1.0, "kto: weight of undesirable rows' losses")
+
+
+@dataclass
+class OfflineRunConfig:
+    """The ``trainer:`` section of an offline run: identity, schedule, logging, output."""
+
+    project_name: str = entry("verl", "project name (trackers, default directories)")
+    experiment_name: str = entry("offline", "run name (trackers, default directories)")
+    logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
+    log_dir: str = entry(
+        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
+    )
+    default_local_dir: str = entry(
+        "checkpoints/{project_name}/{experiment_name}",
+        "output directory; the final model goes to <dir>/huggingface",
+    )
+    device: Device = entry("auto", "auto = cuda when available, else cpu")
+    total_epochs: int = entry(1, "passes over the training data")
+    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
+    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end")
+    val_before_train: bool = entry(True, "validation loss once before the first step")
+    seed: int = entry(42, "global seed (model init, dropout)")
+    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+
+
+@dataclass
+class SFTConfig:
+    """Everything an SFT run needs. Build with ``load_sft_config`` or in Python."""
+
+    data: SFTDataConfig = entry(SFTDataConfig, "training data")
+    model: ModelConfig = entry(ModelConfig, "the model to fine-tune")
+    optim: OptimConfig = entry(
+        OptimConfig(lr=1e-5, lr_warmup_steps_ratio=0.1, warmup_style="cosine"), "optimizer"
+    )
+    engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
+    trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="sft"), "run settings")
+
+    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+        """Check the whole config; raise ``ConfigError`` listing every problem.
+
+        Returns the warnings (also logged).
+        """
+        return validate_offline(self, registries)
+
+
+@dataclass
+class DPOConfig:
+    """Everything a DPO / IPO / KTO run needs. Build with ``load_dpo_config`` or in Python."""
+
+    data: PreferenceDataConfig = entry(PreferenceDataConfig, "preference data")
+    model: ModelConfig = entry(ModelConfig, "the policy (its initial weights are the reference)")
+    optim: OptimConfig = entry(OptimConfig(lr=1e-6), "optimizer")
+    engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
+    algorithm: PreferenceLossConfig = entry(PreferenceLossConfig, "preference loss")
+    trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="dpo"), "run settings")
+
+    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+        """Check the whole config; raise ``ConfigError`` listing every problem.
+
+        ``registries`` may map ``"algorithm.loss_type"`` to the registered loss names (the
+        trainer passes them; this package cannot import the registry). Returns warnings.
+        """
+        return validate_offline(self, registries)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_offline(
+    cfg: SFTConfig | DPOConfig, registries: Mapping[str, Iterable[str]] | None = None
+) -> list[str]:
+    """Type-check and run every semantic check; raise ``ConfigError``; return warnings."""
+    built, problems, bad_paths = build(type(cfg), cfg, strict=True)
+    more, warnings = offline_problems(built, registries=registries, skip_paths=bad_paths)
+    problems += more
+    if problems:
+        raise ConfigError(problems)
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
+
+
+def offline_problems(
+    cfg: SFTConfig | DPOConfig,
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+    skip_paths: Collection[str] = (),
+) -> tuple[list[ConfigProblem], list[str]]:
+    """Every semantic check of a well-typed offline config: ``(problems, warnings)``."""
+    c = _Checks(skip_paths)
+    _check_data(c, cfg)
+    c.model("model.path", cfg.model.path)
+    c.model("model.tokenizer_path", cfg.model.tokenizer_path)
+    _check_optim(c, "optim", cfg.optim)
+    c.above("engine.grad_clip", cfg.engine.grad_clip, 0)
+    c.at_least("engine.logprob_chunk_size", cfg.engine.logprob_chunk_size, 1)
+    if isinstance(cfg, DPOConfig):
+        _check_algorithm(c, cfg)
+    _check_run(c, cfg.trainer)
+    for path, names in (registries or {}).items():
+        value = cfg
+        for part in path.split("."):
+            value = getattr(value, part)
+        c.one_of(path, value, list(names))
+    return c.problems, c.warnings
+
+
+def _check_data(c: _Checks, cfg: SFTConfig | DPOConfig) -> None:
+    d = cfg.data
+    c.at_least("data.train_batch_size", d.train_batch_size, 1)
+    c.at_least("data.micro_batch_size_per_device", d.micro_batch_size_per_device, 1)
+    if d.micro_batch_size_per_device > d.train_batch_size >= 1:
+        c.warn(
+            f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} is larger than "
+            f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
+        )
+    c.at_least("data.max_length", d.max_length, 2)
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        for f in files:
+            c.file(key, f)
+    if not d.train_files and d.builtin is None:
+        c.error(
+            ("data.train_files", "data.builtin"),
+            "data.train_files=[]: no training data; set data.train_files=[file, ...] "
+            "or data.builtin=arithmetic",
+        )
+    if not d.train_files and d.builtin == "arithmetic":
+        a = d.arithmetic
+        c.at_least("data.arithmetic.digits", a.digits, 1)
+        c.at_least("data.arithmetic.train_size", a.train_size, 1)
+        c.at_least("data.arithmetic.val_size", a.val_size, 0)
+        if not a.ops:
+            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+    if isinstance(d, SFTDataConfig):
+        for name in ("messages_key", "prompt_key", "response_key"):
+            c.nonempty(f"data.{name}", getattr(d, name))
+    else:
+        c.at_least("data.max_prompt_length", d.max_prompt_length, 1)
+        if d.max_prompt_length >= d.max_length >= 2:
+            c.error(
+                ("data.max_prompt_length", "data.max_length"),
+                f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
+                f"completion within data.max_length={d.max_length}; make it smaller",
+            )
+
+
+def _check_algorithm(c: _Checks, cfg: DPOConfig) -> None:
+    a, p = cfg.algorithm, "algorithm"
+    c.nonempty(f"{p}.loss_type", a.loss_type)
+    c.above(f"{p}.beta", a.beta, 0)
+    if not 0 <= a.label_smoothing < 0.5:
+        c.error(
+            f"{p}.label_smoothing",
+            f"{p}.label_smoothing={show(a.label_smoothing)}: must be in [0, 0.5)",
+        )
+    elif a.label_smoothing > 0 and a.loss_type not in ("dpo", "sigmoid"):
+        c.error(
+            (f"{p}.label_smoothing", f"{p}.loss_type"),
+            f"{p}.label_smoothing={show(a.label_smoothing)}: only the dpo loss uses it, but "
+            f"{p}.loss_type={a.loss_type}; set it to 0",
+        )
+    c.above(f"{p}.desirable_weight", a.desirable_weight, 0)
+    c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
+
+
+def _check_run(c: _Checks, t: OfflineRunConfig) -> None:
+    p = "trainer"
+    c.nonempty(f"{p}.project_name", t.project_name)
+    c.nonempty(f"{p}.experiment_name", t.experiment_name)
+    for name in ("log_dir", "default_local_dir"):
+        template = getattr(t, name)
+        try:
+            unknown = [f for f in template_fields(template) if f not in PATH_FIELDS]
+        except ValueError as exc:
+            unknown = [f"(malformed: {exc})"]
+        if unknown:
+            c.error(
+                f"{p}.{name}",
+                f"{p}.{name}={show(template)}: unknown field {unknown[0]}; only "
+                "{project_name} and {experiment_name} are filled in",
+            )
+    for name in ("tensorboard", "wandb"):
+        if name in t.logger:
+            c.package(f"{p}.logger", name, name, "pip install 'verl[tracking]' or drop it")
+    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
+    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
+    c.off_or_positive(f"{p}.test_freq", t.test_freq)
+    c.at_least(f"{p}.num_threads", t.num_threads, 1)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_offline_config(
+    cls: type[C],
+    defaults_name: str,
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+) -> C:
+    """Packaged defaults ``defaults_name`` + YAML file ``path`` + ``overrides`` -> ``cls``.
+
+    Raises ``ConfigError`` listing every problem (unknown keys with a did-you-mean, wrong
+    types, failed checks).
+    """
+    tree = load_yaml_text(default_config_text(defaults_name)) or {}
+    problems: list[ConfigProblem] = []
+    if path is not None:
+        user = _read_user_yaml(Path(path), problems)
+        if user is not None:
+            tree = merge(tree, user)
+    for text in overrides:
+        _apply_override(cls, tree, text, problems)
+    cfg, build_problems, bad_paths = build(cls, tree)
+    problems += build_problems
+    checked, warnings = offline_problems(cfg, registries=registries, skip_paths=bad_paths)
+    problems += checked
+    if problems:
+        raise ConfigError(problems)
+    for warning in warnings:
+        logger.warning(warning)
+    return cfg
+
+
+def load_sft_config(
+    path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
+) -> SFTConfig:
+    """Load and validate an :class:`SFTConfig` (defaults: ``sft_trainer.yaml``)."""
+    return load_offline_config(SFTConfig, SFT_DEFAULT_CONFIG, path, overrides)
+
+
+def load_dpo_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+) -> DPOConfig:
+    """Load and validate a :class:`DPOConfig` (defaults: ``dpo_trainer.yaml``)."""
+    return load_offline_config(
+        DPOConfig, DPO_DEFAULT_CONFIG, path, overrides, registries=registries
+    )
+
+
+def _read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
+    if not path.is_file():
+        problems.append(ConfigProblem("", f"config file {str(path)!r} does not exist"))
+        return None
+    try:
+        data = load_yaml_text(path.read_text())
+    except yaml.YAMLError as exc:
+        problems.append(ConfigProblem("", f"config file {str(path)!r} is not valid YAML: {exc}"))
+        return None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(
+            ConfigProblem("", f"config file {str(path)!r} must hold a mapping of sections")
+        )
+        return None
+    return data
+
+
+def _apply_override(root: type, tree: dict[str, Any], text: str, problems: list) -> None:
+    """Apply one ``key=value`` override to ``tree`` in place, or record a problem.
+
+    The same syntax as the PPO loader: ``a.b=value`` with a YAML 1.2 value; ``+a.b`` only
+    for an existing key; ``~a.b`` is rejected.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if key.startswith("~"):
+        problems.append(
+            ConfigProblem(key[1:], f"override {text!r}: deleting keys is not supported")
+        )
+        return
+    if not sep or not key:
+        problems.append(ConfigProblem("", f"override {text!r}: expected key=value"))
+        return
+    key = key.lstrip("+")
+    try:
+        value = parse_value(raw)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        problems.append(ConfigProblem(key, f"override {text!r}: value is not valid YAML ({first})"))
+        return
+    parts = key.split(".")
+    node, tp = tree, root
+    for i, part in enumerate(parts):
+        here = ".".join(parts[: i + 1])
+        cls = section_class(tp)
+        if cls is not None:
+            if part not in field_types(cls):
+                prefix = "".join(f"{p}." for p in parts[:i])
+                message = f"{here}: unknown key (override {text!r})" + suggest(
+                    part, cls, root, prefix
+                )
+                problems.append(ConfigProblem(here, message, (here,)))
+                return
+            tp = field_types(cls)[part]
+        elif tp is not Any:  # a free-form mapping such as model.override_config
+            tp = typing.get_args(unwrap_optional(tp)[0])[1]
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        inner = unwrap_optional(tp)[0]
+        if (
+            section_class(inner) is None
+            and typing.get_origin(inner) is not dict
+            and inner is not Any
+        ):
+            problems.append(
+                ConfigProblem(
+                    here,
+                    f"override {text!r}: {here} is a value, not a section; set it with {here}=...",
+                    (here,),
+                )
+            )
+            return
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+
+
+# --------------------------------------------------------------------------- generation
+
+_KINDS: dict[str, tuple[type, str, str]] = {
+    "sft": (SFTConfig, SFT_DEFAULT_CONFIG, "python -m verl.trainer.main_sft optim.lr=2e-5"),
+    "dpo": (DPOConfig, DPO_DEFAULT_CONFIG, "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
+}
+_HEADER = """\
+# Defaults of every {title} setting, one comment per key.
+# GENERATED from verl/config/schema_offline.py by
+# `python -m verl.trainer.main_{kind} --print-defaults`: edit the schema, not this file.
+# Override keys with a YAML file (--config) or on the command line:
+#   {example}
+# Directory templates fill in {{project_name}} and {{experiment_name}} from the trainer section.
+"""
+_TITLES = {"sft": "SFT", "dpo": "DPO / IPO / KTO"}
+
+
+def default_yaml(kind: str) -> str:
+    """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: sft or dpo)."""
+    cls, _, example = _KINDS[kind]
+    header = _HEADER.format(title=_TITLES[kind], kind=kind, example=example)
+    return header + "\n" + to_yaml(cls(), comments=True)
+
+
+def table_markers(kind: str) -> tuple[str, str]:
+    """The markers around the generated key table of ``kind`` in ``docs/sft_dpo.md``."""
+    return (
+        f"<!-- BEGIN GENERATED {kind.upper()} CONFIG TABLE "
+        "(verl.config.schema_offline.write_doc_tables) -->",
+        f"<!-- END GENERATED {kind.upper()} CONFIG TABLE -->",
+    )
+
+
+def with_tables(doc: str) -> str:
+    """``doc`` with the SFT and DPO key tables between their markers regenerated."""
+    for kind, (cls, _, _) in _KINDS.items():
+        begin, end = table_markers(kind)
+        head, found_begin, rest = doc.partition(begin)
+        _, found_end, tail = rest.partition(end)
+        if not found_begin or not found_end:
+            raise ValueError(f"markers {begin!r} ... {end!r} not found")
+        doc = f"{head}{begin}\n{config_table(cls)}{end}{tail}"
+    return doc
+
+
+def write_doc_tables(path: str | os.PathLike[str]) -> None:
+    """Rewrite the generated key tables of the markdown file at ``path`` in place."""
+    path = Path(path)
+    path.write_text(with_tables(path.read_text()))

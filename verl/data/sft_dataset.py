@@ -1,0 +1,573 @@
+"""SFT data: chats tokenised with an assistant-only loss mask, optional packing, collation.
+
+Rows (parquet or JSON lines; the column names are configurable) come in two formats:
+
+    messages   [{"role": str, "content": str}, ...]   a whole chat; the loss covers every
+                                                      assistant turn
+    prompt     str | [{"role", "content"}, ...]      or a prompt (text = one user message)
+    response   str | [{"role": "assistant", ...}]    and its response
+
+The chat is rendered with the tokenizer's chat template. The loss mask is built by
+comparing templated prefixes: for assistant message ``k``, ``render(messages[:k],
+add_generation_prompt=True)`` must be a prefix of ``render(messages[:k + 1])``, which must
+be a prefix of the rendering of the whole chat; the characters between the two are that
+turn's completion (its content and end-of-turn token; whatever the template puts after the
+tokenizer's eos token, e.g. ChatML's newline, is not trained). The text is tokenised segment
+by segment, so a loss token never straddles a prompt/completion boundary and the prompt
+tokens are exactly those a generation from that prompt would see. Templates that rewrite
+earlier turns (e.g. drop the reasoning of previous assistant messages) fail the prefix check
+with an error naming the row. The first token of a sample is never in the loss (nothing
+predicts it), which also makes packed and unpacked losses identical.
+
+With ``apply_chat_template=False`` (base models, prompt/response rows only), the text is
+``prompt + response + eos`` and the loss covers ``response + eos``.
+
+Every row is read, validated and tokenised up front; all problems are reported together in
+one ``DatasetValidationError`` naming file and row (see ``verl.data.io``).
+
+Packing (:class:`PackedSFTDataset`) places whole samples into sequences of at most
+``max_length`` tokens (best-fit decreasing) and restarts ``position_ids`` at 0 for every
+sample. Run such a batch with ``attention_mask=None``: transformers (>= 5) then derives a
+block-diagonal causal mask from the position restarts (varlen kernels under
+flash-attention), so samples in one sequence do not attend to each other.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from verl.data.io import DatasetValidationError, normalize_paths, read_records, write_records
+
+logger = logging.getLogger(__name__)
+
+SFT_TRUNCATION_POLICIES = ("error", "right", "drop")
+
+__all__ = [
+    "SFT_TRUNCATION_POLICIES",
+    "PackedSFTDataset",
+    "SFTDataset",
+    "arithmetic_val_problems",
+    "collate_sft",
+    "completion_char_spans",
+    "make_arithmetic_sft_rows",
+    "pack_lengths",
+    "tokenize_conversation",
+    "validate_messages",
+    "write_arithmetic_sft_dataset",
+]
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def validate_messages(messages: Any, what: str) -> list[str]:
+    """Problems of a chat-message list (empty when it is a non-empty list of role/content)."""
+    if not isinstance(messages, (list, tuple)):
+        return [
+            f"{what} must be a list of chat messages {{'role': ..., 'content': ...}}, "
+            f"got {_type_name(messages)}"
+        ]
+    if not messages:
+        return [f"{what} is an empty list of messages"]
+    problems = []
+    for j, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            problems.append(f"{what} message {j} must be a dict, got {_type_name(msg)}")
+            continue
+        for key in ("role", "content"):
+            if msg.get(key) is None:
+                problems.append(f"{what} message {j} has no {key!r}")
+            elif not isinstance(msg[key], str):
+                problems.append(
+                    f"{what} message {j} {key!r} must be a string, got {_type_name(msg[key])}"
+                )
+    return problems
+
+
+def clean_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """Only role and content: parquet fills absent struct fields with None."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def end_after_eos(text: str, start: int, end: int, eos: str | None) -> int:
+    """End of the span ``[start, end)`` cut just after the last eos token inside it."""
+    if eos:
+        idx = text.rfind(eos, start, end)
+        if idx >= 0:
+            return idx + len(eos)
+    return end
+
+
+def completion_char_spans(
+    tokenizer: Any, messages: list[dict[str, str]]
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered chat and the ``[start, end)`` character span of each assistant turn.
+
+    Raises ValueError when the template is not prefix-consistent (see the module docstring).
+    """
+    full = render_chat(tokenizer, messages, add_generation_prompt=False)
+    eos = getattr(tokenizer, "eos_token", None)
+    spans = []
+    for k, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        prefix = render_chat(tokenizer, messages[:k], add_generation_prompt=True)
+        upto = render_chat(tokenizer, messages[: k + 1], add_generation_prompt=False)
+        if not (upto.startswith(prefix) and full.startswith(upto)):
+            raise ValueError(
+                f"the chat template is not prefix-consistent at assistant message {k}: the "
+                "rendering of the earlier messages (with the generation prompt) is not a "
+                "prefix of the rendering with this message, so its tokens cannot be located; "
+                "use a template that renders earlier turns unchanged"
+            )
+        spans.append((len(prefix), end_after_eos(full, len(prefix), len(upto), eos)))
+    return full, spans
+
+
+def _tokenize_segments(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]], add_special_tokens: bool
+) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` tokenised piece by piece, and 1 for tokens inside ``spans``."""
+    ids: list[int] = []
+    mask: list[int] = []
+    cursor = 0
+    pieces: list[tuple[str, int]] = []
+    for start, end in spans:
+        if start > cursor:
+            pieces.append((text[cursor:start], 0))
+        if end > start:
+            pieces.append((text[start:end], 1))
+        cursor = max(cursor, end)
+    if cursor < len(text):
+        pieces.append((text[cursor:], 0))
+    for i, (piece, in_loss) in enumerate(pieces):
+        # Special tokens (a bos) only once, at the very start.
+        special = add_special_tokens and i == 0
+        piece_ids = tokenizer(piece, add_special_tokens=special)["input_ids"]
+        ids.extend(piece_ids)
+        mask.extend([in_loss] * len(piece_ids))
+    return ids, mask
+
+
+def tokenize_conversation(
+    tokenizer: Any, messages: Sequence[dict[str, Any]]
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of a chat: 1 on the tokens of every assistant turn.
+
+    The ids equal the tokenisation of the rendered chat (without added special tokens),
+    cut at turn boundaries. ``loss_mask[0]`` is always 0.
+    """
+    text, spans = completion_char_spans(tokenizer, clean_messages(messages))
+    ids, mask = _tokenize_segments(tokenizer, text, spans, add_special_tokens=False)
+    if mask:
+        mask[0] = 0
+    return ids, mask
+
+
+def _tokenize_plain(tokenizer: Any, prompt: Any, response: Any) -> tuple[list[int], list[int]]:
+    """``prompt + response + eos`` without a chat template; loss on ``response + eos``."""
+    if isinstance(prompt, (list, tuple)):
+        prompt = "\n".join(m["content"] for m in prompt)
+    if isinstance(response, (list, tuple)):
+        response = "\n".join(m["content"] for m in response)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    text = prompt + response + eos
+    ids, mask = _tokenize_segments(
+        tokenizer, text, [(len(prompt), len(text))], add_special_tokens=True
+    )
+    if mask:
+        mask[0] = 0
+    return ids, mask
+
+
+def _as_response_messages(response: Any) -> list[dict[str, Any]]:
+    if isinstance(response, str):
+        return [{"role": "assistant", "content": response}]
+    return list(response)
+
+
+def _as_prompt_messages(prompt: Any) -> list[dict[str, Any]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return list(prompt)
+
+
+class SFTDataset:
+    """Tokenised SFT samples with loss masks, read from parquet / JSON lines files.
+
+    Args:
+        data_files: one path or a list of paths, concatenated in order.
+        tokenizer: a HF tokenizer (with a chat template unless ``apply_chat_template=False``).
+        max_length: token limit per sample, or None.
+        truncation: over-long samples: "error" (raise listing them), "right" (keep the first
+            ``max_length`` tokens; a sample left without loss tokens is dropped) or "drop".
+        messages_key / prompt_key / response_key: column names (see the module docstring).
+        apply_chat_template: render with the chat template (False: plain concatenation,
+            prompt/response rows only).
+        max_reported_problems: how many problems the validation error lists.
+
+    Item ``i``: ``input_ids`` and ``loss_mask`` (int64 arrays of the sample's length),
+    ``position_ids`` (``0..len-1``) and ``num_samples`` (1).
+    """
+
+    def __init__(
+        self,
+        data_files: str | os.PathLike | Sequence[str | os.PathLike],
+        tokenizer: Any,
+        max_length: int | None = None,
+        truncation: Literal["error", "right", "drop"] = "error",
+        messages_key: str = "messages",
+        prompt_key: str = "prompt",
+        response_key: str = "response",
+        apply_chat_template: bool = True,
+        max_reported_problems: int = 20,
+    ) -> None:
+        if truncation not in SFT_TRUNCATION_POLICIES:
+            raise ValueError(f"truncation={truncation!r}; choose one of {SFT_TRUNCATION_POLICIES}")
+        if max_length is not None and max_length < 2:
+            raise ValueError(f"max_length={max_length} must be >= 2 (or None)")
+        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "the tokenizer has no chat template; set tokenizer.chat_template or use "
+                "apply_chat_template=False (prompt/response rows only)"
+            )
+        self.data_files = normalize_paths(data_files)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.truncation = truncation
+        self.keys = (messages_key, prompt_key, response_key)
+        self.apply_chat_template = apply_chat_template
+        self.num_truncated = 0
+        self.num_dropped = 0
+        self.dropped_rows: list[str] = []
+
+        samples, where = self._read(max_reported_problems)
+        samples, where = self._apply_length_limit(samples, where)
+        if not samples:
+            raise ValueError(
+                f"no SFT samples left in {self.data_files} after applying "
+                f"max_length={max_length} with truncation={truncation!r}"
+            )
+        self._where = where
+        lengths = np.array([len(ids) for ids, _ in samples], dtype=np.int64)
+        self.lengths = lengths
+        self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self._ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids, _ in samples])
+        self._mask = np.concatenate([np.asarray(m, dtype=np.int64) for _, m in samples])
+        logger.info(
+            "SFTDataset: %d samples from %d file(s); tokens min/mean/max %d/%.1f/%d; "
+            "%d loss tokens",
+            len(self),
+            len(self.data_files),
+            lengths.min(),
+            lengths.mean(),
+            lengths.max(),
+            int(self._mask.sum()),
+        )
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, max_reported: int) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
+        problems: list[str] = []
+        samples: list[tuple[list[int], list[int]]] = []
+        where: list[str] = []
+        for path in self.data_files:
+            for rec in read_records(path).records:
+                if rec.problem is not None:
+                    problems.append(f"{rec.where}: {rec.problem}")
+                    continue
+                row_problems = self.validate_row(rec.data)
+                if row_problems:
+                    problems.extend(f"{rec.where}: {p}" for p in row_problems)
+                    continue
+                try:
+                    samples.append(self.tokenize_row(rec.data))
+                except Exception as exc:  # a chat template may raise anything (jinja errors)
+                    problems.append(f"{rec.where}: cannot tokenise: {exc}")
+                    continue
+                where.append(rec.where)
+        if problems:
+            raise DatasetValidationError(problems, max_reported)
+        return samples, where
+
+    def validate_row(self, row: dict[str, Any]) -> list[str]:
+        """Problems of one row (empty when it is a valid messages or prompt/response row)."""
+        messages_key, prompt_key, response_key = self.keys
+        if row.get(messages_key) is not None:
+            if not self.apply_chat_template:
+                return [
+                    f"{messages_key!r} rows need the chat template; set "
+                    "data.apply_chat_template=true or give prompt/response columns"
+                ]
+            messages = row[messages_key]
+            problems = validate_messages(messages, repr(messages_key))
+            if problems:
+                return problems
+            if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+                return [f"{messages_key!r} has no assistant message with content: nothing to learn"]
+            return []
+        missing = [k for k in (prompt_key, response_key) if row.get(k) is None]
+        if missing:
+            return [
+                f"missing column(s) {missing}: a row needs {messages_key!r} (chat messages) "
+                f"or {prompt_key!r} and {response_key!r}"
+            ]
+        problems = []
+        prompt, response = row[prompt_key], row[response_key]
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                problems.append(f"empty prompt: {prompt_key!r} is blank")
+        else:
+            problems += validate_messages(prompt, repr(prompt_key))
+        if isinstance(response, str):
+            if not response.strip():
+                problems.append(f"empty response: {response_key!r} is blank")
+        else:
+            msg_problems = validate_messages(response, repr(response_key))
+            problems += msg_problems
+            if not msg_problems and any(m["role"] != "assistant" for m in response):
+                problems.append(f"{response_key!r} messages must all have role 'assistant'")
+        return problems
+
+    def tokenize_row(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """``(input_ids, loss_mask)`` of a valid row."""
+        messages_key, prompt_key, response_key = self.keys
+        if row.get(messages_key) is not None:
+            return tokenize_conversation(self.tokenizer, row[messages_key])
+        prompt, response = row[prompt_key], row[response_key]
+        if not self.apply_chat_template:
+            return _tokenize_plain(self.tokenizer, prompt, response)
+        messages = _as_prompt_messages(prompt) + _as_response_messages(response)
+        return tokenize_conversation(self.tokenizer, messages)
+
+    def _apply_length_limit(
+        self, samples: list[tuple[list[int], list[int]]], where: list[str]
+    ) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
+        limit = self.max_length
+        if limit is None:
+            return samples, where
+        too_long = [i for i, (ids, _) in enumerate(samples) if len(ids) > limit]
+        if not too_long:
+            return samples, where
+        if self.truncation == "error":
+            problems = [
+                f"{where[i]}: {len(samples[i][0])} tokens > max_length={limit}; raise "
+                "data.max_length, or set data.truncation=right (cut) or drop"
+                for i in too_long
+            ]
+            raise DatasetValidationError(problems)
+        keep_samples, keep_where = [], []
+        long_set = set(too_long)
+        for i, (sample, loc) in enumerate(zip(samples, where)):
+            if i in long_set:
+                ids, mask = sample[0][:limit], sample[1][:limit]
+                if self.truncation == "drop" or not any(mask):
+                    self.num_dropped += 1
+                    self.dropped_rows.append(loc)
+                    continue
+                self.num_truncated += 1
+                sample = (ids, mask)
+            keep_samples.append(sample)
+            keep_where.append(loc)
+        if self.num_truncated:
+            logger.warning(
+                "%d sample(s) longer than max_length=%d were cut to their first %d tokens",
+                self.num_truncated,
+                limit,
+                limit,
+            )
+        if self.num_dropped:
+            logger.warning(
+                "%d sample(s) longer than max_length=%d were dropped (%s): %s",
+                self.num_dropped,
+                limit,
+                "truncation=drop" if self.truncation == "drop" else "no loss tokens left",
+                ", ".join(self.dropped_rows[:5]) + (" ..." if self.num_dropped > 5 else ""),
+            )
+        return keep_samples, keep_where
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def where(self, index: int) -> str:
+        """The file and row of sample ``index`` (e.g. ``train.jsonl line 3``)."""
+        return self._where[index]
+
+    def sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        s, e = self._offsets[index], self._offsets[index + 1]
+        return self._ids[s:e], self._mask[s:e]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids, mask = self.sample(index)
+        return {
+            "input_ids": ids,
+            "loss_mask": mask,
+            "position_ids": np.arange(len(ids), dtype=np.int64),
+            "num_samples": 1,
+        }
+
+
+def pack_lengths(lengths: Sequence[int], max_length: int) -> list[list[int]]:
+    """Group sample indices into bins whose lengths sum to at most ``max_length``.
+
+    Best-fit decreasing: longest samples first, each into the fullest bin it still fits
+    (O(n log n) with a sorted list of free capacities). Deterministic; bins are ordered by
+    creation, indices inside a bin by insertion.
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length={max_length} must be >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (free capacity, bin id)
+    for i in order:
+        n = lengths[i]
+        if n > max_length:
+            raise ValueError(f"sample {i} has {n} tokens > max_length={max_length}")
+        pos = bisect.bisect_left(free, (n, -1))
+        if pos < len(free):
+            capacity, b = free.pop(pos)
+        else:
+            capacity, b = max_length, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        bisect.insort(free, (capacity - n, b))
+    return bins
+
+
+class PackedSFTDataset:
+    """An :class:`SFTDataset` packed into sequences of at most ``max_length`` tokens.
+
+    Item ``i`` concatenates the samples of bin ``i``: ``input_ids``, ``loss_mask`` (each
+    sample's first token is out of the loss, as unpacked) and ``position_ids`` restarting
+    at 0 for every sample; ``num_samples`` counts them.
+    """
+
+    def __init__(self, dataset: SFTDataset, max_length: int) -> None:
+        self.dataset = dataset
+        self.max_length = max_length
+        self.bins = pack_lengths([int(n) for n in dataset.lengths], max_length)
+        total = int(dataset.lengths.sum())
+        logger.info(
+            "packing: %d samples into %d sequences of <= %d tokens (%.1f%% filled)",
+            len(dataset),
+            len(self.bins),
+            max_length,
+            100.0 * total / (len(self.bins) * max_length),
+        )
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        parts = [self.dataset.sample(i) for i in self.bins[index]]
+        return {
+            "input_ids": np.concatenate([ids for ids, _ in parts]),
+            "loss_mask": np.concatenate([m for _, m in parts]),
+            "position_ids": np.concatenate([np.arange(len(ids)) for ids, _ in parts]),
+            "num_samples": len(parts),
+        }
+
+
+def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad items into ``(batch, max_len)`` int64 tensors.
+
+    Returns ``input_ids`` (padding = ``pad_token_id``), ``attention_mask`` (1 on real
+    tokens), ``loss_mask`` (0 on padding) and ``position_ids``. Padding continues as a
+    segment of its own (positions 0, 1, ... after the last sample), so a packed batch run
+    with ``attention_mask=None`` keeps it apart from the samples; unpacked batches use the
+    attention mask. ``num_samples`` (0-dim) counts the samples in the batch.
+    """
+    if not items:
+        raise ValueError("collate_sft got no items")
+    width = max(len(it["input_ids"]) for it in items)
+    n = len(items)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.long)
+    position_ids = torch.zeros((n, width), dtype=torch.long)
+    for r, it in enumerate(items):
+        length = len(it["input_ids"])
+        input_ids[r, :length] = torch.as_tensor(it["input_ids"])
+        attention_mask[r, :length] = 1
+        loss_mask[r, :length] = torch.as_tensor(it["loss_mask"])
+        position_ids[r, :length] = torch.as_tensor(it["position_ids"])
+        position_ids[r, length:] = torch.arange(width - length)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "loss_mask": loss_mask,
+        "position_ids": position_ids,
+        "num_samples": torch.tensor(sum(int(it["num_samples"]) for it in items)),
+    }
+
+
+# ---------------------------------------------------------------------- built-in data
+
+
+def make_arithmetic_sft_rows(
+    n: int,
+    digits: int = 1,
+    ops: Sequence[str] = ("+",),
+    seed: int = 0,
+    split: str = "train",
+    exclude: set | None = None,
+) -> list[dict[str, Any]]:
+    """``n`` prompt/response rows: an arithmetic question and its answer (just the number)."""
+    from verl.data.arithmetic import OPERATORS, make_arithmetic_rows
+
+    rows = make_arithmetic_rows(n, digits, ops, seed, split, "chat", exclude)
+    out = []
+    for row in rows:
+        info = row["extra_info"]
+        answer = OPERATORS[info["op"]](info["a"], info["b"])
+        out.append({"prompt": row["prompt"], "response": str(answer)})
+    return out
+
+
+def arithmetic_val_problems(val_size: int, digits: int, ops: Sequence[str], seed: int) -> set:
+    """The ``(a, op, b)`` problems of the built-in validation split, to keep out of train.
+
+    Drawn exactly as ``verl.data.arithmetic.write_arithmetic_dataset`` draws them.
+    """
+    from verl.data.arithmetic import make_arithmetic_rows, row_problem
+
+    if val_size <= 0:
+        return set()
+    return {row_problem(r) for r in make_arithmetic_rows(val_size, digits, ops, 2 * seed + 1)}
+
+
+def write_arithmetic_sft_dataset(
+    out_dir: str | os.PathLike,
+    train_size: int,
+    val_size: int,
+    digits: int = 1,
+    ops: Sequence[str] = ("+",),
+    seed: int = 0,
+) -> tuple[str, str | None]:
+    """Write ``sft_train.parquet`` (and ``sft_test.parquet`` when ``val_size > 0``).
+
+    Validation problems are drawn first and excluded from train. Returns the paths (the
+    second is None without validation rows).
+    """
+    exclude = arithmetic_val_problems(val_size, digits, ops, seed)
+    rows = make_arithmetic_sft_rows(train_size, digits, ops, 2 * seed, "train", exclude)
+    train_path = write_records(rows, os.path.join(out_dir, "sft_train.parquet"))
+    val_path = None
+    if val_size > 0:
+        rows = make_arithmetic_sft_rows(val_size, digits, ops, 2 * seed + 1, "test")
+        val_path = write_records(rows, os.path.join(out_dir, "sft_test.parquet"))
+    return train_path, val_path
