@@ -13,7 +13,9 @@ algorithm from the config by name and a new algorithm is one decorated function:
 - KL estimators ``k1``/``k2``/``k3``/``abs`` and KL controllers (:mod:`.kl`);
 - loss aggregation modes and the entropy loss (:mod:`.loss_agg`);
 - masked statistics and entropy from logits (:mod:`.core`);
-- reward shaping (:mod:`.reward_shaping`): DAPO's overlong penalty.
+- reward shaping (:mod:`.reward_shaping`): DAPO's overlong penalty;
+- truncated importance weights for the rollout/trainer mismatch (:mod:`.rollout_correction`);
+- offline preference losses (:mod:`.preference`): ``dpo``, ``ipo``, ``kto``.
 """
 
 from verl.algorithms.advantages import (
@@ -68,8 +70,22 @@ from verl.algorithms.policy_loss import (
     get_policy_loss,
     register_policy_loss,
 )
+from verl.algorithms.preference import (
+    PREFERENCE_LOSSES,
+    PreferenceLoss,
+    compute_dpo_loss,
+    compute_ipo_loss,
+    compute_kto_loss,
+    get_preference_loss,
+    is_paired_loss,
+    kto_reference_point,
+    preference_metrics,
+    register_preference_loss,
+    sequence_log_probs,
+)
 from verl.algorithms.registry import Registry, UnknownNameError
 from verl.algorithms.reward_shaping import overlong_penalty
+from verl.algorithms.rollout_correction import compute_rollout_is_weights
 from verl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
@@ -78,18 +94,23 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
+    "PreferenceLoss",
     "Registry",
     "UnknownNameError",
     "agg_loss",
     "apply_entropy_bonus",
     "apply_kl_penalty",
+    "compute_dpo_loss",
     "compute_entropy_loss",
     "compute_gae_advantages",
     "compute_gpg_advantages",
     "compute_grpo_advantages",
+    "compute_ipo_loss",
     "compute_kl_loss",
+    "compute_kto_loss",
     "compute_opo_advantages",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
@@ -100,6 +121,7 @@ __all__ = [
     "compute_reinforce_plus_plus_baseline_advantages",
     "compute_remax_advantages",
     "compute_rloo_advantages",
+    "compute_rollout_is_weights",
     "compute_value_loss",
     "entropy_from_logits",
     "estimator_info",
@@ -107,14 +129,20 @@ __all__ = [
     "get_advantage_estimator",
     "get_kl_controller",
     "get_policy_loss",
+    "get_preference_loss",
     "group_ids_from_index",
     "informative_group_mask",
+    "is_paired_loss",
     "kl_penalty",
+    "kto_reference_point",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
+    "preference_metrics",
     "register_advantage_estimator",
     "register_policy_loss",
+    "register_preference_loss",
+    "sequence_log_probs",
 ]
