@@ -17,11 +17,16 @@ __version__ = "0.1.0"
 _LAZY = {
     "DataProto": "verl.protocol",
     "TrainerConfig": "verl.config",
+    "DataParallelConfig": "verl.config",
     "load_config": "verl.config",
     "RLTrainer": "verl.trainer.ppo_trainer",
     "PPOTrainer": "verl.trainer.api",
     "Trainer": "verl.trainer.api",
     "make_trainer_config": "verl.trainer.api",
+    "SFTConfig": "verl.config",
+    "DPOConfig": "verl.config",
+    "SFTTrainer": "verl.trainer.sft_trainer",
+    "DPOTrainer": "verl.trainer.dpo_trainer",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -73,7 +73,7 @@ def test_mini_batch_samples_split_over_devices():
     (msg,) = messages(base)
     assert msg.startswith(
         "actor_rollout_ref.actor.ppo_mini_batch_size=4: 4 prompts x rollout.n=1 = 4 samples per "
-        "optimizer step do not split over 3 devices"
+        "optimizer step do not split over the 3 data-parallel ranks of actor_rollout_ref"
     )
     # 4 prompts x 3 = 12 samples -> 4 per device, micro 4 divides
     load_config(overrides=[*base, "actor_rollout_ref.rollout.n=3"])
@@ -167,8 +167,10 @@ def test_no_training_data():
 def test_combinations():
     msgs = messages(
         [
-            "trainer.n_gpus_per_node=2",  # strategy single
-            "trainer.nnodes=2",  # backend local
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.strategy=single",
+            "trainer.nnodes=2",
+            "trainer.backend=local",
             "trainer.device=cpu",
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",  # temperature 0
@@ -185,8 +187,11 @@ def test_combinations():
     )
     joined = "\n".join(msgs)
     for expected in [
-        "actor_rollout_ref.actor.strategy=single: runs one process but the world size is 4",
-        "trainer.nnodes=2: several machines need trainer.backend=ray",
+        "actor_rollout_ref.actor.strategy=single: trains in one process but "
+        "actor_rollout_ref has 4 data-parallel ranks; use actor_rollout_ref.actor.strategy=fsdp2",
+        "trainer.nnodes=2: several machines need trainer.backend=ray (or auto)",
+        "trainer.backend=local runs every role in this one process, but the device map needs "
+        "4 worker processes",
         "actor_rollout_ref.rollout.name=vllm: needs CUDA but trainer.device=cpu",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0 with "
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
@@ -288,3 +293,51 @@ def test_derived_values():
     assert critic_enabled(cfg) is True and ref_enabled(cfg) is True
     cfg.critic.enable = False
     assert critic_enabled(cfg) is False
+
+
+def test_device_map_problems_name_the_keys():
+    (msg,) = messages(["trainer.n_gpus_per_node=2", "resource_pool.actor_devices=[0, 2]"])
+    assert msg == (
+        "resource_pool.actor_devices=[0, 2]: device(s) [2] do not exist; the cluster has 2 "
+        "device(s) (trainer.nnodes=1 x trainer.n_gpus_per_node=2), ids 0..1"
+    )
+    (msg,) = messages(
+        [
+            "trainer.n_gpus_per_node=3",
+            "algorithm.adv_estimator=gae",
+            "resource_pool.actor_devices=[0, 1]",
+            "resource_pool.critic_devices=[1, 2]",
+            "critic.ppo_mini_batch_size=4",
+        ]
+    )
+    assert msg.startswith(
+        "resource_pool.critic_devices=[1, 2] partly overlaps resource_pool.actor_devices=[0, 1] "
+        "(shared: [1])"
+    )
+    (msg,) = messages(["resource_pool.actor_devices=[]"])
+    assert msg == "resource_pool.actor_devices=[]: a role needs at least one device"
+
+
+def test_batch_split_uses_each_roles_own_devices():
+    # 4 prompts x n=1 split over the critic's 3 devices fails, the actor's 1 device is fine
+    (msg,) = messages(
+        [
+            "trainer.n_gpus_per_node=4",
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.rollout.n=1",
+            "resource_pool.actor_devices=[0]",
+            "resource_pool.critic_devices=[1, 2, 3]",
+        ]
+    )
+    assert msg.startswith(
+        "critic.ppo_mini_batch_size=4: 4 prompts x rollout.n=1 = 4 samples per optimizer step "
+        "do not split over the 3 data-parallel ranks of critic (resource_pool.critic_devices"
+    )
+
+
+def test_local_backend_refuses_a_multi_process_map():
+    (msg,) = messages(["trainer.n_gpus_per_node=2", "trainer.backend=local"])
+    assert msg.startswith(
+        "trainer.backend=local runs every role in this one process, but the device map needs 2 "
+        "worker processes (actor_rollout_ref on devices [0, 1]); use trainer.backend=ray"
+    )

@@ -130,17 +130,14 @@ def test_ppo_with_critic_runs(tiny_model_dir, tmp_path):
     [
         ("trainer.save_freq=5", "periodic checkpoints and resume are not implemented yet"),
         ("actor_rollout_ref.actor.use_dynamic_bsz=true", "use_dynamic_bsz=true"),
-        ("trainer.n_gpus_per_node=2", "multi-process training"),
+        ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload"),
     ],
 )
 def test_unsupported_settings_fail_before_loading(tiny_model_dir, tmp_path, override, phrase):
     from verl.trainer.setup import NotSupportedYet
 
-    extra = [override]
-    if "n_gpus" in override:
-        extra.append("actor_rollout_ref.actor.strategy=fsdp2")
     with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
-        RLTrainer(_config(tiny_model_dir, tmp_path, *extra))
+        RLTrainer(_config(tiny_model_dir, tmp_path, override))
 
 
 def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):

@@ -5,7 +5,9 @@
     cfg = TrainerConfig(); cfg.actor_rollout_ref.rollout.n = 4; cfg.validate()
 
 The dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is generated
-from them. This package imports nothing from the rest of verl (and never torch).
+from them. The offline trainers' configs (``SFTConfig``, ``DPOConfig``, loaded with
+``load_sft_config`` / ``load_dpo_config``) live in ``schema_offline.py``. This package
+imports nothing from the rest of verl (and never torch).
 See ``docs/config.md``.
 """
 
@@ -16,11 +18,23 @@ from verl.config.derived import (
     clip_ratio_bounds,
     critic_enabled,
     critic_model_path,
+    device_map,
+    dp_size,
+    engine_strategy,
     log_dir,
+    placed_roles,
     ref_enabled,
     rollout_seed,
     tokenizer_path,
+    worker_backend,
     world_size,
+)
+from verl.config.device_map import (
+    DataParallelConfig,
+    DeviceMap,
+    DeviceMapError,
+    resolve_device_map,
+    set_device_map,
 )
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import apply_override, load_config
@@ -35,6 +49,7 @@ from verl.config.schema import (
     CriticModelConfig,
     CustomRewardFunctionConfig,
     DataConfig,
+    FilterGroupsConfig,
     FSDPConfig,
     KLControlConfig,
     MixedPrecisionConfig,
@@ -50,6 +65,17 @@ from verl.config.schema import (
     TrainerConfig,
     ValKwargsConfig,
 )
+from verl.config.schema_offline import (
+    DPOConfig,
+    OfflineEngineConfig,
+    OfflineRunConfig,
+    PreferenceDataConfig,
+    PreferenceLossConfig,
+    SFTConfig,
+    SFTDataConfig,
+    load_dpo_config,
+    load_sft_config,
+)
 from verl.config.validate import validate
 
 __all__ = [
@@ -64,19 +90,30 @@ __all__ = [
     "CriticConfig",
     "CriticModelConfig",
     "CustomRewardFunctionConfig",
+    "DPOConfig",
     "DataConfig",
+    "DataParallelConfig",
+    "DeviceMap",
+    "DeviceMapError",
     "FSDPConfig",
+    "FilterGroupsConfig",
     "KLControlConfig",
     "MixedPrecisionConfig",
     "ModelConfig",
+    "OfflineEngineConfig",
+    "OfflineRunConfig",
     "OptimConfig",
     "OverlongBufferConfig",
+    "PreferenceDataConfig",
+    "PreferenceLossConfig",
     "RefConfig",
     "RefFSDPConfig",
     "RewardModelConfig",
     "RewardModelModelConfig",
     "RolloutConfig",
     "RunConfig",
+    "SFTConfig",
+    "SFTDataConfig",
     "TrainerConfig",
     "ValKwargsConfig",
     "apply_override",
@@ -84,14 +121,23 @@ __all__ = [
     "clip_ratio_bounds",
     "critic_enabled",
     "critic_model_path",
+    "device_map",
+    "dp_size",
+    "engine_strategy",
     "from_dict",
     "load_config",
+    "load_dpo_config",
+    "load_sft_config",
     "log_dir",
+    "placed_roles",
     "ref_enabled",
+    "resolve_device_map",
     "rollout_seed",
+    "set_device_map",
     "to_dict",
     "to_yaml",
     "tokenizer_path",
     "validate",
+    "worker_backend",
     "world_size",
 ]

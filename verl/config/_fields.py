@@ -16,7 +16,7 @@ from typing import Any, Literal
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
-Strategy = Literal["single", "fsdp2"]
+Strategy = Literal["auto", "single", "fsdp2"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
@@ -28,11 +28,13 @@ Truncation = Literal["error", "drop", "left"]
 CheckpointContent = Literal["model", "optimizer", "extra"]
 Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
 Device = Literal["auto", "cpu", "cuda"]
-Backend = Literal["local", "ray"]
+Backend = Literal["auto", "local", "ray"]
 ResumeMode = Literal["auto", "disable", "resume_path"]
 ArithmeticOp = Literal["+", "-", "*"]
 BuiltinDataset = Literal["arithmetic"]
 KLControlType = Literal["fixed", "adaptive"]
+# DAPO dynamic sampling: the per-response value compared within a prompt group.
+FilterGroupsMetric = Literal["acc", "score", "seq_reward"]
 
 
 def entry(default: Any, help: str) -> Any:

@@ -8,21 +8,60 @@ from __future__ import annotations
 
 import string
 
+from verl.config.device_map import DeviceMap, resolve_device_map
 from verl.config.schema import ActorConfig, TrainerConfig
 
 # Advantage estimators that need a value function.
 CRITIC_ESTIMATORS = frozenset({"gae"})
 # Estimators whose baseline comes from the other responses to the same prompt (need n >= 2).
-GROUP_ESTIMATORS = frozenset(
-    {"grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline", "opo", "gpg"}
-)
+GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
 # Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
 PATH_FIELDS = ("project_name", "experiment_name")
 
 
 def world_size(cfg: TrainerConfig) -> int:
-    """Data-parallel ranks of the actor (and critic): ``nnodes * n_gpus_per_node``."""
+    """Devices in the cluster: ``nnodes * n_gpus_per_node`` (see ``dp_size`` per role)."""
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def placed_roles(cfg: TrainerConfig) -> list[str]:
+    """The model-holding roles this run places on devices, in placement order."""
+    roles = ["actor_rollout_ref"]
+    if critic_enabled(cfg):
+        roles.append("critic")
+    if cfg.reward_model.enable:
+        roles.append("reward_model")
+    return roles
+
+
+def device_map(cfg: TrainerConfig) -> DeviceMap:
+    """The run's placement (``resource_pool`` over the cluster) for its placed roles.
+
+    Raises ``DeviceMapError`` for a map that cannot be placed (``validate`` reports the same
+    problems with their keys first).
+    """
+    t = cfg.trainer
+    return resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, placed_roles(cfg))
+
+
+def dp_size(cfg: TrainerConfig, role: str) -> int:
+    """Data-parallel ranks of ``role`` (``actor_rollout_ref``, ``critic``, ``reward_model``)."""
+    return device_map(cfg).dp_size(role)
+
+
+def engine_strategy(cfg: TrainerConfig, role: str) -> str:
+    """The train engine of ``role``: its ``strategy``, with auto = fsdp2 iff > 1 rank."""
+    section = cfg.actor_rollout_ref.actor if role == "actor_rollout_ref" else cfg.critic
+    if section.strategy != "auto":
+        return section.strategy
+    return "fsdp2" if dp_size(cfg, role) > 1 else "single"
+
+
+def worker_backend(cfg: TrainerConfig) -> str:
+    """``trainer.backend``, with auto = ray iff the roles need more than one process."""
+    if cfg.trainer.backend != "auto":
+        return cfg.trainer.backend
+    return "ray" if device_map(cfg).processes > 1 else "local"
 
 
 def critic_enabled(cfg: TrainerConfig) -> bool:

@@ -20,6 +20,7 @@ from verl.config._fields import (
     Backend,
     BuiltinDataset,
     Device,
+    FilterGroupsMetric,
     KLControlType,
     KLEstimator,
     Logger,
@@ -27,6 +28,7 @@ from verl.config._fields import (
     Truncation,
     entry,
 )
+from verl.config.device_map import DataParallelConfig
 from verl.config.schema_roles import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -56,7 +58,9 @@ __all__ = [
     "CriticModelConfig",
     "CustomRewardFunctionConfig",
     "DataConfig",
+    "DataParallelConfig",
     "FSDPConfig",
+    "FilterGroupsConfig",
     "KLControlConfig",
     "MixedPrecisionConfig",
     "ModelConfig",
@@ -128,8 +132,27 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: drop prompt groups whose responses all got the same metric."""
+
+    enable: bool = entry(
+        False,
+        "drop groups with identical metric values and generate more prompt batches until "
+        "data.train_batch_size informative prompts are collected",
+    )
+    metric: FilterGroupsMetric = entry(
+        "acc",
+        "per-response value compared within a group: acc (scorer accuracy), score (raw "
+        "scorer score) or seq_reward (sum of the shaped token-level scores)",
+    )
+    max_num_gen_batches: int = entry(
+        10, "generation batches one step may draw before failing; 0 = unbounded"
+    )
+
+
+@dataclass
 class AlgorithmConfig:
-    """Advantage estimation and the in-reward KL penalty."""
+    """Advantage estimation, the in-reward KL penalty and dynamic sampling."""
 
     gamma: float = entry(1.0, "discount factor")
     lam: float = entry(1.0, "GAE lambda")
@@ -140,6 +163,9 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = entry(False, "subtract a KL(actor || ref) penalty from rewards")
     kl_penalty: KLEstimator = entry("kl", "KL estimator of the in-reward penalty")
     kl_ctrl: KLControlConfig = entry(KLControlConfig, "in-reward KL coefficient")
+    filter_groups: FilterGroupsConfig = entry(
+        FilterGroupsConfig, "DAPO dynamic sampling of informative prompt groups"
+    )
 
 
 @dataclass
@@ -155,7 +181,13 @@ class RunConfig:
     nnodes: int = entry(1, "machines")
     n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine")
     device: Device = entry("auto", "auto = cuda when available, else cpu")
-    backend: Backend = entry("local", "worker groups: local (in-process) or ray")
+    backend: Backend = entry(
+        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
+    )
+    ray_address: str | None = entry(
+        None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
+    )
+    ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
     total_epochs: int = entry(1, "passes over the training prompts")
     total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
     save_freq: int = entry(-1, "checkpoint every N steps; -1 = never")
@@ -188,6 +220,9 @@ class TrainerConfig:
     )
     algorithm: AlgorithmConfig = entry(AlgorithmConfig, "advantages and KL penalty")
     trainer: RunConfig = entry(RunConfig, "run settings")
+    resource_pool: DataParallelConfig = entry(
+        DataParallelConfig, "device ids per role (the device map)"
+    )
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
         """Check the whole config; raise ``ConfigError`` listing every problem.

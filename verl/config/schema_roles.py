@@ -94,7 +94,9 @@ class CheckpointConfig:
 class ActorConfig:
     """The policy being trained: PPO-style clipped updates."""
 
-    strategy: Strategy = entry("single", "train engine: single (one process) or fsdp2")
+    strategy: Strategy = entry(
+        "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
+    )
     ppo_mini_batch_size: int = entry(
         4, "prompts per optimizer step (multiplied by rollout.n into samples)"
     )
@@ -114,6 +116,11 @@ class ActorConfig:
         None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"
     )
     policy_loss: str = entry("vanilla", "policy-loss name in the verl.algorithms registry")
+    rollout_is_threshold: float | None = entry(
+        None,
+        "truncated importance sampling: weight each token's policy loss by "
+        "min(exp(old_log_prob - rollout_log_prob), threshold); null = off",
+    )
     entropy_coeff: float = entry(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = entry(False, "add KL(actor || ref) to the loss (GRPO style)")
     kl_loss_coef: float = entry(0.001, "coefficient of the KL loss")
@@ -199,7 +206,9 @@ class CriticConfig:
     """The value function, trained by clipped value regression."""
 
     enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
-    strategy: Strategy = entry("single", "train engine: single (one process) or fsdp2")
+    strategy: Strategy = entry(
+        "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
+    )
     model: CriticModelConfig = entry(CriticModelConfig, "value model")
     optim: OptimConfig = entry(OptimConfig(lr=1e-5), "critic optimizer")
     ppo_mini_batch_size: int = entry(

@@ -23,9 +23,11 @@ from verl.config.derived import (
     GROUP_ESTIMATORS,
     PATH_FIELDS,
     critic_enabled,
+    placed_roles,
     template_fields,
-    world_size,
+    worker_backend,
 )
+from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema import OptimConfig, TrainerConfig
 from verl.config.yaml_io import show
@@ -63,6 +65,7 @@ def semantic_problems(
     """Run every check on a well-typed tree; skip checks that involve ``skip_paths``."""
     checks = _Checks(skip_paths)
     for check in (
+        _check_device_map,
         _check_data,
         _check_actor_rollout_ref,
         _check_critic,
@@ -187,7 +190,62 @@ def _check_data(c: _Checks, cfg: TrainerConfig) -> None:
         c.warn("no validation data (data.val_files is empty): validation will be skipped")
 
 
-def _check_ppo_batches(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -> None:
+def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:
+    """Data-parallel size per placed role, or None when the device map is invalid."""
+    t = cfg.trainer
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        return None
+    roles = placed_roles(cfg)
+    if device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles):
+        return None
+    placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
+    return {role: placed.dp_size(role) for role in roles}
+
+
+def _dp_keys(role_name: str) -> tuple[str, ...]:
+    return (
+        f"resource_pool.{ROLE_DEVICE_KEYS[role_name]}",
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+    )
+
+
+def _check_device_map(c: _Checks, cfg: TrainerConfig) -> None:
+    """Device ids in range, lists identical or disjoint; the backend can host the map."""
+    t = cfg.trainer
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        return  # reported by _check_trainer
+    roles = placed_roles(cfg)
+    problems = device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
+    for keys, message in problems:
+        c.error(keys, message)
+    if problems:
+        return
+    placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
+    if t.backend == "local" and placed.processes > 1:
+        c.error(
+            ("trainer.backend", "resource_pool", "trainer.n_gpus_per_node"),
+            f"trainer.backend=local runs every role in this one process, but the device map "
+            f"needs {placed.processes} worker processes ({_describe_pools(placed)}); use "
+            "trainer.backend=ray (or auto)",
+        )
+    unused = sorted(
+        set(range(placed.num_devices)) - {d for ids in placed.pools.values() for d in ids}
+    )
+    if unused:
+        c.warn(f"device(s) {unused} of the cluster are not used by any role (resource_pool)")
+
+
+def _describe_pools(placed: Any) -> str:
+    return "; ".join(
+        f"{'+'.join(placed.roles_in_pool(name))} on devices {list(ids)}"
+        for name, ids in placed.pools.items()
+    )
+
+
+def _check_ppo_batches(
+    c: _Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str
+) -> None:
     """Mini-batches split the step's prompts; micro-batches split a device's mini-batch."""
     mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_device
     mini_key, micro_key = (
@@ -197,9 +255,11 @@ def _check_ppo_batches(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -
     c.at_least(mini_key, mini, 1)
     c.at_least(micro_key, micro, 1)
     c.at_least(f"{prefix}.ppo_epochs", role.ppo_epochs, 1)
-    n, batch, ws = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size, world_size(cfg)
-    if mini < 1 or micro < 1 or n < 1 or batch < 1 or ws < 1:
+    n, batch = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+    sizes = _dp_sizes(cfg)
+    if mini < 1 or micro < 1 or n < 1 or batch < 1 or sizes is None:
         return  # reported above
+    ws = sizes[role_name]
     if batch % mini:
         c.error(
             (mini_key, "data.train_batch_size"),
@@ -208,13 +268,14 @@ def _check_ppo_batches(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -
         )
         return
     samples = mini * n
-    n_key, dev_keys = "actor_rollout_ref.rollout.n", ("trainer.nnodes", "trainer.n_gpus_per_node")
+    n_key, dev_keys = "actor_rollout_ref.rollout.n", _dp_keys(role_name)
     if samples % ws:
         c.error(
             (mini_key, n_key, *dev_keys),
             f"{mini_key}={mini}: {mini} prompts x rollout.n={n} = {samples} samples per "
-            f"optimizer step do not split over {ws} devices (trainer.nnodes x "
-            f"trainer.n_gpus_per_node); make mini-batch x n a multiple of {ws}",
+            f"optimizer step do not split over the {ws} data-parallel ranks of {role_name} "
+            f"({dev_keys[0]}, or trainer.nnodes x trainer.n_gpus_per_node); make "
+            f"mini-batch x n a multiple of {ws}",
         )
         return
     per_device = samples // ws
@@ -248,13 +309,14 @@ def _check_optim(c: _Checks, prefix: str, o: OptimConfig) -> None:
     c.off_or_positive(f"{prefix}.total_training_steps", o.total_training_steps)
 
 
-def _check_engine(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any) -> None:
-    ws = world_size(cfg)
+def _check_engine(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str) -> None:
+    sizes = _dp_sizes(cfg)
+    ws = sizes[role_name] if sizes else 1
     if role.strategy == "single" and ws > 1:
         c.error(
-            (f"{prefix}.strategy", "trainer.nnodes", "trainer.n_gpus_per_node"),
-            f"{prefix}.strategy=single: runs one process but the world size is {ws} "
-            f"(trainer.nnodes x trainer.n_gpus_per_node); use {prefix}.strategy=fsdp2",
+            (f"{prefix}.strategy", *_dp_keys(role_name)),
+            f"{prefix}.strategy=single: trains in one process but {role_name} has {ws} "
+            f"data-parallel ranks; use {prefix}.strategy=fsdp2 (or auto)",
         )
     if role.strategy == "single" and role.fsdp_config.mixed_precision is not None:
         c.warn(f"{prefix}.fsdp_config.mixed_precision is ignored by strategy=single")
@@ -281,8 +343,8 @@ def _check_actor_rollout_ref(c: _Checks, cfg: TrainerConfig) -> None:
     c.model("actor_rollout_ref.model.path", arr.model.path)
     c.model("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path)
     a, p = arr.actor, "actor_rollout_ref.actor"
-    _check_ppo_batches(c, cfg, p, a)
-    _check_engine(c, cfg, p, a)
+    _check_ppo_batches(c, cfg, p, a, "actor_rollout_ref")
+    _check_engine(c, cfg, p, a, "actor_rollout_ref")
     c.above(f"{p}.clip_ratio", a.clip_ratio, 0)
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     if not 0 < low < 1:
@@ -294,6 +356,7 @@ def _check_actor_rollout_ref(c: _Checks, cfg: TrainerConfig) -> None:
     c.at_least(f"{p}.kl_loss_coef", a.kl_loss_coef, 0)
     c.at_least(f"{p}.logprob_chunk_size", a.logprob_chunk_size, 1)
     c.nonempty(f"{p}.policy_loss", a.policy_loss)
+    c.above(f"{p}.rollout_is_threshold", a.rollout_is_threshold, 0)
 
     r, p = arr.rollout, "actor_rollout_ref.rollout"
     _check_sampling(c, p, r)
@@ -334,8 +397,8 @@ def _check_critic(c: _Checks, cfg: TrainerConfig) -> None:
     cr = cfg.critic
     c.model("critic.model.path", cr.model.path)
     c.model("critic.model.tokenizer_path", cr.model.tokenizer_path)
-    _check_ppo_batches(c, cfg, "critic", cr)
-    _check_engine(c, cfg, "critic", cr)
+    _check_ppo_batches(c, cfg, "critic", cr, "critic")
+    _check_engine(c, cfg, "critic", cr, "critic")
     c.above("critic.cliprange_value", cr.cliprange_value, 0)
     c.above("critic.loss_coef", cr.loss_coef, 0)
     c.at_least(
@@ -397,6 +460,35 @@ def _check_algorithm(c: _Checks, cfg: TrainerConfig) -> None:
     c.at_least(f"{p}.kl_ctrl.kl_coef", al.kl_ctrl.kl_coef, 0)
     c.at_least(f"{p}.kl_ctrl.horizon", al.kl_ctrl.horizon, 1)
     c.above(f"{p}.kl_ctrl.target_kl", al.kl_ctrl.target_kl, 0)
+    _check_filter_groups(c, cfg)
+
+
+def _check_filter_groups(c: _Checks, cfg: TrainerConfig) -> None:
+    """DAPO dynamic sampling compares the responses of a group: it needs groups."""
+    fg, p = cfg.algorithm.filter_groups, "algorithm.filter_groups"
+    c.at_least(f"{p}.max_num_gen_batches", fg.max_num_gen_batches, 0)
+    if not fg.enable:
+        return
+    est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if est not in GROUP_ESTIMATORS:
+        c.error(
+            (f"{p}.enable", "algorithm.adv_estimator"),
+            f"{p}.enable=true: algorithm.adv_estimator={est} is not a group estimator; "
+            f"dynamic sampling drops groups with equal rewards, which only group baselines "
+            f"make useless; use one of {', '.join(sorted(GROUP_ESTIMATORS))}",
+        )
+    if n < 2:
+        c.error(
+            (f"{p}.enable", "actor_rollout_ref.rollout.n"),
+            f"{p}.enable=true: actor_rollout_ref.rollout.n={n}; a group of one response is "
+            "always dropped, so no step could be filled; set rollout.n >= 2",
+        )
+    if cfg.reward_model.enable and fg.metric != "seq_reward":
+        c.error(
+            (f"{p}.metric", "reward_model.enable"),
+            f"{p}.metric={fg.metric}: reward-model scores carry no {fg.metric}; use "
+            f"{p}.metric=seq_reward with reward_model.enable=true",
+        )
 
 
 def _check_trainer(c: _Checks, cfg: TrainerConfig) -> None:
@@ -420,12 +512,12 @@ def _check_trainer(c: _Checks, cfg: TrainerConfig) -> None:
             c.package(f"{p}.logger", name, module, "pip install 'verl[tracking]' or drop it")
     c.at_least(f"{p}.nnodes", t.nnodes, 1)
     c.at_least(f"{p}.n_gpus_per_node", t.n_gpus_per_node, 1)
-    if t.nnodes > 1 and t.backend != "ray":
+    if t.nnodes > 1 and t.backend == "local":
         c.error(
             (f"{p}.nnodes", f"{p}.backend"),
-            f"{p}.nnodes={t.nnodes}: several machines need {p}.backend=ray",
+            f"{p}.nnodes={t.nnodes}: several machines need {p}.backend=ray (or auto)",
         )
-    if t.backend == "ray":
+    if t.backend == "ray" or (_dp_sizes(cfg) is not None and worker_backend(cfg) == "ray"):
         c.package(f"{p}.backend", "ray", "ray", "pip install 'verl[ray]' or use backend=local")
     c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
     c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)

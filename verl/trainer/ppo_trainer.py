@@ -4,16 +4,23 @@
 
     for batch in loader:
         gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
+        gen  |= reward(gen)                                  # rules / reward model
+        (DAPO: drop groups with equal rewards, generate from more batches until full)
         gen  |= actor_rollout.compute_log_prob(gen)          # old policy (+ entropy)
         gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
-        gen  |= reward(gen)                                  # rules / reward model
         gen  |= advantages(gen)                              # pure tensor functions
         critic.update_critic(gen); actor_rollout.update_actor(gen)
         log, validate, save
 
-The driver holds no model: every tensor-heavy call goes through a worker group (the
-``local`` backend runs the workers in this process). Rewards and advantages are cheap and
+Scoring comes before the log-prob passes so that dynamic sampling
+(``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
+any forward pass is spent on them.
+
+The driver holds no model: every tensor-heavy call goes through a worker group. Where the
+workers run (in this process, or one Ray actor per device with FSDP2 sharding, roles
+colocated or on pools of their own) is decided once, by ``verl.trainer.placement`` from
+the device map; nothing below depends on it. Rewards and advantages are cheap and
 computed here, on the driver.
 """
 
@@ -24,7 +31,7 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +45,10 @@ from verl.algorithms import (
     get_advantage_estimator,
     get_kl_controller,
 )
-from verl.config import TrainerConfig, ref_enabled
-from verl.controller import LocalWorkerGroup, ResourcePool
+from verl.config import TrainerConfig, ref_enabled, tokenizer_path
+from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.models import load_tokenizer
 from verl.protocol import DataProto
 from verl.rewards import (
     OverlongBuffer,
@@ -48,12 +56,14 @@ from verl.rewards import (
     get_reward_manager,
     load_reward_function,
 )
+from verl.trainer.dynamic_sampling import collect_informative_groups
 from verl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
     compute_throughput_metrics,
     timer,
 )
+from verl.trainer.placement import place_roles
 from verl.trainer.setup import (
     check_supported,
     prepare_data_files,
@@ -111,27 +121,12 @@ class RLTrainer:
         )
         self.use_reference = ref_enabled(cfg)
 
-        # --- roles, placed on resource pools through the controller (local backend) ---
-        pool = ResourcePool([1], use_gpu=False, name="global_pool")
-        self.actor_rollout_wg = LocalWorkerGroup(
-            ActorRolloutRefWorker,
-            pool,
-            config=cfg,
-            role="actor_rollout_ref" if self.use_reference else "actor_rollout",
-            module=actor_module,
-            tokenizer=tokenizer,
-        )
-        self.tokenizer = self.actor_rollout_wg.workers[0].tokenizer
-        self.rm_wg = None
-        if cfg.reward_model.enable:
-            self.rm_wg = LocalWorkerGroup(
-                RewardModelWorker, pool, config=cfg, actor_tokenizer=self.tokenizer
+        if tokenizer is None:
+            tokenizer = load_tokenizer(
+                tokenizer_path(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
             )
-        self.critic_wg = None
-        if self.use_critic:
-            self.critic_wg = LocalWorkerGroup(
-                CriticWorker, pool, config=cfg, module=critic_module, tokenizer=self.tokenizer
-            )
+        tokenizer.padding_side = "left"
+        self.tokenizer = tokenizer
 
         # --- data ---
         train_files, val_files = prepare_data_files(cfg, self.run_dir)
@@ -165,18 +160,6 @@ class RLTrainer:
             steps_per_epoch * cfg.trainer.total_epochs
         )
 
-        # --- models: now that the number of optimizer steps is known ---
-        a = cfg.actor_rollout_ref.actor
-        self.actor_rollout_wg.init_model(
-            total_steps=self.total_steps * optimizer_steps_per_step(cfg, a)
-        )
-        if self.critic_wg is not None:
-            self.critic_wg.init_model(
-                total_steps=self.total_steps * optimizer_steps_per_step(cfg, cfg.critic)
-            )
-        if self.rm_wg is not None:
-            self.rm_wg.init_model()
-
         # --- rewards ---
         compute_score = None
         if cfg.custom_reward_function.path:
@@ -189,6 +172,45 @@ class RLTrainer:
         self.kl_ctrl = get_kl_controller(
             akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
         )
+
+        # --- roles, placed on devices by the device map (cfg.resource_pool) ---
+        specs = {
+            "actor_rollout_ref": ClassWithInitArgs(
+                ActorRolloutRefWorker,
+                config=cfg,
+                role="actor_rollout_ref" if self.use_reference else "actor_rollout",
+                module=actor_module,
+                tokenizer=tokenizer,
+            )
+        }
+        if self.use_critic:
+            specs["critic"] = ClassWithInitArgs(
+                CriticWorker, config=cfg, module=critic_module, tokenizer=tokenizer
+            )
+        if cfg.reward_model.enable:
+            specs["reward_model"] = ClassWithInitArgs(
+                RewardModelWorker, config=cfg, actor_tokenizer=tokenizer
+            )
+        self.placement = place_roles(cfg, specs)
+        self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
+        self.critic_wg = self.placement.roles.get("critic")
+        self.rm_wg = self.placement.roles.get("reward_model")
+
+        # --- models: now that the number of optimizer steps is known ---
+        try:
+            a = cfg.actor_rollout_ref.actor
+            self.actor_rollout_wg.init_model(
+                total_steps=self.total_steps * optimizer_steps_per_step(cfg, a)
+            )
+            if self.critic_wg is not None:
+                self.critic_wg.init_model(
+                    total_steps=self.total_steps * optimizer_steps_per_step(cfg, cfg.critic)
+                )
+            if self.rm_wg is not None:
+                self.rm_wg.init_model()
+        except BaseException:
+            self.placement.shutdown()
+            raise
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -233,76 +255,99 @@ class RLTrainer:
         updates need (``old_log_probs``, ``advantages``, ``returns`` ...); the step's
         metrics so far are in ``meta_info["metrics"]``.
         """
-        cfg = self.config
+        return self.prepare_update(self.generate_and_score(batch))
+
+    def generate_and_score(self, batch: DataProto) -> DataProto:
+        """Sample ``rollout.n`` responses per prompt and score them.
+
+        Adds ``token_level_scores``, the group id ``uid`` (one per prompt), the scorer's
+        per-response ``score`` and ``acc`` (NaN where it reports none) and, for ReMax,
+        ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
+        """
         metrics: dict[str, Any] = {}
         # One id per prompt: the n responses of a prompt share it (the GRPO group).
         batch.non_tensor_batch["uid"] = np.array(
             [str(uuid.uuid4()) for _ in range(len(batch))], dtype=object
         )
-
         with timer("gen", metrics):
             gen = self.actor_rollout_wg.generate_sequences(batch)
-        greedy = None
-        if cfg.algorithm.adv_estimator == "remax":
+        with timer("reward", metrics):
+            scores, reward_metrics, extras = self._score(gen, update_stats=True)
+            metrics |= reward_metrics
+            gen.batch["token_level_scores"] = scores
+            for key in ("score", "acc"):
+                values = extras.get(key, np.full(len(gen), np.nan))
+                gen.non_tensor_batch[key] = np.asarray(values, dtype=np.float64)
+        if self.config.algorithm.adv_estimator == "remax":
+            # ReMax: the greedy response's score, from the same scorer and shaping, is the
+            # baseline of the n sampled responses of its prompt.
             with timer("gen_greedy_baseline", metrics):
                 greedy = self.actor_rollout_wg.generate_sequences(
                     _with_meta(batch, do_sample=False, n=1)
                 )
+                baseline, _, _ = self._score(greedy, update_stats=False)
+            n = len(gen) // len(batch)
+            gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
+        gen.meta_info["metrics"] = metrics
+        return gen
 
+    def prepare_update(self, gen: DataProto) -> DataProto:
+        """Old and reference log-probs, values, the in-reward KL and advantages of ``gen``.
+
+        ``gen`` comes from :meth:`generate_and_score` (possibly filtered by dynamic
+        sampling); its ``meta_info["metrics"]`` are extended in place.
+        """
+        cfg = self.config
+        metrics = gen.meta_info.setdefault("metrics", {})
         with timer("old_log_prob", metrics):
             gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
         if "rollout_log_probs" in gen.batch:
             metrics |= compute_rollout_mismatch_metrics(gen)
-        if self.use_reference:
-            with timer("ref", metrics):
-                gen = gen.union(self.actor_rollout_wg.compute_ref_log_prob(gen))
-        if self.critic_wg is not None:
-            with timer("values", metrics):
-                gen = gen.union(self.critic_wg.compute_values(gen))
-
-        with timer("reward", metrics):
-            scores, reward_metrics = self._score(gen, update_stats=True)
-            metrics |= reward_metrics
-            gen.batch["token_level_scores"] = scores
-            if greedy is not None:
-                # ReMax: the greedy response's score, from the same scorer and shaping,
-                # is the baseline of the n sampled responses of its prompt.
-                baseline, _ = self._score(greedy, update_stats=False)
-                n = len(gen) // len(batch)
-                gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
-            if cfg.algorithm.use_kl_in_reward:
-                rewards, kl_metrics = apply_kl_penalty(
-                    scores,
-                    gen.batch["old_log_probs"],
-                    gen.batch["ref_log_probs"],
-                    gen.batch["response_mask"],
-                    kl_ctrl=self.kl_ctrl,
-                    kind=cfg.algorithm.kl_penalty,
-                )
-                metrics |= kl_metrics
-            else:
-                rewards = scores
-            gen.batch["token_level_rewards"] = rewards
-
+        # Reference log-probs and values only read `gen`: submitted together, they run at
+        # the same time when the critic has a pool of its own.
+        with timer("ref_and_values", metrics):
+            pending = []
+            if self.use_reference:
+                pending.append(self.actor_rollout_wg.compute_ref_log_prob.submit(gen))
+            if self.critic_wg is not None:
+                pending.append(self.critic_wg.compute_values.submit(gen))
+            for future in pending:
+                gen = gen.union(future.result())
+        scores = gen.batch["token_level_scores"]
+        if cfg.algorithm.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(
+                scores,
+                gen.batch["old_log_probs"],
+                gen.batch["ref_log_probs"],
+                gen.batch["response_mask"],
+                kl_ctrl=self.kl_ctrl,
+                kind=cfg.algorithm.kl_penalty,
+            )
+            metrics |= kl_metrics
+        else:
+            rewards = scores
+        gen.batch["token_level_rewards"] = rewards
         with timer("adv", metrics):
             self._compute_advantages(gen)
-        gen.meta_info["metrics"] = metrics
         return gen
 
-    def _score(self, gen: DataProto, update_stats: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _score(
+        self, gen: DataProto, update_stats: bool
+    ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
         """Token-level scores of ``gen``: the reward model's when enabled, else the rules'.
 
+        Returns ``(token_level_scores, metrics, per-response extras)``.
         ``update_stats=False`` scores without moving running reward statistics (used for
         baselines, which must not count as training samples).
         """
         if self.rm_wg is not None:
             # A reward model replaces the rule-based scores for training.
-            return self.rm_wg.compute_rm_score(gen).batch["rm_scores"], {}
+            return self.rm_wg.compute_rm_score(gen).batch["rm_scores"], {}, {}
         if isinstance(self.reward_fn, RewardManager):
-            scores, metrics, _ = self.reward_fn(gen, update_stats=update_stats)
+            scores, metrics, extras = self.reward_fn(gen, update_stats=update_stats)
         else:
-            scores, metrics, _ = self.reward_fn(gen)
-        return scores, (metrics if update_stats else {})
+            scores, metrics, extras = self.reward_fn(gen)
+        return scores, (metrics if update_stats else {}), extras
 
     def _compute_advantages(self, gen: DataProto) -> None:
         acfg = self.config.algorithm
@@ -333,9 +378,17 @@ class RLTrainer:
         metrics |= out.meta_info["metrics"]
         return metrics
 
-    def train_step(self, batch: DataProto) -> dict[str, Any]:
+    def train_step(
+        self, batch: DataProto, next_batch: Callable[[], DataProto] | None = None
+    ) -> dict[str, Any]:
+        """Collect one step's data from ``batch``, update critic and actor; return metrics.
+
+        ``next_batch`` draws further prompt batches from the loader: DAPO dynamic sampling
+        (``algorithm.filter_groups``) uses it when ``batch`` alone has too few informative
+        groups.
+        """
         start = time.perf_counter()
-        gen = self.collect_data(batch)
+        gen = self._collect_step_data(batch, next_batch)
         metrics = gen.meta_info.pop("metrics")
         metrics |= self.update_policy(gen)
         step_seconds = time.perf_counter() - start
@@ -343,6 +396,29 @@ class RLTrainer:
         metrics |= compute_data_metrics(gen, self.config.data.max_response_length)
         metrics |= compute_throughput_metrics(gen, step_seconds)
         return metrics
+
+    def _collect_step_data(
+        self, batch: DataProto, next_batch: Callable[[], DataProto] | None
+    ) -> DataProto:
+        """:meth:`collect_data`, or with dynamic sampling, only informative prompt groups."""
+        fg = self.config.algorithm.filter_groups
+        if not fg.enable:
+            return self.collect_data(batch)
+        if next_batch is None:
+            raise ValueError(
+                "algorithm.filter_groups.enable=true: train_step needs next_batch to draw "
+                "more prompt batches"
+            )
+        gen = collect_informative_groups(
+            batch,
+            next_batch,
+            self.generate_and_score,
+            metric=fg.metric,
+            num_prompts=self.config.data.train_batch_size,
+            max_num_gen_batches=fg.max_num_gen_batches,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        return self.prepare_update(gen)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -424,33 +500,41 @@ class RLTrainer:
 
     def _train_loop(self, progress: tqdm) -> None:
         cfg = self.config.trainer
+        batches = self._batch_stream()
         while self.global_step < self.total_steps:
-            for batch in self.train_loader:
-                self.global_step += 1
-                metrics = self.train_step(batch)
-                metrics["training/epoch"] = self.train_loader.epoch
-                last = self.global_step == self.total_steps
-                if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
-                    with timer("testing", metrics):
-                        val = self.validate()
-                    metrics |= val
-                    self.validation_history.append({"step": self.global_step, **val})
-                self.tracker.log(metrics, step=self.global_step)
-                self.history.append(metrics)
-                progress.update(1)
-                progress.set_postfix(
-                    reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
-                )
-                if last:
-                    break
+            self.global_step += 1
+            metrics = self.train_step(next(batches), next_batch=lambda: next(batches))
+            metrics["training/epoch"] = self.train_loader.epoch
+            last = self.global_step == self.total_steps
+            if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
+                with timer("testing", metrics):
+                    val = self.validate()
+                metrics |= val
+                self.validation_history.append({"step": self.global_step, **val})
+            self.tracker.log(metrics, step=self.global_step)
+            self.history.append(metrics)
+            progress.update(1)
+            progress.set_postfix(
+                reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
+            )
+
+    def _batch_stream(self) -> Iterator[DataProto]:
+        """Training prompt batches, epoch after epoch; the loader keeps the position.
+
+        Every batch drawn (including the extra ones dynamic sampling asks for) advances the
+        loader, so its state always points after the last batch generated from.
+        """
+        while True:
+            yield from self.train_loader
 
     def close(self) -> None:
-        """Release reward worker processes and flush the trackers (idempotent)."""
+        """Release reward processes and role workers, flush the trackers (idempotent)."""
         for fn in (self.reward_fn, self.val_reward_fn):
             close = getattr(fn, "close", None)
             if close is not None:
                 close()
         self.tracker.close()
+        self.placement.shutdown()
 
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""

@@ -2,9 +2,16 @@
 
 One worker process per device holds the actor's train engine and a rollout engine that
 samples from the *same* module (no second copy of the weights), plus, when a KL term is
-used, a frozen reference copy of the initial policy. The worker only translates
-``DataProto`` batches into engine calls; the algorithm lives in the trainer and in
-``verl.algorithms``.
+used, a frozen reference copy of the initial policy in an inference-only engine. The
+worker only translates ``DataProto`` batches into engine calls; the algorithm lives in the
+trainer and in ``verl.algorithms``.
+
+Hybrid engine: with the ``fsdp2`` engine each rank holds a shard of the actor. Generation
+runs inside ``engine.gathered_params()``, which unshards the parameters once for the whole
+generation (instead of per forward) and reshards them afterwards, so the rollout reads
+the training weights in place and a second resident copy never exists. Data-parallel
+ranks each generate, score and update their own slice of the batch (``DP_COMPUTE``); loss
+weights are global (``verl.workers.common.micro_batch_weights``).
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import agg_loss, get_policy_loss, kl_penalty
-from verl.config import TrainerConfig, clip_ratio_bounds
+from verl.algorithms import agg_loss, compute_rollout_is_weights, get_policy_loss, kl_penalty
+from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -32,6 +39,7 @@ from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.common import (
     MetricsAccumulator,
     atomic_save_pretrained,
+    engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
     to_device,
@@ -74,7 +82,7 @@ class ActorRolloutRefWorker(Worker):
         self.device = resolve_device(config.trainer.device, self.local_rank or 0)
         self.engine = None
         self.rollout = None
-        self.ref_module: torch.nn.Module | None = None
+        self.ref_engine = None
         self._update_calls = 0
         self._generate_calls = 0
 
@@ -83,6 +91,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int) -> None:
         """Load the policy, build its train engine, rollout engine and reference copy."""
         arr = self.config.actor_rollout_ref
+        strategy = engine_strategy(self.config, "actor_rollout_ref")
         module = self._given_module
         if module is None:
             module = load_causal_lm(
@@ -93,15 +102,23 @@ class ActorRolloutRefWorker(Worker):
         self._given_module = None
         if self.role == "actor_rollout_ref":
             # The reference is the initial policy, frozen; copied before any update.
-            self.ref_module = copy.deepcopy(module).eval().requires_grad_(False).to(self.device)
+            ref_module = copy.deepcopy(module).eval().requires_grad_(False)
+            self.ref_engine = build_engine(
+                strategy,
+                module=ref_module,
+                optim=None,
+                device=self.device,
+                **engine_options(self, strategy, arr.ref.fsdp_config),
+            )
         if arr.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         self.engine = build_engine(
-            arr.actor.strategy,
+            strategy,
             module=module,
             optim=OptimSpec.from_config(arr.actor.optim, total_steps=total_steps),
             grad_clip=arr.actor.grad_clip,
             device=self.device,
+            **engine_options(self, strategy, arr.actor.fsdp_config),
         )
         self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
 
@@ -113,8 +130,9 @@ class ActorRolloutRefWorker(Worker):
         eos = self.tokenizer.eos_token_id
         seed = meta_info.get("seed")
         if seed is None and rcfg.seed is not None:
-            # A fixed rollout.seed seeds each call differently, reproducibly.
-            seed = rcfg.seed + self._generate_calls
+            # A fixed rollout.seed seeds each call (and each data-parallel rank)
+            # differently, reproducibly.
+            seed = rcfg.seed + self._generate_calls + 100_003 * self.rank
         return SamplingParams(
             n=values["n"],
             temperature=values["temperature"],
@@ -135,7 +153,8 @@ class ActorRolloutRefWorker(Worker):
             # change which samples training sees.
             self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
-        out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
+        with self.engine.gathered_params():
+            out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
         return out
@@ -188,13 +207,14 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the frozen reference policy."""
-        if self.ref_module is None:
+        if self.ref_engine is None:
             raise RuntimeError(
                 "compute_ref_log_prob called on a worker built without a reference policy "
                 "(role='actor_rollout'); enable actor.use_kl_loss or algorithm.use_kl_in_reward"
             )
         mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
-        log_probs, _ = self._log_probs(self.ref_module, data, mbs, False)
+        with self.ref_engine.eval_mode():
+            log_probs, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
 
     # ------------------------------------------------------------------ update
@@ -215,6 +235,15 @@ class ActorRolloutRefWorker(Worker):
         keys += ["old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")
+        use_rollout_is = acfg.rollout_is_threshold is not None
+        if use_rollout_is and "rollout_log_probs" in data.batch:
+            keys.append("rollout_log_probs")
+        elif use_rollout_is and self._update_calls == 0:
+            logger.warning(
+                "actor.rollout_is_threshold=%s but the batch has no rollout_log_probs "
+                "(the rollout backend did not return them): no importance correction",
+                acfg.rollout_is_threshold,
+            )
         data = to_device(data.select(batch_keys=keys), self.device)
         response_len = data.batch["responses"].shape[1]
         acc = MetricsAccumulator()
@@ -222,7 +251,8 @@ class ActorRolloutRefWorker(Worker):
         with self.engine.train_mode():
             for mini in iter_ppo_mini_batches(
                 data,
-                mini_batch_size=acfg.ppo_mini_batch_size * n,
+                # ppo_mini_batch_size counts prompts over all data-parallel ranks
+                mini_batch_size=acfg.ppo_mini_batch_size * n // self.world_size,
                 epochs=acfg.ppo_epochs,
                 shuffle=acfg.shuffle,
                 seed=self.config.trainer.seed + self._update_calls,
@@ -245,6 +275,18 @@ class ActorRolloutRefWorker(Worker):
                             calculate_entropy=acfg.entropy_coeff != 0,
                         )
                     log_prob = log_prob.float()
+                    is_weights = None
+                    if "rollout_log_probs" in b:
+                        # Truncated IS: correct for the rollout sampling from slightly
+                        # different numerics than the old policy the ratio is taken against.
+                        is_weights, is_metrics = compute_rollout_is_weights(
+                            b["old_log_probs"],
+                            b["rollout_log_probs"],
+                            mask,
+                            acfg.rollout_is_threshold,
+                        )
+                        for key, value in is_metrics.items():
+                            acc.add(f"actor/{key}", value)
                     pg_loss, pg_metrics = policy_loss_fn(
                         old_log_prob=b["old_log_probs"],
                         log_prob=log_prob,
@@ -255,6 +297,7 @@ class ActorRolloutRefWorker(Worker):
                         clip_ratio_c=acfg.clip_ratio_c,
                         loss_agg_mode=acfg.loss_agg_mode,
                         loss_scale_factor=acfg.loss_scale_factor,
+                        rollout_is_weights=is_weights,
                     )
                     loss = pg_loss
                     if entropy is not None:
@@ -282,8 +325,15 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ export
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf(self, out_dir: str) -> str:
-        """Write the actor as a HuggingFace model directory (weights, config, tokenizer)."""
-        return str(atomic_save_pretrained(self.engine.module, self.tokenizer, out_dir))
+        """Write the actor as a HuggingFace model directory (weights, config, tokenizer).
+
+        A collective under FSDP2 (the full state dict is gathered); rank 0 writes.
+        """
+        sharded = engine_strategy(self.config, "actor_rollout_ref") == "fsdp2"
+        state = self.engine.state_dict_for_save() if sharded else None
+        if self.rank == 0:
+            atomic_save_pretrained(self.engine.module, self.tokenizer, out_dir, state_dict=state)
+        return str(out_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_dict_for_save(self) -> dict[str, torch.Tensor]:

@@ -1,8 +1,17 @@
 """Pieces shared by the trainable workers: mini-batch iteration, micro-batch loss
-weights, metric accumulation and atomic HuggingFace export."""
+weights (exact across data-parallel ranks), metric accumulation and atomic HuggingFace
+export.
+
+Data parallelism: a role with several ranks lives in processes that share one
+``torch.distributed`` default group (the Ray backend sets it up before the worker is
+built). FSDP2 averages gradients over that group, so loss weights computed here are
+scaled by the group size: the averaged gradient is then the gradient of the loss
+aggregated over the *global* mini-batch, whatever the ranks' token counts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -12,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.utils.distributed import find_free_port, init_distributed, is_distributed
 
 
 def iter_ppo_mini_batches(
@@ -53,10 +64,57 @@ def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) 
         ]
     else:
         counts = [float(len(mb)) for mb in micro_batches]
-    total = sum(counts)
+    total, ranks = dp_sum(sum(counts)), dp_world_size()
     if total == 0:
         return [0.0 for _ in counts]
-    return [c / total for c in counts]
+    return [c * ranks / total for c in counts]
+
+
+def dp_world_size() -> int:
+    """Ranks of this process's data-parallel group (1 without ``torch.distributed``)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def dp_sum(value: float) -> float:
+    """``value`` summed over the data-parallel group (itself without one)."""
+    if dp_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, Any]:
+    """``build_engine`` keyword arguments of ``strategy`` from a role's ``fsdp_config``.
+
+    For ``fsdp2`` this also makes sure the worker's process group exists. The single engine
+    takes none of these options.
+    """
+    if strategy != "fsdp2":
+        return {}
+    ensure_process_group(worker.rank, worker.world_size, worker.device.type)
+    mp = getattr(fsdp_config, "mixed_precision", None)
+    return {
+        "reshard_after_forward": fsdp_config.reshard_after_forward,
+        "mixed_precision": None if mp is None else dataclasses.asdict(mp),
+    }
+
+
+def ensure_process_group(rank: int, world_size: int, device_type: str) -> None:
+    """Make sure a ``torch.distributed`` group exists for an FSDP2 engine.
+
+    Multi-rank groups are created by the worker-group backend before the worker exists;
+    a one-rank FSDP2 run in the driver process (local backend) gets a private group on a
+    free loopback port here.
+    """
+    if is_distributed():
+        return
+    if world_size != 1:
+        raise RuntimeError(
+            f"rank {rank} of {world_size}: no torch.distributed group; multi-rank FSDP2 "
+            "workers must be started by the ray backend (trainer.backend=ray)"
+        )
+    init_distributed(0, 1, "127.0.0.1", find_free_port(), device_type=device_type)
 
 
 def to_device(data: DataProto, device: torch.device) -> DataProto:
@@ -78,24 +136,45 @@ class MetricsAccumulator:
         self._reduce[key] = reduce
 
     def result(self) -> dict[str, float]:
+        """Reduced metrics; with several data-parallel ranks, also reduced across them.
+
+        ``mean`` metrics average every value of every rank; ``sum`` metrics are summed per
+        rank and those sums averaged over ranks. A collective when distributed: every rank
+        of the group must call it.
+        """
+        local = {key: (sum(values), len(values)) for key, values in self._values.items()}
+        parts = [local]
+        if dp_world_size() > 1:
+            parts = [None] * dp_world_size()
+            dist.all_gather_object(parts, local)
         out = {}
-        for key, values in self._values.items():
-            total = sum(values)
-            out[key] = total if self._reduce[key] == "sum" else total / len(values)
+        for key in sorted({k for part in parts for k in part}):
+            have = [part[key] for part in parts if key in part]
+            if self._reduce[key] == "sum":
+                # a sum per rank (e.g. skipped optimizer steps, the same on every rank)
+                out[key] = sum(total for total, _ in have) / len(have)
+            else:
+                out[key] = sum(total for total, _ in have) / sum(count for _, count in have)
         return out
 
 
-def atomic_save_pretrained(module: Any, tokenizer: Any, out_dir: str | os.PathLike[str]) -> Path:
+def atomic_save_pretrained(
+    module: Any,
+    tokenizer: Any,
+    out_dir: str | os.PathLike[str],
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """``save_pretrained`` into a temporary sibling directory, then rename into place.
 
     A crash mid-write never leaves a half-written ``out_dir``; an existing ``out_dir`` is
-    replaced only after the new one is complete.
+    replaced only after the new one is complete. ``state_dict`` (e.g. the full dict an
+    FSDP2 engine gathered) replaces the module's own, whose tensors may be shards.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        module.save_pretrained(tmp, safe_serialization=True)
+        module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if out.exists():

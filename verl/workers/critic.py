@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import compute_value_loss
-from verl.config import TrainerConfig
+from verl.config import TrainerConfig, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
@@ -16,6 +16,7 @@ from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.workers.common import (
     MetricsAccumulator,
+    engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
     to_device,
@@ -69,12 +70,14 @@ class CriticWorker(Worker):
         self._given_module = None
         if ccfg.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
+        strategy = engine_strategy(self.config, "critic")
         self.engine = build_engine(
-            ccfg.strategy,
+            strategy,
             module=module,
             optim=OptimSpec.from_config(ccfg.optim, total_steps=total_steps),
             grad_clip=ccfg.grad_clip,
             device=self.device,
+            **engine_options(self, strategy, ccfg.fsdp_config),
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -104,7 +107,8 @@ class CriticWorker(Worker):
         with self.engine.train_mode():
             for mini in iter_ppo_mini_batches(
                 data,
-                mini_batch_size=ccfg.ppo_mini_batch_size * n,
+                # ppo_mini_batch_size counts prompts over all data-parallel ranks
+                mini_batch_size=ccfg.ppo_mini_batch_size * n // self.world_size,
                 epochs=ccfg.ppo_epochs,
                 shuffle=ccfg.shuffle,
                 seed=self.config.trainer.seed + 7919 * self._update_calls,
