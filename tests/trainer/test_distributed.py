@@ -108,3 +108,24 @@ def test_ppo_with_critic_on_its_own_pool(ray_session, tiny_model_dir, tmp_path):
     _assert_finite(metrics)
     assert metrics["critic/grad_norm"] > 0
     assert "critic/vf_loss" in metrics
+
+
+def test_killed_rank_fails_the_run_quickly_and_names_it(ray_session, tiny_model_dir, tmp_path):
+    import os
+    import signal
+    import time
+
+    from verl.controller import WorkerDiedError
+
+    trainer = RLTrainer(_config(tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=2"))
+    try:
+        os.kill(trainer.actor_rollout_wg.pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as err:
+            trainer.fit()
+        elapsed = time.monotonic() - start
+    finally:
+        trainer.close()
+    assert err.value.rank == 1
+    assert "actor_rollout_ref" in str(err.value) and "rank 1" in str(err.value)
+    assert elapsed < 30, f"the driver took {elapsed:.1f}s to report the dead worker"

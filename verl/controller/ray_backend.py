@@ -192,7 +192,13 @@ class _WorkerHost:
         num_threads: int,
         collective_timeout_s: float | None,
     ) -> tuple[int, str]:
-        """Set up the process (env, threads, process group), then construct the worker."""
+        """Set up the process (env, threads, logging, process group), then build the worker."""
+        # Ray forwards the actor's stderr to the driver, prefixed with this actor's label;
+        # without a handler the workers' log records would be dropped.
+        logging.basicConfig(
+            level=os.environ.get("VERL_WORKER_LOG_LEVEL", "WARNING").upper(),
+            format="%(levelname)s %(name)s: %(message)s",
+        )
         os.environ.update(info.to_env())
         os.environ["OMP_NUM_THREADS"] = str(num_threads)
         os.environ["MKL_NUM_THREADS"] = str(num_threads)

@@ -178,7 +178,11 @@ def write_records(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> st
     try:
         if path.endswith(PARQUET_SUFFIXES):
             os.close(fd)
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            # pyarrow takes the columns from the first row alone: name every column any
+            # row has, so a key missing from the first row is not silently dropped.
+            columns = list(dict.fromkeys(key for row in rows for key in row))
+            table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
+            pq.write_table(table, tmp)
         else:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for row in rows:
