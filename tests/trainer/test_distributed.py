@@ -82,32 +82,44 @@ def test_grpo_on_two_fsdp2_ranks_colocated(ray_session, tiny_model_dir, tmp_path
     assert changed, "two GRPO steps on two ranks left every weight unchanged"
 
 
-def test_ppo_with_critic_on_its_own_pool(ray_session, tiny_model_dir, tmp_path):
+def test_ppo_with_critic_and_reward_model_on_pools_of_their_own(
+    ray_session, tiny_model_dir, tmp_path
+):
+    rm_dir = save_tiny_model_dir(tmp_path / "rm", arch="qwen2", num_layers=1, reward_head=True)
     cfg = _config(
         tiny_model_dir,
         tmp_path,
         "algorithm.adv_estimator=gae",
-        "trainer.n_gpus_per_node=2",
+        "trainer.n_gpus_per_node=3",
         "resource_pool.actor_devices=[0]",
         "resource_pool.critic_devices=[1]",
+        "resource_pool.reward_model_devices=[2]",
         "critic.ppo_mini_batch_size=2",
         "critic.ppo_micro_batch_size_per_device=2",
         "critic.optim.lr=1e-3",
+        "reward_model.enable=true",
+        f"reward_model.model.path={rm_dir}",
     )
     trainer = RLTrainer(cfg)
     try:
         assert trainer.placement.backend == "ray"
-        assert len(trainer.placement.pools) == 2
-        actor_pid = trainer.actor_rollout_wg.pids
-        critic_pid = trainer.critic_wg.pids
-        assert set(actor_pid).isdisjoint(critic_pid)
+        assert len(trainer.placement.pools) == 3
+        pids = [
+            set(group.pids)
+            for group in (trainer.actor_rollout_wg, trainer.critic_wg, trainer.rm_wg)
+        ]
+        assert len(set().union(*pids)) == 3, f"roles share processes: {pids}"
     except BaseException:
         trainer.close()
         raise
+    history_start = len(trainer.history)
     metrics = trainer.fit()["last_metrics"]
+    assert len(trainer.history) == history_start + 2
     _assert_finite(metrics)
     assert metrics["critic/grad_norm"] > 0
     assert "critic/vf_loss" in metrics
+    # reward-model scores are real-valued, not the rules' 0/1
+    assert metrics["critic/score/mean"] not in (0.0, 1.0)
 
 
 def test_killed_rank_fails_the_run_quickly_and_names_it(ray_session, tiny_model_dir, tmp_path):
