@@ -17,15 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-from verl.config import load_config
-from verl.models.tiny import save_tiny_model_dir
 from verl.rewards.placement import place_on_last_token
 from verl.trainer.ppo_trainer import RLTrainer
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
 
 
 def even_token_reward(batch):
@@ -36,27 +29,15 @@ def even_token_reward(batch):
     return place_on_last_token(score, mask), {"reward/even_mean": score.mean().item()}, {}
 
 
-def _config(model_dir: Path, out: Path, *extra: str):
-    return load_config(
-        overrides=[
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=2",
-            "data.max_response_length=4",
-            "data.arithmetic.train_size=8",
-            "data.arithmetic.val_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
-            "actor_rollout_ref.actor.optim.lr=1e-3",
-            "actor_rollout_ref.actor.optim.weight_decay=0.0",
-            "trainer.total_training_steps=2",
-            "trainer.val_before_train=false",
-            "trainer.logger=[]",
-            f"trainer.default_local_dir={out}",
-            f"trainer.log_dir={out}",
-            *extra,
-        ]
-    )
+OVERRIDES = (
+    "data.train_batch_size=2",
+    "data.max_response_length=4",
+    "data.arithmetic.train_size=8",
+    "data.arithmetic.val_size=2",
+    "actor_rollout_ref.actor.optim.weight_decay=0.0",
+    "trainer.val_before_train=false",
+    "trainer.logger=[]",
+)
 
 
 ESTIMATOR_CASES = {
@@ -111,10 +92,8 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_steps_train(case, tiny_model_dir, tmp_path):
-    trainer = RLTrainer(
-        _config(tiny_model_dir, tmp_path, *CASES[case]), reward_fn=even_token_reward
-    )
+def test_two_steps_train(rl_config, case, tiny_model_dir):
+    trainer = RLTrainer(rl_config(*OVERRIDES, *CASES[case]), reward_fn=even_token_reward)
     result = trainer.fit()
 
     assert trainer.global_step == 2
@@ -137,12 +116,11 @@ def test_two_steps_train(case, tiny_model_dir, tmp_path):
     assert changed, f"{case}: no actor weight changed"
 
 
-def test_rollout_logprob_mismatch_is_zero_in_fp32(tiny_model_dir, tmp_path):
+def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):
     # The native rollout samples from the training module's own weights in fp32: its
     # sampling log-probs and the trainer's recomputed old log-probs agree to float precision.
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+    cfg = rl_config(
+        *OVERRIDES,
         "actor_rollout_ref.model.dtype=fp32",
         "actor_rollout_ref.rollout.name=native",
         "data.max_response_length=8",

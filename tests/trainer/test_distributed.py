@@ -8,45 +8,21 @@ Ray session (``ray_session`` in ``tests/conftest.py``).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.trainer.ppo_trainer import RLTrainer
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
-
-
-def _config(model_dir: Path, out: Path, *extra: str):
-    return load_config(
-        overrides=[
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=4",
-            "data.max_response_length=6",
-            "data.arithmetic.train_size=16",
-            "data.arithmetic.val_size=4",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
-            "actor_rollout_ref.actor.optim.lr=1e-3",
-            "trainer.total_training_steps=2",
-            "trainer.val_before_train=false",
-            "trainer.device=cpu",
-            "trainer.logger=[jsonl]",
-            f"trainer.default_local_dir={out}",
-            f"trainer.log_dir={out}",
-            *extra,
-        ]
-    )
+OVERRIDES = (
+    "trainer.val_before_train=false",
+    "trainer.device=cpu",
+)
 
 
 def _assert_finite(metrics: dict) -> None:
@@ -55,10 +31,9 @@ def _assert_finite(metrics: dict) -> None:
             assert math.isfinite(value), f"{key}={value}"
 
 
-def test_grpo_on_two_fsdp2_ranks_colocated(ray_session, tiny_model_dir, tmp_path):
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+def test_grpo_on_two_fsdp2_ranks_colocated(rl_config, ray_session, tiny_model_dir):
+    cfg = rl_config(
+        *OVERRIDES,
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.use_kl_loss=true",
     )
@@ -82,13 +57,10 @@ def test_grpo_on_two_fsdp2_ranks_colocated(ray_session, tiny_model_dir, tmp_path
     assert changed, "two GRPO steps on two ranks left every weight unchanged"
 
 
-def test_ppo_with_critic_and_reward_model_on_pools_of_their_own(
-    ray_session, tiny_model_dir, tmp_path
-):
+def test_ppo_with_critic_and_reward_model_on_pools_of_their_own(rl_config, ray_session, tmp_path):
     rm_dir = save_tiny_model_dir(tmp_path / "rm", arch="qwen2", num_layers=1, reward_head=True)
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+    cfg = rl_config(
+        *OVERRIDES,
         "algorithm.adv_estimator=gae",
         "trainer.n_gpus_per_node=3",
         "resource_pool.actor_devices=[0]",
@@ -122,14 +94,14 @@ def test_ppo_with_critic_and_reward_model_on_pools_of_their_own(
     assert metrics["critic/score/mean"] not in (0.0, 1.0)
 
 
-def test_killed_rank_fails_the_run_quickly_and_names_it(ray_session, tiny_model_dir, tmp_path):
+def test_killed_rank_fails_the_run_quickly_and_names_it(rl_config, ray_session):
     import os
     import signal
     import time
 
     from verl.controller import WorkerDiedError
 
-    trainer = RLTrainer(_config(tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=2"))
+    trainer = RLTrainer(rl_config(*OVERRIDES, "trainer.n_gpus_per_node=2"))
     try:
         os.kill(trainer.actor_rollout_wg.pids[1], signal.SIGKILL)
         start = time.monotonic()

@@ -11,36 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.trainer.ppo_trainer import RLTrainer
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
-
-
-def _config(model_dir: Path, out: Path, *extra: str):
-    return load_config(
-        overrides=[
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=4",
-            "data.max_response_length=6",
-            "data.arithmetic.train_size=16",
-            "data.arithmetic.val_size=4",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
-            "actor_rollout_ref.actor.optim.lr=1e-3",
-            "trainer.total_training_steps=2",
-            "trainer.logger=[jsonl]",
-            f"trainer.default_local_dir={out}",
-            f"trainer.log_dir={out}",
-            *extra,
-        ]
-    )
-
 
 REQUIRED_KEYS = {
     "critic/score/mean",
@@ -68,10 +40,8 @@ def _finite(metrics: dict) -> None:
             assert math.isfinite(value), f"{key}={value}"
 
 
-def test_grpo_runs_logs_and_saves_reloadable_actor(tiny_model_dir, tmp_path):
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+def test_grpo_runs_logs_and_saves_reloadable_actor(rl_config, tmp_path):
+    cfg = rl_config(
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
     )
@@ -102,10 +72,8 @@ def test_grpo_runs_logs_and_saves_reloadable_actor(tiny_model_dir, tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, trained(ids).logits)
 
 
-def test_ppo_with_critic_runs(tiny_model_dir, tmp_path):
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+def test_ppo_with_critic_runs(rl_config):
+    cfg = rl_config(
         "algorithm.adv_estimator=gae",
         "algorithm.use_kl_in_reward=true",
         "critic.ppo_mini_batch_size=2",
@@ -133,18 +101,16 @@ def test_ppo_with_critic_runs(tiny_model_dir, tmp_path):
         ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload"),
     ],
 )
-def test_unsupported_settings_fail_before_loading(tiny_model_dir, tmp_path, override, phrase):
+def test_unsupported_settings_fail_before_loading(rl_config, override, phrase):
     from verl.trainer.setup import NotSupportedYet
 
     with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
-        RLTrainer(_config(tiny_model_dir, tmp_path, override))
+        RLTrainer(rl_config(override))
 
 
-def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):
+def test_reward_model_scores_replace_rules(rl_config, tmp_path):
     rm_dir = save_tiny_model_dir(tmp_path / "rm", arch="qwen2", num_layers=1, reward_head=True)
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+    cfg = rl_config(
         "reward_model.enable=true",
         f"reward_model.model.path={rm_dir}",
         "trainer.total_training_steps=1",
@@ -160,15 +126,13 @@ def test_reward_model_scores_replace_rules(tiny_model_dir, tmp_path):
     assert torch.all(scores[torch.arange(len(gen)), last] != 0)
 
 
-def test_custom_reward_file_and_hf_rollout(tiny_model_dir, tmp_path):
+def test_custom_reward_file_and_hf_rollout(rl_config, tmp_path):
     reward_file = tmp_path / "my_reward.py"
     reward_file.write_text(
         "def length_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return {'score': len(solution_str) / 100.0, 'acc': 0.0}\n"
     )
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+    cfg = rl_config(
         "actor_rollout_ref.rollout.name=hf",
         f"custom_reward_function.path={reward_file}",
         "custom_reward_function.name=length_score",
@@ -186,12 +150,10 @@ def test_custom_reward_file_and_hf_rollout(tiny_model_dir, tmp_path):
     trainer.close()
 
 
-def test_lr_schedule_spans_all_optimizer_steps(tiny_model_dir, tmp_path):
+def test_lr_schedule_spans_all_optimizer_steps(rl_config):
     # 2 trainer steps x 2 mini-batches = 4 optimizer steps of a cosine schedule to 0:
     # the lr must still be positive in the last trainer step.
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+    cfg = rl_config(
         "actor_rollout_ref.actor.optim.warmup_style=cosine",
         "trainer.val_before_train=false",
     )
@@ -201,10 +163,8 @@ def test_lr_schedule_spans_all_optimizer_steps(tiny_model_dir, tmp_path):
     assert lrs[0] > lrs[1] > 0
 
 
-def test_remax_uses_a_greedy_baseline(tiny_model_dir, tmp_path):
-    cfg = _config(
-        tiny_model_dir,
-        tmp_path,
+def test_remax_uses_a_greedy_baseline(rl_config):
+    cfg = rl_config(
         "algorithm.adv_estimator=remax",
         "trainer.val_before_train=false",
         "trainer.total_training_steps=1",

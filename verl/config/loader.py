@@ -15,9 +15,9 @@ import importlib.resources
 import logging
 import os
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -30,6 +30,8 @@ from verl.config.yaml_io import load_yaml_text, parse_value
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = "ppo_trainer.yaml"
+
+C = TypeVar("C")
 
 
 def default_config_text(name: str = DEFAULT_CONFIG) -> str:
@@ -53,17 +55,39 @@ def load_config(
     Raises:
         ConfigError: listing every problem found.
     """
-    tree = load_yaml_text(default_config_text())
+    return load_validated(
+        TrainerConfig,
+        DEFAULT_CONFIG,
+        path,
+        overrides,
+        lambda cfg, bad_paths: semantic_problems(cfg, registries=registries, skip_paths=bad_paths),
+    )
+
+
+def load_validated(
+    root: type[C],
+    defaults_name: str,
+    path: str | os.PathLike[str] | None,
+    overrides: Iterable[str],
+    check: Callable[[C, set[str]], tuple[list[ConfigProblem], list[str]]],
+) -> C:
+    """Packaged defaults ``defaults_name`` + YAML file ``path`` + ``overrides`` -> ``root``.
+
+    ``check(cfg, bad_paths)`` returns the semantic problems and warnings of the built config
+    (``bad_paths``: keys that failed to convert, to skip). Every problem is raised together
+    as one ``ConfigError``; warnings are logged.
+    """
+    tree = load_yaml_text(default_config_text(defaults_name)) or {}
     problems: list[ConfigProblem] = []
     if path is not None:
-        user = _read_user_yaml(Path(path), problems)
+        user = read_user_yaml(Path(path), problems)
         if user is not None:
             tree = merge(tree, user)
     for text in overrides:
-        apply_override(tree, text, problems)
-    cfg, build_problems, bad_paths = build(TrainerConfig, tree)
+        apply_override(tree, text, problems, root=root)
+    cfg, build_problems, bad_paths = build(root, tree)
     problems += build_problems
-    checked, warnings = semantic_problems(cfg, registries=registries, skip_paths=bad_paths)
+    checked, warnings = check(cfg, bad_paths)
     problems += checked
     if problems:
         raise ConfigError(problems)
@@ -72,7 +96,8 @@ def load_config(
     return cfg
 
 
-def _read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
+def read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
+    """The mapping in the YAML file ``path``, or ``None`` with a problem recorded."""
     if not path.is_file():
         problems.append(ConfigProblem("", f"config file {str(path)!r} does not exist"))
         return None
@@ -102,8 +127,11 @@ def merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_override(tree: dict[str, Any], text: str, problems: list[ConfigProblem]) -> None:
-    """Apply one ``key=value`` override to the dict ``tree`` in place, or record a problem.
+def apply_override(
+    tree: dict[str, Any], text: str, problems: list[ConfigProblem], root: type = TrainerConfig
+) -> None:
+    """Apply one ``key=value`` override to the dict ``tree`` (of schema ``root``) in place, or
+    record a problem.
 
     The key path is checked against the schema as it is walked, so a typo is reported with
     the override that contained it and a did-you-mean. A section that is null (e.g.
@@ -136,13 +164,13 @@ def apply_override(tree: dict[str, Any], text: str, problems: list[ConfigProblem
 
     parts = key.split(".")
     node: dict[str, Any] = tree
-    tp: Any = TrainerConfig
+    tp: Any = root
     for i, part in enumerate(parts):
         cls = section_class(tp)
         if cls is not None:
             if part not in field_types(cls):
                 problems.append(
-                    _unknown(text, ".".join(parts[: i + 1]), part, cls, plus, parts[:i])
+                    _unknown(text, ".".join(parts[: i + 1]), part, cls, root, plus, parts[:i])
                 )
                 return
             tp = field_types(cls)[part]
@@ -172,10 +200,10 @@ def _is_mapping_type(tp: Any) -> bool:
 
 
 def _unknown(
-    text: str, path: str, key: str, cls: type, plus: bool, parents: list[str]
+    text: str, path: str, key: str, cls: type, root: type, plus: bool, parents: list[str]
 ) -> ConfigProblem:
     prefix = "".join(f"{p}." for p in parents)
-    message = f"{path}: unknown key (override {text!r})" + suggest(key, cls, TrainerConfig, prefix)
+    message = f"{path}: unknown key (override {text!r})" + suggest(key, cls, root, prefix)
     if plus:
         message += (
             "; '+' cannot add keys: the schema is fixed, and '+key=value' on an existing key "

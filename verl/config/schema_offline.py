@@ -25,24 +25,21 @@ from __future__ import annotations
 
 import logging
 import os
-import typing
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
-
-import yaml
+from typing import Literal, TypeVar
 
 from verl.config._fields import Device, Logger, Strategy, entry
-from verl.config.convert import build, field_types, section_class, suggest, unwrap_optional
+from verl.config.convert import build
 from verl.config.derived import PATH_FIELDS, template_fields
 from verl.config.errors import ConfigError, ConfigProblem
-from verl.config.loader import default_config_text, merge
+from verl.config.loader import load_validated
 from verl.config.render import config_table, to_yaml
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import _check_optim, _Checks
-from verl.config.yaml_io import load_yaml_text, parse_value, show
+from verl.config.yaml_io import show
 
 __all__ = [
     "DPOConfig",
@@ -375,23 +372,13 @@ def load_offline_config(
     Raises ``ConfigError`` listing every problem (unknown keys with a did-you-mean, wrong
     types, failed checks).
     """
-    tree = load_yaml_text(default_config_text(defaults_name)) or {}
-    problems: list[ConfigProblem] = []
-    if path is not None:
-        user = _read_user_yaml(Path(path), problems)
-        if user is not None:
-            tree = merge(tree, user)
-    for text in overrides:
-        _apply_override(cls, tree, text, problems)
-    cfg, build_problems, bad_paths = build(cls, tree)
-    problems += build_problems
-    checked, warnings = offline_problems(cfg, registries=registries, skip_paths=bad_paths)
-    problems += checked
-    if problems:
-        raise ConfigError(problems)
-    for warning in warnings:
-        logger.warning(warning)
-    return cfg
+    return load_validated(
+        cls,
+        defaults_name,
+        path,
+        overrides,
+        lambda cfg, bad_paths: offline_problems(cfg, registries=registries, skip_paths=bad_paths),
+    )
 
 
 def load_sft_config(
@@ -411,86 +398,6 @@ def load_dpo_config(
     return load_offline_config(
         DPOConfig, DPO_DEFAULT_CONFIG, path, overrides, registries=registries
     )
-
-
-def _read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
-    if not path.is_file():
-        problems.append(ConfigProblem("", f"config file {str(path)!r} does not exist"))
-        return None
-    try:
-        data = load_yaml_text(path.read_text())
-    except yaml.YAMLError as exc:
-        problems.append(ConfigProblem("", f"config file {str(path)!r} is not valid YAML: {exc}"))
-        return None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        problems.append(
-            ConfigProblem("", f"config file {str(path)!r} must hold a mapping of sections")
-        )
-        return None
-    return data
-
-
-def _apply_override(root: type, tree: dict[str, Any], text: str, problems: list) -> None:
-    """Apply one ``key=value`` override to ``tree`` in place, or record a problem.
-
-    The same syntax as the PPO loader: ``a.b=value`` with a YAML 1.2 value; ``+a.b`` only
-    for an existing key; ``~a.b`` is rejected.
-    """
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if key.startswith("~"):
-        problems.append(
-            ConfigProblem(key[1:], f"override {text!r}: deleting keys is not supported")
-        )
-        return
-    if not sep or not key:
-        problems.append(ConfigProblem("", f"override {text!r}: expected key=value"))
-        return
-    key = key.lstrip("+")
-    try:
-        value = parse_value(raw)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        problems.append(ConfigProblem(key, f"override {text!r}: value is not valid YAML ({first})"))
-        return
-    parts = key.split(".")
-    node, tp = tree, root
-    for i, part in enumerate(parts):
-        here = ".".join(parts[: i + 1])
-        cls = section_class(tp)
-        if cls is not None:
-            if part not in field_types(cls):
-                prefix = "".join(f"{p}." for p in parts[:i])
-                message = f"{here}: unknown key (override {text!r})" + suggest(
-                    part, cls, root, prefix
-                )
-                problems.append(ConfigProblem(here, message, (here,)))
-                return
-            tp = field_types(cls)[part]
-        elif tp is not Any:  # a free-form mapping such as model.override_config
-            tp = typing.get_args(unwrap_optional(tp)[0])[1]
-        if i == len(parts) - 1:
-            node[part] = value
-            return
-        inner = unwrap_optional(tp)[0]
-        if (
-            section_class(inner) is None
-            and typing.get_origin(inner) is not dict
-            and inner is not Any
-        ):
-            problems.append(
-                ConfigProblem(
-                    here,
-                    f"override {text!r}: {here} is a value, not a section; set it with {here}=...",
-                    (here,),
-                )
-            )
-            return
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
 
 
 # --------------------------------------------------------------------------- generation

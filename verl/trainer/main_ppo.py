@@ -14,6 +14,8 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from verl.config import ConfigError, TrainerConfig, load_config, to_yaml
 
@@ -87,6 +89,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    return execute(cfg, args, run_ppo, format_results)
+
+
+def execute(
+    cfg: Any,
+    args: argparse.Namespace,
+    run: Callable[[Any], dict],
+    report: Callable[[dict, float], str],
+) -> int:
+    """The actions after a config loaded: print it, or validate only, or ``run`` and report."""
     if args.print_config:
         sys.stdout.write(to_yaml(cfg))
         return 0
@@ -94,8 +106,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print("config OK")
         return 0
     start = time.perf_counter()
-    results = run_ppo(cfg)
-    print(format_results(results, time.perf_counter() - start))
+    results = run(cfg)
+    print(report(results, time.perf_counter() - start))
     return 0
 
 

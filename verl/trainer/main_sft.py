@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from typing import Any
 
-from verl.config import ConfigError, SFTConfig, load_sft_config, to_yaml
+from verl.config import ConfigError, SFTConfig, load_sft_config
 from verl.config.schema_offline import default_yaml
+from verl.trainer.main_ppo import execute
 
 EXIT_CONFIG_ERROR = 2
 
@@ -82,16 +82,7 @@ def run_offline(
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    if args.print_config:
-        sys.stdout.write(to_yaml(cfg))
-        return 0
-    if args.validate_only:
-        print("config OK")
-        return 0
-    start = time.perf_counter()
-    results = run(cfg)
-    print(format_results(results, time.perf_counter() - start))
-    return 0
+    return execute(cfg, args, run, format_results)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""Fixtures of the trainer tests: one tiny model directory and the RL config built on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from verl.config import TrainerConfig, load_config
+from verl.models.tiny import save_tiny_model_dir
+
+# Two steps of 4 prompts x 2 responses of at most 6 tokens on the built-in arithmetic data.
+BASE_OVERRIDES = (
+    "data.train_batch_size=4",
+    "data.max_response_length=6",
+    "data.arithmetic.train_size=16",
+    "data.arithmetic.val_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
+    "actor_rollout_ref.actor.optim.lr=1e-3",
+    "trainer.total_training_steps=2",
+    "trainer.logger=[jsonl]",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 saved as a HuggingFace directory (with its tokenizer)."""
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
+
+
+@pytest.fixture
+def rl_config(tiny_model_dir: Path, tmp_path: Path) -> Callable[..., TrainerConfig]:
+    """``rl_config(*overrides)``: the tiny-model RL config writing under ``tmp_path``.
+
+    ``overrides`` come after :data:`BASE_OVERRIDES`, so they win.
+    """
+
+    def make(*extra: str) -> TrainerConfig:
+        return load_config(
+            overrides=[
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                *BASE_OVERRIDES,
+                f"trainer.default_local_dir={tmp_path}",
+                f"trainer.log_dir={tmp_path}",
+                *extra,
+            ]
+        )
+
+    return make
