@@ -113,3 +113,24 @@ def test_sets_hub_offline(model_dir, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     load_tokenizer(model_dir)
     assert loading.os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_override_config_reaches_the_model(model_dir):
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = load_causal_lm(model_dir)
+    changed = load_causal_lm(model_dir, override_config={"rms_norm_eps": 0.5})
+    assert changed.config.rms_norm_eps == 0.5
+    assert plain.config.rms_norm_eps != 0.5
+    with torch.no_grad():
+        assert not torch.allclose(plain(ids).logits, changed(ids).logits)
+    # the weights are the same: only the config changed
+    torch.testing.assert_close(plain.state_dict(), changed.state_dict(), rtol=0, atol=0)
+
+
+def test_override_config_unknown_key_is_named_with_a_suggestion(model_dir):
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(model_dir, override_config={"rms_norm_epsilon": 1e-5})
+    message = str(err.value)
+    assert "model.override_config: 'rms_norm_epsilon'" in message
+    assert "did you mean rms_norm_eps" in message
+    assert str(model_dir) in message

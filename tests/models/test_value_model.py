@@ -140,3 +140,13 @@ def test_critic_errors(tmp_path):
         CausalLMWithValueHead.from_pretrained(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="has no weights"):
         load_reward_model(tmp_path)
+
+
+def test_override_config_reaches_critic_and_reward_model(lm_dir, tmp_path):
+    critic = CausalLMWithValueHead.from_pretrained(lm_dir, override_config={"rms_norm_eps": 0.25})
+    assert critic.model.config.rms_norm_eps == 0.25
+    rm_dir = save_tiny_model_dir(tmp_path / "rm", num_layers=1, reward_head=True)
+    rm = load_reward_model(rm_dir, override_config={"rms_norm_eps": 0.25})
+    assert rm.config.rms_norm_eps == 0.25
+    with pytest.raises(ValueError, match=r"reward_model\.model\.override_config: 'nope'"):
+        load_reward_model(rm_dir, override_config={"nope": 1})

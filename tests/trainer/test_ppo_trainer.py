@@ -72,6 +72,27 @@ def test_grpo_runs_logs_and_saves_reloadable_actor(rl_config, tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, trained(ids).logits)
 
 
+def test_override_config_reaches_actor_reference_and_critic(rl_config):
+    trainer = RLTrainer(
+        rl_config(
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "critic.ppo_mini_batch_size=2",
+            "critic.ppo_micro_batch_size_per_device=2",
+            "actor_rollout_ref.model.override_config={rms_norm_eps: 0.125}",
+            "critic.model.override_config={rms_norm_eps: 0.25}",
+        )
+    )
+    try:
+        actor = trainer.actor_rollout_wg.workers[0]
+        assert actor.engine.module.config.rms_norm_eps == 0.125
+        assert actor.ref_engine.module.config.rms_norm_eps == 0.125
+        critic = trainer.critic_wg.workers[0]
+        assert critic.engine.module.model.config.rms_norm_eps == 0.25
+    finally:
+        trainer.close()
+
+
 def test_ppo_with_critic_runs(rl_config):
     cfg = rl_config(
         "algorithm.adv_estimator=gae",

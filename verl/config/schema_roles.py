@@ -199,6 +199,7 @@ class CriticModelConfig:
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = the model's")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
+    override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
 
 
 @dataclass
@@ -239,6 +240,7 @@ class RewardModelModelConfig:
     path: str | None = entry(None, "reward model path (required when reward_model.enable)")
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = model path")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
+    override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
 
 
 @dataclass

@@ -9,12 +9,15 @@ the path and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from verl.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, is_embedded_alias
 from verl.models.precision import resolve_dtype
@@ -84,6 +87,45 @@ def check_model_dir(path: Path) -> str | None:
     return gguf
 
 
+def config_with_overrides(
+    model_dir: Path,
+    overrides: Mapping[str, Any] | None,
+    *,
+    gguf: str | None = None,
+    trust_remote_code: bool = False,
+    what: str = "model.override_config",
+) -> PretrainedConfig | None:
+    """The HF config of ``model_dir`` with ``overrides`` set on it, or None without overrides.
+
+    Only keys the config already has may be overridden (``attention_dropout``,
+    ``rope_theta``, ...): a key it lacks raises ``ValueError`` naming ``what``, the key and
+    the closest existing names, instead of being passed on to the model's constructor.
+    """
+    if not overrides:
+        return None
+    from transformers import AutoConfig
+
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    config = AutoConfig.from_pretrained(
+        model_dir, trust_remote_code=trust_remote_code, local_files_only=True, **kwargs
+    )
+    known = set(config.to_dict())
+    unknown = [key for key in overrides if key not in known and not hasattr(config, key)]
+    if unknown:
+        hints = {key: difflib.get_close_matches(key, sorted(known), n=3) for key in unknown}
+        detail = "; ".join(
+            f"{key!r}" + (f" (did you mean {', '.join(hints[key])}?)" if hints[key] else "")
+            for key in unknown
+        )
+        raise ValueError(
+            f"{what}: {detail} not a field of {type(config).__name__} of '{model_dir}'"
+        )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    logger.info("%s applied to %s: %s", what, model_dir, dict(overrides))
+    return config
+
+
 def load_tokenizer(
     path: str | os.PathLike, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
@@ -126,11 +168,13 @@ def load_causal_lm(
     dtype: torch.dtype | str = torch.float32,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    override_config: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM (`AutoModelForCausalLM`) from a local directory, in eval mode.
 
     `dtype` is a torch dtype or a name accepted by `resolve_dtype` ("bf16", "fp32", ...).
     `attn_implementation` ("eager", "sdpa", ...) is passed through when given.
+    `override_config` sets fields of the model's HF config (see `config_with_overrides`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -143,6 +187,11 @@ def load_causal_lm(
         kwargs["gguf_file"] = gguf
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    config = config_with_overrides(
+        model_dir, override_config, gguf=gguf, trust_remote_code=trust_remote_code
+    )
+    if config is not None:
+        kwargs["config"] = config
     model = AutoModelForCausalLM.from_pretrained(
         model_dir,
         dtype=torch_dtype,

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,7 +30,13 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-from verl.models.loading import check_model_dir, load_tokenizer, resolve_model_path, set_hub_offline
+from verl.models.loading import (
+    check_model_dir,
+    config_with_overrides,
+    load_tokenizer,
+    resolve_model_path,
+    set_hub_offline,
+)
 from verl.models.precision import hf_checkpointing_enable, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -96,10 +104,12 @@ class CausalLMWithValueHead(nn.Module):
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
         init_seed: int = 0,
+        override_config: Mapping[str, Any] | None = None,
     ) -> CausalLMWithValueHead:
         """Load from a local causal-LM dir (new head) or a saved critic dir (saved head).
 
-        The body is loaded in `dtype`; the value head stays float32.
+        The body is loaded in `dtype`; the value head stays float32. `override_config` sets
+        fields of the body's HF config (see `verl.models.loading.config_with_overrides`).
         """
         from transformers import AutoModel, AutoModelForCausalLM
 
@@ -113,6 +123,15 @@ class CausalLMWithValueHead(nn.Module):
         kwargs = {"gguf_file": gguf} if gguf else {}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
+        config = config_with_overrides(
+            model_dir,
+            override_config,
+            gguf=gguf,
+            trust_remote_code=trust_remote_code,
+            what="critic.model.override_config",
+        )
+        if config is not None:
+            kwargs["config"] = config
         body = auto_cls.from_pretrained(
             model_dir,
             dtype=resolve_dtype(dtype),
@@ -149,6 +168,7 @@ def load_reward_model(
     path: str | os.PathLike,
     dtype: torch.dtype | str = torch.float32,
     trust_remote_code: bool = False,
+    override_config: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Load a local `AutoModelForSequenceClassification` reward model in eval mode.
 
@@ -160,11 +180,18 @@ def load_reward_model(
     set_hub_offline()
     model_dir = resolve_model_path(path)
     check_model_dir(model_dir)
+    config = config_with_overrides(
+        model_dir,
+        override_config,
+        trust_remote_code=trust_remote_code,
+        what="reward_model.model.override_config",
+    )
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir,
         dtype=resolve_dtype(dtype),
         trust_remote_code=trust_remote_code,
         local_files_only=True,
+        **({"config": config} if config is not None else {}),
     )
     if model.config.num_labels != 1:
         logger.warning(

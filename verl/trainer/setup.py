@@ -97,11 +97,6 @@ def check_supported(cfg: TrainerConfig) -> None:
                 f"{section}.use_dynamic_bsz=true: token-budget micro-batching is not "
                 f"implemented yet; use {section}.ppo_micro_batch_size_per_device"
             )
-    if cfg.actor_rollout_ref.model.override_config:
-        problems.append(
-            "actor_rollout_ref.model.override_config is not applied yet; edit the model's "
-            "config.json instead"
-        )
     fsdp_sections = (
         ("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
         ("critic.fsdp_config", cfg.critic.fsdp_config),

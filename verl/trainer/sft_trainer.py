@@ -108,7 +108,10 @@ class OfflineTrainer:
 
         if model is None:
             model = load_causal_lm(
-                m.path, dtype=resolve_dtype(m.dtype), trust_remote_code=m.trust_remote_code
+                m.path,
+                dtype=resolve_dtype(m.dtype),
+                trust_remote_code=m.trust_remote_code,
+                override_config=m.override_config,
             )
         if m.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
@@ -161,10 +164,6 @@ class OfflineTrainer:
             problems.append(
                 "engine.strategy='fsdp2': the offline trainers run one process for now; use "
                 "engine.strategy=single (or auto)"
-            )
-        if config.model.override_config:
-            problems.append(
-                "model.override_config is not applied yet; edit the model's config.json instead"
             )
         if problems:
             raise NotSupportedYet("; ".join(problems))

@@ -98,6 +98,7 @@ class ActorRolloutRefWorker(Worker):
                 arr.model.path,
                 dtype=resolve_dtype(arr.model.dtype),
                 trust_remote_code=arr.model.trust_remote_code,
+                override_config=arr.model.override_config,
             )
         self._given_module = None
         if self.role == "actor_rollout_ref":

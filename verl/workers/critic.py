@@ -65,7 +65,10 @@ class CriticWorker(Worker):
         if module is None:
             path = ccfg.model.path or self.config.actor_rollout_ref.model.path
             module = CausalLMWithValueHead.from_pretrained(
-                path, dtype=resolve_dtype(ccfg.model.dtype)
+                path,
+                dtype=resolve_dtype(ccfg.model.dtype),
+                trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
+                override_config=ccfg.model.override_config,
             )
         self._given_module = None
         if ccfg.model.enable_gradient_checkpointing:

@@ -115,7 +115,9 @@ class RewardModelWorker(Worker):
                     "reward_model.model.path is null; set it to a local sequence-classification "
                     "reward model directory (or disable reward_model.enable)"
                 )
-            self.module = load_reward_model(mcfg.path, dtype=mcfg.dtype)
+            self.module = load_reward_model(
+                mcfg.path, dtype=mcfg.dtype, override_config=mcfg.override_config
+            )
         num_labels = self.module.config.num_labels
         if num_labels != 1:
             raise ValueError(
