@@ -32,10 +32,14 @@ def _assert_finite(metrics: dict) -> None:
 
 
 def test_grpo_on_two_fsdp2_ranks_colocated(rl_config, ray_session, tiny_model_dir):
+    # Token-budget micro-batches: the ranks pack different numbers of rows per micro-batch
+    # but must run the same number of FSDP2 forwards (a mismatch would hang a collective).
     cfg = rl_config(
         *OVERRIDES,
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_device=140",
     )
     trainer = RLTrainer(cfg)
     assert trainer.placement.backend == "ray"

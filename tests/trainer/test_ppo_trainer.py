@@ -93,6 +93,56 @@ def test_override_config_reaches_actor_reference_and_critic(rl_config):
         trainer.close()
 
 
+def test_token_budget_micro_batches_give_the_same_update(rl_config, monkeypatch):
+    """use_dynamic_bsz packs micro-batches by tokens and trims their padding; the loss
+    weights keep the update equal to the fixed-size split's (float rounding aside)."""
+    import verl.workers.common as common
+
+    counts = []
+    split = common.split_micro_batches
+
+    def counting_split(*args, **kwargs):
+        parts = split(*args, **kwargs)
+        if kwargs.get("max_token_len") is not None:
+            counts.append(len(parts))
+        return parts
+
+    monkeypatch.setattr(common, "split_micro_batches", counting_split)
+    common_overrides = (
+        "algorithm.adv_estimator=gae",
+        "critic.ppo_mini_batch_size=2",
+        "critic.ppo_micro_batch_size_per_device=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=4",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "critic.optim.weight_decay=0.0",
+    )
+    weights, metrics = [], []
+    for dynamic in ("false", "true"):
+        trainer = RLTrainer(
+            rl_config(
+                *common_overrides,
+                f"actor_rollout_ref.actor.use_dynamic_bsz={dynamic}",
+                f"critic.use_dynamic_bsz={dynamic}",
+                "actor_rollout_ref.actor.ppo_max_token_len_per_device=140",
+                "critic.ppo_max_token_len_per_device=140",
+            )
+        )
+        metrics.append(trainer.fit()["last_metrics"])
+        actor = trainer.actor_rollout_wg.workers[0].engine.module
+        critic = trainer.critic_wg.workers[0].engine.module
+        weights.append({**actor.state_dict(), **critic.state_dict()})
+        trainer.close()
+    assert counts and max(counts) > 1, f"the budget never split a batch: {counts}"
+    assert metrics[0]["response_length/mean"] == metrics[1]["response_length/mean"]
+    for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-4, abs=1e-6), key
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=0, atol=1e-5, msg=name)
+
+
 def test_ppo_with_critic_runs(rl_config):
     cfg = rl_config(
         "algorithm.adv_estimator=gae",
@@ -118,7 +168,6 @@ def test_ppo_with_critic_runs(rl_config):
     "override, phrase",
     [
         ("trainer.save_freq=5", "periodic checkpoints and resume are not implemented yet"),
-        ("actor_rollout_ref.actor.use_dynamic_bsz=true", "use_dynamic_bsz=true"),
         ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload"),
     ],
 )

@@ -101,9 +101,13 @@ class ActorConfig:
         4, "prompts per optimizer step (multiplied by rollout.n into samples)"
     )
     ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device")
-    use_dynamic_bsz: bool = entry(False, "pack micro-batches by token budget instead of count")
+    use_dynamic_bsz: bool = entry(
+        False,
+        "pack micro-batches by a token budget instead of a row count (the update and the "
+        "old/ref log-prob passes)",
+    )
     ppo_max_token_len_per_device: int = entry(
-        16384, "token budget per micro-batch per device when use_dynamic_bsz"
+        16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
     )
     ppo_epochs: int = entry(1, "passes over each step's batch")
     shuffle: bool = entry(True, "shuffle samples between mini-batches")
@@ -219,9 +223,13 @@ class CriticConfig:
     forward_micro_batch_size_per_device: int = entry(
         8, "samples per forward when computing values (no gradient)"
     )
-    use_dynamic_bsz: bool = entry(False, "pack micro-batches by token budget instead of count")
+    use_dynamic_bsz: bool = entry(
+        False,
+        "pack micro-batches by a token budget instead of a row count (the update and the "
+        "value pass)",
+    )
     ppo_max_token_len_per_device: int = entry(
-        16384, "token budget per micro-batch per device when use_dynamic_bsz"
+        16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
     )
     ppo_epochs: int = entry(1, "passes over each step's batch")
     shuffle: bool = entry(True, "shuffle samples between mini-batches")

@@ -88,15 +88,6 @@ def check_supported(cfg: TrainerConfig) -> None:
             "and resume are not implemented yet (the final actor is saved in HuggingFace "
             "format); use trainer.save_freq=-1"
         )
-    for section, sub in (
-        ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
-        ("critic", cfg.critic),
-    ):
-        if sub.use_dynamic_bsz:
-            problems.append(
-                f"{section}.use_dynamic_bsz=true: token-budget micro-batching is not "
-                f"implemented yet; use {section}.ppo_micro_batch_size_per_device"
-            )
     fsdp_sections = (
         ("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
         ("critic.fsdp_config", cfg.critic.fsdp_config),

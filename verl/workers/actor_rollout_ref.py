@@ -42,8 +42,10 @@ from verl.workers.common import (
     engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
+    micro_batches,
     to_device,
 )
+from verl.workers.micro_batching import gather_response_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -170,25 +172,32 @@ class ActorRolloutRefWorker(Worker):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         temperature = data.meta_info.get("temperature", 1.0)
         response_len = data.batch["responses"].shape[1]
-        chunk = self.config.actor_rollout_ref.actor.logprob_chunk_size
+        acfg = self.config.actor_rollout_ref.actor
         log_probs, entropies = [], []
-        inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        inputs = to_device(
+            data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
+        )
         with torch.no_grad(), self.engine.autocast():
-            for mb in to_device(inputs, self.device).split(micro_batch_size):
+            for mb in micro_batches(inputs, response_len, micro_batch_size, acfg):
+                x = mb.data.batch
                 lp, ent = compute_response_log_probs(
                     module,
-                    mb.batch["input_ids"],
-                    mb.batch["attention_mask"],
-                    mb.batch["position_ids"],
-                    response_len=response_len,
+                    x["input_ids"],
+                    x["attention_mask"],
+                    x["position_ids"],
+                    response_len=mb.response_len,
                     temperature=temperature,
-                    chunk_size=chunk,
+                    chunk_size=acfg.logprob_chunk_size,
                     calculate_entropy=with_entropy,
                 )
-                log_probs.append(lp.float().cpu())
+                log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
-                    entropies.append(ent.float().cpu())
-        return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
+                    entropies.append((mb, ent.float().cpu()))
+        rows = len(data)
+        return (
+            gather_response_outputs(log_probs, rows, response_len),
+            gather_response_outputs(entropies, rows, response_len) if entropies else None,
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -259,10 +268,12 @@ class ActorRolloutRefWorker(Worker):
                 seed=self.config.trainer.seed + self._update_calls,
             ):
                 self.engine.zero_grad()
-                micro = mini.split(acfg.ppo_micro_batch_size_per_device)
-                weights = micro_batch_weights(micro, acfg.loss_agg_mode)
+                micro = micro_batches(
+                    mini, response_len, acfg.ppo_micro_batch_size_per_device, acfg
+                )
+                weights = micro_batch_weights([mb.data for mb in micro], acfg.loss_agg_mode)
                 for mb, weight in zip(micro, weights):
-                    b = mb.batch
+                    b = mb.data.batch
                     mask = b["response_mask"]
                     with self.engine.autocast():
                         log_prob, entropy = compute_response_log_probs(
@@ -270,7 +281,7 @@ class ActorRolloutRefWorker(Worker):
                             b["input_ids"],
                             b["attention_mask"],
                             b["position_ids"],
-                            response_len=response_len,
+                            response_len=mb.response_len,
                             temperature=temperature,
                             chunk_size=acfg.logprob_chunk_size,
                             calculate_entropy=acfg.entropy_coeff != 0,

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
+from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
 
 def iter_ppo_mini_batches(
@@ -82,6 +83,35 @@ def dp_sum(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t)
     return float(t.item())
+
+
+def dp_max(value: int) -> int:
+    """``value``'s maximum over the data-parallel group (itself without one)."""
+    if dp_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def micro_batches(
+    data: DataProto, response_len: int, micro_batch_size: int, role_cfg: Any = None
+) -> list[MicroBatch]:
+    """The micro-batches of one forward/backward pass of a role.
+
+    ``role_cfg.use_dynamic_bsz`` packs them by ``role_cfg.ppo_max_token_len_per_device``
+    tokens (the same count on every data-parallel rank); otherwise ``micro_batch_size``
+    rows each. Either way each micro-batch is cut to the columns it uses (see
+    ``verl/workers/micro_batching.py``).
+    """
+    if role_cfg is not None and role_cfg.use_dynamic_bsz:
+        return split_micro_batches(
+            data,
+            response_len,
+            max_token_len=role_cfg.ppo_max_token_len_per_device,
+            agree=dp_max,
+        )
+    return split_micro_batches(data, response_len, micro_batch_size=micro_batch_size)
 
 
 def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, Any]:

@@ -19,8 +19,10 @@ from verl.workers.common import (
     engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
+    micro_batches,
     to_device,
 )
+from verl.workers.micro_batching import gather_response_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +92,14 @@ class CriticWorker(Worker):
         response_len = data.batch["responses"].shape[1]
         mbs = ccfg.forward_micro_batch_size_per_device or len(data)
         out = []
-        inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        inputs = to_device(
+            data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
+        )
         with torch.no_grad(), self.engine.eval_mode(), self.engine.autocast():
-            for mb in to_device(inputs, self.device).split(mbs):
-                out.append(_response_values(self.engine.module, mb, response_len).cpu())
-        values = torch.cat(out) * data.batch["response_mask"]
+            for mb in micro_batches(inputs, response_len, mbs, ccfg):
+                values = _response_values(self.engine.module, mb.data, mb.response_len)
+                out.append((mb, values.float().cpu()))
+        values = gather_response_outputs(out, len(data), response_len) * data.batch["response_mask"]
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -117,11 +122,14 @@ class CriticWorker(Worker):
                 seed=self.config.trainer.seed + 7919 * self._update_calls,
             ):
                 self.engine.zero_grad()
-                micro = mini.split(ccfg.ppo_micro_batch_size_per_device)
-                for mb, weight in zip(micro, micro_batch_weights(micro, ccfg.loss_agg_mode)):
-                    b = mb.batch
+                micro = micro_batches(
+                    mini, response_len, ccfg.ppo_micro_batch_size_per_device, ccfg
+                )
+                weights = micro_batch_weights([mb.data for mb in micro], ccfg.loss_agg_mode)
+                for mb, weight in zip(micro, weights):
+                    b = mb.data.batch
                     with self.engine.autocast():
-                        vpreds = _response_values(self.engine.module, mb, response_len)
+                        vpreds = _response_values(self.engine.module, mb.data, mb.response_len)
                     vf_loss, vf_clipfrac = compute_value_loss(
                         vpreds=vpreds,
                         returns=b["returns"],
