@@ -32,13 +32,12 @@ from typing import Literal, TypeVar
 
 from verl.config._fields import Device, Logger, Strategy, entry
 from verl.config.convert import build
-from verl.config.derived import PATH_FIELDS, template_fields
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import load_validated
 from verl.config.render import config_table, to_yaml
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import _check_optim, _Checks
+from verl.config.validate import Checks, check_optim, check_run_identity
 from verl.config.yaml_io import show
 
 __all__ = [
@@ -255,11 +254,11 @@ def offline_problems(
     skip_paths: Collection[str] = (),
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Every semantic check of a well-typed offline config: ``(problems, warnings)``."""
-    c = _Checks(skip_paths)
+    c = Checks(skip_paths)
     _check_data(c, cfg)
     c.model("model.path", cfg.model.path)
     c.model("model.tokenizer_path", cfg.model.tokenizer_path)
-    _check_optim(c, "optim", cfg.optim)
+    check_optim(c, "optim", cfg.optim)
     c.above("engine.grad_clip", cfg.engine.grad_clip, 0)
     c.at_least("engine.logprob_chunk_size", cfg.engine.logprob_chunk_size, 1)
     if isinstance(cfg, DPOConfig):
@@ -273,7 +272,7 @@ def offline_problems(
     return c.problems, c.warnings
 
 
-def _check_data(c: _Checks, cfg: SFTConfig | DPOConfig) -> None:
+def _check_data(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
     d = cfg.data
     c.at_least("data.train_batch_size", d.train_batch_size, 1)
     c.at_least("data.micro_batch_size_per_device", d.micro_batch_size_per_device, 1)
@@ -312,7 +311,7 @@ def _check_data(c: _Checks, cfg: SFTConfig | DPOConfig) -> None:
             )
 
 
-def _check_algorithm(c: _Checks, cfg: DPOConfig) -> None:
+def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
     a, p = cfg.algorithm, "algorithm"
     c.nonempty(f"{p}.loss_type", a.loss_type)
     c.above(f"{p}.beta", a.beta, 0)
@@ -331,25 +330,9 @@ def _check_algorithm(c: _Checks, cfg: DPOConfig) -> None:
     c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
 
 
-def _check_run(c: _Checks, t: OfflineRunConfig) -> None:
+def _check_run(c: Checks, t: OfflineRunConfig) -> None:
     p = "trainer"
-    c.nonempty(f"{p}.project_name", t.project_name)
-    c.nonempty(f"{p}.experiment_name", t.experiment_name)
-    for name in ("log_dir", "default_local_dir"):
-        template = getattr(t, name)
-        try:
-            unknown = [f for f in template_fields(template) if f not in PATH_FIELDS]
-        except ValueError as exc:
-            unknown = [f"(malformed: {exc})"]
-        if unknown:
-            c.error(
-                f"{p}.{name}",
-                f"{p}.{name}={show(template)}: unknown field {unknown[0]}; only "
-                "{project_name} and {experiment_name} are filled in",
-            )
-    for name in ("tensorboard", "wandb"):
-        if name in t.logger:
-            c.package(f"{p}.logger", name, name, "pip install 'verl[tracking]' or drop it")
+    check_run_identity(c, t, p)
     c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
     c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
     c.off_or_positive(f"{p}.test_freq", t.test_freq)

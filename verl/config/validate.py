@@ -63,7 +63,7 @@ def semantic_problems(
     skip_paths: Collection[str] = (),
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Run every check on a well-typed tree; skip checks that involve ``skip_paths``."""
-    checks = _Checks(skip_paths)
+    checks = Checks(skip_paths)
     for check in (
         _check_device_map,
         _check_data,
@@ -89,7 +89,7 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-class _Checks:
+class Checks:
     """Accumulates problems and warnings; each helper names the key, the value and the fix."""
 
     def __init__(self, skip_paths: Collection[str]) -> None:
@@ -157,7 +157,7 @@ class _Checks:
             self.error(path, f"{path}={show(value)}: needs the '{module}' package; {install}")
 
 
-def _check_data(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_data(c: Checks, cfg: TrainerConfig) -> None:
     d = cfg.data
     for name in ("train_batch_size", "max_prompt_length", "max_response_length"):
         c.at_least(f"data.{name}", getattr(d, name), 1)
@@ -210,7 +210,7 @@ def _dp_keys(role_name: str) -> tuple[str, ...]:
     )
 
 
-def _check_device_map(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_device_map(c: Checks, cfg: TrainerConfig) -> None:
     """Device ids in range, lists identical or disjoint; the backend can host the map."""
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
@@ -244,7 +244,7 @@ def _describe_pools(placed: Any) -> str:
 
 
 def _check_ppo_batches(
-    c: _Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str
+    c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str
 ) -> None:
     """Mini-batches split the step's prompts; micro-batches split a device's mini-batch."""
     mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_device
@@ -297,7 +297,7 @@ def _check_ppo_batches(
             )
 
 
-def _check_optim(c: _Checks, prefix: str, o: OptimConfig) -> None:
+def check_optim(c: Checks, prefix: str, o: OptimConfig) -> None:
     c.at_least(f"{prefix}.lr", o.lr, 0)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         c.error(f"{prefix}.betas", f"{prefix}.betas={show(o.betas)}: must be two numbers in [0, 1)")
@@ -309,7 +309,7 @@ def _check_optim(c: _Checks, prefix: str, o: OptimConfig) -> None:
     c.off_or_positive(f"{prefix}.total_training_steps", o.total_training_steps)
 
 
-def _check_engine(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str) -> None:
+def _check_engine(c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str) -> None:
     sizes = _dp_sizes(cfg)
     ws = sizes[role_name] if sizes else 1
     if role.strategy == "single" and ws > 1:
@@ -321,10 +321,10 @@ def _check_engine(c: _Checks, cfg: TrainerConfig, prefix: str, role: Any, role_n
     if role.strategy == "single" and role.fsdp_config.mixed_precision is not None:
         c.warn(f"{prefix}.fsdp_config.mixed_precision is ignored by strategy=single")
     c.above(f"{prefix}.grad_clip", role.grad_clip, 0)
-    _check_optim(c, f"{prefix}.optim", role.optim)
+    check_optim(c, f"{prefix}.optim", role.optim)
 
 
-def _check_sampling(c: _Checks, prefix: str, s: Any) -> None:
+def _check_sampling(c: Checks, prefix: str, s: Any) -> None:
     c.at_least(f"{prefix}.n", s.n, 1)
     c.at_least(f"{prefix}.temperature", s.temperature, 0)
     c.between(f"{prefix}.top_p", s.top_p, 0, 1, lo_open=True)
@@ -338,7 +338,7 @@ def _check_sampling(c: _Checks, prefix: str, s: Any) -> None:
         )
 
 
-def _check_actor_rollout_ref(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     arr, device = cfg.actor_rollout_ref, cfg.trainer.device
     c.model("actor_rollout_ref.model.path", arr.model.path)
     c.model("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path)
@@ -382,7 +382,7 @@ def _check_actor_rollout_ref(c: _Checks, cfg: TrainerConfig) -> None:
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
 
 
-def _check_critic(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
     est = cfg.algorithm.adv_estimator
     if cfg.critic.enable is False and est in CRITIC_ESTIMATORS:
         c.error(
@@ -406,7 +406,7 @@ def _check_critic(c: _Checks, cfg: TrainerConfig) -> None:
     )
 
 
-def _check_rewards(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
     rm, p = cfg.reward_model, "reward_model"
     c.at_least(f"{p}.micro_batch_size_per_device", rm.micro_batch_size_per_device, 1)
     c.nonempty(f"{p}.reward_manager", rm.reward_manager)
@@ -441,7 +441,7 @@ def _check_rewards(c: _Checks, cfg: TrainerConfig) -> None:
         c.error(f"{p}.name", f"{p}.name={show(fn.name)}: must be a Python function name")
 
 
-def _check_algorithm(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
     al, p = cfg.algorithm, "algorithm"
     c.between(f"{p}.gamma", al.gamma, 0, 1)
     c.between(f"{p}.lam", al.lam, 0, 1)
@@ -463,7 +463,7 @@ def _check_algorithm(c: _Checks, cfg: TrainerConfig) -> None:
     _check_filter_groups(c, cfg)
 
 
-def _check_filter_groups(c: _Checks, cfg: TrainerConfig) -> None:
+def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
     """DAPO dynamic sampling compares the responses of a group: it needs groups."""
     fg, p = cfg.algorithm.filter_groups, "algorithm.filter_groups"
     c.at_least(f"{p}.max_num_gen_batches", fg.max_num_gen_batches, 0)
@@ -491,8 +491,8 @@ def _check_filter_groups(c: _Checks, cfg: TrainerConfig) -> None:
         )
 
 
-def _check_trainer(c: _Checks, cfg: TrainerConfig) -> None:
-    t, p = cfg.trainer, "trainer"
+def check_run_identity(c: Checks, t: Any, p: str = "trainer") -> None:
+    """The keys every trainer's ``trainer`` section shares: names, directories, loggers."""
     c.nonempty(f"{p}.project_name", t.project_name)
     c.nonempty(f"{p}.experiment_name", t.experiment_name)
     for name in ("log_dir", "default_local_dir"):
@@ -507,9 +507,14 @@ def _check_trainer(c: _Checks, cfg: TrainerConfig) -> None:
                 f"{p}.{name}={show(template)}: unknown field {unknown[0]}; only "
                 "{project_name} and {experiment_name} are filled in",
             )
-    for name, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+    for name in ("tensorboard", "wandb"):
         if name in t.logger:
-            c.package(f"{p}.logger", name, module, "pip install 'verl[tracking]' or drop it")
+            c.package(f"{p}.logger", name, name, "pip install 'verl[tracking]' or drop it")
+
+
+def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
+    t, p = cfg.trainer, "trainer"
+    check_run_identity(c, t, p)
     c.at_least(f"{p}.nnodes", t.nnodes, 1)
     c.at_least(f"{p}.n_gpus_per_node", t.n_gpus_per_node, 1)
     if t.nnodes > 1 and t.backend == "local":
