@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 import yaml
 
 from verl.config.convert import build, field_types, section_class, suggest, unwrap_optional
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.errors import ConfigProblem
 from verl.config.schema import TrainerConfig
-from verl.config.validate import semantic_problems
+from verl.config.validate import report, semantic_problems
 from verl.config.yaml_io import load_yaml_text, parse_value
 
 logger = logging.getLogger(__name__)
@@ -88,11 +88,7 @@ def load_validated(
     cfg, build_problems, bad_paths = build(root, tree)
     problems += build_problems
     checked, warnings = check(cfg, bad_paths)
-    problems += checked
-    if problems:
-        raise ConfigError(problems)
-    for warning in warnings:
-        logger.warning(warning)
+    report(problems + checked, warnings)
     return cfg
 
 

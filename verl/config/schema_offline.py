@@ -32,12 +32,18 @@ from typing import Literal, TypeVar
 
 from verl.config._fields import Device, Logger, Strategy, entry
 from verl.config.convert import build
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.errors import ConfigProblem
 from verl.config.loader import load_validated
 from verl.config.render import config_table, to_yaml
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import Checks, check_optim, check_run_identity
+from verl.config.validate import (
+    Checks,
+    check_optim,
+    check_registries,
+    check_run_identity,
+    report,
+)
 from verl.config.yaml_io import show
 
 __all__ = [
@@ -239,12 +245,7 @@ def validate_offline(
     """Type-check and run every semantic check; raise ``ConfigError``; return warnings."""
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
     more, warnings = offline_problems(built, registries=registries, skip_paths=bad_paths)
-    problems += more
-    if problems:
-        raise ConfigError(problems)
-    for warning in warnings:
-        logger.warning(warning)
-    return warnings
+    return report(problems + more, warnings)
 
 
 def offline_problems(
@@ -264,11 +265,7 @@ def offline_problems(
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)
     _check_run(c, cfg.trainer)
-    for path, names in (registries or {}).items():
-        value = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        c.one_of(path, value, list(names))
+    check_registries(c, cfg, registries)
     return c.problems, c.warnings
 
 

@@ -48,12 +48,22 @@ def validate(
     """
     built, problems, bad_paths = build(TrainerConfig, cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
-    problems += more
+    return report(problems + more, warnings)
+
+
+def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
+    """Raise ``ConfigError`` listing ``problems`` if there are any; else log ``warnings``."""
     if problems:
         raise ConfigError(problems)
     for warning in warnings:
         logger.warning(warning)
     return warnings
+
+
+def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]] | None) -> None:
+    """Registry-backed string keys (``{key path: allowed names}``) hold a registered name."""
+    for path, names in (registries or {}).items():
+        c.one_of(path, _get(cfg, path), list(names))
 
 
 def semantic_problems(
@@ -74,8 +84,7 @@ def semantic_problems(
         _check_trainer,
     ):
         check(checks, cfg)
-    for path, names in (registries or {}).items():
-        checks.one_of(path, _get(cfg, path), list(names))
+    check_registries(checks, cfg, registries)
     return checks.problems, checks.warnings
 
 
