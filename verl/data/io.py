@@ -76,12 +76,22 @@ def normalize_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> l
     if not out:
         raise ValueError("no data files given: pass a path or a non-empty list of paths")
     for p in out:
+        if os.path.isdir(p):
+            raise IsADirectoryError(
+                f"data file {p!r} is a directory; list the files in it "
+                f"(data.train_files=[{p}/part-0.parquet, ...])"
+            )
         if not os.path.isfile(p):
             raise FileNotFoundError(f"data file {p!r} does not exist (or is not a file)")
         if not p.endswith(SUPPORTED_SUFFIXES):
             raise ValueError(
                 f"data file {p!r} has an unsupported extension; use one of {SUPPORTED_SUFFIXES}"
             )
+        try:  # open once now: a permission problem is reported before any work starts
+            with open(p, "rb"):
+                pass
+        except OSError as e:
+            raise OSError(e.errno, f"data file {p!r} cannot be read: {e.strerror or e}") from e
     return out
 
 
@@ -106,8 +116,11 @@ def _read_parquet(path: str) -> RecordFile:
 
 
 def _read_json(path: str) -> RecordFile:
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot read the file: {e.strerror or e}") from e
     if raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark written by some editors
         raw = raw[3:]
     if raw.lstrip()[:1] == b"[":

@@ -52,8 +52,12 @@ __all__ = [
 ]
 
 
-def _type_name(value: Any) -> str:
-    return type(value).__name__
+def _shown(value: Any) -> str:
+    """The type and (shortened) value, for messages: "int 3", "str 'abc'"."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
 
 
 def required_columns(prompt_key: str = "prompt") -> tuple[str, ...]:
@@ -71,7 +75,7 @@ def validate_row(row: dict[str, Any], prompt_key: str = "prompt") -> list[str]:
             problems.append(f"missing required field {key!r}")
     source = row.get("data_source")
     if source is not None and not isinstance(source, str):
-        problems.append(f"'data_source' must be a string, got {_type_name(source)}")
+        problems.append(f"'data_source' must be a string, got {_shown(source)}")
     prompt = row.get(prompt_key)
     if prompt is not None:
         problems.extend(_validate_prompt(prompt, prompt_key))
@@ -79,16 +83,16 @@ def validate_row(row: dict[str, Any], prompt_key: str = "prompt") -> list[str]:
     if reward is not None:
         if not isinstance(reward, dict):
             problems.append(
-                f"'reward_model' must be a dict with a 'ground_truth' key, got {_type_name(reward)}"
+                f"'reward_model' must be a dict with a 'ground_truth' key, got {_shown(reward)}"
             )
         elif reward.get("ground_truth") is None:
             problems.append("missing ground truth: 'reward_model' has no 'ground_truth' value")
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
-        problems.append(f"'extra_info' must be a dict, got {_type_name(extra)}")
+        problems.append(f"'extra_info' must be a dict, got {_shown(extra)}")
     ability = row.get("ability")
     if ability is not None and not isinstance(ability, str):
-        problems.append(f"'ability' must be a string, got {_type_name(ability)}")
+        problems.append(f"'ability' must be a string, got {_shown(ability)}")
     return problems
 
 
@@ -96,21 +100,21 @@ def _validate_prompt(prompt: Any, prompt_key: str) -> list[str]:
     if not isinstance(prompt, (list, tuple)):
         return [
             f"{prompt_key!r} must be a list of chat messages {{'role': ..., 'content': ...}}, "
-            f"got {_type_name(prompt)}"
+            f"got {_shown(prompt)}"
         ]
     if len(prompt) == 0:
         return [f"empty prompt: {prompt_key!r} has no messages"]
     problems = []
     for j, msg in enumerate(prompt):
         if not isinstance(msg, dict):
-            problems.append(f"prompt message {j} must be a dict, got {_type_name(msg)}")
+            problems.append(f"prompt message {j} must be a dict, got {_shown(msg)}")
             continue
         for key in ("role", "content"):
             if key not in msg or msg[key] is None:
                 problems.append(f"prompt message {j} has no {key!r}")
             elif not isinstance(msg[key], str):
                 problems.append(
-                    f"prompt message {j} {key!r} must be a string, got {_type_name(msg[key])}"
+                    f"prompt message {j} {key!r} must be a string, got {_shown(msg[key])}"
                 )
     if not problems and all(not m["content"].strip() for m in prompt):
         problems.append("empty prompt: every message content is blank")
@@ -165,9 +169,11 @@ class RLHFDataset(Dataset):
         self.dropped_rows: list[str] = []  # their locations, e.g. "train.parquet row 7"
         self.num_truncated = 0  # rows shortened by truncation="left"
         if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
+            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
             raise ValueError(
-                "the tokenizer has no chat template; set one (tokenizer.chat_template = ...) "
-                "or build the dataset with apply_chat_template=False"
+                f"the tokenizer {name!r} has no chat template, and data.apply_chat_template="
+                "True needs one; use an instruct model's tokenizer, set "
+                "tokenizer.chat_template, or set data.apply_chat_template=false (base models)"
             )
 
         rows, where = self._read_and_validate(max_reported_problems)

@@ -10,7 +10,8 @@ A reward function can fail four ways, each counted under its own metric:
 | invalid_type | `reward/invalid_type` | it returned something other than a number or a dict with a numeric "score" |
 
 Every failure scores 0.0. The first `max_logged_per_kind` failures of each kind are logged
-with their message; later ones are only counted.
+with the function's name (`callable_name`), the sample and the message; later ones are only
+counted. The catalogue of bad inputs and their messages is `docs/errors.md`.
 
 How calls run (`safe_call`):
 
@@ -144,6 +145,17 @@ def default_tracker() -> FailureTracker:
     return _DEFAULT_TRACKER
 
 
+def callable_name(fn: Any) -> str:
+    """A readable name for a reward function in warnings: `module.qualname` or `name (path)`."""
+    path = getattr(fn, "path", None)
+    if isinstance(path, str) and getattr(fn, "name", None):
+        return f"{fn.name} ({path})"  # a FileRewardFunction
+    base = getattr(fn, "func", fn)  # functools.partial
+    name = getattr(base, "__qualname__", None) or type(base).__name__
+    module = getattr(base, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
 def call_inline(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> RewardResult:
     """Call `fn(**kwargs)` in this process; exceptions become `errors` results."""
     try:
@@ -181,5 +193,6 @@ def safe_call(
 
         with RewardWorkerPool(fn, num_workers=1, timeout_s=timeout_s) as pool:
             result = pool.map([kwargs])[0]
-    (tracker or _DEFAULT_TRACKER).record(result, context)
+    where = f"function {callable_name(fn)}" + (f", {context}" if context else "")
+    (tracker or _DEFAULT_TRACKER).record(result, where)
     return result

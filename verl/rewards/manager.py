@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.rewards.isolation import FailureTracker, RewardResult, call_inline
+from verl.rewards.isolation import FailureTracker, RewardResult, call_inline, callable_name
 from verl.rewards.normalization import RunningMeanStd
 from verl.rewards.placement import place_on_last_token
 from verl.rewards.scorers import default_compute_score, get_scorer
@@ -217,7 +217,11 @@ class RewardManager:
         else:
             results = [call_inline(self.compute_score, kw) for kw in kwargs_list]
         for i, (kw, result) in enumerate(zip(kwargs_list, results)):
-            self.failures.record(result, f"sample {i}, data_source={kw['data_source']!r}")
+            fn = scorers.get(kw["data_source"], self.compute_score)
+            self.failures.record(
+                result,
+                f"function {callable_name(fn)}, sample {i}, data_source={kw['data_source']!r}",
+            )
         return results
 
     def __call__(
@@ -274,7 +278,8 @@ class RewardManager:
         token_level_scores = place_on_last_token(torch.from_numpy(shaped).float(), mask)
 
         extras = self._extras(results, raw, shaped, sources)
-        metrics.update(self._metrics(results, raw, shaped, sources, truths, lengths, extras))
+        rows = _column(non_tensor, "index", size)
+        metrics.update(self._metrics(results, raw, shaped, sources, truths, lengths, extras, rows))
         self._examine(data, texts, sources, truths, raw, shaped)
         return token_level_scores, metrics, extras
 
@@ -336,6 +341,7 @@ class RewardManager:
         truths: list[Any],
         lengths: np.ndarray,
         extras: dict[str, np.ndarray],
+        rows: list[Any] | None = None,
     ) -> dict[str, float]:
         metrics = {**_stats("reward/score", raw), **_stats("reward/shaped_score", shaped)}
         metrics.update(self.failures.metrics())
@@ -344,9 +350,14 @@ class RewardManager:
         for i in invalid:
             if self._invalid_gt_logged < self._max_logged:
                 self._invalid_gt_logged += 1
+                row = "" if rows is None else f", dataset row index {rows[i]}"
                 logger.warning(
-                    "unparseable ground truth %r (data_source=%r): scored 0",
+                    "unparseable ground truth %r (sample %d%s, data_source=%r): scored 0 and "
+                    "counted in reward/invalid_ground_truth; fix the row's "
+                    "reward_model.ground_truth",
                     truths[i],
+                    i,
+                    row,
                     sources[i],
                 )
         metrics["reward/empty_responses"] = float((lengths == 0).sum())

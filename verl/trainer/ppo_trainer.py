@@ -505,6 +505,9 @@ class RLTrainer:
             self.global_step += 1
             metrics = self.train_step(next(batches), next_batch=lambda: next(batches))
             metrics["training/epoch"] = self.train_loader.epoch
+            # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
+            metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
+            metrics["data/truncated_prompts"] = float(self.train_dataset.num_truncated)
             last = self.global_step == self.total_steps
             if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
                 with timer("testing", metrics):

@@ -8,6 +8,7 @@ A scorer is `compute_score(solution_str, ground_truth, extra_info=None) -> float
 | `arithmetic` | `scorers.arithmetic` |
 | `gsm8k`, `openai/gsm8k` | `scorers.gsm8k` (method="strict") |
 | `math`, `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval` | `scorers.math_dataset` |
+| `code` | `scorers.code` (sandboxed subprocess, see `verl/rewards/sandbox.py`) |
 
 Add your own with the decorator, or change a built-in's options with `override=True`:
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl.rewards.scorers import arithmetic, gsm8k, math_dataset
+from verl.rewards.scorers import arithmetic, code, gsm8k, math_dataset
 
 Scorer = Callable[..., Any]
 
@@ -101,3 +102,4 @@ for _name in ("gsm8k", "openai/gsm8k"):
     register_scorer(_name)(gsm8k.compute_score)
 for _name in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
     register_scorer(_name)(math_dataset.compute_score)
+register_scorer("code")(code.compute_score)
