@@ -54,3 +54,26 @@ def test_activation_checkpointing_same_grads():
 def test_activation_checkpointing_rejects_plain_module():
     with pytest.raises(TypeError, match="Linear has no activation_checkpointing_enable"):
         enable_activation_checkpointing(nn.Linear(2, 2))
+
+
+def test_resolve_dtype_is_the_one_table_and_passes_none_through():
+    from verl.engine import resolve_dtype as engine_resolve_dtype
+
+    assert engine_resolve_dtype is resolve_dtype
+    assert resolve_dtype(None) is None
+    assert resolve_dtype("bf16") is torch.bfloat16
+
+
+def test_attention_implementation_falls_back_to_sdpa_on_cpu(caplog):
+    import logging
+
+    from verl.models import attention_implementation
+    from verl.models import precision as precision_module
+
+    precision_module._ATTENTION_LOGGED.clear()
+    assert attention_implementation(False, "cpu") is None
+    with caplog.at_level(logging.INFO, logger="verl.models.precision"):
+        assert attention_implementation(True, "cpu") == "sdpa"
+        assert attention_implementation(True, "cpu") == "sdpa"
+    logged = [r for r in caplog.records if "attention runs as sdpa" in r.getMessage()]
+    assert len(logged) == 1

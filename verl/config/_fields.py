@@ -16,6 +16,10 @@ from typing import Any, Literal
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
+# Compute precision of a role (trainer.mixed_precision / trainer.model_precision_map):
+# "none" = the model dtype, no autocast; "auto" = auto_select_precision() per device.
+Precision = Literal["none", "fp32", "bf16", "fp16", "fp8", "auto"]
+GradientPrecision = Literal["fp32"]
 Strategy = Literal["auto", "single", "fsdp2"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"

@@ -12,8 +12,10 @@ validate it: call ``cfg.validate()`` (``load_config`` does).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from verl.config._fields import (
     ArithmeticOp,
@@ -21,9 +23,11 @@ from verl.config._fields import (
     BuiltinDataset,
     Device,
     FilterGroupsMetric,
+    GradientPrecision,
     KLControlType,
     KLEstimator,
     Logger,
+    Precision,
     ResumeMode,
     Truncation,
     entry,
@@ -203,6 +207,31 @@ class RunConfig:
     max_ckpt_to_keep: int | None = entry(None, "delete older checkpoints; null = keep all")
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
     num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+    mixed_precision: Precision = entry(
+        "none",
+        "default compute precision of every role: none (the model dtype, no autocast), fp32, "
+        "bf16, fp16, fp8 (inference roles only; trainable roles then use bf16) or auto (per "
+        "device, see docs/precision.md)",
+    )
+    model_precision_map: dict[str, Precision] = entry(
+        {},
+        "per-role override of mixed_precision, keys actor, critic, reference, reward "
+        "(e.g. {actor: bf16, reference: fp8})",
+    )
+    gradient_precision: GradientPrecision = entry(
+        "fp32", "dtype of master weights, gradients, their reduction and optimizer state"
+    )
+    use_gradient_scaling: bool | None = entry(
+        None, "dynamic loss scaling; null = on iff a trainable role computes in fp16"
+    )
+    max_consecutive_nonfinite_steps: int = entry(
+        3,
+        "stop with an error after this many optimizer steps in a row skipped for a non-finite "
+        "loss or grad norm; 0 = never stop",
+    )
+    use_flash_attention: bool = entry(
+        False, "flash attention where installed and supported, else SDPA (logged once)"
+    )
 
 
 @dataclass
@@ -232,3 +261,24 @@ class TrainerConfig:
         from verl.config.validate import validate
 
         return validate(self, registries=registries)
+
+
+_dataclass_init = TrainerConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None:
+    """The dataclass ``__init__``, plus the flat keys of ``verl.config.flat_keys.FLAT_KEYS``.
+
+    ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
+    those keys; a flat key contradicting its twin raises ``ConfigError``.
+    """
+    from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
+
+    flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
+    _dataclass_init(self, *args, **kwargs)
+    if flat:
+        apply_flat_keys(self, flat)
+
+
+TrainerConfig.__init__ = _init_with_flat_keys

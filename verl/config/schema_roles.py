@@ -274,5 +274,8 @@ class RewardModelConfig:
         False, "normalise training scores by their running mean/std across batches"
     )
     clip_range: list[float] | None = entry(None, "[lo, hi] clip of scores; null = no clip")
-    timeout_s: float | None = entry(None, "per-sample scoring timeout in seconds; null = none")
+    timeout_s: float | None = entry(
+        None,
+        "per-sample scoring timeout in seconds; null = none for built-in scorers, 30 s for a custom reward function (always run in a worker process)",
+    )
     overlong_buffer: OverlongBufferConfig = entry(OverlongBufferConfig, "overlong penalty")

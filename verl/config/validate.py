@@ -29,6 +29,7 @@ from verl.config.derived import (
 )
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.precision import precision_problems, precision_warnings
 from verl.config.schema import OptimConfig, TrainerConfig
 from verl.config.yaml_io import show
 
@@ -82,6 +83,7 @@ def semantic_problems(
         _check_rewards,
         _check_algorithm,
         _check_trainer,
+        _check_precision,
     ):
         check(checks, cfg)
     check_registries(checks, cfg, registries)
@@ -519,6 +521,16 @@ def check_run_identity(c: Checks, t: Any, p: str = "trainer") -> None:
     for name in ("tensorboard", "wandb"):
         if name in t.logger:
             c.package(f"{p}.logger", name, name, "pip install 'verl[tracking]' or drop it")
+
+
+def _check_precision(c: Checks, cfg: TrainerConfig) -> None:
+    """Per-role precision against each other and the device (``verl.config.precision``)."""
+    if _dp_sizes(cfg) is None:
+        return  # the device map is wrong; the engines of the roles are unknown
+    for keys, message in precision_problems(cfg):
+        c.error(keys, message)
+    for message in precision_warnings(cfg):
+        c.warn(message)
 
 
 def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
+from verl.engine.base import NonFiniteLossError, OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.fsdp import FSDP2Engine
 from verl.engine.single import SingleProcessEngine
 
 __all__ = [
     "FSDP2Engine",
+    "NonFiniteLossError",
     "OptimSpec",
     "SingleProcessEngine",
     "TrainEngine",
@@ -42,6 +43,8 @@ def build_engine(
     mixed_precision: dict[str, Any] | None = None,
     cpu_offload: bool = False,
     full_state_dict_from_rank0: bool = False,
+    grad_scaling: bool | None = None,
+    max_consecutive_nonfinite: int = 0,
 ) -> TrainEngine:
     """Build the train engine for ``strategy`` (``"single"`` or ``"fsdp2"``).
 
@@ -52,7 +55,12 @@ def build_engine(
     the single engine refuses non-default values for them.
     """
     kwargs = dict(
-        grad_clip=grad_clip, device=device, param_dtype=param_dtype, autocast_dtype=autocast_dtype
+        grad_clip=grad_clip,
+        device=device,
+        param_dtype=param_dtype,
+        autocast_dtype=autocast_dtype,
+        grad_scaling=grad_scaling,
+        max_consecutive_nonfinite=max_consecutive_nonfinite,
     )
     fsdp_kwargs = dict(
         reshard_after_forward=reshard_after_forward,

@@ -38,28 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from verl.models.precision import resolve_dtype
+
 logger = logging.getLogger(__name__)
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Any]]]
-
-_DTYPE_NAMES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``"bf16"``/``"bfloat16"``/``"fp16"``/``"fp32"``/a ``torch.dtype``/``None`` -> dtype."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPE_NAMES[dtype.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPE_NAMES)}") from None
 
 
 @dataclass
@@ -178,7 +161,12 @@ class TrainEngine(ABC):
         param_dtype: cast parameters to this dtype (``None`` keeps them). Keep float32
             master weights when training with autocast.
         autocast_dtype: run forwards under ``torch.autocast`` in this dtype (``None`` or
-            float32: no autocast). float16 enables a dynamic loss scaler.
+            float32: no autocast).
+        grad_scaling: dynamic loss scaling (``torch.amp.GradScaler``); ``None`` = on iff
+            ``autocast_dtype`` is float16. A scaled step whose gradients overflow is skipped
+            and counted like any other non-finite step.
+        max_consecutive_nonfinite: raise :class:`NonFiniteLossError` when this many optimizer
+            steps in a row were skipped for a non-finite loss or gradient norm (0 = never).
     """
 
     def __init__(
@@ -189,6 +177,8 @@ class TrainEngine(ABC):
         device: str | torch.device = "cpu",
         param_dtype: str | torch.dtype | None = None,
         autocast_dtype: str | torch.dtype | None = None,
+        grad_scaling: bool | None = None,
+        max_consecutive_nonfinite: int = 0,
     ) -> None:
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip={grad_clip} must be > 0, or None to disable clipping")
@@ -204,6 +194,15 @@ class TrainEngine(ABC):
         self.grad_clip = grad_clip
         self.optim_spec = optimizer_cfg
         self.skipped_steps = 0
+        self.consecutive_skipped = 0
+        if max_consecutive_nonfinite < 0:
+            raise ValueError(
+                f"max_consecutive_nonfinite={max_consecutive_nonfinite} must be >= 0 (0 = never stop)"
+            )
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self._nonfinite_loss = False
+        if grad_scaling is None:
+            grad_scaling = self.autocast_dtype == torch.float16
 
         self.module = self._prepare_module(module)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -215,7 +214,7 @@ class TrainEngine(ABC):
                 raise ValueError("module has no parameters with requires_grad=True to optimize")
             self.optimizer = build_adamw(params, optimizer_cfg)
             self.scheduler = build_lr_scheduler(self.optimizer, optimizer_cfg)
-            if self.autocast_dtype == torch.float16:
+            if grad_scaling:
                 self.scaler = torch.amp.GradScaler(self.device.type)
 
     # ---- backend hooks ---------------------------------------------------------------
@@ -345,6 +344,8 @@ class TrainEngine(ABC):
         Pass ``is_last_micro_batch=False`` for all but the last micro-batch of a step so a
         distributed backend can defer its gradient reduction; ``True`` is always correct.
         """
+        if not bool(torch.isfinite(loss.detach())):
+            self._nonfinite_loss = True  # the next optimizer_step is skipped
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         with self._backward_context(is_last_micro_batch=is_last_micro_batch):
@@ -355,9 +356,13 @@ class TrainEngine(ABC):
 
         Returns:
             ``{"grad_norm": pre-clip global L2 norm, "lr": the lr this step used,
-            "skipped": 1.0 if the step was skipped because the norm was inf/nan else 0.0}``.
-            The schedule advances on skipped steps too, so the lr stays a function of the
-            trainer's step count. Gradients are cleared afterwards.
+            "skipped": 1.0 if the step was skipped because a micro-batch loss or the norm
+            was inf/nan else 0.0}``, plus ``"loss_scale"`` (the scale this step used) with
+            fp16 loss scaling. The schedule advances on skipped steps too, so the lr stays a
+            function of the trainer's step count. Gradients are cleared afterwards.
+
+        Raises:
+            NonFiniteLossError: ``max_consecutive_nonfinite`` steps in a row were skipped.
         """
         if self.optimizer is None:
             raise RuntimeError("this engine was built with optimizer_cfg=None (inference only)")
@@ -366,7 +371,10 @@ class TrainEngine(ABC):
             self.scaler.unscale_(self.optimizer)
         total_norm = self._grad_norm()
         grad_norm = float(total_norm)
-        finite = math.isfinite(grad_norm)
+        # A non-finite loss skips the step even when its gradient happens to be finite.
+        finite = math.isfinite(grad_norm) and not self._nonfinite_loss
+        self._nonfinite_loss = False
+        scale_before = self.scaler.get_scale() if self.scaler is not None else None
         if finite:
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(
@@ -376,12 +384,16 @@ class TrainEngine(ABC):
                 self.scaler.step(self.optimizer)
             else:
                 self.optimizer.step()
+            self.consecutive_skipped = 0
         else:
             self.skipped_steps += 1
+            self.consecutive_skipped += 1
             logger.warning(
-                "grad norm is %s: skipping the optimizer step (%d skipped so far)",
+                "non-finite loss or grad norm (%s): skipping the optimizer step "
+                "(%d skipped so far, %d in a row)",
                 grad_norm,
                 self.skipped_steps,
+                self.consecutive_skipped,
             )
         if self.scaler is not None:
             self.scaler.update()
@@ -390,7 +402,19 @@ class TrainEngine(ABC):
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
         self.zero_grad()
-        return {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
+        out = {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
+        if self.scaler is not None:
+            out["loss_scale"] = float(scale_before)
+        limit = self.max_consecutive_nonfinite
+        if limit and self.consecutive_skipped >= limit:
+            raise NonFiniteLossError(
+                f"{self.consecutive_skipped} optimizer steps in a row had a non-finite loss or "
+                f"gradient norm (last grad norm {grad_norm}); stopping "
+                f"(trainer.max_consecutive_nonfinite_steps={limit}). No checkpoint was written "
+                "after the bad steps: resume from the last one with a lower learning rate, "
+                "fp32/bf16 instead of fp16, or a smaller max_grad_norm"
+            )
+        return out
 
     def zero_grad(self) -> None:
         """Drop all gradients (``set_to_none``)."""
@@ -413,6 +437,10 @@ class TrainEngine(ABC):
 
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
 
 def _to_float(value: Any) -> float:

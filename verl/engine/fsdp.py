@@ -251,6 +251,8 @@ class FSDP2Engine(TrainEngine):
         mixed_precision: dict[str, Any] | None = None,
         cpu_offload: bool = False,
         full_state_dict_from_rank0: bool = False,
+        grad_scaling: bool | None = None,
+        max_consecutive_nonfinite: int = 0,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -258,7 +260,7 @@ class FSDP2Engine(TrainEngine):
                 "verl.utils.distributed.init_distributed(rank, world_size, master_addr, "
                 "master_port) in every worker process before building it"
             )
-        if resolve_dtype(autocast_dtype) == torch.float16:
+        if resolve_dtype(autocast_dtype) == torch.float16 or grad_scaling:
             raise NotImplementedError(
                 "autocast_dtype=float16 is not supported by the fsdp2 engine (its loss scaler "
                 "would need a sharded inf check); use bf16"
@@ -272,7 +274,16 @@ class FSDP2Engine(TrainEngine):
         self.world_size = dist.get_world_size()
         self.units: list[FSDPModule] = []
         self._gathered = False
-        super().__init__(module, optimizer_cfg, grad_clip, device, param_dtype, autocast_dtype)
+        super().__init__(
+            module,
+            optimizer_cfg,
+            grad_clip,
+            device,
+            param_dtype,
+            autocast_dtype,
+            grad_scaling=False,
+            max_consecutive_nonfinite=max_consecutive_nonfinite,
+        )
 
     # ---- backend hooks ---------------------------------------------------------------
 

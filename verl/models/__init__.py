@@ -3,13 +3,18 @@ SmolLM2-135M-Instruct, the critic's value-head model, precision and activation c
 
 from verl.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, is_embedded_alias
 from verl.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from verl.models.precision import enable_activation_checkpointing, resolve_dtype
+from verl.models.precision import (
+    attention_implementation,
+    enable_activation_checkpointing,
+    resolve_dtype,
+)
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.models.value_model import CausalLMWithValueHead, load_reward_model
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
     "CausalLMWithValueHead",
+    "attention_implementation",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "embedded_model_dir",

@@ -22,11 +22,15 @@ _DTYPES: dict[str, torch.dtype] = {
 _ALLOWED = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """Map "fp32"/"float32"/"bf16"/"bfloat16"/"fp16"/"float16" (or a torch dtype) to a dtype.
 
-    Also accepts "torch.bfloat16"-style strings. Raises ValueError naming the accepted names.
+    Also accepts "torch.bfloat16"-style strings; ``None`` passes through (keep the dtype).
+    The one name -> dtype table of the package (the engines import it from here). Raises
+    ValueError naming the accepted names.
     """
+    if dtype is None:
+        return None
     if isinstance(dtype, torch.dtype):
         if dtype not in _ALLOWED:
             raise ValueError(f"dtype={dtype} is not a training precision; use one of {_ALLOWED}")
@@ -41,6 +45,31 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
             f"unknown dtype {dtype!r}; use one of fp32/float32, bf16/bfloat16, fp16/float16"
         )
     return _DTYPES[key]
+
+
+_ATTENTION_LOGGED: set[str] = set()
+
+
+def attention_implementation(use_flash_attention: bool, device: str | torch.device) -> str | None:
+    """The HF ``attn_implementation`` for ``use_flash_attention`` (``None`` = HF's default).
+
+    ``True`` picks ``flash_attention_2`` when the ``flash_attn`` package is installed and the
+    device is CUDA, else ``sdpa``; the choice is logged once per process.
+    """
+    if not use_flash_attention:
+        return None
+    import importlib.util
+
+    on_cuda = torch.device(device).type == "cuda"
+    if on_cuda and importlib.util.find_spec("flash_attn") is not None:
+        impl, why = "flash_attention_2", "flash_attn is installed"
+    else:
+        impl = "sdpa"
+        why = "flash attention needs CUDA" if not on_cuda else "flash_attn is not installed"
+    if impl not in _ATTENTION_LOGGED:
+        _ATTENTION_LOGGED.add(impl)
+        logger.info("use_flash_attention=true: attention runs as %s (%s)", impl, why)
+    return impl
 
 
 def hf_checkpointing_enable(model: nn.Module, kwargs: dict | None) -> None:

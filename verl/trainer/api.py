@@ -96,6 +96,7 @@ def make_trainer_config(
     total_training_steps: int | None = None,
     seed: int | None = None,
     overrides: Sequence[str] = (),
+    **flat_keys: Any,
 ) -> TrainerConfig:
     """A validated :class:`TrainerConfig` for ``algo`` from a few familiar knobs.
 
@@ -106,6 +107,8 @@ def make_trainer_config(
     ``algo="grpo"`` uses group-normalised advantages, no critic, and a KL loss when
     ``kl_coef`` is given. Any other key can be set with dotted ``overrides``
     (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the YAML default.
+    ``flat_keys`` are the flat keys of ``TrainerConfig(...)`` (``mixed_precision="bf16"``,
+    ``max_grad_norm=1.0`` ..., see docs/precision.md), applied after the overrides.
     """
     from verl.config import load_config
 
@@ -146,7 +149,13 @@ def make_trainer_config(
     put("actor_rollout_ref.actor.entropy_coeff", entropy_coeff)
     put("trainer.total_training_steps", total_training_steps)
     put("trainer.seed", seed)
-    return load_config(overrides=[*o, *overrides])
+    cfg = load_config(overrides=[*o, *overrides])
+    if flat_keys:
+        from verl.config.flat_keys import apply_flat_keys
+
+        apply_flat_keys(cfg, flat_keys)
+        cfg.validate()
+    return cfg
 
 
 def _yaml_value(value: Any) -> str:

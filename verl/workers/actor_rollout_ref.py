@@ -27,6 +27,7 @@ from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
+    attention_implementation,
     enable_activation_checkpointing,
     load_causal_lm,
     load_tokenizer,
@@ -38,11 +39,13 @@ from verl.utils.device import resolve_device
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.common import (
     MetricsAccumulator,
+    apply_inference_precision,
     atomic_save_pretrained,
     engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
     micro_batches,
+    precision_options,
     to_device,
 )
 from verl.workers.micro_batching import gather_response_outputs
@@ -101,17 +104,26 @@ class ActorRolloutRefWorker(Worker):
                 dtype=resolve_dtype(arr.model.dtype),
                 trust_remote_code=arr.model.trust_remote_code,
                 override_config=arr.model.override_config,
+                attn_implementation=attention_implementation(
+                    self.config.trainer.use_flash_attention, self.device
+                ),
             )
         self._given_module = None
         if self.role == "actor_rollout_ref":
             # The reference is the initial policy, frozen; copied before any update.
             ref_module = copy.deepcopy(module).eval().requires_grad_(False)
+            ref_module = apply_inference_precision(self.config, "reference", ref_module)
             self.ref_engine = build_engine(
                 strategy,
                 module=ref_module,
                 optim=None,
                 device=self.device,
-                **engine_options(self, strategy, arr.ref.fsdp_config),
+                **precision_options(
+                    self.config,
+                    "reference",
+                    strategy,
+                    engine_options(self, strategy, arr.ref.fsdp_config),
+                ),
             )
         if arr.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
@@ -121,7 +133,12 @@ class ActorRolloutRefWorker(Worker):
             optim=OptimSpec.from_config(arr.actor.optim, total_steps=total_steps),
             grad_clip=arr.actor.grad_clip,
             device=self.device,
-            **engine_options(self, strategy, arr.actor.fsdp_config),
+            **precision_options(
+                self.config,
+                "actor",
+                strategy,
+                engine_options(self, strategy, arr.actor.fsdp_config),
+            ),
         )
         self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
 
@@ -332,6 +349,8 @@ class ActorRolloutRefWorker(Worker):
                 acc.add("actor/grad_norm", float(step["grad_norm"]))
                 acc.add("actor/lr", float(step["lr"]))
                 acc.add("actor/skipped_steps", float(step.get("skipped", 0)), reduce="sum")
+                if "loss_scale" in step:
+                    acc.add("actor/loss_scale", step["loss_scale"])
         return DataProto.from_dict(meta_info={"metrics": acc.result()})
 
     # ------------------------------------------------------------------ export

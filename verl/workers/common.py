@@ -130,6 +130,64 @@ def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, An
     }
 
 
+def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict) -> dict:
+    """``build_engine`` precision keyword arguments of ``role`` (actor, critic, reference).
+
+    From ``trainer.mixed_precision`` / ``trainer.model_precision_map`` (see
+    ``verl.config.precision``), merged over ``fsdp_options`` (:func:`engine_options`):
+
+    - trainable roles keep fp32 master weights and optimizer state; bf16/fp16 compute is
+      ``torch.autocast`` on the single engine and FSDP2's ``MixedPrecisionPolicy``
+      (``param_dtype``, ``reduce_dtype`` = ``trainer.gradient_precision``, fp32 buffers) on
+      fsdp2, unless ``fsdp_config.mixed_precision`` is set (validation made them agree).
+      fp16 gets dynamic loss scaling unless ``trainer.use_gradient_scaling=false``;
+    - inference roles store and compute in fp32/bf16/fp16 (``param_dtype``); fp8 is applied
+      to the module by :func:`apply_inference_precision` before the engine is built.
+    """
+    from verl.config.precision import TRAINABLE_ROLES, role_precision
+
+    prec = role_precision(config, role)
+    opts = dict(fsdp_options)
+    t = config.trainer
+    if role in TRAINABLE_ROLES:
+        opts["max_consecutive_nonfinite"] = t.max_consecutive_nonfinite_steps
+        opts["grad_scaling"] = t.use_gradient_scaling
+        if prec in ("bf16", "fp16"):
+            if strategy == "fsdp2":
+                if opts.get("mixed_precision") is None:
+                    opts["mixed_precision"] = {
+                        "param_dtype": prec,
+                        "reduce_dtype": t.gradient_precision,
+                        "buffer_dtype": "fp32",
+                    }
+            else:
+                opts["autocast_dtype"] = prec
+    elif prec in ("fp32", "bf16", "fp16"):
+        opts["param_dtype"] = prec
+    return opts
+
+
+def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -> torch.nn.Module:
+    """Quantize an inference role's (reference, reward) weights to fp8 when its precision is fp8.
+
+    fp8 is weight-only: ``verl.models.fp8.quantize_model_fp8_`` replaces the linear layers in
+    place; compute runs in the activations' dtype. Other precisions return ``module`` as is.
+    """
+    from verl.config.precision import role_precision
+
+    if role_precision(config, role) != "fp8":
+        return module
+    try:
+        from verl.models.fp8 import quantize_model_fp8_
+    except ImportError as err:
+        raise NotImplementedError(
+            f"{role} precision fp8 needs verl.models.fp8.quantize_model_fp8_, which is not "
+            f"available ({err}); use bf16 for the {role}"
+        ) from err
+    quantize_model_fp8_(module)
+    return module
+
+
 def ensure_process_group(rank: int, world_size: int, device_type: str) -> None:
     """Make sure a ``torch.distributed`` group exists for an FSDP2 engine.
 

@@ -12,6 +12,7 @@ from verl.config import TrainerConfig, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
+from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.workers.common import (
@@ -20,6 +21,7 @@ from verl.workers.common import (
     iter_ppo_mini_batches,
     micro_batch_weights,
     micro_batches,
+    precision_options,
     to_device,
 )
 from verl.workers.micro_batching import gather_response_outputs
@@ -71,6 +73,9 @@ class CriticWorker(Worker):
                 dtype=resolve_dtype(ccfg.model.dtype),
                 trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
                 override_config=ccfg.model.override_config,
+                attn_implementation=attention_implementation(
+                    self.config.trainer.use_flash_attention, self.device
+                ),
             )
         self._given_module = None
         if ccfg.model.enable_gradient_checkpointing:
@@ -82,7 +87,9 @@ class CriticWorker(Worker):
             optim=OptimSpec.from_config(ccfg.optim, total_steps=total_steps),
             grad_clip=ccfg.grad_clip,
             device=self.device,
-            **engine_options(self, strategy, ccfg.fsdp_config),
+            **precision_options(
+                self.config, "critic", strategy, engine_options(self, strategy, ccfg.fsdp_config)
+            ),
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -146,4 +153,7 @@ class CriticWorker(Worker):
                 step = self.engine.optimizer_step()
                 acc.add("critic/grad_norm", float(step["grad_norm"]))
                 acc.add("critic/lr", float(step["lr"]))
+                acc.add("critic/skipped_steps", float(step.get("skipped", 0)), reduce="sum")
+                if "loss_scale" in step:
+                    acc.add("critic/loss_scale", step["loss_scale"])
         return DataProto.from_dict(meta_info={"metrics": acc.result()})

@@ -28,11 +28,13 @@ import torch
 
 from verl.config import TrainerConfig
 from verl.config.derived import tokenizer_path as actor_tokenizer_path
+from verl.config.precision import role_precision
 from verl.controller import Dispatch, Worker, register
-from verl.models import load_reward_model, load_tokenizer
+from verl.models import load_reward_model, load_tokenizer, resolve_dtype
 from verl.protocol import DataProto
 from verl.rewards.placement import last_valid_index, place_on_last_token
 from verl.utils.device import resolve_device
+from verl.workers.common import apply_inference_precision
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,10 @@ class RewardModelWorker(Worker):
                 "LlamaForSequenceClassification or Qwen2ForSequenceClassification"
             )
         self.module = self.module.eval().requires_grad_(False).to(self.device)
+        prec = role_precision(self.config, "reward")
+        if prec in ("fp32", "bf16", "fp16"):
+            self.module.to(resolve_dtype(prec))
+        self.module = apply_inference_precision(self.config, "reward", self.module)
 
         if self.tokenizer is None:
             path = mcfg.tokenizer_path or mcfg.path

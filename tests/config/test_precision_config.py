@@ -1,0 +1,252 @@
+"""Precision keys: per-role resolution, auto selection, validation messages, flat keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl.config import precision as P
+from verl.config.errors import ConfigError
+from verl.config.flat_keys import FLAT_KEYS
+from verl.config.schema import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    MixedPrecisionConfig,
+    RunConfig,
+    TrainerConfig,
+)
+
+
+def _errors(cfg: TrainerConfig) -> str:
+    with pytest.raises(ConfigError) as info:
+        cfg.validate()
+    return str(info.value)
+
+
+def _gae(**kwargs) -> TrainerConfig:
+    cfg = TrainerConfig(**kwargs)
+    cfg.algorithm.adv_estimator = "gae"  # critic on
+    cfg.actor_rollout_ref.actor.use_kl_loss = True  # reference on
+    return cfg
+
+
+def test_default_is_none_everywhere_and_valid():
+    cfg = _gae()
+    assert [P.role_precision(cfg, r) for r in P.ROLES] == ["none"] * 4
+    cfg.validate()
+
+
+def test_map_overrides_global_and_global_fp8_trains_in_bf16():
+    cfg = _gae(mixed_precision="fp8", model_precision_map={"reference": "bf16"})
+    assert P.role_precision(cfg, "actor") == "bf16"
+    assert P.role_precision(cfg, "critic") == "bf16"
+    assert P.role_precision(cfg, "reference") == "bf16"
+    assert P.role_precision(cfg, "reward") == "fp8"
+
+
+def test_auto_on_cpu_follows_the_bf16_check(monkeypatch):
+    monkeypatch.setattr(P, "cpu_bf16_is_fast_and_correct", lambda: True)
+    assert P.auto_select_precision("cpu") == dict.fromkeys(P.ROLES, "bf16")
+    monkeypatch.setattr(P, "cpu_bf16_is_fast_and_correct", lambda: False)
+    assert P.auto_select_precision("cpu") == dict.fromkeys(P.ROLES, "none")
+    cfg = TrainerConfig(mixed_precision="auto")
+    cfg.trainer.device = "cpu"
+    assert P.role_precision(cfg, "actor") == "none"
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [
+        ((9, 0), {"actor": "bf16", "critic": "bf16", "reference": "fp8", "reward": "fp8"}),
+        ((8, 0), dict.fromkeys(P.ROLES, "bf16")),
+        ((7, 0), dict.fromkeys(P.ROLES, "fp16")),
+    ],
+)
+def test_auto_on_cuda_by_compute_capability(monkeypatch, capability, expected):
+    monkeypatch.setattr(P, "_cuda_capability", lambda device: capability)
+    assert P.auto_select_precision("cuda") == expected
+
+
+def test_cpu_bf16_check_matches_cpu_flags():
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & P._cpu_flags())
+    assert P.cpu_bf16_is_fast_and_correct() == has_bf16
+
+
+def test_mixing_bf16_and_fp16_among_trainable_roles_is_rejected():
+    msg = _errors(_gae(model_precision_map={"actor": "bf16", "critic": "fp16"}))
+    assert "trainable roles mix bf16 and fp16 (actor=bf16, critic=fp16)" in msg
+    assert "exchange tensors" in msg
+
+
+def test_mixing_is_fine_for_inference_roles():
+    _gae(model_precision_map={"actor": "bf16", "critic": "bf16", "reference": "fp16"}).validate()
+
+
+def test_fp8_for_a_trainable_role_is_rejected():
+    msg = _errors(TrainerConfig(model_precision_map={"actor": "fp8"}))
+    assert "trainer.model_precision_map.actor=fp8: fp8 is weight-only storage" in msg
+    assert "Use bf16" in msg
+
+
+def test_unknown_role_and_precision_in_the_map():
+    msg = _errors(TrainerConfig(model_precision_map={"policy": "bf16"}))
+    assert "unknown role 'policy'; use actor, critic, reference, reward" in msg
+    with pytest.raises(ConfigError, match="model_precision_map"):
+        TrainerConfig(model_precision_map={"actor": "int4"}).validate()
+
+
+@pytest.mark.parametrize(
+    ("precision", "capability", "alternative"),
+    [("bf16", (7, 5), "use fp16"), ("fp8", (8, 6), "use bf16")],
+)
+def test_precision_the_gpu_cannot_run_names_the_device(
+    monkeypatch, precision, capability, alternative
+):
+    monkeypatch.setattr(P, "_cuda_capability", lambda device: capability)
+    monkeypatch.setattr(P, "_cuda_name", lambda device: "Tesla T4")
+    cfg = _gae(model_precision_map={"reference": precision})
+    cfg.trainer.device = "cuda"
+    msg = _errors(cfg)
+    need = "8.0" if precision == "bf16" else "8.9"
+    assert (
+        f"reference precision {precision} needs a GPU of compute capability >= {need}, "
+        f"but Tesla T4 has {capability[0]}.{capability[1]}; {alternative}"
+    ) in msg
+
+
+def test_fp16_with_fsdp2_is_rejected():
+    cfg = TrainerConfig(mixed_precision="fp16")
+    cfg.actor_rollout_ref.actor.strategy = "fsdp2"
+    assert "actor precision fp16 with strategy=fsdp2" in _errors(cfg)
+
+
+def test_mixed_precision_needs_fp32_master_weights():
+    cfg = TrainerConfig(mixed_precision="bf16")
+    cfg.actor_rollout_ref.model.dtype = "bf16"
+    assert "set actor_rollout_ref.model.dtype=fp32" in _errors(cfg)
+
+
+def test_fsdp_mixed_precision_must_agree_with_the_role_precision():
+    cfg = TrainerConfig(mixed_precision="bf16")
+    cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig("fp16")
+    msg = _errors(cfg)
+    assert "fsdp_config.mixed_precision.param_dtype=fp16 contradicts actor precision bf16" in msg
+    cfg = TrainerConfig()
+    cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig(
+        "bf16", reduce_dtype="bf16"
+    )
+    assert "contradicts trainer.gradient_precision=fp32" in _errors(cfg)
+
+
+def test_gradient_scaling_without_fp16_is_rejected_and_guard_bound_checked():
+    msg = _errors(TrainerConfig(mixed_precision="bf16", use_gradient_scaling=True))
+    assert "use_gradient_scaling=true but no trainable role computes in fp16" in msg
+    cfg = TrainerConfig()
+    cfg.trainer.max_consecutive_nonfinite_steps = -1
+    assert "max_consecutive_nonfinite_steps=-1 must be >= 0" in _errors(cfg)
+
+
+def test_default_validation_does_not_import_torch_for_precision(monkeypatch):
+    def boom(cfg):
+        raise AssertionError("looked at the device")
+
+    monkeypatch.setattr(P, "run_device", boom)
+    TrainerConfig().validate()
+
+
+# ---- flat keys -------------------------------------------------------------------------
+
+
+def test_flat_keys_map_onto_their_nested_twins():
+    cfg = TrainerConfig(
+        mixed_precision="bf16",
+        model_precision_map={"reference": "fp8"},
+        gradient_precision="fp32",
+        use_gradient_scaling=None,
+        use_flash_attention=True,
+        max_grad_norm=0.5,
+        activation_checkpointing={"actor": True},
+        fsdp_config={
+            "sharding_strategy": "SHARD_GRAD_OP",
+            "cpu_offload": True,
+            "mixed_precision": {"param_dtype": "bf16"},
+        },
+        gradient_accumulation_steps=2,
+        enable_3d_hybrid_engine=True,
+        hybrid_engine_config={"enable_activation_recomputation": True},
+    )
+    t, arr = cfg.trainer, cfg.actor_rollout_ref
+    assert (t.mixed_precision, t.model_precision_map) == ("bf16", {"reference": "fp8"})
+    assert t.use_flash_attention is True
+    assert arr.actor.grad_clip == cfg.critic.grad_clip == 0.5
+    assert arr.model.enable_gradient_checkpointing is True
+    assert cfg.critic.model.enable_gradient_checkpointing is False
+    for fc in (arr.actor.fsdp_config, cfg.critic.fsdp_config):
+        assert fc.reshard_after_forward is False
+        assert fc.param_offload and fc.optimizer_offload
+        assert fc.mixed_precision == MixedPrecisionConfig("bf16", "fp32", "fp32")
+    # 4 prompts x 4 responses per mini-batch on one rank in 2 micro-batches of 8
+    assert arr.actor.ppo_micro_batch_size_per_device == 8
+    assert set(FLAT_KEYS) >= {
+        "mixed_precision",
+        "model_precision_map",
+        "activation_checkpointing",
+        "gradient_precision",
+        "use_flash_attention",
+        "fsdp_config",
+        "max_grad_norm",
+        "use_gradient_scaling",
+        "gradient_accumulation_steps",
+        "enable_3d_hybrid_engine",
+        "hybrid_engine_config",
+    }
+
+
+def test_flat_key_and_nested_twin_with_different_values_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig(mixed_precision="bf16", trainer=RunConfig(mixed_precision="fp16"))
+    assert (
+        "flat key mixed_precision='bf16' sets trainer.mixed_precision='bf16', but "
+        "trainer.mixed_precision was also given as 'fp16'; set one of them"
+    ) in str(info.value)
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.grad_clip was also given"):
+        TrainerConfig(
+            max_grad_norm=0.5,
+            actor_rollout_ref=ActorRolloutRefConfig(actor=ActorConfig(grad_clip=2.0)),
+        )
+    # the same value twice is fine
+    cfg = TrainerConfig(mixed_precision="bf16", trainer=RunConfig(mixed_precision="bf16"))
+    assert cfg.trainer.mixed_precision == "bf16"
+
+
+def test_two_flat_keys_setting_one_twin_differently_is_an_error():
+    with pytest.raises(ConfigError, match=r"both set actor_rollout_ref\.model\.enable_gradient"):
+        TrainerConfig(
+            activation_checkpointing=False,
+            hybrid_engine_config={"enable_activation_recomputation": True},
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"enable_3d_hybrid_engine": False}, "not supported"),
+        ({"fsdp_config": {"sharding_strategy": "HYBRID"}}, "use FULL_SHARD or SHARD_GRAD_OP"),
+        ({"fsdp_config": {"offload": True}}, "unknown keys ['offload']"),
+        ({"gradient_accumulation_steps": 3}, "do not split into 3 equal micro-batches"),
+        ({"hybrid_engine_config": {"layout": "tp"}}, "use enable_activation_recomputation"),
+    ],
+)
+def test_flat_keys_that_cannot_be_mapped(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig(**kwargs)
+    assert message in str(info.value)
+
+
+def test_flat_keys_do_not_change_the_yaml_round_trip():
+    from verl.config import load_config
+
+    cfg = load_config(
+        overrides=["trainer.mixed_precision=bf16", "trainer.model_precision_map={reference: fp8}"]
+    )
+    assert P.role_precision(cfg, "reference") == "fp8"
+    assert P.role_precision(cfg, "actor") == "bf16"

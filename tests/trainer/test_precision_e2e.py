@@ -1,0 +1,54 @@
+"""The RL loop with per-role precision, and the non-finite guard stopping a run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verl.engine import NonFiniteLossError
+from verl.engine.base import TrainEngine
+from verl.trainer.ppo_trainer import RLTrainer
+
+PPO = (
+    "algorithm.adv_estimator=gae",
+    "algorithm.use_kl_in_reward=true",
+    "critic.ppo_mini_batch_size=2",
+    "critic.ppo_micro_batch_size_per_device=2",
+    "trainer.val_before_train=false",
+)
+
+
+def test_ppo_trains_with_bf16_roles_and_an_fp16_reference(rl_config):
+    cfg = rl_config(
+        *PPO, "trainer.mixed_precision=bf16", "trainer.model_precision_map={reference: fp16}"
+    )
+    trainer = RLTrainer(cfg)
+    trainer.fit()
+    assert len(trainer.history) == 2
+    for metrics in trainer.history:
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+            assert math.isfinite(metrics[key]), (key, metrics[key])
+        assert metrics["actor/skipped_steps"] == 0.0
+
+
+def test_nonfinite_guard_stops_the_run_with_a_clear_error(rl_config, monkeypatch):
+    monkeypatch.setattr(TrainEngine, "_grad_norm", lambda self: torch.tensor(float("nan")))
+    cfg = rl_config("trainer.val_before_train=false", "trainer.max_consecutive_nonfinite_steps=2")
+    trainer = RLTrainer(cfg)
+    # 4 prompts in mini-batches of 2: the first step makes two optimizer steps, both bad
+    with pytest.raises(NonFiniteLossError, match=r"2 optimizer steps in a row .* stopping"):
+        trainer.fit()
+    assert trainer.history == []  # the step never completed, so nothing after it ran
+
+
+def test_make_trainer_config_takes_the_flat_keys():
+    from verl.config.errors import ConfigError
+    from verl.trainer.api import make_trainer_config
+
+    cfg = make_trainer_config("ppo", mixed_precision="bf16", max_grad_norm=0.3)
+    assert cfg.trainer.mixed_precision == "bf16"
+    assert cfg.actor_rollout_ref.actor.grad_clip == cfg.critic.grad_clip == 0.3
+    with pytest.raises(ConfigError, match="trainable roles mix bf16 and fp16"):
+        make_trainer_config("ppo", model_precision_map={"actor": "bf16", "critic": "fp16"})

@@ -1,0 +1,215 @@
+"""The precision map reaches each role: parameter dtype and compute dtype per role."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl.config import load_config
+from verl.models.tiny import save_tiny_model_dir
+from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.common import apply_inference_precision, precision_options
+from verl.workers.critic import CriticWorker
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
+
+
+def _config(model_dir, *overrides):
+    return load_config(
+        overrides=[
+            f"actor_rollout_ref.model.path={model_dir}",
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "trainer.device=cpu",
+            *overrides,
+        ]
+    )
+
+
+def _compute_dtypes(module, run):
+    """dtypes of every nn.Linear output while ``run()`` executes."""
+    seen = set()
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
+        for m in module.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    try:
+        run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _ids():
+    return torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0))
+
+
+def test_precision_map_reaches_actor_reference_and_critic(model_dir):
+    cfg = _config(
+        model_dir,
+        "trainer.mixed_precision=bf16",
+        "trainer.model_precision_map={reference: fp16, critic: bf16}",
+        "trainer.max_consecutive_nonfinite_steps=5",
+    )
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor.init_model(total_steps=2)
+    ids = _ids()
+
+    # actor: fp32 master weights, bf16 compute under the engine's autocast
+    eng = actor.engine
+    assert {p.dtype for p in eng.module.parameters()} == {torch.float32}
+    assert eng.autocast_dtype == torch.bfloat16 and eng.scaler is None
+    assert eng.max_consecutive_nonfinite == 5
+
+    def actor_forward():
+        with eng.autocast():
+            eng.module(ids)
+
+    assert _compute_dtypes(eng.module, actor_forward) == {torch.bfloat16}
+
+    # reference: stored and computed in fp16, no optimizer
+    ref = actor.ref_engine
+    assert {p.dtype for p in ref.module.parameters()} == {torch.float16}
+    assert ref.optimizer is None
+
+    def ref_forward():
+        with ref.eval_mode():
+            ref.module(ids)
+
+    assert _compute_dtypes(ref.module, ref_forward) == {torch.float16}
+
+    critic = CriticWorker(cfg, tokenizer=actor.tokenizer)
+    critic.init_model(total_steps=2)
+    ceng = critic.engine
+    assert {p.dtype for p in ceng.module.parameters()} == {torch.float32}
+    assert ceng.autocast_dtype == torch.bfloat16
+
+
+def test_fp16_training_gets_loss_scaling(model_dir):
+    cfg = _config(model_dir, "trainer.mixed_precision=fp16")
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    actor.init_model(total_steps=2)
+    assert actor.engine.autocast_dtype == torch.float16
+    assert actor.engine.scaler is not None
+    cfg = _config(model_dir, "trainer.mixed_precision=fp16", "trainer.use_gradient_scaling=false")
+    assert precision_options(cfg, "actor", "single", {})["grad_scaling"] is False
+
+
+def test_default_precision_changes_nothing(model_dir):
+    cfg = _config(model_dir)
+    opts = precision_options(cfg, "actor", "single", {})
+    assert opts == {"max_consecutive_nonfinite": 3, "grad_scaling": None}
+    assert precision_options(cfg, "reference", "single", {}) == {}
+
+
+def test_fsdp2_roles_get_a_mixed_precision_policy(model_dir):
+    cfg = _config(model_dir, "trainer.mixed_precision=bf16")
+    opts = precision_options(cfg, "actor", "fsdp2", {"mixed_precision": None})
+    assert opts["mixed_precision"] == {
+        "param_dtype": "bf16",
+        "reduce_dtype": "fp32",
+        "buffer_dtype": "fp32",
+    }
+    assert "autocast_dtype" not in opts
+    given = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "bf16"}
+    assert (
+        precision_options(cfg, "actor", "fsdp2", {"mixed_precision": given})["mixed_precision"]
+        == given
+    )
+
+
+def test_fp8_inference_role_calls_the_fp8_hook(model_dir, monkeypatch):
+    cfg = _config(model_dir, "trainer.model_precision_map={reference: fp8}")
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    try:
+        import verl.models.fp8 as fp8
+    except ImportError:
+        with pytest.raises(NotImplementedError, match="reference precision fp8 needs"):
+            apply_inference_precision(cfg, "reference", module)
+        return
+    calls = []
+    monkeypatch.setattr(fp8, "quantize_model_fp8_", lambda m: calls.append(m))
+    assert apply_inference_precision(cfg, "reference", module) is module
+    assert calls == [module]
+    assert apply_inference_precision(cfg, "actor", module) is module
+
+
+def _fsdp2_actor(rank: int, model_dir: str, out: str) -> None:
+    """One FSDP2 rank (its own process group): the bf16 precision reaches the policy."""
+    torch.set_num_threads(1)
+    cfg = _config(
+        model_dir,
+        "trainer.mixed_precision=bf16",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_device=2",
+    )
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    worker.init_model(total_steps=2)
+    eng = worker.engine
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0))
+    res = {
+        "param_dtypes": sorted({str(p.dtype) for p in eng.module.parameters()}),
+        "policy": eng.mixed_precision,
+        "compute": sorted(str(d) for d in _compute_dtypes(eng.module, lambda: eng.module(ids))),
+    }
+    torch.save(res, out)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_actor_computes_in_bf16_with_fp32_master_weights(model_dir, tmp_path):
+    import sys
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    out = tmp_path / "res.pt"
+    mp.start_processes(
+        _fsdp2_actor, args=(str(model_dir), str(out)), nprocs=1, start_method="spawn", join=True
+    )
+    res = torch.load(out)
+    assert res["param_dtypes"] == ["torch.float32"]
+    assert res["policy"] == {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    assert res["compute"] == ["torch.bfloat16"]
+
+
+def test_reward_model_is_stored_in_its_precision():
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from verl.config.schema import TrainerConfig
+    from verl.models import build_tiny_tokenizer
+    from verl.workers.reward_model import RewardModelWorker
+
+    tok = build_tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    cfg = TrainerConfig(model_precision_map={"reward": "bf16"})
+    cfg.trainer.device = "cpu"
+    cfg.reward_model.enable = True
+    worker = RewardModelWorker(
+        cfg,
+        module=Qwen2ForSequenceClassification(config),
+        tokenizer=tok,
+        actor_tokenizer=tok,
+    )
+    worker.init_model()
+    assert {p.dtype for p in worker.module.parameters()} == {torch.bfloat16}
+    ids = torch.randint(0, len(tok), (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert _compute_dtypes(worker.module, lambda: worker.module(ids)) == {torch.bfloat16}

@@ -1,0 +1,228 @@
+"""Flat keyword arguments of ``TrainerConfig(...)``, mapped onto the nested schema.
+
+``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5, activation_checkpointing=True)``
+is the same config as setting the nested keys ("twins") listed in :data:`FLAT_KEYS`. A flat
+key whose twin was also given a different (non-default) value is an error, never a silent
+override. The table in ``docs/precision.md`` ("Flat keys") is the user-facing version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from verl.config.errors import ConfigError, ConfigProblem
+
+_ARR = "actor_rollout_ref"
+_ACTOR, _CRITIC = f"{_ARR}.actor", "critic"
+
+# flat key -> what it sets (documentation; the mapping itself is in _assignments).
+FLAT_KEYS: dict[str, str] = {
+    "mixed_precision": "trainer.mixed_precision",
+    "model_precision_map": "trainer.model_precision_map",
+    "gradient_precision": "trainer.gradient_precision",
+    "use_gradient_scaling": "trainer.use_gradient_scaling",
+    "use_flash_attention": "trainer.use_flash_attention",
+    "max_grad_norm": f"{_ACTOR}.grad_clip and critic.grad_clip",
+    "activation_checkpointing": (
+        f"{_ARR}.model.enable_gradient_checkpointing and critic.model.enable_gradient_"
+        "checkpointing (a bool, or {actor: bool, critic: bool})"
+    ),
+    "gradient_accumulation_steps": (
+        f"{_ACTOR}.ppo_micro_batch_size_per_device and critic.ppo_micro_batch_size_per_device "
+        "= ppo_mini_batch_size * rollout.n / (data-parallel ranks * steps)"
+    ),
+    "fsdp_config": (
+        "actor and critic fsdp_config: sharding_strategy FULL_SHARD / SHARD_GRAD_OP -> "
+        "reshard_after_forward true / false; cpu_offload -> param_offload and "
+        "optimizer_offload; mixed_precision {param_dtype, reduce_dtype, buffer_dtype} -> "
+        "fsdp_config.mixed_precision"
+    ),
+    "enable_3d_hybrid_engine": (
+        "true is the only layout (actor and rollout share the weights in one worker); "
+        "false is rejected"
+    ),
+    "hybrid_engine_config": (
+        f"{{enable_activation_recomputation: bool}} -> {_ARR}.model.enable_gradient_checkpointing"
+    ),
+}
+
+_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+_FSDP_KEYS = ("sharding_strategy", "cpu_offload", "mixed_precision")
+_MP_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
+
+
+def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
+    """Set the nested twins of the ``flat`` keyword arguments on ``cfg`` in place.
+
+    Raises ``ConfigError`` listing every flat key that is unknown, has a value it cannot
+    map, or contradicts a nested value given alongside it.
+    """
+    from verl.config.schema import TrainerConfig
+
+    problems: list[ConfigProblem] = []
+    assigned: dict[str, tuple[Any, str]] = {}
+    for key, value in flat.items():
+        try:
+            pairs = _assignments(cfg, key, value)
+        except ValueError as err:
+            problems.append(ConfigProblem(key, f"{key}={value!r}: {err}", (key,)))
+            continue
+        for path, new in pairs:
+            if path in assigned and assigned[path][0] != new:
+                other = assigned[path][1]
+                problems.append(
+                    ConfigProblem(
+                        key,
+                        f"flat keys {other} and {key} both set {path}, to "
+                        f"{assigned[path][0]!r} and {new!r}; give one",
+                        (key, other),
+                    )
+                )
+                continue
+            assigned[path] = (new, key)
+
+    default = TrainerConfig()
+    for path, (new, key) in assigned.items():
+        current, was = _get(cfg, path), _get(default, path)
+        if current != was and current != new:
+            problems.append(
+                ConfigProblem(
+                    path,
+                    f"flat key {key}={flat[key]!r} sets {path}={new!r}, but {path} was also "
+                    f"given as {current!r}; set one of them",
+                    (path, key),
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+    for path, (new, _) in assigned.items():
+        _set(cfg, path, new)
+
+
+def _assignments(cfg: Any, key: str, value: Any) -> list[tuple[str, Any]]:
+    if key in ("mixed_precision", "gradient_precision", "use_gradient_scaling"):
+        return [(f"trainer.{key}", value)]
+    if key == "use_flash_attention":
+        return [(f"trainer.{key}", bool(value))]
+    if key == "model_precision_map":
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a mapping {role: precision}")
+        return [(f"trainer.{key}", dict(value))]
+    if key == "max_grad_norm":
+        return [(f"{_ACTOR}.grad_clip", float(value)), (f"{_CRITIC}.grad_clip", float(value))]
+    if key == "activation_checkpointing":
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"actor", "critic"}
+            if unknown:
+                raise ValueError(f"unknown roles {sorted(unknown)}; use actor, critic")
+            per_role = {r: bool(v) for r, v in value.items()}
+        else:
+            per_role = {"actor": bool(value), "critic": bool(value)}
+        paths = {"actor": f"{_ARR}.model", "critic": "critic.model"}
+        return [(f"{paths[r]}.enable_gradient_checkpointing", v) for r, v in per_role.items()]
+    if key == "hybrid_engine_config":
+        value = _as_dict(value)
+        unknown = set(value) - {"enable_activation_recomputation"}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}; use enable_activation_recomputation")
+        if "enable_activation_recomputation" not in value:
+            return []
+        on = bool(value["enable_activation_recomputation"])
+        return [(f"{_ARR}.model.enable_gradient_checkpointing", on)]
+    if key == "enable_3d_hybrid_engine":
+        if not value:
+            raise ValueError(
+                "a rollout with its own copy of the weights is not supported; the actor and "
+                "the rollout always share one worker and one set of weights (drop the key)"
+            )
+        return []
+    if key == "fsdp_config":
+        return _fsdp_assignments(_as_dict(value))
+    if key == "gradient_accumulation_steps":
+        return _accumulation_assignments(cfg, int(value))
+    raise ValueError(f"unknown flat key; the flat keys are {', '.join(FLAT_KEYS)}")
+
+
+def _fsdp_assignments(value: dict[str, Any]) -> list[tuple[str, Any]]:
+    unknown = set(value) - set(_FSDP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}; use {', '.join(_FSDP_KEYS)}")
+    out: list[tuple[str, Any]] = []
+    for prefix in (_ACTOR, _CRITIC):
+        fc = f"{prefix}.fsdp_config"
+        if "sharding_strategy" in value:
+            name = str(value["sharding_strategy"]).upper()
+            if name not in _SHARDING:
+                raise ValueError(
+                    f"sharding_strategy {value['sharding_strategy']!r} is not supported; use "
+                    "FULL_SHARD or SHARD_GRAD_OP (one process: strategy=single)"
+                )
+            out.append((f"{fc}.reshard_after_forward", _SHARDING[name]))
+        if "cpu_offload" in value:
+            on = bool(value["cpu_offload"])
+            out += [(f"{fc}.param_offload", on), (f"{fc}.optimizer_offload", on)]
+        if "mixed_precision" in value:
+            mp = value["mixed_precision"]
+            out.append((f"{fc}.mixed_precision", None if mp is None else _mixed_precision(mp)))
+    return out
+
+
+def _mixed_precision(mp: Any) -> Any:
+    from verl.config.schema_roles import MixedPrecisionConfig
+
+    mp = _as_dict(mp)
+    unknown = set(mp) - set(_MP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown mixed_precision keys {sorted(unknown)}; use {_MP_KEYS}")
+    return MixedPrecisionConfig(**mp)
+
+
+def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
+    from verl.config.derived import critic_enabled, dp_size
+
+    if steps < 1:
+        raise ValueError("must be >= 1")
+    n = cfg.actor_rollout_ref.rollout.n
+    out = []
+    roles = [(_ACTOR, cfg.actor_rollout_ref.actor, _ARR)]
+    if critic_enabled(cfg):
+        roles.append((_CRITIC, cfg.critic, "critic"))
+    for prefix, section, role in roles:
+        if section.use_dynamic_bsz:
+            raise ValueError(
+                f"{prefix}.use_dynamic_bsz=true packs micro-batches by tokens, so the number "
+                "of accumulation steps is not fixed; drop one of them"
+            )
+        samples = section.ppo_mini_batch_size * n
+        per_rank, rest = divmod(samples, dp_size(cfg, role))
+        micro, rest2 = divmod(per_rank, steps)
+        if rest or rest2 or micro == 0:
+            raise ValueError(
+                f"{prefix}: ppo_mini_batch_size * rollout.n = {samples} samples over "
+                f"{dp_size(cfg, role)} rank(s) do not split into {steps} equal micro-batches"
+            )
+        out.append((f"{prefix}.ppo_micro_batch_size_per_device", micro))
+    return out
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ValueError(f"must be a mapping, got {type(value).__name__}")
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _set(cfg: Any, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        cfg = getattr(cfg, part)
+    setattr(cfg, last, value)

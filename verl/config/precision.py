@@ -1,0 +1,291 @@
+"""Which precision each role computes in, and whether this device can run it.
+
+Keys (``trainer`` section, see ``docs/precision.md``): ``mixed_precision`` is the default
+of every role, ``model_precision_map`` overrides it per role (``actor``, ``critic``,
+``reference``, ``reward``). A role's precision is one of
+
+- ``none``: the model's own dtype (``model.dtype``), no autocast: the behaviour before these
+  keys existed, and the default;
+- ``fp32`` / ``bf16`` / ``fp16``: trainable roles (actor, critic) keep fp32 master weights
+  and optimizer state and compute in that dtype (autocast on the single engine, FSDP2's
+  ``MixedPrecisionPolicy`` on fsdp2); inference roles (reference, reward) store and compute
+  their weights in it;
+- ``fp8``: weight-only fp8 storage for the inference roles. A trainable role never trains in
+  fp8: a global ``mixed_precision=fp8`` gives trainable roles bf16, and ``fp8`` for actor or
+  critic in the map is an error.
+
+``auto`` resolves through :func:`auto_select_precision`. Checks run in
+:func:`precision_problems` (called by ``validate``) before any model loads. This module
+imports torch only to look at the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from verl.config.derived import critic_enabled, engine_strategy, ref_enabled
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "critic", "reference", "reward")
+TRAINABLE_ROLES = ("actor", "critic")
+PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "auto")
+# Minimum CUDA compute capability of each reduced precision.
+MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
+
+
+def active_roles(cfg: Any) -> list[str]:
+    """Roles this run builds a model for."""
+    roles = ["actor"]
+    if critic_enabled(cfg):
+        roles.append("critic")
+    if ref_enabled(cfg):
+        roles.append("reference")
+    if cfg.reward_model.enable:
+        roles.append("reward")
+    return roles
+
+
+def run_device(cfg: Any) -> str:
+    """``trainer.device`` with ``auto`` resolved: ``cuda`` when available, else ``cpu``."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def role_precision(cfg: Any, role: str) -> str:
+    """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16`` or ``fp8``.
+
+    ``model_precision_map[role]`` wins over ``mixed_precision``; ``auto`` is resolved for the
+    run's device; a global ``fp8`` means bf16 for the trainable roles.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; use one of {ROLES}")
+    t = cfg.trainer
+    explicit = role in t.model_precision_map
+    precision = t.model_precision_map[role] if explicit else t.mixed_precision
+    if precision == "auto":
+        return auto_select_precision(run_device(cfg))[role]
+    if precision == "fp8" and role in TRAINABLE_ROLES and not explicit:
+        return "bf16"
+    return precision
+
+
+def auto_select_precision(device: str = "cpu") -> dict[str, str]:
+    """The precision of each role that ``auto`` picks on ``device`` (``"cpu"``/``"cuda"``).
+
+    - CUDA with compute capability >= 8.9 (fp8-capable): bf16 training, fp8 reference/reward;
+    - CUDA >= 8.0: bf16 everywhere;
+    - older CUDA: fp16 (with dynamic loss scaling);
+    - CPU: bf16 when the CPU has native bf16 instructions (``avx512_bf16`` or AMX) and a
+      bf16 matmul is within bf16 rounding of the fp32 one, else ``none`` (fp32). Without
+      those instructions bf16 is emulated and slower than fp32 (see docs/precision.md).
+    """
+    if device.startswith("cuda"):
+        major, minor = _cuda_capability(device)
+        if (major, minor) >= MIN_CAPABILITY["fp8"]:
+            return {"actor": "bf16", "critic": "bf16", "reference": "fp8", "reward": "fp8"}
+        if (major, minor) >= MIN_CAPABILITY["bf16"]:
+            return dict.fromkeys(ROLES, "bf16")
+        return dict.fromkeys(ROLES, "fp16")
+    return dict.fromkeys(ROLES, "bf16" if cpu_bf16_is_fast_and_correct() else "none")
+
+
+@functools.cache
+def cpu_bf16_is_fast_and_correct() -> bool:
+    """Native bf16 CPU instructions, and a 64x64 bf16 matmul within 2% of fp32 (cached)."""
+    flags = _cpu_flags()
+    if not ({"avx512_bf16", "amx_bf16"} & flags):
+        return False
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 64, generator=gen)
+    b = torch.randn(64, 64, generator=gen)
+    ref = a @ b
+    got = (a.bfloat16() @ b.bfloat16()).float()
+    rel = float((got - ref).norm() / ref.norm())
+    return rel < 2e-2
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cuda_capability(device: str) -> tuple[int, int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return (0, 0)
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def _cuda_name(device: str) -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return device
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
+    """Every precision problem of ``cfg`` as ``(key paths, message)``; empty when valid."""
+    t, p = cfg.trainer, "trainer"
+    problems: list[tuple[tuple[str, ...], str]] = []
+    map_key, mp_key = f"{p}.model_precision_map", f"{p}.mixed_precision"
+
+    for role, value in t.model_precision_map.items():
+        if role not in ROLES:
+            problems.append(
+                ((map_key,), f"{map_key} has unknown role {role!r}; use {', '.join(ROLES)}")
+            )
+        elif value not in PRECISIONS:
+            problems.append(
+                (
+                    (map_key,),
+                    f"{map_key}.{role}={value!r} is not a precision; use one of "
+                    f"{', '.join(PRECISIONS)}",
+                )
+            )
+        elif role in TRAINABLE_ROLES and value == "fp8":
+            problems.append(
+                (
+                    (map_key,),
+                    f"{map_key}.{role}=fp8: fp8 is weight-only storage for inference roles "
+                    "(reference, reward); a trainable role cannot train in it. Use bf16",
+                )
+            )
+    if problems:
+        return problems
+
+    roles = active_roles(cfg)
+    resolved = {role: role_precision(cfg, role) for role in roles}
+    keys = (mp_key, map_key)
+
+    # Only a reduced precision needs a look at the device (and so an import of torch).
+    if any(prec in MIN_CAPABILITY for prec in resolved.values()):
+        device = run_device(cfg)
+    else:
+        device = "cpu"
+    if device.startswith("cuda"):
+        cap = _cuda_capability(device)
+        for role, prec in resolved.items():
+            need = MIN_CAPABILITY.get(prec)
+            if need is not None and cap < need:
+                alt = "bf16" if prec == "fp8" and cap >= MIN_CAPABILITY["bf16"] else "fp16"
+                problems.append(
+                    (
+                        keys,
+                        f"{role} precision {prec} needs a GPU of compute capability "
+                        f">= {need[0]}.{need[1]}, but {_cuda_name(device)} has "
+                        f"{cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)",
+                    )
+                )
+
+    trained = {r: resolved[r] for r in TRAINABLE_ROLES if r in resolved}
+    half = {r: v for r, v in trained.items() if v in ("bf16", "fp16")}
+    if len(set(half.values())) > 1:
+        problems.append(
+            (
+                keys,
+                "trainable roles mix bf16 and fp16 ("
+                + ", ".join(f"{r}={v}" for r, v in half.items())
+                + "): they exchange tensors (values, log-probs, advantages) and share one "
+                "loss-scaling policy, and fp16 overflows where bf16 does not; use one of them "
+                "for every trainable role",
+            )
+        )
+
+    for role, prec in trained.items():
+        prefix = "actor_rollout_ref" if role == "actor" else "critic"
+        section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
+        model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
+        strategy = engine_strategy(cfg, prefix)
+        if prec == "fp16" and strategy == "fsdp2":
+            problems.append(
+                (
+                    keys,
+                    f"{role} precision fp16 with strategy=fsdp2: fp16 training needs dynamic "
+                    "loss scaling, which the fsdp2 engine does not have (a sharded inf check); "
+                    "use bf16, or strategy=single",
+                )
+            )
+        if prec in ("fp32", "bf16", "fp16") and model.dtype != "fp32":
+            problems.append(
+                (
+                    (*keys, f"{prefix}.model.dtype"),
+                    f"{role} precision {prec} keeps fp32 master weights "
+                    f"(gradient_precision=fp32), but {prefix}.model.dtype={model.dtype}; set "
+                    f"{prefix}.model.dtype=fp32 (the compute dtype comes from the precision)",
+                )
+            )
+        mp = section.fsdp_config.mixed_precision
+        fsdp_key = f"{prefix}.{'actor.' if role == 'actor' else ''}fsdp_config.mixed_precision"
+        if mp is not None and prec in ("fp32", "bf16", "fp16") and mp.param_dtype != prec:
+            problems.append(
+                (
+                    (*keys, fsdp_key),
+                    f"{fsdp_key}.param_dtype={mp.param_dtype} contradicts {role} precision "
+                    f"{prec}; set one of them (they are the same setting)",
+                )
+            )
+        if mp is not None and mp.reduce_dtype != t.gradient_precision:
+            problems.append(
+                (
+                    (f"{p}.gradient_precision", fsdp_key),
+                    f"{fsdp_key}.reduce_dtype={mp.reduce_dtype} contradicts "
+                    f"{p}.gradient_precision={t.gradient_precision}; gradients are reduced "
+                    "and kept in fp32",
+                )
+            )
+
+    scaling = t.use_gradient_scaling
+    if scaling and "fp16" not in trained.values():
+        problems.append(
+            (
+                (f"{p}.use_gradient_scaling", mp_key),
+                f"{p}.use_gradient_scaling=true but no trainable role computes in fp16 "
+                f"({', '.join(f'{r}={v}' for r, v in trained.items())}); loss scaling is for "
+                "fp16 only: drop it or use null",
+            )
+        )
+    if t.max_consecutive_nonfinite_steps < 0:
+        problems.append(
+            (
+                (f"{p}.max_consecutive_nonfinite_steps",),
+                f"{p}.max_consecutive_nonfinite_steps={t.max_consecutive_nonfinite_steps} "
+                "must be >= 0 (0 = never stop)",
+            )
+        )
+    return problems
+
+
+def precision_warnings(cfg: Any) -> list[str]:
+    """Settings that run but are probably not meant."""
+    t = cfg.trainer
+    out = []
+    trained = [role_precision(cfg, r) for r in active_roles(cfg) if r in TRAINABLE_ROLES]
+    if t.use_gradient_scaling is False and "fp16" in trained:
+        out.append(
+            "trainer.use_gradient_scaling=false with fp16 training: small gradients underflow "
+            "to zero; use null (on for fp16)"
+        )
+    roles = active_roles(cfg)
+    fp16 = [r for r in roles if role_precision(cfg, r) == "fp16"]
+    if fp16 and run_device(cfg) == "cpu":
+        out.append(
+            f"fp16 on CPU ({', '.join(fp16)}): CPUs have no fp16 matmul units, so it is "
+            "emulated (a 1024x1024 matmul measured ~200x slower than fp32); use bf16 or none"
+        )
+    return out
