@@ -182,29 +182,18 @@ def test_fsdp2_actor_computes_in_bf16_with_fp32_master_weights(model_dir, tmp_pa
 
 
 def test_reward_model_is_stored_in_its_precision():
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
     from verl.config.schema import TrainerConfig
-    from verl.models import build_tiny_tokenizer
+    from verl.models import build_tiny_model, build_tiny_tokenizer
     from verl.workers.reward_model import RewardModelWorker
 
     tok = build_tiny_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
+    reward_model = build_tiny_model(tokenizer=tok, hidden_size=32, num_layers=1, reward_head=True)
     cfg = TrainerConfig(model_precision_map={"reward": "bf16"})
     cfg.trainer.device = "cpu"
     cfg.reward_model.enable = True
     worker = RewardModelWorker(
         cfg,
-        module=Qwen2ForSequenceClassification(config),
+        module=reward_model,
         tokenizer=tok,
         actor_tokenizer=tok,
     )

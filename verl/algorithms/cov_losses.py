@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 
 from verl.algorithms.core import masked_mean
-from verl.algorithms.loss_agg import agg_loss
 from verl.algorithms.policy_loss import (
+    _aggregate,
     _approx_kl,
     _clamped_log_ratio,
+    _clipped_surrogate,
     _fraction,
-    _weighted,
     register_policy_loss,
 )
 
@@ -73,10 +73,7 @@ def compute_policy_loss_clip_cov(
     """
     valid = response_mask != 0
     ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob))
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    ppo_clipped = loss_clipped > loss_unclipped
-    per_token = torch.maximum(loss_unclipped, loss_clipped)
+    per_token, ppo_clipped = _clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
 
     cov = _token_covariance(advantages, log_prob, valid)
     candidates = valid & ~ppo_clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
@@ -88,12 +85,7 @@ def compute_policy_loss_clip_cov(
     cut = cut.reshape(candidates.shape)
     per_token = torch.where(cut, per_token.detach(), per_token)
 
-    loss = agg_loss(
-        _weighted(per_token, rollout_is_weights),
-        response_mask,
-        loss_agg_mode,
-        loss_scale_factor=kwargs.get("loss_scale_factor"),
-    )
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
     metrics = {
         "clipfrac": _fraction(ppo_clipped, response_mask),
         "clipfrac_lower": 0.0,
@@ -134,12 +126,7 @@ def compute_policy_loss_kl_cov(
     chosen = chosen.reshape(cov.shape) & valid
     per_token = per_token + torch.where(chosen, ppo_kl_coef * log_ratio.abs(), 0.0)
 
-    loss = agg_loss(
-        _weighted(per_token, rollout_is_weights),
-        response_mask,
-        loss_agg_mode,
-        loss_scale_factor=kwargs.get("loss_scale_factor"),
-    )
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
     metrics = {
         "clipfrac": 0.0,
         "clipfrac_lower": 0.0,

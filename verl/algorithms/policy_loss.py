@@ -64,10 +64,28 @@ def _approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.T
     return float(masked_mean((old_log_prob - log_prob).detach(), mask))
 
 
-def _weighted(per_token: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
-    if rollout_is_weights is None:
-        return per_token
-    return per_token * rollout_is_weights.detach()
+def _aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: str,
+    rollout_is_weights: torch.Tensor | None,
+    kwargs: dict,
+) -> torch.Tensor:
+    """The scalar loss: per-token loss times the (detached) IS weights, then aggregated."""
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights.detach()
+    return agg_loss(
+        per_token, mask, loss_agg_mode, loss_scale_factor=kwargs.get("loss_scale_factor")
+    )
+
+
+def _clipped_surrogate(
+    advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token ``max(-A r, -A clip(r, 1 - low, 1 + high))`` and where it clipped."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 @register_policy_loss("vanilla", "ppo")
@@ -97,10 +115,8 @@ def compute_policy_loss_vanilla(
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
 
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
-    clipfrac = _fraction(loss_clipped > loss_unclipped, response_mask)
+    loss_ppo, clipped = _clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
+    clipfrac = _fraction(clipped, response_mask)
 
     per_token = loss_ppo
     clipfrac_lower = 0.0
@@ -110,12 +126,7 @@ def compute_policy_loss_vanilla(
         per_token = torch.where(negative, torch.minimum(loss_ppo, cap), loss_ppo)
         clipfrac_lower = _fraction((loss_ppo > cap) & negative, response_mask)
 
-    loss = agg_loss(
-        _weighted(per_token, rollout_is_weights),
-        response_mask,
-        loss_agg_mode,
-        loss_scale_factor=kwargs.get("loss_scale_factor"),
-    )
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
     metrics = {
         "clipfrac": clipfrac,
         "clipfrac_lower": clipfrac_lower,
@@ -154,19 +165,12 @@ def compute_policy_loss_gspo(
     log_s = seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach()
     ratio = torch.exp(log_s)
 
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    per_token = torch.maximum(loss_unclipped, loss_clipped)
+    per_token, clipped = _clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
 
     mode = "seq-mean-token-mean" if loss_agg_mode is None else loss_agg_mode
-    loss = agg_loss(
-        _weighted(per_token, rollout_is_weights),
-        mask,
-        mode,
-        loss_scale_factor=kwargs.get("loss_scale_factor"),
-    )
+    loss = _aggregate(per_token, mask, mode, rollout_is_weights, kwargs)
     metrics = {
-        "clipfrac": _fraction(loss_clipped > loss_unclipped, mask),
+        "clipfrac": _fraction(clipped, mask),
         "clipfrac_lower": 0.0,
         "approx_kl": _approx_kl(log_prob, old_log_prob, mask),
     }
@@ -197,12 +201,7 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob)).detach()
     weight = torch.clamp(ratio, max=1.0 + clip_ratio_high)
     per_token = -weight * advantages * log_prob
-    loss = agg_loss(
-        _weighted(per_token, rollout_is_weights),
-        response_mask,
-        loss_agg_mode,
-        loss_scale_factor=kwargs.get("loss_scale_factor"),
-    )
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
     metrics = {
         "clipfrac": _fraction(ratio > 1.0 + clip_ratio_high, response_mask),
         "clipfrac_lower": 0.0,
