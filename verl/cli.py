@@ -1,18 +1,33 @@
-"""The ``verl`` command: ``verl train ...`` (= ``python -m verl.trainer.main_ppo``) and
-``verl config ...`` (print the resolved config). Both take ``[--config FILE] key=value ...``.
+"""The ``verl`` command, one subcommand per entry point.
+
+``verl train`` is ``python -m verl.trainer.main_ppo``, ``verl sft`` / ``verl dpo`` are
+``main_sft`` / ``main_dpo``, ``verl config`` prints the resolved PPO config. Each takes
+``[--config FILE] key=value ...``; the entry point is imported only when its command runs,
+so ``verl --help`` stays instant.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-USAGE = """\
-usage: verl COMMAND [--config FILE] [key=value ...]
+# command -> (module with main(argv, prog=...), leading arguments, one-line help)
+COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "train": ("verl.trainer.main_ppo", (), "validate the config and run PPO/GRPO training"),
+    "sft": ("verl.trainer.main_sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
+    "dpo": ("verl.trainer.main_dpo", (), "DPO / IPO / KTO on preference data"),
+    "config": (
+        "verl.trainer.main_ppo",
+        ("--print-config",),
+        "print the resolved PPO config (defaults + FILE + overrides) as YAML",
+    ),
+}
 
-commands:
-  train    validate the config and run PPO/GRPO training
-  config   print the resolved config (defaults + FILE + overrides) as YAML
-"""
+USAGE = (
+    "usage: verl COMMAND [--config FILE] [key=value ...]\n\ncommands:\n"
+    + "".join(f"  {name:<8} {text}\n" for name, (_, _, text) in COMMANDS.items())
+    + "\n`verl COMMAND --help` lists the options of one command.\n"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,15 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if args else 2
-    from verl.trainer.main_ppo import main as main_ppo
-
     command, rest = args[0], args[1:]
-    if command == "train":
-        return main_ppo(rest, prog="verl train")
-    if command == "config":
-        return main_ppo(["--print-config", *rest], prog="verl config")
-    sys.stderr.write(f"verl: unknown command {command!r}\n{USAGE}")
-    return 2
+    if command not in COMMANDS:
+        sys.stderr.write(f"verl: unknown command {command!r}\n{USAGE}")
+        return 2
+    module, lead, _ = COMMANDS[command]
+    entry = importlib.import_module(module).main
+    return entry([*lead, *rest], prog=f"verl {command}")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,16 @@ def test_cli(capsys: pytest.CaptureFixture[str]):
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert cli.main([]) == 2
     assert cli.main(["--help"]) == 0
-    assert "train" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in ("train", "sft", "dpo", "config"))
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_cli_offline_commands_validate_their_own_schema(command, capsys):
+    assert cli.main([command, "--validate-only"]) == 0
+    assert cli.main([command, "optim.lrr=1e-5"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lrr" in err and "did you mean optim.lr?" in err
 
 
 def test_cli_module_subprocess():
