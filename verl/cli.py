@@ -2,7 +2,8 @@
 
 ``verl train`` is ``python -m verl.trainer.main_ppo``, ``verl sft`` / ``verl dpo`` are
 ``main_sft`` / ``main_dpo``, ``verl config`` prints the resolved PPO config. Each takes
-``[--config FILE] key=value ...``; the entry point is imported only when its command runs,
+``[--config FILE] key=value ...``. ``verl export --checkpoint DIR --out HFDIR`` is
+``python -m verl.model_merger``. The entry point is imported only when its command runs,
 so ``verl --help`` stays instant.
 """
 
@@ -16,6 +17,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "train": ("verl.trainer.main_ppo", (), "validate the config and run PPO/GRPO training"),
     "sft": ("verl.trainer.main_sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
     "dpo": ("verl.trainer.main_dpo", (), "DPO / IPO / KTO on preference data"),
+    "export": (
+        "verl.model_merger",
+        (),
+        "write a checkpoint's actor (or critic) as a HuggingFace directory",
+    ),
     "config": (
         "verl.trainer.main_ppo",
         ("--print-config",),

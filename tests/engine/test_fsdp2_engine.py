@@ -180,6 +180,7 @@ def _main_worker(rank: int, port: int, out_dir: str) -> None:
     res["loaded_global_step"] = fresh.global_step
     res["loaded_step2"] = _train_step(fresh, rows)
     res["loaded_sd2"] = fresh.state_dict_for_save()
+    res["ckpt_dir"] = ckpt
 
     # (d) bf16 compute / fp32 reduce with fp32 master weights.
     bf16 = build_engine(
@@ -372,6 +373,26 @@ def test_dcp_checkpoint_restores_weights_and_optimizer(main_results):
     assert _max_diff(r0["loaded_sd2"], r0["sd2"]) == 0.0
     for rank in (r0, r1):
         assert rank["loaded_step2"] == rank["step2"]
+
+
+def test_single_engine_loads_the_two_rank_checkpoint(main_results, monkeypatch):
+    # Resuming a multi-rank run in one process: DCP re-shards into the unsharded module,
+    # and the next step on the whole batch is the two ranks' next step.
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: (loads.append(k), real_load(*a, **k))[1])
+    engine = build_engine(
+        "single", build_tiny_model(seed=1), OptimSpec(**SPEC), grad_clip=GRAD_CLIP
+    )
+    engine.load_checkpoint(main_results[0]["ckpt_dir"])
+    # the optimizer's non-tensor values are pickles in DCP: loaded only weights-only
+    assert loads and all(k.get("weights_only") is True for k in loads)
+    assert engine.global_step == 1
+    assert _max_diff(engine.state_dict_for_save(), main_results[0]["sd1"]) == 0.0
+    step = _train_step(engine, slice(0, BATCH))
+    assert step["grad_norm"] == pytest.approx(main_results[0]["step2"]["grad_norm"], rel=TOL)
+    assert step["lr"] == main_results[0]["step2"]["lr"]
+    assert _max_diff(engine.state_dict_for_save(), main_results[0]["sd2"]) < TOL
 
 
 def test_bf16_mixed_precision_keeps_fp32_master_weights(main_results):

@@ -167,7 +167,10 @@ def test_ppo_with_critic_runs(rl_config):
 @pytest.mark.parametrize(
     "override, phrase",
     [
-        ("trainer.save_freq=5", "periodic checkpoints and resume are not implemented yet"),
+        (
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+            "partial checkpoints are not implemented",
+        ),
         ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload"),
     ],
 )

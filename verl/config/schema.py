@@ -194,17 +194,29 @@ class RunConfig:
     ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
     total_epochs: int = entry(1, "passes over the training prompts")
     total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
-    save_freq: int = entry(-1, "checkpoint every N steps; -1 = never")
+    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
     test_freq: int = entry(-1, "validate every N steps; -1 = never")
     val_before_train: bool = entry(True, "validate once before the first step")
     default_local_dir: str = entry(
-        "checkpoints/{project_name}/{experiment_name}", "checkpoint directory"
+        "checkpoints/{project_name}/{experiment_name}",
+        "checkpoint directory (global_step_N/ subdirectories; the final HF model in huggingface/)",
     )
     resume_mode: ResumeMode = entry(
-        "auto", "auto = latest checkpoint in default_local_dir if any; disable; resume_path"
+        "auto",
+        "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
+        "fresh; resume_path = trainer.resume_from_path",
     )
-    resume_from_path: str | None = entry(None, "checkpoint to resume when resume_mode=resume_path")
-    max_ckpt_to_keep: int | None = entry(None, "delete older checkpoints; null = keep all")
+    resume_from_path: str | None = entry(
+        None, "checkpoint (a global_step_N directory) to resume when resume_mode=resume_path"
+    )
+    resume_force: bool = entry(
+        False,
+        "resume even though the checkpoint's model, tokenizer or training data settings "
+        "differ from this config (docs/checkpoints.md lists the keys)",
+    )
+    max_ckpt_to_keep: int | None = entry(
+        None, "keep only the newest N complete checkpoints; null = keep all"
+    )
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
     num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
     mixed_precision: Precision = entry(

@@ -561,3 +561,5 @@ def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
             c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
     elif t.resume_from_path is not None:
         c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
+    if t.resume_force and t.resume_mode == "disable":
+        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")

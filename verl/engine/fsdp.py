@@ -34,8 +34,10 @@ Design decisions:
   rank writes its shards; loading re-shards, so the world size may change), and
   ``engine_state.json`` (rank 0) holds the scheduler, skipped-step count and layout. Each
   part is written under a temporary name and renamed; the JSON is written last and removed
-  first, so a directory with a JSON is a complete checkpoint. DCP's own ``.metadata`` file is
-  a pickle: it is read with an unpickler that only admits DCP's metadata classes.
+  first, so a directory with a JSON is a complete checkpoint. Nothing is unpickled freely on
+  load: DCP's ``.metadata`` goes through an unpickler that only admits DCP's metadata
+  classes, and the optimizer's non-tensor values are read with ``torch.load(weights_only=True)``
+  (``verl.engine.dcp_io``).
 - **Hybrid engine.** :meth:`FSDP2Engine.gathered_params` gathers every unit once, keeps the
   full weights registered on the module for any number of forwards (generation), then
   reshards. No second copy of the weights is made. Forwards inside it run no collective, so
@@ -54,7 +56,6 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -63,14 +64,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
-    set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -83,6 +81,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
+from verl.engine.dcp_io import load_dcp_state
 
 logger = logging.getLogger(__name__)
 
@@ -458,6 +457,7 @@ class FSDP2Engine(TrainEngine):
                 "world_size": self.world_size,
                 "param_names": self._param_names(),
                 "skipped_steps": self.skipped_steps,
+                "consecutive_skipped": self.consecutive_skipped,
                 "has_optimizer": self.optimizer is not None,
                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             }
@@ -474,48 +474,40 @@ class FSDP2Engine(TrainEngine):
         logger.info("saved fsdp2 engine checkpoint to %s (step %d)", path, self.global_step)
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (any world size). Collective."""
+        """Restore what :meth:`save_checkpoint` wrote, on any number of ranks. Collective.
+
+        The sharded state is re-sharded to this engine's world size by DCP. A checkpoint of
+        the single-process engine (full tensors in safetensors, no DCP) is refused.
+        """
         state_file = os.path.join(path, STATE_FILE)
         dcp_dir = os.path.join(path, DCP_DIR)
+        if os.path.isfile(os.path.join(path, SINGLE_ENGINE_MODEL_FILE)):
+            raise ValueError(
+                f"the engine checkpoint at {path} was written by the single-process engine; "
+                f"the fsdp2 engine ({self.world_size} ranks) reads only its own sharded (DCP) "
+                "checkpoints. Resume it with one process and strategy=single, or run the "
+                "original training with strategy=fsdp2 (which also works on one process)"
+            )
         if not (os.path.isfile(state_file) and os.path.isdir(dcp_dir)):
             raise FileNotFoundError(
                 f"incomplete fsdp2 engine checkpoint at {path}: need {STATE_FILE} and {DCP_DIR}/"
             )
         with open(state_file) as f:
             state = json.load(f)
-        if state.get("format_version") != _FORMAT_VERSION:
-            raise ValueError(
-                f"{state_file} has format_version={state.get('format_version')}, "
-                f"this code reads {_FORMAT_VERSION}"
-            )
-        if state["param_names"] != self._param_names():
-            raise ValueError(
-                f"checkpoint at {path} was saved for different trainable parameters; "
-                "load it into the same model architecture"
-            )
-        if state["has_optimizer"] != (self.optimizer is not None):
-            raise ValueError(
-                f"checkpoint at {path} has optimizer state={state['has_optimizer']} but this "
-                f"engine has an optimizer={self.optimizer is not None}; build it with the "
-                "same optimizer_cfg it was saved with"
-            )
-        target = self._dcp_state()
-        dcp.load(target, storage_reader=_MetadataSafeReader(dcp_dir))
-        options = StateDictOptions(strict=True)
-        if self.optimizer is None:
-            set_model_state_dict(self.module, target["model"], options=options)
-        else:
-            set_state_dict(
-                self.module,
-                self.optimizer,
-                model_state_dict=target["model"],
-                optim_state_dict=target["optim"],
-                options=options,
-            )
+        check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
+        load_dcp_state(self.module, self.optimizer, dcp_dir)
+        if self.optimizer is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state["skipped_steps"])
+        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
         dist.barrier()
-        logger.info("loaded fsdp2 engine checkpoint from %s (step %d)", path, self.global_step)
+        logger.info(
+            "loaded fsdp2 engine checkpoint from %s (step %d, saved by %s ranks, now %d)",
+            path,
+            self.global_step,
+            state.get("world_size"),
+            self.world_size,
+        )
 
     def _dcp_state(self) -> dict[str, Any]:
         """Sharded ``{"model": ..., "optim": ...}`` (DTensor values) for DCP."""
@@ -562,42 +554,30 @@ class FSDP2Engine(TrainEngine):
                         param_state[key] = value.to(device)
 
 
-class _MetadataSafeReader(FileSystemReader):
-    """A DCP reader whose ``.metadata`` unpickler only admits DCP's metadata classes."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank)
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = _RestrictedUnpickler(f).load()
-        if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"{path} does not hold DCP Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+# The single-process engine's weights file (see verl.engine.single): its presence marks a
+# checkpoint in that engine's format.
+SINGLE_ENGINE_MODEL_FILE = "model.safetensors"
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata dataclasses and the few torch / stdlib values they hold."""
-
-    _ALLOWED = frozenset(
-        {
-            ("torch", "Size"),
-            ("torch.serialization", "_get_layout"),  # a lookup of torch.strided etc. by name
-            ("pathlib", "PosixPath"),
-            ("pathlib", "PurePosixPath"),
-            ("collections", "OrderedDict"),
-        }
-    )
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module, name) in self._ALLOWED
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"refusing to unpickle {module}.{name} from a checkpoint's DCP metadata"
+def check_sharded_state(
+    state: dict[str, Any], path: str, param_names: list[str], has_optimizer: bool
+) -> None:
+    """Check an ``engine_state.json`` of a DCP checkpoint against the engine loading it."""
+    state_file = os.path.join(path, STATE_FILE)
+    if state.get("format_version") != _FORMAT_VERSION:
+        raise ValueError(
+            f"{state_file} has format_version={state.get('format_version')}, "
+            f"this code reads {_FORMAT_VERSION}"
+        )
+    if state["param_names"] != param_names:
+        raise ValueError(
+            f"checkpoint at {path} was saved for different trainable parameters "
+            f"({len(state['param_names'])} saved vs {len(param_names)} here); "
+            "load it into the same model architecture"
+        )
+    if state["has_optimizer"] != has_optimizer:
+        raise ValueError(
+            f"checkpoint at {path} has optimizer state={state['has_optimizer']} but this "
+            f"engine has an optimizer={has_optimizer}; build it with the "
+            "same optimizer_cfg it was saved with"
         )

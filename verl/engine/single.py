@@ -9,6 +9,10 @@ Used for CPU runs, tests and one-GPU jobs. Checkpoints are a directory of three 
   position, the loss-scale), with placeholders naming the tensors in ``optim_tensors.pt``.
 
 Each file is written to a temporary name and renamed, the JSON last.
+
+It also loads a checkpoint of the ``fsdp2`` engine written by any number of ranks
+(``model_optim/``, a ``torch.distributed.checkpoint``): the shards are read into this
+unsharded module in one process, so a multi-rank run can be resumed on one device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from verl.engine import fsdp
 from verl.engine.base import TrainEngine
+from verl.engine.dcp_io import load_dcp_state
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,7 @@ class SingleProcessEngine(TrainEngine):
             "format_version": _FORMAT_VERSION,
             "param_names": self._param_names(),
             "skipped_steps": self.skipped_steps,
+            "consecutive_skipped": self.consecutive_skipped,
             "optimizer": _encode(_state_of(self.optimizer), "optim", tensors),
             "scheduler": _encode(_state_of(self.scheduler), "sched", tensors),
             "scaler": _encode(_state_of(self.scaler), "scaler", tensors),
@@ -69,6 +76,9 @@ class SingleProcessEngine(TrainEngine):
         logger.info("saved engine checkpoint to %s", path)
 
     def load_checkpoint(self, path: str) -> None:
+        if os.path.isdir(os.path.join(path, fsdp.DCP_DIR)):
+            self._load_sharded_checkpoint(path)
+            return
         files = [os.path.join(path, name) for name in (MODEL_FILE, TENSORS_FILE, STATE_FILE)]
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
@@ -104,7 +114,30 @@ class SingleProcessEngine(TrainEngine):
                 # Optimizer.load_state_dict moves state tensors to each parameter's device.
                 component.load_state_dict(saved)
         self.skipped_steps = int(state["skipped_steps"])
+        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
         logger.info("loaded engine checkpoint from %s (step %d)", path, self.global_step)
+
+    def _load_sharded_checkpoint(self, path: str) -> None:
+        """Load an fsdp2 engine checkpoint (DCP shards of any number of ranks) in-process."""
+        state_file = os.path.join(path, STATE_FILE)
+        if not os.path.isfile(state_file):
+            raise FileNotFoundError(
+                f"incomplete fsdp2 engine checkpoint at {path}: {STATE_FILE} is missing"
+            )
+        with open(state_file) as f:
+            state = json.load(f)
+        fsdp.check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
+        load_dcp_state(self.module, self.optimizer, os.path.join(path, fsdp.DCP_DIR), no_dist=True)
+        if self.optimizer is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
+        logger.info(
+            "loaded the fsdp2 checkpoint of %s ranks at %s into one process (step %d)",
+            state.get("world_size"),
+            path,
+            self.global_step,
+        )
 
     def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
         """Free device memory (no-op when the engine already lives on the CPU)."""

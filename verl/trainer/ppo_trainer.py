@@ -11,7 +11,7 @@
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
         gen  |= advantages(gen)                              # pure tensor functions
         critic.update_critic(gen); actor_rollout.update_actor(gen)
-        log, validate, save
+        log, validate, save a checkpoint every trainer.save_freq steps
 
 Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
@@ -22,6 +22,10 @@ workers run (in this process, or one Ray actor per device with FSDP2 sharding, r
 colocated or on pools of their own) is decided once, by ``verl.trainer.placement`` from
 the device map; nothing below depends on it. Rewards and advantages are cheap and
 computed here, on the driver.
+
+Checkpoints (``verl.trainer.resume``) hold the complete state of the run (weights, optimizers,
+schedules, data position, controllers, every rank's random generators), so ``fit()``
+resumed from step k takes exactly the steps the uninterrupted run takes after k.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from verl.rewards import (
     get_reward_manager,
     load_reward_function,
 )
+from verl.trainer.checkpoint import CheckpointManager
 from verl.trainer.dynamic_sampling import collect_informative_groups
 from verl.trainer.metrics import (
     compute_data_metrics,
@@ -64,6 +69,7 @@ from verl.trainer.metrics import (
     timer,
 )
 from verl.trainer.placement import place_roles
+from verl.trainer.resume import load_rl_checkpoint, resume_checkpoint_path, save_rl_checkpoint
 from verl.trainer.setup import (
     check_supported,
     prepare_data_files,
@@ -221,6 +227,10 @@ class RLTrainer:
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self.validation_history: list[dict[str, Any]] = []
+        self.checkpoints = CheckpointManager(self.ckpt_dir, cfg.trainer.max_ckpt_to_keep)
+        self.resumed_from: Path | None = None
+        self.last_checkpoint: Path | None = None
+        self._resume_checked = False
 
     # ------------------------------------------------------------------ setup helpers
     def build_reward_manager(self, compute_score: Callable[..., Any] | None, train: bool):
@@ -469,16 +479,32 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        """Train for ``total_steps`` steps; returns the last step's metrics and validation."""
+        """Train for ``total_steps`` steps; returns the last step's metrics and validation.
+
+        First resumes as ``trainer.resume_mode`` says (a resumed run skips
+        ``val_before_train``: the run it continues validated already, and a sampled
+        validation here would move the random streams the continuation must share).
+        """
         cfg = self.config.trainer
         results: dict[str, Any] = {}
-        if cfg.val_before_train and self.val_dataset is not None:
-            val = self.validate()
-            self.validation_history.append({"step": 0, **val})
-            self.tracker.log(val, step=0)
-            results["val_before"] = val
-        progress = tqdm(total=self.total_steps, desc="training", unit="step", dynamic_ncols=True)
+        progress = None
         try:
+            self.resume()
+            if cfg.val_before_train and self.val_dataset is not None:
+                if self.resumed_from is None:
+                    val = self.validate()
+                    self.validation_history.append({"step": 0, **val})
+                    self.tracker.log(val, step=0)
+                    results["val_before"] = val
+                else:
+                    logger.info("resumed at step %d: val_before_train skipped", self.global_step)
+            progress = tqdm(
+                total=self.total_steps,
+                initial=self.global_step,
+                desc="training",
+                unit="step",
+                dynamic_ncols=True,
+            )
             self._train_loop(progress)
             if self.val_dataset is not None and (
                 not self.validation_history
@@ -492,11 +518,40 @@ class RLTrainer:
                 results["val_after"] = {
                     k: v for k, v in self.validation_history[-1].items() if k != "step"
                 }
+            if self.last_checkpoint is not None:
+                results["checkpoint"] = str(self.last_checkpoint)
             results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
             self.close()
         return results
+
+    # ------------------------------------------------------------------ checkpoints
+    def resume(self) -> Path | None:
+        """Load the checkpoint ``trainer.resume_mode`` asks for; returns its path, or None
+        for a fresh start. Runs once (``fit`` calls it); temporary directories that
+        interrupted saves left in ``default_local_dir`` are removed first."""
+        if self._resume_checked:
+            return self.resumed_from
+        self._resume_checked = True
+        self.checkpoints.clean_stale_temporaries()
+        path = resume_checkpoint_path(self.config, self.checkpoints)
+        if path is not None:
+            self.load_checkpoint(path)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore the complete run state saved by :meth:`save_checkpoint` at ``path``."""
+        load_rl_checkpoint(self, path)
+        self.resumed_from = Path(path)
+        self._resume_checked = True
+
+    def save_checkpoint(self) -> Path:
+        """Save the complete run state after step ``global_step`` to
+        ``{trainer.default_local_dir}/global_step_{N}`` (atomically); returns that path."""
+        self.last_checkpoint = save_rl_checkpoint(self, self.checkpoints)
+        return self.last_checkpoint
 
     def _train_loop(self, progress: tqdm) -> None:
         cfg = self.config.trainer
@@ -520,6 +575,8 @@ class RLTrainer:
             progress.set_postfix(
                 reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
             )
+            if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):
+                self.save_checkpoint()
 
     def _batch_stream(self) -> Iterator[DataProto]:
         """Training prompt batches, epoch after epoch; the loader keeps the position.

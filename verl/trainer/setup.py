@@ -97,12 +97,16 @@ def check_supported(cfg: TrainerConfig) -> None:
     configs users bring from upstream verl parse) but their feature has not landed.
     """
     problems = []
-    if cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode == "resume_path":
-        problems.append(
-            "trainer.save_freq > 0 / trainer.resume_mode=resume_path: periodic checkpoints "
-            "and resume are not implemented yet (the final actor is saved in HuggingFace "
-            "format); use trainer.save_freq=-1"
-        )
+    for section, ckpt in (
+        ("actor_rollout_ref.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint),
+        ("critic.checkpoint", cfg.critic.checkpoint),
+    ):
+        if set(ckpt.save_contents) != {"model", "optimizer", "extra"}:
+            problems.append(
+                f"{section}.save_contents={list(ckpt.save_contents)}: partial checkpoints are "
+                "not implemented (a checkpoint always holds model, optimizer and extra state, "
+                "which exact resume needs); leave it [model, optimizer, extra]"
+            )
     fsdp_sections = (
         ("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
         ("critic.fsdp_config", cfg.critic.fsdp_config),

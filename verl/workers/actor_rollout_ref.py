@@ -36,7 +36,13 @@ from verl.models import (
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, build_rollout
 from verl.utils.device import resolve_device
+from verl.utils.rng import seed_all
 from verl.utils.torch_functional import compute_response_log_probs
+from verl.workers.checkpointing import (
+    load_worker_checkpoint,
+    save_hf_metadata,
+    save_worker_checkpoint,
+)
 from verl.workers.common import (
     MetricsAccumulator,
     apply_inference_precision,
@@ -76,6 +82,9 @@ class ActorRolloutRefWorker(Worker):
         super().__init__(**worker_kwargs)
         if role not in ("actor_rollout", "actor_rollout_ref"):
             raise ValueError(f"role={role!r}; expected 'actor_rollout' or 'actor_rollout_ref'")
+        # Every process draws reproducible random numbers (a Ray actor starts from a random
+        # torch seed); rank 0 in the driver process repeats the trainer's own seeding.
+        seed_all(config.trainer.seed + self.rank)
         self.config = config
         self.role = role
         mcfg = config.actor_rollout_ref.model
@@ -369,3 +378,32 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_dict_for_save(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict_for_save()
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, hf_config_dir: str | None = None) -> None:
+        """Write this rank's share of a run checkpoint (a collective under FSDP2).
+
+        The actor engine (weights, optimizer, LR schedule), this rank's RNG and call
+        counters go under ``path``; rank 0 writes the HF config and tokenizer to
+        ``hf_config_dir`` for export. The reference policy is not saved: it is the initial
+        model, loaded again from ``model.path`` on resume.
+        """
+        save_worker_checkpoint(
+            self.engine,
+            path,
+            rank=self.rank,
+            world_size=self.world_size,
+            counters={"update_calls": self._update_calls, "generate_calls": self._generate_calls},
+        )
+        if hf_config_dir is not None and self.rank == 0:
+            save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (a collective under FSDP2)."""
+        counters = load_worker_checkpoint(
+            self.engine, path, rank=self.rank, world_size=self.world_size
+        )
+        self._update_calls = counters["update_calls"]
+        self._generate_calls = counters["generate_calls"]

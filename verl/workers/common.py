@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.utils.atomic_io import replace_dir_atomically
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
@@ -259,20 +258,8 @@ def atomic_save_pretrained(
     FSDP2 engine gathered) replaces the module's own, whose tensors may be shards.
     """
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with replace_dir_atomically(out) as tmp:
         module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -15,6 +15,12 @@ from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, 
 from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
+from verl.utils.rng import seed_all
+from verl.workers.checkpointing import (
+    load_worker_checkpoint,
+    save_hf_metadata,
+    save_worker_checkpoint,
+)
 from verl.workers.common import (
     MetricsAccumulator,
     engine_options,
@@ -55,6 +61,8 @@ class CriticWorker(Worker):
         **worker_kwargs: Any,
     ) -> None:
         super().__init__(**worker_kwargs)
+        # Every process draws reproducible random numbers (see verl.utils.rng.seed_all).
+        seed_all(config.trainer.seed + self.rank)
         self.config = config
         self.tokenizer = tokenizer
         self._given_module = module
@@ -157,3 +165,27 @@ class CriticWorker(Worker):
                 if "loss_scale" in step:
                     acc.add("critic/loss_scale", step["loss_scale"])
         return DataProto.from_dict(meta_info={"metrics": acc.result()})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, hf_config_dir: str | None = None) -> None:
+        """Write this rank's share of a run checkpoint (a collective under FSDP2): the critic
+        engine, this rank's RNG and update counter; rank 0 writes the body's HF config (and
+        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``."""
+        save_worker_checkpoint(
+            self.engine,
+            path,
+            rank=self.rank,
+            world_size=self.world_size,
+            counters={"update_calls": self._update_calls},
+        )
+        if hf_config_dir is not None and self.rank == 0:
+            save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (a collective under FSDP2)."""
+        counters = load_worker_checkpoint(
+            self.engine, path, rank=self.rank, world_size=self.world_size
+        )
+        self._update_calls = counters["update_calls"]

@@ -1,0 +1,331 @@
+"""What an RL run checkpoints, and how it resumes from a checkpoint bit for bit.
+
+:func:`save_rl_checkpoint` writes, through ``verl.trainer.checkpoint.CheckpointManager``
+(atomic directories), everything a continuation needs: each trainable role's share (its
+workers write the engine state, their RNG states and call counters:
+``verl.workers.checkpointing``), the data-loader position, the KL controller, the reward
+normalisation statistics, the driver's RNG states and the resolved config.
+:func:`load_rl_checkpoint` restores all of it, the generators last.
+
+``trainer.resume_mode`` (:func:`resume_checkpoint_path`): ``auto`` takes the newest complete
+checkpoint under ``default_local_dir`` (none: a fresh start), ``resume_path`` the directory in
+``trainer.resume_from_path``, ``disable`` none. A checkpoint whose config differs in a key of
+:data:`RESUME_IDENTITY_KEYS` (the model, the tokenizer, the training data and its order) is
+refused unless ``trainer.resume_force=true``; other differences are logged. A checkpoint of
+the single engine cannot be re-sharded for fsdp2 and is refused there; fsdp2 checkpoints load
+on any number of ranks. See ``docs/checkpoints.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verl.config import TrainerConfig, engine_strategy, to_yaml
+from verl.config.convert import iter_schema, section_class
+from verl.config.yaml_io import load_yaml_text
+from verl.trainer.checkpoint import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    HF_CONFIG_DIR,
+    ROLE_DIRS,
+    TRAINER_STATE_FILE,
+    CheckpointError,
+    CheckpointManager,
+    read_manifest,
+)
+from verl.utils.atomic_io import write_json_atomic, write_text_atomic
+from verl.utils.rng import rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo_trainer import RLTrainer
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RESUME_IDENTITY_KEYS",
+    "check_resume_config",
+    "config_differences",
+    "load_rl_checkpoint",
+    "resume_checkpoint_path",
+    "save_rl_checkpoint",
+]
+
+# Keys whose change makes resuming meaningless: the weights would be loaded into another
+# model, the tokens would mean other things, or the data-loader position would index other
+# prompts. Refused unless trainer.resume_force=true. A key covers its whole section.
+RESUME_IDENTITY_KEYS = (
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.tokenizer_path",
+    "actor_rollout_ref.model.override_config",
+    "critic.model.path",
+    "critic.model.override_config",
+    "critic.enable",
+    "algorithm.adv_estimator",
+    "data.train_files",
+    "data.prompt_key",
+    "data.max_prompt_length",
+    "data.truncation",
+    "data.apply_chat_template",
+    "data.builtin",
+    "data.arithmetic",
+    "data.train_batch_size",
+    "data.shuffle",
+    "data.seed",
+)
+# Keys that name the resume itself: never reported as differences.
+_RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.resume_force")
+_PATH_KEYS = (
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.tokenizer_path",
+    "critic.model.path",
+    "data.train_files",
+)
+
+
+# ---------------------------------------------------------------------- config comparison
+
+
+def _lookup(tree: Any, key: str) -> Any:
+    """The value at dotted ``key`` of a parsed YAML tree; None where a section is absent."""
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _normalised(key: str, value: Any) -> Any:
+    """Existing paths compared by their real location, so ``./m`` equals ``/abs/m``."""
+    if key not in _PATH_KEYS:
+        return value
+    if isinstance(value, list):
+        return [_normalised(key, v) for v in value]
+    if isinstance(value, str) and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
+
+
+def config_differences(saved_yaml: str, cfg: TrainerConfig) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, current value)`` of every config key that differs (the resume
+    keys themselves excluded), in schema order. A dict-valued key (``override_config``) is
+    one value; a key the saved config lacks (an older schema) counts as null."""
+    saved, current = load_yaml_text(saved_yaml), load_yaml_text(to_yaml(cfg))
+    out = []
+    for key, _, tp in iter_schema(type(cfg)):
+        if section_class(tp) is not None or key in _RESUME_KEYS:
+            continue  # sections are compared key by key
+        old, new = _lookup(saved, key), _lookup(current, key)
+        if _normalised(key, old) != _normalised(key, new):
+            out.append((key, old, new))
+    return out
+
+
+def _is_identity_key(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUME_IDENTITY_KEYS)
+
+
+def check_resume_config(path: Path, cfg: TrainerConfig) -> None:
+    """Refuse a checkpoint whose identity keys differ (unless ``trainer.resume_force``);
+    log the other differences."""
+    differences = config_differences((path / CONFIG_FILE).read_text(), cfg)
+    refused = [d for d in differences if _is_identity_key(d[0])]
+    others = [d for d in differences if not _is_identity_key(d[0])]
+    if others:
+        logger.warning(
+            "resuming %s with a changed config: %s",
+            path,
+            "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in others),
+        )
+    if not refused:
+        return
+    listed = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}" for k, old, new in refused)
+    if cfg.trainer.resume_force:
+        logger.warning("trainer.resume_force=true: resuming %s although %s", path, listed)
+        return
+    raise CheckpointError(
+        f"refusing to resume from {path}: the config changed in keys that make resuming "
+        f"meaningless ({listed}). Use the checkpoint's settings, start fresh "
+        "(trainer.resume_mode=disable or another trainer.default_local_dir), or set "
+        "trainer.resume_force=true to load it anyway"
+    )
+
+
+# ---------------------------------------------------------------------- the RL trainer
+
+
+def _role_groups(trainer: RLTrainer) -> dict[str, Any]:
+    groups = {"actor_rollout_ref": trainer.actor_rollout_wg}
+    if trainer.critic_wg is not None:
+        groups["critic"] = trainer.critic_wg
+    return groups
+
+
+def _stateful(obj: Any) -> dict[str, Any] | None:
+    state_dict = getattr(obj, "state_dict", None)
+    return state_dict() if callable(state_dict) else None
+
+
+def save_rl_checkpoint(trainer: RLTrainer, manager: CheckpointManager) -> Path:
+    """Write the complete state of ``trainer`` after step ``trainer.global_step``."""
+    cfg = trainer.config
+
+    def write(tmp: Path) -> dict[str, Any]:
+        # The driver's generators first; the workers' saves leave every generator untouched.
+        state = {
+            "format_version": FORMAT_VERSION,
+            "global_step": trainer.global_step,
+            "total_steps": trainer.total_steps,
+            "epoch": trainer.train_loader.epoch,
+            "dataloader": trainer.train_loader.state_dict(),
+            "kl_ctrl": trainer.kl_ctrl.state_dict(),
+            "reward_fn": _stateful(trainer.reward_fn),
+            "val_reward_fn": _stateful(trainer.val_reward_fn),
+            "rng": rng_state(),
+        }
+        roles, pending = {}, []
+        for role, group in _role_groups(trainer).items():
+            role_dir = tmp / ROLE_DIRS[role]
+            # Submitted together: roles on pools of their own write at the same time.
+            pending.append(
+                group.save_checkpoint.submit(
+                    str(role_dir), hf_config_dir=str(role_dir / HF_CONFIG_DIR)
+                )
+            )
+            roles[role] = {
+                "dir": ROLE_DIRS[role],
+                "world_size": group.world_size,
+                "strategy": engine_strategy(cfg, role),
+            }
+        # Wait for every role before reporting a failure, so that none is still writing
+        # into the temporary directory when it is removed.
+        errors = []
+        for future in pending:
+            try:
+                future.result()
+            except Exception as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
+        write_json_atomic(tmp / TRAINER_STATE_FILE, state)
+        write_text_atomic(tmp / CONFIG_FILE, to_yaml(cfg))
+        return {"roles": roles}
+
+    return manager.save(trainer.global_step, write)
+
+
+def _check_roles(path: Path, manifest: dict[str, Any], trainer: RLTrainer) -> None:
+    saved = manifest["roles"]
+    for role, group in _role_groups(trainer).items():
+        if role not in saved:
+            if trainer.config.trainer.resume_force:
+                logger.warning("checkpoint %s has no %s state: it starts fresh", path, role)
+                continue
+            raise CheckpointError(
+                f"checkpoint {path} has no {role} state but this run uses a {role}; start "
+                f"fresh, or set trainer.resume_force=true to start the {role} from scratch"
+            )
+        was, now = saved[role], engine_strategy(trainer.config, role)
+        size, new_size = was["world_size"], group.world_size
+        if was["strategy"] == "single" and now == "fsdp2":
+            raise CheckpointError(
+                f"checkpoint {path}: {role} was saved by the single-process engine "
+                f"(world size {size}) and this run uses fsdp2 on {new_size} rank(s); only "
+                "sharded fsdp2 checkpoints can be re-sharded. Resume with one process and "
+                f"{'actor_rollout_ref.actor' if role == 'actor_rollout_ref' else role}."
+                "strategy=single, or train with strategy=fsdp2 from the start"
+            )
+        if size != new_size:
+            logger.warning(
+                "checkpoint %s: %s was saved by %d rank(s) and is re-sharded to %d; training "
+                "continues correctly but not bit for bit (other random streams and batch split)",
+                path,
+                role,
+                size,
+                new_size,
+            )
+    for role in saved:
+        if role not in _role_groups(trainer):
+            logger.warning("checkpoint %s has %s state that this run does not use", path, role)
+
+
+def _restore_data_position(trainer: RLTrainer, saved: dict[str, Any], path: Path) -> None:
+    """The data loader's position; with ``resume_force`` and other batching settings, the
+    saved epoch and position are kept as far as they fit the new batching."""
+    try:
+        trainer.train_loader.load_state_dict(saved)
+    except ValueError as err:
+        if not trainer.config.trainer.resume_force:
+            raise CheckpointError(f"checkpoint {path}: {err}") from err
+        sampler = saved["sampler"]
+        epoch, position = int(sampler["epoch"]), int(sampler["position"])
+        if position > len(trainer.train_loader):
+            epoch, position = epoch + 1, 0
+        trainer.train_loader.sampler.load_state_dict({"epoch": epoch, "position": position})
+        logger.warning(
+            "trainer.resume_force=true: the data order changed (%s); continuing at epoch %d, "
+            "batch %d of the new order",
+            err,
+            epoch,
+            position,
+        )
+
+
+def load_rl_checkpoint(trainer: RLTrainer, path: str | os.PathLike[str]) -> None:
+    """Restore ``trainer`` (workers, data position, controllers, RNG) from checkpoint ``path``."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    check_resume_config(path, trainer.config)
+    _check_roles(path, manifest, trainer)
+    state = json.loads((path / TRAINER_STATE_FILE).read_text())
+    for role, group in _role_groups(trainer).items():
+        if role in manifest["roles"]:
+            group.load_checkpoint(str(path / manifest["roles"][role]["dir"]))
+    trainer.global_step = int(state["global_step"])
+    _restore_data_position(trainer, state["dataloader"], path)
+    trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    for name in ("reward_fn", "val_reward_fn"):
+        fn, saved = getattr(trainer, name), state.get(name)
+        if saved is not None and callable(getattr(fn, "load_state_dict", None)):
+            fn.load_state_dict(saved)
+    set_rng_state(state["rng"])  # last: nothing above may move the restored generators
+    logger.info("resumed from %s at step %d", path, trainer.global_step)
+
+
+def resume_checkpoint_path(cfg: TrainerConfig, manager: CheckpointManager) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` asks for, or None for a fresh start.
+
+    Raises:
+        CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
+    """
+    t = cfg.trainer
+    if t.resume_mode == "disable":
+        existing = manager.latest()
+        if existing is not None:
+            logger.warning(
+                "trainer.resume_mode=disable: starting fresh although %s exists; this run's "
+                "checkpoints go to the same directory and replace those of equal steps",
+                existing,
+            )
+        return None
+    if t.resume_mode == "resume_path":
+        if not t.resume_from_path:
+            raise CheckpointError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
+                "global_step_N directory)"
+            )
+        path = Path(os.path.expanduser(t.resume_from_path))
+        read_manifest(path)  # a clear error for a missing / incomplete directory
+        return path
+    if t.resume_mode == "auto":
+        found = manager.latest()
+        if found is None:
+            logger.info("no complete checkpoint under %s: starting fresh", manager.root)
+        return found
+    raise CheckpointError(
+        f"trainer.resume_mode={t.resume_mode!r}: use auto, disable or resume_path"
+    )
