@@ -33,6 +33,22 @@ def test_ppo_trains_with_bf16_roles_and_an_fp16_reference(rl_config):
         assert metrics["actor/skipped_steps"] == 0.0
 
 
+def test_grpo_trains_with_an_fp8_reference(rl_config):
+    cfg = rl_config(
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.val_before_train=false",
+        "trainer.model_precision_map={reference: fp8}",
+    )
+    trainer = RLTrainer(cfg)
+    trainer.fit()
+    assert len(trainer.history) == 2
+    for metrics in trainer.history:
+        # the fp8 reference differs from the (initially identical) fp32 policy by rounding
+        assert math.isfinite(metrics["actor/kl_loss"]), metrics["actor/kl_loss"]
+    assert trainer.history[0]["actor/kl_loss"] != 0.0
+
+
 def test_nonfinite_guard_stops_the_run_with_a_clear_error(rl_config, monkeypatch):
     monkeypatch.setattr(TrainEngine, "_grad_norm", lambda self: torch.tensor(float("nan")))
     cfg = rl_config("trainer.val_before_train=false", "trainer.max_consecutive_nonfinite_steps=2")

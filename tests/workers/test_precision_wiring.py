@@ -8,7 +8,7 @@ import torch
 from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.common import apply_inference_precision, precision_options
+from verl.workers.common import precision_options
 from verl.workers.critic import CriticWorker
 
 
@@ -123,20 +123,20 @@ def test_fsdp2_roles_get_a_mixed_precision_policy(model_dir):
     )
 
 
-def test_fp8_inference_role_calls_the_fp8_hook(model_dir, monkeypatch):
+def test_fp8_reference_gets_fp8_layers_and_the_actor_does_not(model_dir):
+    from verl.models.fp8 import Fp8Linear, is_fp8_model
+
     cfg = _config(model_dir, "trainer.model_precision_map={reference: fp8}")
-    module = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    try:
-        import verl.models.fp8 as fp8
-    except ImportError:
-        with pytest.raises(NotImplementedError, match="reference precision fp8 needs"):
-            apply_inference_precision(cfg, "reference", module)
-        return
-    calls = []
-    monkeypatch.setattr(fp8, "quantize_model_fp8_", lambda m: calls.append(m))
-    assert apply_inference_precision(cfg, "reference", module) is module
-    assert calls == [module]
-    assert apply_inference_precision(cfg, "actor", module) is module
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    worker.init_model(total_steps=2)
+    assert is_fp8_model(worker.ref_engine.module)
+    assert not is_fp8_model(worker.engine.module)
+    layer = next(m for m in worker.ref_engine.module.modules() if isinstance(m, Fp8Linear))
+    assert layer.qweight.dtype == torch.float8_e4m3fn
+    assert worker.ref_engine.module.lm_head.weight.dtype == torch.float32  # head kept
+    with torch.no_grad():
+        out = worker.ref_engine.module(_ids()).logits
+    assert torch.isfinite(out).all()
 
 
 def _fsdp2_actor(rank: int, model_dir: str, out: str) -> None:

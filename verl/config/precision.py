@@ -193,6 +193,16 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
                     )
                 )
 
+    if resolved.get("reference") == "fp8" and engine_strategy(cfg, "actor_rollout_ref") == "fsdp2":
+        problems.append(
+            (
+                keys,
+                "reference precision fp8 with strategy=fsdp2: fp8 weight-only layers keep their "
+                "weights as unsharded buffers, which FSDP2 would copy whole to every rank; use "
+                "bf16 for the reference, or strategy=single",
+            )
+        )
+
     trained = {r: resolved[r] for r in TRAINABLE_ROLES if r in resolved}
     half = {r: v for r, v in trained.items() if v in ("bf16", "fp16")}
     if len(set(half.values())) > 1:

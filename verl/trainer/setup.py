@@ -75,21 +75,6 @@ class NotSupportedYet(NotImplementedError):
     """A configured feature that this build of the trainer does not implement yet."""
 
 
-def _fp8_problems(cfg: TrainerConfig) -> list[str]:
-    """fp8 inference roles need ``verl.models.fp8`` (weight-only fp8 linear)."""
-    import importlib.util
-
-    from verl.config.precision import active_roles, role_precision
-
-    fp8 = [r for r in active_roles(cfg) if role_precision(cfg, r) == "fp8"]
-    if fp8 and importlib.util.find_spec("verl.models.fp8") is None:
-        return [
-            f"precision fp8 for {', '.join(fp8)} needs verl.models.fp8 (weight-only fp8 "
-            "linear), which is not in this build; use bf16 for those roles"
-        ]
-    return []
-
-
 def check_supported(cfg: TrainerConfig) -> None:
     """Refuse, before any model loads, settings that would otherwise be silently ignored.
 
@@ -121,7 +106,6 @@ def check_supported(cfg: TrainerConfig) -> None:
         problems.append(
             "actor_rollout_ref.ref.fsdp_config.param_offload is not implemented yet; leave it false"
         )
-    problems += _fp8_problems(cfg)
     rm = cfg.reward_model
     if rm.enable and (rm.normalize or rm.clip_range or rm.overlong_buffer.enable):
         problems.append(

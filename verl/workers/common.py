@@ -176,13 +176,8 @@ def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -
 
     if role_precision(config, role) != "fp8":
         return module
-    try:
-        from verl.models.fp8 import quantize_model_fp8_
-    except ImportError as err:
-        raise NotImplementedError(
-            f"{role} precision fp8 needs verl.models.fp8.quantize_model_fp8_, which is not "
-            f"available ({err}); use bf16 for the {role}"
-        ) from err
+    from verl.models.fp8 import quantize_model_fp8_
+
     quantize_model_fp8_(module)
     return module
 
