@@ -171,7 +171,6 @@ def test_ppo_with_critic_runs(rl_config):
             "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
             "partial checkpoints are not implemented",
         ),
-        ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload"),
     ],
 )
 def test_unsupported_settings_fail_before_loading(rl_config, override, phrase):

@@ -24,6 +24,7 @@ FLAT_KEYS: dict[str, str] = {
     "gradient_precision": "trainer.gradient_precision",
     "use_gradient_scaling": "trainer.use_gradient_scaling",
     "use_flash_attention": "trainer.use_flash_attention",
+    "dynamic_precision": "trainer.dynamic_precision",
     "max_grad_norm": f"{_ACTOR}.grad_clip and critic.grad_clip",
     "activation_checkpointing": (
         f"{_ARR}.model.enable_gradient_checkpointing and critic.model.enable_gradient_"
@@ -104,7 +105,7 @@ def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
 def _assignments(cfg: Any, key: str, value: Any) -> list[tuple[str, Any]]:
     if key in ("mixed_precision", "gradient_precision", "use_gradient_scaling"):
         return [(f"trainer.{key}", value)]
-    if key == "use_flash_attention":
+    if key in ("use_flash_attention", "dynamic_precision"):
         return [(f"trainer.{key}", bool(value))]
     if key == "model_precision_map":
         if not isinstance(value, Mapping):

@@ -244,6 +244,14 @@ class RunConfig:
     use_flash_attention: bool = entry(
         False, "flash attention where installed and supported, else SDPA (logged once)"
     )
+    dynamic_precision: bool = entry(
+        False,
+        "reference and reward model switch to fp8 weights before an inference phase when free "
+        "memory is below dynamic_precision_min_free_gb, and back when it allows (logged)",
+    )
+    dynamic_precision_min_free_gb: float = entry(
+        2.0, "free device memory (GiB) below which dynamic_precision switches to fp8"
+    )
 
 
 @dataclass

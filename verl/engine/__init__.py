@@ -45,6 +45,8 @@ def build_engine(
     full_state_dict_from_rank0: bool = False,
     grad_scaling: bool | None = None,
     max_consecutive_nonfinite: int = 0,
+    offload_params: bool = False,
+    offload_optimizer: bool = False,
 ) -> TrainEngine:
     """Build the train engine for ``strategy`` (``"single"`` or ``"fsdp2"``).
 
@@ -61,6 +63,8 @@ def build_engine(
         autocast_dtype=autocast_dtype,
         grad_scaling=grad_scaling,
         max_consecutive_nonfinite=max_consecutive_nonfinite,
+        offload_params=offload_params,
+        offload_optimizer=offload_optimizer,
     )
     fsdp_kwargs = dict(
         reshard_after_forward=reshard_after_forward,

@@ -167,6 +167,11 @@ class TrainEngine(ABC):
             and counted like any other non-finite step.
         max_consecutive_nonfinite: raise :class:`NonFiniteLossError` when this many optimizer
             steps in a row were skipped for a non-finite loss or gradient norm (0 = never).
+        offload_params / offload_optimizer: keep parameters (and gradients) / optimizer state
+            in host memory between uses: moved to ``device`` when a :meth:`train_mode`,
+            :meth:`eval_mode` or :meth:`gathered_params` block starts (optimizer state only
+            for ``train_mode``) and back when the outermost block ends. Nothing moves when
+            ``device`` is the CPU.
     """
 
     def __init__(
@@ -179,6 +184,8 @@ class TrainEngine(ABC):
         autocast_dtype: str | torch.dtype | None = None,
         grad_scaling: bool | None = None,
         max_consecutive_nonfinite: int = 0,
+        offload_params: bool = False,
+        offload_optimizer: bool = False,
     ) -> None:
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip={grad_clip} must be > 0, or None to disable clipping")
@@ -216,6 +223,11 @@ class TrainEngine(ABC):
             self.scheduler = build_lr_scheduler(self.optimizer, optimizer_cfg)
             if grad_scaling:
                 self.scaler = torch.amp.GradScaler(self.device.type)
+        self.offload_params = bool(offload_params)
+        self.offload_optimizer = bool(offload_optimizer) and self.optimizer is not None
+        self._resident_depth = 0
+        if self.offload_params or self.offload_optimizer:
+            self.offload_to_cpu(self.offload_params, self.offload_optimizer)
 
     # ---- backend hooks ---------------------------------------------------------------
 
@@ -244,23 +256,72 @@ class TrainEngine(ABC):
     def load_checkpoint(self, path: str) -> None:
         """Restore the state written by :meth:`save_checkpoint`."""
 
-    @abstractmethod
-    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
-        """Move parameters/gradients and/or optimizer state to host memory."""
+    def _state_lives_on_host(self) -> bool:
+        """True when offloading has nothing to move (the engine's device is the CPU)."""
+        return self.device.type == "cpu"
 
-    @abstractmethod
+    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
+        """Move parameters/gradients and/or optimizer state to host memory (no-op when they
+        already live there)."""
+        if self._state_lives_on_host():
+            return
+        self._move(torch.device("cpu"), model, optimizer)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
         """Undo :meth:`offload_to_cpu`."""
+        if self._state_lives_on_host():
+            return
+        self._move(self.device, model, optimizer)
+
+    def _move(self, device: torch.device, model: bool, optimizer: bool) -> None:
+        if model:
+            # Module.to moves .data in place (and .grad), keeping Parameter identity, so the
+            # optimizer stays valid; an FSDP2 module reshards first and moves its shards.
+            self.module.to(device)
+        if optimizer and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                # Adam's "step" counter lives on the host unless the kernel is fused/capturable.
+                step_on_device = group.get("fused") or group.get("capturable")
+                for param in group["params"]:
+                    param_state = self.optimizer.state.get(param, {})
+                    for key, value in param_state.items():
+                        if not isinstance(value, torch.Tensor):
+                            continue
+                        if key == "step" and not step_on_device and device.type != "cpu":
+                            continue
+                        param_state[key] = value.to(device)
 
     # ---- modes -----------------------------------------------------------------------
 
     @contextlib.contextmanager
+    def resident(self, optimizer: bool = False) -> Iterator[None]:
+        """The offloaded state (see ``offload_params`` / ``offload_optimizer``) on the device
+        for the block; offloaded again when the outermost block ends."""
+        model = self.offload_params
+        optim = optimizer and self.offload_optimizer
+        if not (model or optim):
+            yield
+            return
+        self.load_to_device(model, optim)
+        self._resident_depth += 1
+        try:
+            yield
+        finally:
+            self._resident_depth -= 1
+            if self._resident_depth == 0:
+                self.offload_to_cpu(model, optim)
+
+    @contextlib.contextmanager
     def train_mode(self) -> Iterator[None]:
-        """``module.train()`` for the block; the previous mode is restored after."""
+        """``module.train()`` for the block (parameters and optimizer state resident); the
+        previous mode is restored after."""
         was_training = self.module.training
         self.module.train()
         try:
-            yield
+            with self.resident(optimizer=True):
+                yield
         finally:
             self.module.train(was_training)
 
@@ -270,7 +331,7 @@ class TrainEngine(ABC):
         was_training = self.module.training
         self.module.eval()
         try:
-            with torch.no_grad(), self.autocast():
+            with self.resident(), torch.no_grad(), self.autocast():
                 yield
         finally:
             self.module.train(was_training)
@@ -281,7 +342,7 @@ class TrainEngine(ABC):
         A no-op here: a single-process module is never sharded. Sharded backends gather once
         on entry and reshard on exit, so many forwards (decoding) run without collectives.
         """
-        return contextlib.nullcontext(self.module)
+        return _yielding(self.resident(), self.module)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """``torch.autocast`` in ``autocast_dtype``, or a no-op when training in float32."""
@@ -437,6 +498,13 @@ class TrainEngine(ABC):
 
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
+
+
+@contextlib.contextmanager
+def _yielding(context: contextlib.AbstractContextManager, value: Any) -> Iterator[Any]:
+    """``context``, but yielding ``value``."""
+    with context:
+        yield value
 
 
 class NonFiniteLossError(RuntimeError):

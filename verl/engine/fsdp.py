@@ -252,6 +252,8 @@ class FSDP2Engine(TrainEngine):
         full_state_dict_from_rank0: bool = False,
         grad_scaling: bool | None = None,
         max_consecutive_nonfinite: int = 0,
+        offload_params: bool = False,
+        offload_optimizer: bool = False,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -282,6 +284,8 @@ class FSDP2Engine(TrainEngine):
             autocast_dtype,
             grad_scaling=False,
             max_consecutive_nonfinite=max_consecutive_nonfinite,
+            offload_params=offload_params,
+            offload_optimizer=offload_optimizer,
         )
 
     # ---- backend hooks ---------------------------------------------------------------
@@ -397,6 +401,10 @@ class FSDP2Engine(TrainEngine):
         if self._gathered:  # nested: the outer block owns the gathered state
             yield self.module
             return
+        with self.resident():
+            yield from self._gather_all()
+
+    def _gather_all(self) -> Iterator[nn.Module]:
         self._gathered = True
         for unit in self.units:
             unit.set_reshard_after_forward(False, recurse=False)
@@ -521,37 +529,9 @@ class FSDP2Engine(TrainEngine):
 
     # ---- memory ------------------------------------------------------------------------
 
-    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
-        """Move the sharded parameters / optimizer state to the host (no-op on CPU or with
-        ``cpu_offload``, where they already live there)."""
-        if self.device.type == "cpu" or self.cpu_offload:
-            return
-        self._move(torch.device("cpu"), model, optimizer)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
-        if self.device.type == "cpu" or self.cpu_offload:
-            return
-        self._move(self.device, model, optimizer)
-
-    def _move(self, device: torch.device, model: bool, optimizer: bool) -> None:
-        if model:
-            # FSDPModule._apply reshards first and re-registers the moved sharded params
-            # (same Parameter objects, so the optimizer stays valid).
-            self.module.to(device)
-        if optimizer and self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                # Adam's "step" counter lives on the host unless the kernel is fused/capturable.
-                step_on_device = group.get("fused") or group.get("capturable")
-                for param in group["params"]:
-                    param_state = self.optimizer.state.get(param, {})
-                    for key, value in param_state.items():
-                        if not isinstance(value, torch.Tensor):
-                            continue
-                        if key == "step" and not step_on_device and device.type != "cpu":
-                            continue
-                        param_state[key] = value.to(device)
+    def _state_lives_on_host(self) -> bool:
+        # With cpu_offload FSDP2 keeps shards and optimizer state on the host already.
+        return self.device.type == "cpu" or self.cpu_offload
 
 
 # The single-process engine's weights file (see verl.engine.single): its presence marks a

@@ -139,37 +139,6 @@ class SingleProcessEngine(TrainEngine):
             self.global_step,
         )
 
-    def offload_to_cpu(self, model: bool = True, optimizer: bool = True) -> None:
-        """Free device memory (no-op when the engine already lives on the CPU)."""
-        if self.device.type == "cpu":
-            return
-        self._move(torch.device("cpu"), model, optimizer)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
-        if self.device.type == "cpu":
-            return
-        self._move(self.device, model, optimizer)
-
-    def _move(self, device: torch.device, model: bool, optimizer: bool) -> None:
-        if model:
-            # In-place .data moves keep Parameter identity, so the optimizer stays valid;
-            # Module._apply moves .grad too.
-            self.module.to(device)
-        if optimizer and self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                # Adam's "step" counter lives on the host unless the kernel is fused/capturable.
-                step_on_device = group.get("fused") or group.get("capturable")
-                for param in group["params"]:
-                    param_state = self.optimizer.state.get(param, {})
-                    for key, value in param_state.items():
-                        if not isinstance(value, torch.Tensor):
-                            continue
-                        if key == "step" and not step_on_device and device.type != "cpu":
-                            continue
-                        param_state[key] = value.to(device)
-
     def _param_names(self) -> list[str]:
         return [name for name, p in self.module.named_parameters() if p.requires_grad]
 

@@ -92,20 +92,6 @@ def check_supported(cfg: TrainerConfig) -> None:
                 "not implemented (a checkpoint always holds model, optimizer and extra state, "
                 "which exact resume needs); leave it [model, optimizer, extra]"
             )
-    fsdp_sections = (
-        ("actor_rollout_ref.actor.fsdp_config", cfg.actor_rollout_ref.actor.fsdp_config),
-        ("critic.fsdp_config", cfg.critic.fsdp_config),
-    )
-    for section, fsdp in fsdp_sections:
-        if fsdp.param_offload or fsdp.optimizer_offload:
-            problems.append(
-                f"{section}: param_offload / optimizer_offload are not wired to the FSDP2 "
-                "engine yet (the precision-and-memory issue); leave them false"
-            )
-    if cfg.actor_rollout_ref.ref.fsdp_config.param_offload:
-        problems.append(
-            "actor_rollout_ref.ref.fsdp_config.param_offload is not implemented yet; leave it false"
-        )
     rm = cfg.reward_model
     if rm.enable and (rm.normalize or rm.clip_range or rm.overlong_buffer.enable):
         problems.append(

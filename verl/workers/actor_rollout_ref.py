@@ -47,6 +47,7 @@ from verl.workers.common import (
     MetricsAccumulator,
     apply_inference_precision,
     atomic_save_pretrained,
+    dynamic_precision,
     engine_options,
     iter_ppo_mini_batches,
     micro_batch_weights,
@@ -97,6 +98,7 @@ class ActorRolloutRefWorker(Worker):
         self.engine = None
         self.rollout = None
         self.ref_engine = None
+        self.ref_dynamic = None  # DynamicPrecision of the reference (dynamic_precision=true)
         self._update_calls = 0
         self._generate_calls = 0
 
@@ -107,16 +109,18 @@ class ActorRolloutRefWorker(Worker):
         arr = self.config.actor_rollout_ref
         strategy = engine_strategy(self.config, "actor_rollout_ref")
         module = self._given_module
+        given = module is not None
+        load_kwargs = dict(
+            path=arr.model.path,
+            dtype=resolve_dtype(arr.model.dtype),
+            trust_remote_code=arr.model.trust_remote_code,
+            override_config=arr.model.override_config,
+            attn_implementation=attention_implementation(
+                self.config.trainer.use_flash_attention, self.device
+            ),
+        )
         if module is None:
-            module = load_causal_lm(
-                arr.model.path,
-                dtype=resolve_dtype(arr.model.dtype),
-                trust_remote_code=arr.model.trust_remote_code,
-                override_config=arr.model.override_config,
-                attn_implementation=attention_implementation(
-                    self.config.trainer.use_flash_attention, self.device
-                ),
-            )
+            module = load_causal_lm(**load_kwargs)
         self._given_module = None
         if self.role == "actor_rollout_ref":
             # The reference is the initial policy, frozen; copied before any update.
@@ -133,6 +137,13 @@ class ActorRolloutRefWorker(Worker):
                     strategy,
                     engine_options(self, strategy, arr.ref.fsdp_config),
                 ),
+            )
+            self.ref_dynamic = dynamic_precision(
+                self.config,
+                "reference",
+                self.ref_engine.module,
+                self.device,
+                reload=None if given else lambda: load_causal_lm(**load_kwargs).state_dict(),
             )
         if arr.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
@@ -249,6 +260,8 @@ class ActorRolloutRefWorker(Worker):
                 "(role='actor_rollout'); enable actor.use_kl_loss or algorithm.use_kl_in_reward"
             )
         mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
+        if self.ref_dynamic is not None:
+            self.ref_dynamic.before_phase()
         with self.ref_engine.eval_mode():
             log_probs, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs})

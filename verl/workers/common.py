@@ -116,16 +116,24 @@ def micro_batches(
 def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, Any]:
     """``build_engine`` keyword arguments of ``strategy`` from a role's ``fsdp_config``.
 
-    For ``fsdp2`` this also makes sure the worker's process group exists. The single engine
-    takes none of these options.
+    ``param_offload`` / ``optimizer_offload`` keep that state in host memory between uses
+    (the engine moves it to the device for each train/eval/generate block). On fsdp2,
+    ``param_offload`` is FSDP2's ``CPUOffloadPolicy`` instead (sharded parameters,
+    gradients and optimizer state live on the host; the optimizer steps there), so
+    ``optimizer_offload`` adds nothing to it. For ``fsdp2`` this also makes sure the
+    worker's process group exists.
     """
+    params = bool(getattr(fsdp_config, "param_offload", False))
+    optim = bool(getattr(fsdp_config, "optimizer_offload", False))
     if strategy != "fsdp2":
-        return {}
+        return {"offload_params": params, "offload_optimizer": optim}
     ensure_process_group(worker.rank, worker.world_size, worker.device.type)
     mp = getattr(fsdp_config, "mixed_precision", None)
     return {
         "reshard_after_forward": fsdp_config.reshard_after_forward,
         "mixed_precision": None if mp is None else dataclasses.asdict(mp),
+        "cpu_offload": params,
+        "offload_optimizer": optim and not params,
     }
 
 
@@ -180,6 +188,27 @@ def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -
 
     quantize_model_fp8_(module)
     return module
+
+
+def dynamic_precision(
+    config: Any,
+    role: str,
+    module: torch.nn.Module,
+    device: torch.device,
+    reload: Any = None,
+) -> Any:
+    """A :class:`~verl.workers.dynamic_precision.DynamicPrecision` for an inference role when
+    ``trainer.dynamic_precision`` is on (and the role is not fp8 already), else ``None``.
+
+    ``reload`` returns the role's original state dict (``None``: keep a host copy)."""
+    from verl.config.precision import role_precision
+
+    t = config.trainer
+    if not t.dynamic_precision or role_precision(config, role) == "fp8":
+        return None
+    from verl.workers.dynamic_precision import DynamicPrecision
+
+    return DynamicPrecision(role, module, device, t.dynamic_precision_min_free_gb, reload)
 
 
 def ensure_process_group(rank: int, world_size: int, device_type: str) -> None:

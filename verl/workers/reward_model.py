@@ -34,7 +34,7 @@ from verl.models import load_reward_model, load_tokenizer, resolve_dtype
 from verl.protocol import DataProto
 from verl.rewards.placement import last_valid_index, place_on_last_token
 from verl.utils.device import resolve_device
-from verl.workers.common import apply_inference_precision
+from verl.workers.common import apply_inference_precision, dynamic_precision
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class RewardModelWorker(Worker):
         super().__init__(**worker_kwargs)
         self.config = config
         self.module = module
+        self.dynamic = None  # DynamicPrecision (trainer.dynamic_precision=true)
         self.tokenizer = tokenizer
         self.actor_tokenizer = actor_tokenizer
         self.retokenize = retokenize
@@ -111,6 +112,7 @@ class RewardModelWorker(Worker):
         """Load the RM and its tokenizer (unless given) and decide the input path."""
         mcfg = self.config.reward_model.model
         where = mcfg.path if self.module is None else f"<given {type(self.module).__name__}>"
+        given = self.module is not None
         if self.module is None:
             if not mcfg.path:
                 raise ValueError(
@@ -137,6 +139,17 @@ class RewardModelWorker(Worker):
         if prec in ("fp32", "bf16", "fp16"):
             self.module.to(resolve_dtype(prec))
         self.module = apply_inference_precision(self.config, "reward", self.module)
+        self.dynamic = dynamic_precision(
+            self.config,
+            "reward",
+            self.module,
+            self.device,
+            reload=None
+            if given
+            else lambda: load_reward_model(
+                mcfg.path, dtype=mcfg.dtype, override_config=mcfg.override_config
+            ).state_dict(),
+        )
 
         if self.tokenizer is None:
             path = mcfg.tokenizer_path or mcfg.path
@@ -222,6 +235,8 @@ class RewardModelWorker(Worker):
         if self.module is None:
             raise RuntimeError("RewardModelWorker.compute_rm_score called before init_model()")
         mbs = self.config.reward_model.micro_batch_size_per_device
+        if self.dynamic is not None:
+            self.dynamic.before_phase()
         batches = (
             self._retokenized_batches(data, mbs)
             if self.retokenize
