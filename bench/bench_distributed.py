@@ -38,82 +38,14 @@ gloo collectives here, not the speed-up on real devices.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-MiB = 1024 * 1024
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-def _trim() -> None:
-    import gc
-
-    gc.collect()
-    # Not glibc: no malloc_trim, and RSS then includes allocator caches.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class PeakSampler:
-    """Samples this process's RSS in a thread; ``phase(name)`` starts a new peak."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self.interval_s = interval_s
-        self.peaks: dict[str, int] = {}
-        self._name = "start"
-        self._peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = _rss_bytes()
-            with self._lock:
-                self._peak = max(self._peak, rss)
-            time.sleep(self.interval_s)
-
-    def phase(self, name: str) -> None:
-        with self._lock:
-            self.peaks[self._name] = max(self._peak, _rss_bytes())
-            self._name, self._peak = name, _rss_bytes()
-
-    def close(self) -> dict[str, int]:
-        self.phase("end")
-        self._stop.set()
-        self._thread.join()
-        return self.peaks
-
-
-def _model_dir(kind: str, workdir: Path) -> str:
-    if kind == "tiny":
-        from verl.models.tiny import save_tiny_model_dir
-
-        path = workdir / "tiny_model"
-        if not path.exists():
-            save_tiny_model_dir(path, arch="qwen2")
-        return str(path)
-    from verl.models.embedded import embedded_model_dir
-
-    return str(embedded_model_dir())
+from _common import MiB, PeakSampler, model_dir_for, rss_bytes, run_child, trim_heap
 
 
 def _overrides(model_dir: str, out: Path, world: int, steps: int) -> list[str]:
@@ -270,12 +202,12 @@ def _memory_rank(rank: int, world: int, port: int, args: argparse.Namespace, out
         worker.update_actor(gen)
         sampler.phase("idle")
 
-    _trim()
+    trim_heap()
     sampler.phase("warmup")
     step()
-    _trim()
+    trim_heap()
     sampler.phase("between_steps")
-    between = _rss_bytes()
+    between = rss_bytes()
     step()
     peaks = sampler.close()
     engine = worker.engine
@@ -331,14 +263,7 @@ def _child_memory(args: argparse.Namespace) -> dict:
 
 
 def _run_child(mode: str, extra: list[str], args: argparse.Namespace) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONUNBUFFERED="1")
-    env.setdefault("RAY_DEDUP_LOGS", "1")
-    cmd = [sys.executable, __file__, "--child", mode, "--model-dir", args.model_dir, *extra]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise RuntimeError(f"child {mode} {extra} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, mode, extra, args.model_dir)
 
 
 def main() -> None:
@@ -360,7 +285,7 @@ def main() -> None:
         return
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_distributed_"))
-    args.model_dir = _model_dir(args.model, workdir)
+    args.model_dir = model_dir_for(args.model, workdir)
     summary: dict = {
         "bench": "distributed",
         "model": args.model,

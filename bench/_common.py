@@ -1,0 +1,97 @@
+"""Helpers shared by the benchmarks: RSS sampling, allocator trimming, model directories and
+running one measured configuration in a fresh child process.
+
+Benchmarks run each configuration in its own process so that peaks are independent and
+allocator caches of one configuration never count for the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MiB = 1024 * 1024
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def trim_heap() -> None:
+    import gc
+
+    gc.collect()
+    # Not glibc: no malloc_trim, and RSS then includes allocator caches.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class PeakSampler:
+    """Samples this process's RSS in a thread; ``phase(name)`` starts a new peak."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peaks: dict[str, int] = {}
+        self._name = "start"
+        self._peak = rss_bytes()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = rss_bytes()
+            with self._lock:
+                self._peak = max(self._peak, rss)
+            time.sleep(self.interval_s)
+
+    def phase(self, name: str) -> None:
+        with self._lock:
+            self.peaks[self._name] = max(self._peak, rss_bytes())
+            self._name, self._peak = name, rss_bytes()
+
+    def close(self) -> dict[str, int]:
+        self.phase("end")
+        self._stop.set()
+        self._thread.join()
+        return self.peaks
+
+
+def model_dir_for(kind: str, workdir: Path) -> str:
+    if kind == "tiny":
+        from verl.models.tiny import save_tiny_model_dir
+
+        path = workdir / "tiny_model"
+        if not path.exists():
+            save_tiny_model_dir(path, arch="qwen2")
+        return str(path)
+    from verl.models.embedded import embedded_model_dir
+
+    return str(embedded_model_dir())
+
+
+def run_child(script: str, mode: str, extra: list[str], model_dir: str) -> dict:
+    """Run ``script --child MODE --model-dir DIR *extra`` in a fresh process; its last
+    stdout line is a JSON object, returned. The child runs with ``MALLOC_MMAP_THRESHOLD_``
+    lowered so RSS tracks live tensor memory rather than glibc's heap caches."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONUNBUFFERED="1")
+    env.setdefault("RAY_DEDUP_LOGS", "1")
+    cmd = [sys.executable, script, "--child", mode, "--model-dir", model_dir, *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise RuntimeError(f"child {mode} {extra} failed with exit code {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
