@@ -95,3 +95,27 @@ def run_child(script: str, mode: str, extra: list[str], model_dir: str) -> dict:
         sys.stderr.write(proc.stderr[-4000:])
         raise RuntimeError(f"child {mode} {extra} failed with exit code {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def prompt_batch(tokenizer, count: int):
+    """``count`` one-digit arithmetic chat prompts, left-padded, as a ``DataProto``."""
+    from verl.protocol import DataProto
+
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {i % 9 + 1} + {(3 * i) % 9 + 1}?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(count)
+    ]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    mask = enc["attention_mask"]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+        }
+    )

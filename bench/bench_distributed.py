@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MiB, PeakSampler, model_dir_for, rss_bytes, run_child, trim_heap
+from _common import MiB, PeakSampler, model_dir_for, prompt_batch, rss_bytes, run_child, trim_heap
 
 
 def _overrides(model_dir: str, out: Path, world: int, steps: int) -> list[str]:
@@ -141,30 +141,6 @@ def _separate_copy_worker_cls():
     return SeparateRolloutCopyWorker
 
 
-def _prompt_batch(tokenizer, count: int):
-
-    from verl.protocol import DataProto
-
-    texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"What is {i % 9 + 1} + {(3 * i) % 9 + 1}?"}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(count)
-    ]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
-        }
-    )
-
-
 def _memory_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch
 
@@ -188,7 +164,7 @@ def _memory_rank(rank: int, world: int, port: int, args: argparse.Namespace, out
         master_port=port,
     )
     worker.init_model(total_steps=4)
-    prompts = _prompt_batch(worker.tokenizer, cfg.data.train_batch_size // world)
+    prompts = prompt_batch(worker.tokenizer, cfg.data.train_batch_size // world)
 
     def step() -> None:
         sampler.phase("generate")

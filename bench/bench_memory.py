@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MiB, PeakSampler, model_dir_for, rss_bytes, run_child, trim_heap
+from _common import MiB, PeakSampler, model_dir_for, prompt_batch, rss_bytes, run_child, trim_heap
 
 UNCHUNKED = "actor_rollout_ref.actor.logprob_chunk_size=100000000"
 CHUNKED = "actor_rollout_ref.actor.logprob_chunk_size=512"
@@ -76,29 +76,6 @@ def _base_overrides(model_dir: str, out: Path) -> list[str]:
         f"trainer.default_local_dir={out}",
         f"trainer.log_dir={out}",
     ]
-
-
-def _prompts(tokenizer, count: int):
-    from verl.protocol import DataProto
-
-    texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"What is {i % 9 + 1} * {(5 * i) % 9 + 1}?"}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for i in range(count)
-    ]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
-        }
-    )
 
 
 def _training_batch(vocab: int, rows: int, prompt_len: int, response_len: int):
@@ -139,7 +116,7 @@ def _child_memory(args: argparse.Namespace) -> dict:
     cfg = load_config(overrides=[*_base_overrides(args.model_dir, out), *CONFIGS[args.config]])
     worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
     worker.init_model(total_steps=4)
-    prompts = _prompts(worker.tokenizer, cfg.data.train_batch_size)
+    prompts = prompt_batch(worker.tokenizer, cfg.data.train_batch_size)
     times: list[float] = []
 
     def step() -> None:
