@@ -330,3 +330,75 @@ def test_gpg_rescales_by_informative_fraction():
 def test_informative_group_mask():
     keep = informative_group_mask(_t([1, 0, 1, 1, 3]), ["a", "a", "b", "b", "c"])
     assert keep.tolist() == [True, True, False, False, False]
+
+
+# --------------------------------------------------------------------------- all-equal groups
+
+# Estimators that compare a response with its group: an all-equal group carries no signal.
+GROUP_ESTIMATORS = [
+    ("grpo", {}),
+    ("grpo", {"norm_adv_by_std": False}),
+    ("rloo", {}),
+    ("opo", {}),
+    ("gpg", {}),
+    ("reinforce_plus_plus_baseline", {}),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", GROUP_ESTIMATORS)
+@pytest.mark.parametrize("score", [5.7, 37.3, 1e3 / 3, 0.1])
+@pytest.mark.parametrize("group_size", [3, 7, 8, 16])
+def test_all_equal_group_gets_exactly_zero(name, kwargs, score, group_size):
+    # Float32 cannot hold 5.7: its float32 group mean was 5.6999993 with a std of 5.8e-7,
+    # which gave every response of the group the same advantage (+0.301 for 3 x 5.7).
+    # The score sits on a different token per row and the lengths differ (OPO weighs by
+    # length), so the sequence sums are computed the way training computes them.
+    length = 4
+    rewards = torch.zeros(group_size, length)
+    mask = torch.zeros(group_size, length)
+    for i in range(group_size):
+        n = 1 + i % length
+        mask[i, :n] = 1
+        rewards[i, n - 1] = score
+    adv, ret = get_advantage_estimator(name)(
+        token_level_rewards=rewards, response_mask=mask, index=["p"] * group_size, **kwargs
+    )
+    assert torch.count_nonzero(adv) == 0 and torch.count_nonzero(ret) == 0
+
+
+@pytest.mark.parametrize("name,kwargs", GROUP_ESTIMATORS)
+def test_all_equal_group_beside_an_informative_one(name, kwargs):
+    # Group "a" is all 37.3 (zero advantage); group "b" (1, 0) is informative. The
+    # informative group's advantages do not depend on the dead group being there, except
+    # through GPG's batch rescaling (alpha = B / M) and REINFORCE++'s batch whitening.
+    rewards = _t([[37.3]] * 7 + [[1.0], [0.0]])
+    index = ["a"] * 7 + ["b", "b"]
+    adv, _ = get_advantage_estimator(name)(rewards, torch.ones(9, 1), index, **kwargs)
+    assert torch.count_nonzero(adv[:7]) == 0
+    if name == "reinforce_plus_plus_baseline":
+        # centred (0 x7, 0.5, -0.5) whitened over 9 values: mean 0, var 0.5 / 8
+        b = 0.5 / math.sqrt(0.5 / 8 + 1e-8)
+        expected = [b, -b]
+    elif name == "grpo" and kwargs.get("norm_adv_by_std", True):
+        expected = [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)]  # std of (1, 0) = 0.7071
+    else:
+        expected = {
+            "grpo": [0.5, -0.5],  # Dr.GRPO: no std
+            "rloo": [1.0, -1.0],
+            "opo": [0.5, -0.5],
+            "gpg": [9 / 2 * 0.5, -9 / 2 * 0.5],  # alpha = 9 rows / 2 informative
+        }[name]
+    torch.testing.assert_close(adv[7:, 0], _t(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_whitening_a_constant_batch_gives_zero():
+    # REINFORCE++ without a baseline whitens returns over the batch; a batch where every
+    # response scored 5.7 must not turn float32 rounding noise into +-1 advantages.
+    rewards = torch.full((8, 1), 5.7)
+    adv, _ = get_advantage_estimator("reinforce_plus_plus")(rewards, torch.ones(8, 1))
+    assert adv.abs().max() < 1e-6
+
+
+def test_informative_group_mask_float32_equal_scores():
+    scores = torch.full((7,), 37.3)
+    assert not informative_group_mask(scores, ["g"] * 7).any()

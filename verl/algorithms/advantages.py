@@ -14,7 +14,9 @@ question.
 
 Outcome estimators (all but ``gae`` and ``reinforce_plus_plus``) work on the sequence
 score ``s_i = sum_t mask * token_level_rewards``; rewards on masked positions are ignored,
-so a zero-length response scores 0. ``index`` is a sequence of hashable prompt ids (the
+so a zero-length response scores 0. Group statistics are computed in float64, and a group
+whose scores are all equal (or a group of one) gets an advantage of exactly 0: float32
+rounding of its mean would otherwise give every member the same nonzero advantage. ``index`` is a sequence of hashable prompt ids (the
 ``uid`` column: a numpy object array of strings, a list of ints, ...); responses sharing an
 id form a group.
 """
@@ -22,7 +24,7 @@ id form a group.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -103,14 +105,33 @@ def _group_sum(x: torch.Tensor, ids: torch.Tensor, num_groups: int) -> torch.Ten
     return torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add_(0, ids, x)
 
 
-def _group_stats(scores: torch.Tensor, index):
-    """Per-row ``(group mean, unbiased group std, group size)``, each ``(batch,)``."""
+class _GroupStats(NamedTuple):
+    """Per-row statistics of each row's group, all ``(batch,)`` float64 (``same`` bool)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor  # unbiased
+    count: torch.Tensor
+    same: torch.Tensor  # the group's scores are all equal (max == min), groups of one too
+
+
+def _group_stats(scores: torch.Tensor, index) -> _GroupStats:
+    """Group mean, unbiased std, size and an all-equal flag of each row's group.
+
+    Computed in float64, and ``same`` compares the group's max with its min exactly: the mean
+    of three float32 copies of 5.7 is 5.6999993 with a std of 5.8e-7, so any estimator that
+    trusted ``scores - mean`` (or ``std > 0``) would push the whole group one way. Callers give
+    such groups an advantage of exactly 0.
+    """
+    scores = scores.to(torch.float64)
     ids, num_groups = group_ids_from_index(index, scores.shape[0], scores.device)
     counts = _group_sum(torch.ones_like(scores), ids, num_groups)
     mean = _group_sum(scores, ids, num_groups) / counts
     sq_dev = _group_sum((scores - mean[ids]) ** 2, ids, num_groups)
     std = torch.sqrt(sq_dev / torch.clamp(counts - 1, min=1))
-    return mean[ids], std[ids], counts[ids]
+    empty = torch.full((num_groups,), torch.inf, dtype=scores.dtype, device=scores.device)
+    lo = empty.scatter_reduce(0, ids, scores, reduce="amin")
+    hi = (-empty).scatter_reduce(0, ids, scores, reduce="amax")
+    return _GroupStats(mean[ids], std[ids], counts[ids], (hi == lo)[ids])
 
 
 def _sequence_scores(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -190,7 +211,9 @@ def compute_grpo_advantages(
 
     ``A_i = (s_i - mean_g) / (std_g + epsilon)`` with the unbiased group std (as
     ``torch.std``), or ``A_i = s_i - mean_g`` when ``norm_adv_by_std=False`` (Dr.GRPO). A
-    group of one has no baseline and gets 0. Broadcast over valid tokens.
+    group of one has no baseline and gets 0, and so does a group whose scores are all equal
+    (exactly 0, whatever the float rounding of its mean). Statistics in float64. Broadcast
+    over valid tokens.
 
     Args:
         token_level_rewards, response_mask: ``(batch, response_len)``.
@@ -201,12 +224,12 @@ def compute_grpo_advantages(
     """
     mask = _float_mask(response_mask, token_level_rewards)
     scores = _sequence_scores(token_level_rewards, mask)
-    mean, std, count = _group_stats(scores, index)
-    adv = scores - mean
+    group = _group_stats(scores, index)
+    adv = scores.to(torch.float64) - group.mean
     if norm_adv_by_std:
-        adv = adv / (std + epsilon)
-    adv = torch.where(count > 1, adv, 0.0)
-    advantages = _broadcast(adv, mask)
+        adv = adv / (group.std + epsilon)
+    adv = torch.where(group.same, 0.0, adv)
+    advantages = _broadcast(adv.to(scores.dtype), mask)
     return advantages, advantages.clone()
 
 
@@ -221,13 +244,15 @@ def compute_rloo_advantages(
     """REINFORCE leave-one-out (Ahmadian et al. 2024): baseline = mean of the *other* scores.
 
     ``A_i = s_i - mean_{j != i} s_j = n / (n - 1) * (s_i - mean_g)`` for a group of ``n``;
-    a group of one gets 0. Broadcast over valid tokens; returns equal advantages.
+    a group of one or of all-equal scores gets exactly 0. Broadcast over valid tokens; returns
+    equal advantages.
     """
     mask = _float_mask(response_mask, token_level_rewards)
     scores = _sequence_scores(token_level_rewards, mask)
-    mean, _, count = _group_stats(scores, index)
-    adv = torch.where(count > 1, count / torch.clamp(count - 1, min=1) * (scores - mean), 0.0)
-    advantages = _broadcast(adv, mask)
+    group = _group_stats(scores, index)
+    scale = group.count / torch.clamp(group.count - 1, min=1)
+    adv = torch.where(group.same, 0.0, scale * (scores.to(torch.float64) - group.mean))
+    advantages = _broadcast(adv.to(scores.dtype), mask)
     return advantages, advantages.clone()
 
 
@@ -268,14 +293,14 @@ def compute_reinforce_plus_plus_baseline_advantages(
     """REINFORCE++ with a group baseline: ``s_i - mean_g`` broadcast, then batch-whitened.
 
     The centred score is broadcast over valid tokens and whitened over every valid token of
-    the batch (so long responses weigh more in the statistics). A group of one is centred to
-    0 before whitening. Returns equal advantages.
+    the batch (so long responses weigh more in the statistics). A group of one or of
+    all-equal scores is centred to exactly 0 before whitening. Returns equal advantages.
     """
     mask = _float_mask(response_mask, token_level_rewards)
     scores = _sequence_scores(token_level_rewards, mask)
-    mean, _, count = _group_stats(scores, index)
-    centred = torch.where(count > 1, scores - mean, 0.0)
-    advantages = masked_whiten(_broadcast(centred, mask), mask)
+    group = _group_stats(scores, index)
+    centred = torch.where(group.same, 0.0, scores.to(torch.float64) - group.mean)
+    advantages = masked_whiten(_broadcast(centred.to(scores.dtype), mask), mask)
     return advantages, advantages.clone()
 
 
@@ -319,20 +344,20 @@ def compute_opo_advantages(
     """OPO (Hao et al. 2025): the optimal baseline for on-policy RL, length-weighted.
 
     ``b_g = sum_i len_i * s_i / sum_i len_i`` within a group (``len_i`` = valid tokens);
-    ``A_i = s_i - b_g``. A group of one gets 0 (as does a group whose responses are all
-    empty). Broadcast over valid tokens; returns equal advantages.
+    ``A_i = s_i - b_g``. A group of one, a group whose scores are all equal and a group whose
+    responses are all empty get 0. Broadcast over valid tokens; returns equal advantages.
     """
     mask = _float_mask(response_mask, token_level_rewards)
     scores = _sequence_scores(token_level_rewards, mask)
-    lengths = mask.sum(dim=-1)
+    scores64 = scores.to(torch.float64)
+    lengths = mask.sum(dim=-1).to(torch.float64)
     ids, num_groups = group_ids_from_index(index, scores.shape[0], scores.device)
-    weighted = _group_sum(lengths * scores, ids, num_groups)
+    weighted = _group_sum(lengths * scores64, ids, num_groups)
     total_len = _group_sum(lengths, ids, num_groups)
-    count = _group_sum(torch.ones_like(scores), ids, num_groups)
     baseline = weighted / torch.clamp(total_len, min=1e-12)
-    ok = (count > 1) & (total_len > 0)
-    adv = torch.where(ok[ids], scores - baseline[ids], 0.0)
-    advantages = _broadcast(adv, mask)
+    dead = _group_stats(scores, index).same | (total_len == 0)[ids]
+    adv = torch.where(dead, 0.0, scores64 - baseline[ids])
+    advantages = _broadcast(adv.to(scores.dtype), mask)
     return advantages, advantages.clone()
 
 
@@ -349,16 +374,16 @@ def compute_gpg_advantages(
     ``A_i = alpha * (s_i - mean_g)`` with ``alpha = B / M``: ``B`` the batch size and ``M``
     the number of rows whose group has non-identical scores (groups with identical scores
     give no gradient; ``alpha`` keeps the gradient scale as if every group contributed).
-    ``alpha = 1`` when ``M = 0``. A group of one gets 0. Returns equal advantages.
+    ``alpha = 1`` when ``M = 0``. A group of one or of all-equal scores gets exactly 0.
+    Returns equal advantages.
     """
     mask = _float_mask(response_mask, token_level_rewards)
     scores = _sequence_scores(token_level_rewards, mask)
-    mean, std, count = _group_stats(scores, index)
-    informative = (count > 1) & (std > 0)
-    num_informative = int(informative.sum())
+    group = _group_stats(scores, index)
+    num_informative = int((~group.same).sum())
     alpha = scores.shape[0] / num_informative if num_informative > 0 else 1.0
-    adv = torch.where(count > 1, alpha * (scores - mean), 0.0)
-    advantages = _broadcast(adv, mask)
+    adv = torch.where(group.same, 0.0, alpha * (scores.to(torch.float64) - group.mean))
+    advantages = _broadcast(adv.to(scores.dtype), mask)
     return advantages, advantages.clone()
 
 
@@ -380,5 +405,4 @@ def informative_group_mask(scores: torch.Tensor, index: Sequence[Any]) -> torch.
     Returns:
         ``(batch,)`` bool, True for rows to keep.
     """
-    _, std, count = _group_stats(scores.to(torch.float64), index)
-    return (count > 1) & (std > 0)
+    return ~_group_stats(scores, index).same

@@ -74,15 +74,19 @@ def masked_whiten(
 
     ``(x - mean) / sqrt(var + eps)`` with the masked mean and unbiased masked variance; with
     ``shift_mean=False`` the mean is added back (scale only). Masked positions are set to 0.
+    Statistics are computed in float64; the result has ``x``'s dtype.
     Shape: same as ``x``, e.g. ``(batch, response_len)``.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
+    # Statistics in float64: a batch of equal values (e.g. every group's advantage 0, or one
+    # shared non-representable score) must whiten to ~0, not to float32 rounding noise / eps.
+    x64 = x.to(torch.float64) if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else x
+    mean = masked_mean(x64, mask)
+    var = masked_var(x64, mask, unbiased=True)
+    whitened = (x64 - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
-    valid = _as_weights(mask, x).expand_as(x) != 0
-    return torch.where(valid, whitened, torch.zeros_like(whitened))
+    valid = _as_weights(mask, x64).expand_as(x64) != 0
+    return torch.where(valid, whitened, torch.zeros_like(whitened)).to(x.dtype)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
