@@ -39,6 +39,7 @@ from verl.trainer.checkpoint import (
 )
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.resume import resume_checkpoint_path
+from verl.trainer.run_lock import LOCK_FILE
 
 # Four steps with everything that carries state from step to step: sampled rollouts from
 # the global RNG (rollout.seed null), a critic (GAE), an adaptive in-reward KL coefficient,
@@ -393,7 +394,9 @@ def test_retention_latest_pointer_and_contents(rl_config, tmp_path):
     assert [p.name for _, p in complete_checkpoints(run_dir)] == ["global_step_2", "global_step_3"]
     assert not (run_dir / "global_step_1").exists()
     assert (run_dir / LATEST_FILE).read_text() == "3\n"
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
+    # no temporary or trash directory left; the run's lock file stays (released, empty)
+    hidden = [p for p in run_dir.iterdir() if p.name.startswith(".")]
+    assert hidden == [run_dir / LOCK_FILE] and (run_dir / LOCK_FILE).read_text() == ""
 
     step3 = run_dir / "global_step_3"
     manifest = read_manifest(step3)

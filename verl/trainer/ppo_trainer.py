@@ -70,6 +70,7 @@ from verl.trainer.metrics import (
 )
 from verl.trainer.placement import place_roles
 from verl.trainer.resume import load_rl_checkpoint, resume_checkpoint_path, save_rl_checkpoint
+from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import (
     check_supported,
     prepare_data_files,
@@ -119,6 +120,9 @@ class RLTrainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
+        # One run per directory: fail now if another run holds them; fit() takes the lock.
+        self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
+        self.run_lock.check()
 
         self.use_critic = (
             cfg.critic.enable
@@ -489,6 +493,7 @@ class RLTrainer:
         results: dict[str, Any] = {}
         progress = None
         try:
+            self.run_lock.acquire()  # released by close()
             self.resume()
             if cfg.val_before_train and self.val_dataset is not None:
                 if self.resumed_from is None:
@@ -535,22 +540,27 @@ class RLTrainer:
         if self._resume_checked:
             return self.resumed_from
         self._resume_checked = True
-        self.checkpoints.clean_stale_temporaries()
-        path = resume_checkpoint_path(self.config, self.checkpoints)
-        if path is not None:
-            self.load_checkpoint(path)
+        with self.run_lock:
+            self.checkpoints.clean_stale_temporaries()
+            path = resume_checkpoint_path(self.config, self.checkpoints)
+            if path is not None:
+                self.load_checkpoint(path, verify=False)  # resume_checkpoint_path verified it
         return path
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore the complete run state saved by :meth:`save_checkpoint` at ``path``."""
-        load_rl_checkpoint(self, path)
+    def load_checkpoint(self, path: str | Path, verify: bool = True) -> None:
+        """Restore the complete run state saved by :meth:`save_checkpoint` at ``path``
+        (every file checked against the manifest's CRC-32 unless ``verify=False``)."""
+        load_rl_checkpoint(self, path, verify=verify)
         self.resumed_from = Path(path)
         self._resume_checked = True
+        # Metric rows of steps after the checkpoint belong to the rolled-back steps.
+        self.tracker.rewind(self.global_step)
 
     def save_checkpoint(self) -> Path:
         """Save the complete run state after step ``global_step`` to
         ``{trainer.default_local_dir}/global_step_{N}`` (atomically); returns that path."""
-        self.last_checkpoint = save_rl_checkpoint(self, self.checkpoints)
+        with self.run_lock:
+            self.last_checkpoint = save_rl_checkpoint(self, self.checkpoints)
         return self.last_checkpoint
 
     def _train_loop(self, progress: tqdm) -> None:
@@ -595,6 +605,7 @@ class RLTrainer:
                 close()
         self.tracker.close()
         self.placement.shutdown()
+        self.run_lock.release()
 
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""

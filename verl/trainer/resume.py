@@ -75,6 +75,10 @@ RESUME_IDENTITY_KEYS = (
     "data.train_batch_size",
     "data.shuffle",
     "data.seed",
+    # The run's name: a checkpoint of another experiment in the same directory is not this
+    # run's past (two runs pointed at one directory).
+    "trainer.project_name",
+    "trainer.experiment_name",
 )
 # Keys that name the resume itself: never reported as differences.
 _RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.resume_force")
@@ -275,10 +279,15 @@ def _restore_data_position(trainer: RLTrainer, saved: dict[str, Any], path: Path
         )
 
 
-def load_rl_checkpoint(trainer: RLTrainer, path: str | os.PathLike[str]) -> None:
-    """Restore ``trainer`` (workers, data position, controllers, RNG) from checkpoint ``path``."""
+def load_rl_checkpoint(
+    trainer: RLTrainer, path: str | os.PathLike[str], verify: bool = True
+) -> None:
+    """Restore ``trainer`` (workers, data position, controllers, RNG) from checkpoint ``path``.
+
+    ``verify``: check every file's CRC-32 first (False where the caller just did).
+    """
     path = Path(path)
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, verify=verify)
     check_resume_config(path, trainer.config)
     _check_roles(path, manifest, trainer)
     state = json.loads((path / TRAINER_STATE_FILE).read_text())
@@ -300,7 +309,8 @@ def resume_checkpoint_path(cfg: TrainerConfig, manager: CheckpointManager) -> Pa
     """The checkpoint ``trainer.resume_mode`` asks for, or None for a fresh start.
 
     Raises:
-        CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
+        CheckpointError: ``resume_path`` names a missing, incomplete or damaged checkpoint
+            (``auto`` sets damaged ones aside and takes the newest intact one instead).
     """
     t = cfg.trainer
     if t.resume_mode == "disable":
@@ -319,10 +329,10 @@ def resume_checkpoint_path(cfg: TrainerConfig, manager: CheckpointManager) -> Pa
                 "global_step_N directory)"
             )
         path = Path(os.path.expanduser(t.resume_from_path))
-        read_manifest(path)  # a clear error for a missing / incomplete directory
+        read_manifest(path, verify=True)  # a clear error for a missing / damaged directory
         return path
     if t.resume_mode == "auto":
-        found = manager.latest()
+        found = manager.newest_verified()
         if found is None:
             logger.info("no complete checkpoint under %s: starting fresh", manager.root)
         return found

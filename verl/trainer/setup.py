@@ -23,7 +23,8 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_run_dirs(cfg: TrainerConfig) -> tuple[Path, Path]:
-    """``(log_dir, checkpoint_dir)`` of this run, created if missing.
+    """``(log_dir, checkpoint_dir)`` of this run, created if missing and checked writable
+    (a ``ValueError`` naming the key otherwise, before anything is loaded).
 
     ``trainer.default_local_dir`` and ``trainer.log_dir`` may contain ``{project_name}`` and
     ``{experiment_name}`` placeholders.
@@ -32,8 +33,17 @@ def resolve_run_dirs(cfg: TrainerConfig) -> tuple[Path, Path]:
     names = {"project_name": t.project_name, "experiment_name": t.experiment_name}
     ckpt_dir = Path(os.path.expanduser(t.default_local_dir.format(**names)))
     log_dir = Path(os.path.expanduser((t.log_dir or t.default_local_dir).format(**names)))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for key, path in (("trainer.log_dir", log_dir), ("trainer.default_local_dir", ckpt_dir)):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".verl-write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as err:
+            raise ValueError(
+                f"{key}={str(path)!r} is not a writable directory ({err.strerror or err}): "
+                "point it at a directory this user can create and write"
+            ) from err
     return log_dir, ckpt_dir
 
 

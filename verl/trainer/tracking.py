@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verl.utils.atomic_io import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 _CONSOLE_KEYS = (
@@ -62,6 +64,24 @@ class _Jsonl:
         record = {"step": step, **{k: _to_jsonable(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
+
+    def rewind(self, step: int) -> None:
+        """Drop the rows of steps after ``step`` (and a row a kill cut short), atomically."""
+        self._fh.close()
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                keep = int(json.loads(line)["step"]) <= step
+            except (ValueError, KeyError, TypeError):
+                keep = False
+            if keep:
+                kept.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
+            logger.info("%s: dropped %d row(s) after step %d (resumed)", self.path, dropped, step)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def close(self) -> None:
         self._fh.close()
@@ -147,6 +167,13 @@ class Tracker:
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         for backend in self._backends:
             backend.log(metrics, step)
+
+    def rewind(self, step: int) -> None:
+        """Forget what was logged after ``step`` where a backend can (the jsonl file): a run
+        resumed from the checkpoint of ``step`` logs the later steps again."""
+        for backend in self._backends:
+            if hasattr(backend, "rewind"):
+                backend.rewind(step)
 
     def close(self) -> None:
         for backend in self._backends:
