@@ -175,7 +175,7 @@ def test_resume_path_to_a_damaged_checkpoint_is_refused(rl_config, tmp_path):
 def test_checkpoint_of_another_experiment_is_not_resumed(rl_config, tmp_path):
     RLTrainer(rl_config(*SAVE_EVERY_STEP, "trainer.experiment_name=first")).fit()
     second = RLTrainer(rl_config(*SAVE_EVERY_STEP, "trainer.experiment_name=second"))
-    with pytest.raises(CheckpointError, match="trainer.experiment_name: checkpoint 'first'"):
+    with pytest.raises(CheckpointError, match=r"trainer\.experiment_name: checkpoint 'first'"):
         second.fit()
 
 
