@@ -126,9 +126,7 @@ def _damage(path: Path, offset: int = 4096, size: int = 64) -> None:
 
 
 @pytest.mark.slow
-def test_damaged_newest_checkpoint_is_set_aside_and_resume_falls_back(
-    rl_config, tmp_path, caplog
-):
+def test_damaged_newest_checkpoint_is_set_aside_and_resume_falls_back(rl_config, tmp_path, caplog):
     RLTrainer(rl_config(*SAVE_EVERY_STEP)).fit()
     newest = tmp_path / "global_step_2"
     weights = newest / "actor" / "model.safetensors"
