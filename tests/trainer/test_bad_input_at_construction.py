@@ -58,3 +58,18 @@ def test_truncated_prompts_are_counted_in_the_step_metrics(rl_config):
     trainer.fit()
     assert trainer.history[0]["data/truncated_prompts"] == 16.0
     assert trainer.history[0]["data/dropped_prompts"] == 0.0
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(rl_config, tiny_model_dir, tmp_path):
+    from verl.models import load_tokenizer
+
+    # A tokenizer with ids the model has no embedding row for: without the check the first
+    # rollout fails with a bare IndexError inside the embedding.
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rows = len(tokenizer)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(10)])
+    with pytest.raises(ValueError) as err:
+        RLTrainer(rl_config(), tokenizer=tokenizer)
+    message = str(err.value)
+    assert f"the model has {rows} token embeddings but its tokenizer has {rows + 10}" in message
+    assert message.startswith("actor_rollout_ref.model:")

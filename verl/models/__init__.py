@@ -2,7 +2,12 @@
 SmolLM2-135M-Instruct, the critic's value-head model, precision and activation checkpointing."""
 
 from verl.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, is_embedded_alias
-from verl.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from verl.models.loading import (
+    check_vocab_covers_tokenizer,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+)
 from verl.models.precision import (
     attention_implementation,
     enable_activation_checkpointing,
@@ -17,6 +22,7 @@ __all__ = [
     "attention_implementation",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "check_vocab_covers_tokenizer",
     "embedded_model_dir",
     "enable_activation_checkpointing",
     "is_embedded_alias",

@@ -163,6 +163,27 @@ def load_tokenizer(
     return tokenizer
 
 
+def check_vocab_covers_tokenizer(module: torch.nn.Module, tokenizer: Any, role: str) -> None:
+    """Raise if ``tokenizer`` can produce token ids that ``module`` has no embedding row for.
+
+    A model with fewer embedding rows than its tokenizer has ids would otherwise fail at the
+    first prompt holding such an id with a bare ``IndexError`` deep inside the embedding.
+    More rows than ids is normal (vocabularies are padded to a multiple of 64 or 128).
+    """
+    if tokenizer is None or not hasattr(module, "get_input_embeddings"):
+        return
+    embedding = module.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    num_ids = len(tokenizer)
+    if rows is not None and num_ids > rows:
+        raise ValueError(
+            f"{role}: the model has {rows} token embeddings but its tokenizer has {num_ids} "
+            f"token ids (ids {rows}..{num_ids - 1} have no embedding): use the tokenizer the "
+            "model was trained with (model.tokenizer_path), or resize the model's embeddings "
+            "(model.resize_token_embeddings(len(tokenizer))) and save it before training"
+        )
+
+
 def load_causal_lm(
     path: str | os.PathLike,
     dtype: torch.dtype | str = torch.float32,

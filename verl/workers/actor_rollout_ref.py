@@ -28,6 +28,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
     attention_implementation,
+    check_vocab_covers_tokenizer,
     enable_activation_checkpointing,
     load_causal_lm,
     load_tokenizer,
@@ -122,6 +123,7 @@ class ActorRolloutRefWorker(Worker):
         if module is None:
             module = load_causal_lm(**load_kwargs)
         self._given_module = None
+        check_vocab_covers_tokenizer(module, self.tokenizer, "actor_rollout_ref.model")
         if self.role == "actor_rollout_ref":
             # The reference is the initial policy, frozen; copied before any update.
             ref_module = copy.deepcopy(module).eval().requires_grad_(False)

@@ -11,7 +11,12 @@ from verl.algorithms import compute_value_loss
 from verl.config import TrainerConfig, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
-from verl.models import CausalLMWithValueHead, enable_activation_checkpointing, resolve_dtype
+from verl.models import (
+    CausalLMWithValueHead,
+    check_vocab_covers_tokenizer,
+    enable_activation_checkpointing,
+    resolve_dtype,
+)
 from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
@@ -86,6 +91,7 @@ class CriticWorker(Worker):
                 ),
             )
         self._given_module = None
+        check_vocab_covers_tokenizer(module, self.tokenizer, "critic.model")
         if ccfg.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         strategy = engine_strategy(self.config, "critic")
