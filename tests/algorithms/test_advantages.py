@@ -312,6 +312,29 @@ def test_remax():
         get_advantage_estimator("remax")(rewards, masks, reward_baselines=_t([0.0, 1.0]))
 
 
+def test_remax_reward_to_go():
+    # dense rewards (a KL penalty per token, the score at the end): row 0 = (-0.1, -0.2, 1)
+    rewards = _t([[-0.1, -0.2, 1.0], [0.5, 0.0, 7.0]])
+    masks = _t([[1, 1, 1], [1, 1, 0]])
+    baselines = _t([0.5, 0.25])
+    adv, ret = get_advantage_estimator("remax")(
+        rewards, masks, reward_baselines=baselines, reward_to_go=True
+    )
+    # row 0: to-go (0.7, 0.8, 1.0) - 0.5; row 1: to-go (0.5, 0.0) - 0.25, padding 0
+    torch.testing.assert_close(adv, _t([[0.2, 0.3, 0.5], [0.25, -0.25, 0.0]]))
+    torch.testing.assert_close(ret, adv)
+    # the paper's form: the whole score (0.7, 0.5) minus the baseline on every token
+    whole, _ = get_advantage_estimator("remax")(rewards, masks, reward_baselines=baselines)
+    torch.testing.assert_close(whole, _t([[0.2, 0.2, 0.2], [0.25, 0.25, 0.0]]))
+    # with an outcome reward only (on the last valid token) both forms agree
+    outcome = _t([[0, 0, 1.0], [0, 2.0, 9.0]])
+    a, _ = get_advantage_estimator("remax")(outcome, masks, reward_baselines=baselines)
+    b, _ = get_advantage_estimator("remax")(
+        outcome, masks, reward_baselines=baselines, reward_to_go=True
+    )
+    torch.testing.assert_close(a, b)
+
+
 def test_opo_length_weighted_baseline():
     # group lengths (1, 3), scores (1, 0): baseline = (1*1 + 3*0) / 4 = 0.25
     rewards = _t([[1, 0, 0], [0, 0, 0], [2, 0, 0]])

@@ -310,15 +310,21 @@ def compute_remax_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     reward_baselines: torch.Tensor,
+    reward_to_go: bool = False,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023): score minus the score of a greedy rollout of the same prompt.
 
     Args:
         reward_baselines: ``(batch,)`` the greedy response's score for each row's prompt.
+        reward_to_go: ``False`` (the paper): ``A_t = s_i - b_i`` on every valid token.
+            ``True``: the causal form ``A_t = sum_{t' >= t} r_t' - b_i`` (the rewards of
+            valid tokens from ``t`` on), which differs only with dense rewards (KL in the
+            reward) and then has lower variance: a token is not credited with the KL
+            penalties of the tokens before it. Upstream verl uses this form.
 
     Returns:
-        ``A = (s_i - b_i)`` broadcast over valid tokens; returns equal advantages.
+        ``(advantages, returns)``, equal, ``(batch, response_len)``, 0 on masked tokens.
     """
     if reward_baselines is None:
         raise ValueError("adv_estimator='remax' needs `reward_baselines` (greedy-rollout scores)")
@@ -329,7 +335,13 @@ def compute_remax_advantages(
         raise ValueError(
             f"reward_baselines has {baselines.shape[0]} entries for a batch of {scores.shape[0]}"
         )
-    advantages = _broadcast(scores - baselines, mask)
+    if reward_to_go:
+        valid = mask != 0
+        rewards = torch.where(valid, token_level_rewards, 0.0)
+        to_go = rewards.flip(-1).cumsum(-1).flip(-1)
+        advantages = torch.where(valid, to_go - baselines.unsqueeze(-1), 0.0)
+    else:
+        advantages = _broadcast(scores - baselines, mask)
     return advantages, advantages.clone()
 
 
