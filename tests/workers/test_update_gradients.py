@@ -16,6 +16,7 @@ enough to notice a wrong scaling.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -315,3 +316,40 @@ def test_the_tolerance_catches_a_dropped_micro_batch_weight():
     )
     worst = max(float((u - w).abs().max()) for u, w in zip(unweighted, want))
     assert worst > 1000 * TOL, worst
+
+
+def test_updates_run_the_engine_loop_and_sync_gradients_on_the_last_micro_batch(model_dir):
+    cfg = _config(model_dir, "token-mean", False)
+    cfg.actor_rollout_ref.actor.ppo_epochs = 2
+    cfg.critic.ppo_epochs = 2
+    module = _actor_module()
+    data = _actor_batch(module)
+    actor = ActorRolloutRefWorker(
+        cfg, role="actor_rollout", module=module, tokenizer=build_tiny_tokenizer()
+    )
+    actor.init_model(total_steps=2)
+    torch.manual_seed(0)
+    critic = CriticWorker(
+        cfg, module=CausalLMWithValueHead(build_tiny_model()), tokenizer=build_tiny_tokenizer()
+    )
+    critic.init_model(total_steps=2)
+    for worker, update in ((actor, actor.update_actor), (critic, critic.update_critic)):
+        engine = worker.engine
+        flags, calls = [], []
+        context, loop = engine._backward_context, engine.forward_backward
+
+        def spy_context(is_last_micro_batch, _context=context, _flags=flags):
+            _flags.append(is_last_micro_batch)
+            return _context(is_last_micro_batch)
+
+        def spy_loop(*args, _loop=loop, _calls=calls, **kwargs):
+            _calls.append(len(args[0]))
+            return _loop(*args, **kwargs)
+
+        engine._backward_context, engine.forward_backward = spy_context, spy_loop
+        metrics = update(_critic_batch().union(data) if worker is critic else data)
+        metrics = metrics.meta_info["metrics"]
+        # two epochs of one mini-batch, three micro-batches of two rows each
+        assert calls == [3, 3]
+        assert flags == [False, False, True] * 2
+        assert all(math.isfinite(v) for v in metrics.values())
