@@ -353,3 +353,18 @@ def test_updates_run_the_engine_loop_and_sync_gradients_on_the_last_micro_batch(
         assert calls == [3, 3]
         assert flags == [False, False, True] * 2
         assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "token-budget"])
+def test_null_loss_scale_factor_means_max_response_length_whatever_the_split(model_dir, dynamic):
+    """``seq-mean-token-sum-norm`` divides by one constant, not by each micro-batch's
+    trimmed response width (that would make the gradient depend on the split)."""
+    mode = "seq-mean-token-sum-norm"
+    module = _actor_module()
+    reference_module = copy.deepcopy(module)
+    data = _actor_batch(module)
+    cfg = _config(model_dir, mode, dynamic, scale_factor=None)
+    assert cfg.data.max_response_length == R
+    grads, _ = _run_actor(cfg, module, data)
+    want = _reference_actor_grads(reference_module, data, mode, dynamic, scale_factor=R)
+    _assert_grads_equal(grads, want)

@@ -320,6 +320,12 @@ class ActorRolloutRefWorker(Worker):
             "clip_ratio_high": clip_high,
             "clip_ratio_c": acfg.clip_ratio_c,
         }
+        # seq-mean-token-sum-norm divides by a constant; left to agg_loss's default it would
+        # be each micro-batch's trimmed response width, and the gradient would depend on
+        # the micro-batch split.
+        scale_factor = acfg.loss_scale_factor
+        if scale_factor is None:
+            scale_factor = self.config.data.max_response_length
 
         def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
             b = mb.data.batch
@@ -341,7 +347,7 @@ class ActorRolloutRefWorker(Worker):
                 policy_loss_fn=policy_loss_fn,
                 policy_loss_kwargs=policy_loss_kwargs,
                 loss_agg_mode=acfg.loss_agg_mode,
-                loss_scale_factor=acfg.loss_scale_factor,
+                loss_scale_factor=scale_factor,
                 entropy=entropy,
                 entropy_coeff=acfg.entropy_coeff,
                 ref_log_prob=b.get("ref_log_probs"),
