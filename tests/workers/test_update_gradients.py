@@ -90,7 +90,13 @@ def _critic_batch() -> DataProto:
     return DataProto.from_dict(tensors=t)
 
 
-def _config(model_dir, mode: str, dynamic: bool, scale_factor: float | None = SCALE_FACTOR):
+def _config(
+    model_dir,
+    mode: str,
+    dynamic: bool,
+    scale_factor: float | None = SCALE_FACTOR,
+    extra: tuple[str, ...] = (),
+):
     micro = ("use_dynamic_bsz=true", f"ppo_max_token_len_per_device={TOKEN_BUDGET}")
     if not dynamic:
         micro = ("ppo_micro_batch_size_per_device=2",)
@@ -124,6 +130,7 @@ def _config(model_dir, mode: str, dynamic: bool, scale_factor: float | None = SC
             f"{c}.loss_agg_mode={mode}",
             f"{c}.cliprange_value={CLIPRANGE_VALUE}",
             f"{c}.loss_coef={VALUE_LOSS_COEF}",
+            *extra,
         ]
     )
 
@@ -180,15 +187,14 @@ def _split(data: DataProto, dynamic: bool) -> list:
 
 def _reference_actor_grads(
     module: torch.nn.Module,
-    data: DataProto,
+    micro: list,
     mode: str,
-    dynamic: bool,
     weighted: bool = True,
     scale_factor: float | None = SCALE_FACTOR,
 ) -> list[torch.Tensor]:
+    """Gradient of the weighted micro-batch losses of ``micro`` (all ranks' micro-batches)."""
     module.train()
     module.zero_grad(set_to_none=True)
-    micro = _split(data, dynamic)
     assert len(micro) >= 2
     for mb, share in zip(micro, _shares(micro, mode, weighted)):
         b = mb.data.batch
@@ -221,12 +227,9 @@ def _reference_actor_grads(
     return [p.grad.detach().clone() for p in module.parameters()]
 
 
-def _reference_critic_grads(
-    module: torch.nn.Module, data: DataProto, mode: str, dynamic: bool
-) -> list[torch.Tensor]:
+def _reference_critic_grads(module: torch.nn.Module, micro: list, mode: str) -> list[torch.Tensor]:
     module.train()
     module.zero_grad(set_to_none=True)
-    micro = _split(data, dynamic)
     assert len(micro) >= 2
     for mb, share in zip(micro, _shares(micro, mode, True)):
         b = mb.data.batch
@@ -287,7 +290,8 @@ def test_actor_update_gradients_equal_the_reference(model_dir, mode, dynamic):
     reference_module = copy.deepcopy(module)
     data = _actor_batch(module)
     grads, metrics = _run_actor(_config(model_dir, mode, dynamic), module, data)
-    _assert_grads_equal(grads, _reference_actor_grads(reference_module, data, mode, dynamic))
+    want = _reference_actor_grads(reference_module, _split(data, dynamic), mode)
+    _assert_grads_equal(grads, want)
     for key in ("pg_loss", "clipfrac", "approx_kl", "entropy_loss", "kl_loss", "grad_norm"):
         assert f"actor/{key}" in metrics, key
     assert 0 < metrics["actor/clipfrac"] < 1
@@ -302,7 +306,8 @@ def test_critic_update_gradients_equal_the_reference(model_dir, mode, dynamic):
     reference_module = copy.deepcopy(module)
     data = _critic_batch()
     grads, metrics = _run_critic(_config(model_dir, mode, dynamic), module, data)
-    _assert_grads_equal(grads, _reference_critic_grads(reference_module, data, mode, dynamic))
+    want = _reference_critic_grads(reference_module, _split(data, dynamic), mode)
+    _assert_grads_equal(grads, want)
     assert 0 < metrics["critic/vf_clipfrac"] < 1
     assert {"critic/vf_loss", "critic/vpred_mean", "critic/grad_norm"} <= set(metrics)
 
@@ -310,10 +315,9 @@ def test_critic_update_gradients_equal_the_reference(model_dir, mode, dynamic):
 def test_the_tolerance_catches_a_dropped_micro_batch_weight():
     module = _actor_module()
     data = _actor_batch(module)
-    want = _reference_actor_grads(copy.deepcopy(module), data, "token-mean", False)
-    unweighted = _reference_actor_grads(
-        copy.deepcopy(module), data, "token-mean", False, weighted=False
-    )
+    micro = _split(data, dynamic=False)
+    want = _reference_actor_grads(copy.deepcopy(module), micro, "token-mean")
+    unweighted = _reference_actor_grads(copy.deepcopy(module), micro, "token-mean", weighted=False)
     worst = max(float((u - w).abs().max()) for u, w in zip(unweighted, want))
     assert worst > 1000 * TOL, worst
 
@@ -366,5 +370,135 @@ def test_null_loss_scale_factor_means_max_response_length_whatever_the_split(mod
     cfg = _config(model_dir, mode, dynamic, scale_factor=None)
     assert cfg.data.max_response_length == R
     grads, _ = _run_actor(cfg, module, data)
-    want = _reference_actor_grads(reference_module, data, mode, dynamic, scale_factor=R)
+    want = _reference_actor_grads(reference_module, _split(data, dynamic), mode, scale_factor=R)
     _assert_grads_equal(grads, want)
+
+
+# ---- two FSDP2 ranks ----------------------------------------------------------------------
+
+WORLD = 2
+FSDP2_CASES = [("token-mean", False), ("seq-mean-token-mean", True)]
+
+
+def _rank_chunks(data: DataProto) -> list[DataProto]:
+    """The rows each data-parallel rank updates (``DP_COMPUTE`` splits contiguously)."""
+    per_rank = ROWS // WORLD
+    return [data[r * per_rank : (r + 1) * per_rank] for r in range(WORLD)]
+
+
+def _split_over_ranks(data: DataProto, dynamic: bool) -> list:
+    """All ranks' micro-batches, as the workers cut them (the same count on every rank)."""
+    chunks = _rank_chunks(data)
+    if not dynamic:
+        return [mb for c in chunks for mb in split_micro_batches(c, R, micro_batch_size=2)]
+    count = max(len(split_micro_batches(c, R, max_token_len=TOKEN_BUDGET)) for c in chunks)
+    return [
+        mb
+        for c in chunks
+        for mb in split_micro_batches(c, R, max_token_len=TOKEN_BUDGET, agree=lambda _: count)
+    ]
+
+
+def _fsdp2_rank(rank: int, port: int, out_dir: str, model_dir: str) -> None:
+    """One FSDP2 rank: update its share of the batch, record the full gradients."""
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.distributed import init_distributed
+
+    init_distributed(rank, WORLD, "127.0.0.1", port, device_type="cpu", timeout_s=120)
+    fsdp2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
+    res = {}
+
+    def full_grads(engine, sink):
+        step = engine.optimizer_step
+
+        def recording_step():
+            grads = [p.grad for p in engine.module.parameters()]
+            sink.append([g.full_tensor() if isinstance(g, DTensor) else g.clone() for g in grads])
+            return step()
+
+        engine.optimizer_step = recording_step
+
+    for mode, dynamic in FSDP2_CASES:
+        cfg = _config(model_dir, mode, dynamic, extra=fsdp2)
+        module = _actor_module()
+        data = _actor_batch(module)
+        worker = ActorRolloutRefWorker(
+            cfg,
+            role="actor_rollout",
+            module=module,
+            tokenizer=build_tiny_tokenizer(),
+            rank=rank,
+            world_size=WORLD,
+        )
+        worker.init_model(total_steps=1)
+        captured = []
+        full_grads(worker.engine, captured)
+        worker.update_actor(_rank_chunks(data)[rank])
+        res[("actor", mode, dynamic)] = captured
+        res.setdefault("engines", set()).add(type(worker.engine).__name__)
+    cfg = _config(model_dir, "token-mean", False, extra=fsdp2)
+    torch.manual_seed(0)
+    critic = CriticWorker(
+        cfg,
+        module=CausalLMWithValueHead(build_tiny_model()),
+        tokenizer=build_tiny_tokenizer(),
+        rank=rank,
+        world_size=WORLD,
+    )
+    critic.init_model(total_steps=1)
+    captured = []
+    full_grads(critic.engine, captured)
+    critic.update_critic(_rank_chunks(_critic_batch())[rank])
+    res[("critic", "token-mean", False)] = captured
+    res["engines"].add(type(critic.engine).__name__)
+    torch.save(res, f"{out_dir}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def fsdp2_grads(model_dir, tmp_path_factory) -> list[dict]:
+    import sys
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    from verl.utils.distributed import find_free_port
+
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:  # spawned children import this module by name
+        sys.path.insert(0, root)
+    out = tmp_path_factory.mktemp("fsdp2_update")
+    mp.start_processes(
+        _fsdp2_rank,
+        args=(find_free_port(), str(out), str(model_dir)),
+        nprocs=WORLD,
+        start_method="spawn",
+        join=True,
+    )
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("mode, dynamic", FSDP2_CASES)
+def test_two_fsdp2_ranks_give_the_reference_actor_gradient(fsdp2_grads, mode, dynamic):
+    module = _actor_module()
+    data = _actor_batch(module)
+    micro = _split_over_ranks(data, dynamic)
+    want = _reference_actor_grads(copy.deepcopy(module), micro, mode)
+    for rank_res in fsdp2_grads:
+        assert rank_res["engines"] == {"FSDP2Engine"}
+        (grads,) = rank_res[("actor", mode, dynamic)]
+        _assert_grads_equal(grads, want)
+
+
+def test_two_fsdp2_ranks_give_the_reference_critic_gradient(fsdp2_grads):
+    torch.manual_seed(0)
+    module = CausalLMWithValueHead(build_tiny_model())
+    micro = _split_over_ranks(_critic_batch(), dynamic=False)
+    want = _reference_critic_grads(module, micro, "token-mean")
+    for rank_res in fsdp2_grads:
+        (grads,) = rank_res[("critic", "token-mean", False)]
+        _assert_grads_equal(grads, want)
