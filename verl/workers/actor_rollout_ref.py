@@ -11,7 +11,8 @@ runs inside ``engine.gathered_params()``, which unshards the parameters once for
 generation (instead of per forward) and reshards them afterwards, so the rollout reads
 the training weights in place and a second resident copy never exists. Data-parallel
 ranks each generate, score and update their own slice of the batch (``DP_COMPUTE``); loss
-weights are global (``verl.workers.common.micro_batch_weights``).
+weights are global (``verl.workers.common.micro_batch_weights``). The update's loss is the
+pure function ``verl.algorithms.actor_loss``, run by the engine's ``forward_backward``.
 """
 
 from __future__ import annotations
@@ -339,6 +340,8 @@ class ActorRolloutRefWorker(Worker):
                 chunk_size=acfg.logprob_chunk_size,
                 calculate_entropy=acfg.entropy_coeff != 0,
             )
+            # forward_backward runs this under the engine's autocast; the loss terms use no
+            # op autocast lowers (no matmul), so they stay float32.
             return actor_loss(
                 log_prob,
                 b["old_log_probs"],
