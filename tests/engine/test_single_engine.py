@@ -291,3 +291,65 @@ def test_checkpoint_files_are_weights_only_and_json(tmp_path):
         other.load_checkpoint(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="missing"):
         other.load_checkpoint(str(tmp_path / "nowhere"))
+
+
+def _count_host_reads(monkeypatch) -> list[str]:
+    """Record every read of a tensor value into Python (item/float/int/bool/tolist)."""
+    reads: list[str] = []
+    for name in ("item", "__float__", "__int__", "__bool__", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    return reads
+
+
+@pytest.mark.parametrize("n_micro", [2, 5])
+def test_forward_backward_reads_metrics_once_and_defers_sync(monkeypatch, n_micro):
+    x, y, _ = _regression_data(10)
+    engine = build_engine("single", _mlp(), OptimSpec(lr=0.1))
+    flags = []
+    context = engine._backward_context
+
+    def spy(is_last_micro_batch):
+        flags.append(is_last_micro_batch)
+        return context(is_last_micro_batch)
+
+    engine._backward_context = spy
+
+    def loss_fn(module, mb):
+        err = (module(mb[0]) - mb[1]) ** 2
+        return err.mean(), {"max_err": err.detach().max(), "rows": float(len(mb[0]))}
+
+    parts = list(zip(x.chunk(n_micro), y.chunk(n_micro)))
+    before = copy.deepcopy(engine.module)
+    reads = _count_host_reads(monkeypatch)
+    results = engine.forward_backward(parts, loss_fn, [1 / n_micro] * n_micro)
+    assert reads == ["tolist"], "one host read for all micro-batches' metrics"
+    assert flags == [False] * (n_micro - 1) + [True]
+    del reads[:]
+    step = engine.optimizer_step()
+    assert reads == ["tolist"], "the grad norm and the non-finite flag in one read"
+    monkeypatch.undo()
+    for (xi, yi), res in zip(parts, results):
+        with torch.no_grad():
+            err = (before(xi) - yi) ** 2
+        assert set(res) == {"max_err", "rows", "loss"} and res["rows"] == float(len(xi))
+        assert res["max_err"] == pytest.approx(err.max().item())
+        assert res["loss"] == pytest.approx(err.mean().item())
+    assert step["skipped"] == 0.0 and step["grad_norm"] > 0
+
+
+def test_forward_backward_refuses_a_non_scalar_metric():
+    engine = build_engine("single", _mlp(), OptimSpec())
+    x, y, _ = _regression_data(4)
+
+    def loss_fn(module, mb):
+        err = (module(mb[0]) - mb[1]) ** 2
+        return err.mean(), {"per_row": err.detach().mean(-1)}
+
+    with pytest.raises(TypeError, match=r"metric 'per_row' of micro-batch 0 must be a scalar"):
+        engine.forward_backward([(x, y)], loss_fn)

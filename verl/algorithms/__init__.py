@@ -10,6 +10,8 @@ algorithm from the config by name and a new algorithm is one decorated function:
 - policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``;
   and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
 - the clipped value loss (:mod:`.value_loss`);
+- the actor's and critic's whole micro-batch losses, ``actor_loss`` / ``critic_loss``
+  (:mod:`.losses`): policy loss + IS weights + entropy + KL, and the weighted value loss;
 - KL estimators ``k1``/``k2``/``k3``/``abs`` and KL controllers (:mod:`.kl`);
 - loss aggregation modes and the entropy loss (:mod:`.loss_agg`);
 - masked statistics and entropy from logits (:mod:`.core`);
@@ -62,6 +64,7 @@ from verl.algorithms.loss_agg import (
     apply_entropy_bonus,
     compute_entropy_loss,
 )
+from verl.algorithms.losses import actor_loss, critic_loss
 from verl.algorithms.policy_loss import (
     POLICY_LOSSES,
     compute_policy_loss_cispo,
@@ -100,6 +103,7 @@ __all__ = [
     "PreferenceLoss",
     "Registry",
     "UnknownNameError",
+    "actor_loss",
     "agg_loss",
     "apply_entropy_bonus",
     "apply_kl_penalty",
@@ -123,6 +127,7 @@ __all__ = [
     "compute_rloo_advantages",
     "compute_rollout_is_weights",
     "compute_value_loss",
+    "critic_loss",
     "entropy_from_logits",
     "estimator_info",
     "estimator_requires_critic",

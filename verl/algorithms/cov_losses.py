@@ -19,6 +19,8 @@ the fraction of valid tokens they treated (``clip_cov_frac`` / ``kl_cov_frac``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from verl.algorithms.core import masked_mean
@@ -65,7 +67,7 @@ def compute_policy_loss_clip_cov(
     clip_cov_ub: float = 5.0,
     generator: torch.Generator | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """Clip-Cov: PPO's clipped loss with the gradient of a few high-covariance tokens cut.
 
     See the module docstring. ``generator`` seeds the random token choice (tests);
@@ -109,7 +111,7 @@ def compute_policy_loss_kl_cov(
     kl_cov_ratio: float = 0.0002,
     ppo_kl_coef: float = 1.0,
     **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """KL-Cov: unclipped surrogate plus a ``|log r|`` penalty on the top-covariance tokens.
 
     See the module docstring. The clip arguments are unused (KL-Cov does not clip).

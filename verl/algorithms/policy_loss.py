@@ -10,7 +10,8 @@ Every loss has the signature::
 current policy, ``advantages``, ``response_mask``, ``rollout_is_weights`` (optional
 importance weights correcting a rollout/training mismatch, multiplied into the per-token
 loss): all ``(batch, response_len)``. ``loss`` is a 0-dim tensor to minimise; ``metrics``
-holds Python floats: ``clipfrac`` (fraction of valid tokens whose ratio was clipped),
+holds detached 0-dim tensors or Python floats (the built-in losses return tensors, so a
+micro-batch loop reads nothing back to the host until it chooses to): ``clipfrac`` (fraction of valid tokens whose ratio was clipped),
 ``clipfrac_lower`` (fraction hit by the dual-clip bound) and ``approx_kl``, the k1 estimate
 ``mean over valid tokens of (old_log_prob - log_prob)`` of ``KL(pi_old || pi)``.
 
@@ -20,6 +21,7 @@ The log-ratio ``log_prob - old_log_prob`` is clamped to [-20, 20] before ``exp``
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,7 +38,7 @@ __all__ = [
     "register_policy_loss",
 ]
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 _LOG_RATIO_BOUND = 20.0
@@ -56,12 +58,14 @@ def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> to
     return torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
 
 
-def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(masked_mean(flags.float(), mask))
+def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_mean(flags.float(), mask).detach()
 
 
-def _approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(masked_mean((old_log_prob - log_prob).detach(), mask))
+def _approx_kl(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    return masked_mean((old_log_prob - log_prob).detach(), mask)
 
 
 def _aggregate(
@@ -100,7 +104,7 @@ def compute_policy_loss_vanilla(
     loss_agg_mode: str = "token-mean",
     rollout_is_weights: torch.Tensor | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """PPO's clipped surrogate with dual clip (Ye et al. 2020).
 
     Per token, with ``r = exp(log_prob - old_log_prob)`` and advantage ``A``:
@@ -147,7 +151,7 @@ def compute_policy_loss_gspo(
     loss_agg_mode: str | None = "seq-mean-token-mean",
     rollout_is_weights: torch.Tensor | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """GSPO (Zheng et al. 2025): PPO clipping on a *sequence*-level importance ratio.
 
     ``s_i = exp(mean over valid tokens of (log_prob - old_log_prob))`` (the geometric mean of
@@ -189,7 +193,7 @@ def compute_policy_loss_cispo(
     loss_agg_mode: str = "token-mean",
     rollout_is_weights: torch.Tensor | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """CISPO (MiniMax-M1, 2025): clip the importance weight, never drop a token's gradient.
 
     ``L = -sg(min(r, 1 + clip_ratio_high)) * A * log_prob``: a REINFORCE term weighted by the

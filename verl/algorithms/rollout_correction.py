@@ -31,7 +31,7 @@ def compute_rollout_is_weights(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     threshold: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token truncated importance weights ``min(exp(old - rollout), threshold)``.
 
     Args:
@@ -44,7 +44,8 @@ def compute_rollout_is_weights(
 
     Returns:
         ``weights`` ``(batch, response_len)``, detached, 0 on masked tokens (the log-ratio is
-        clamped to [-20, 20] before ``exp``), and metrics over the valid tokens:
+        clamped to [-20, 20] before ``exp``), and metrics (0-dim tensors) over the valid
+        tokens:
         ``rollout_is_weight_mean`` (mean weight after truncation) and
         ``rollout_is_clipfrac`` (fraction of tokens whose ratio exceeded ``threshold``).
     """
@@ -57,7 +58,7 @@ def compute_rollout_is_weights(
     ratio = torch.exp(log_ratio)
     weights = torch.where(valid, torch.clamp(ratio, max=threshold), 0.0)
     metrics = {
-        "rollout_is_weight_mean": float(masked_mean(weights, valid)),
-        "rollout_is_clipfrac": float(masked_mean((ratio > threshold).float(), valid)),
+        "rollout_is_weight_mean": masked_mean(weights, valid),
+        "rollout_is_clipfrac": masked_mean((ratio > threshold).float(), valid),
     }
     return weights, metrics

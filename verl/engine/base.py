@@ -207,7 +207,9 @@ class TrainEngine(ABC):
                 f"max_consecutive_nonfinite={max_consecutive_nonfinite} must be >= 0 (0 = never stop)"
             )
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self._nonfinite_loss = False
+        # True (a device tensor) once a micro-batch loss of this step was inf/nan; read in
+        # optimizer_step together with the gradient norm, so backward never syncs.
+        self._nonfinite_loss: torch.Tensor | None = None
         if grad_scaling is None:
             grad_scaling = self.autocast_dtype == torch.float16
 
@@ -371,6 +373,11 @@ class TrainEngine(ABC):
 
         Default scales are ``1 / len(micro_batches)`` (equal-size micro-batches).
 
+        Gradient reduction is deferred to the last micro-batch (on fsdp2 the earlier ones
+        accumulate unsharded gradients locally, see ``_backward_context``). Metrics may be
+        0-dim tensors or Python numbers; the tensors of all micro-batches are read back to
+        the host together, once, after the last backward.
+
         Returns:
             one metrics dict per micro-batch: ``loss_fn``'s metrics as Python floats, plus
             ``"loss"`` (the unscaled ``loss_i``) unless ``loss_fn`` reported one.
@@ -383,7 +390,7 @@ class TrainEngine(ABC):
         if len(loss_scales) != n:
             raise ValueError(f"got {len(loss_scales)} loss_scales for {n} micro-batches")
 
-        results = []
+        collected: list[dict[str, Any]] = []
         with self.train_mode():
             for i, (micro_batch, scale) in enumerate(zip(micro_batches, loss_scales)):
                 with self.autocast():
@@ -393,10 +400,8 @@ class TrainEngine(ABC):
                         f"loss_fn must return (scalar tensor, metrics), got loss={loss!r}"
                     )
                 self.backward(loss * scale, is_last_micro_batch=i == n - 1)
-                out = {k: _to_float(v) for k, v in metrics.items()}
-                out.setdefault("loss", loss.item())
-                results.append(out)
-        return results
+                collected.append({"loss": loss.detach(), **metrics})
+        return _metrics_to_host(collected)
 
     def backward(self, loss: torch.Tensor, is_last_micro_batch: bool = True) -> None:
         """Backward of one already-weighted micro-batch loss (applies the fp16 loss scale).
@@ -405,8 +410,11 @@ class TrainEngine(ABC):
         Pass ``is_last_micro_batch=False`` for all but the last micro-batch of a step so a
         distributed backend can defer its gradient reduction; ``True`` is always correct.
         """
-        if not bool(torch.isfinite(loss.detach())):
-            self._nonfinite_loss = True  # the next optimizer_step is skipped
+        nonfinite = ~torch.isfinite(loss.detach())  # the next optimizer_step is skipped
+        if self._nonfinite_loss is None:
+            self._nonfinite_loss = nonfinite
+        else:
+            self._nonfinite_loss = self._nonfinite_loss | nonfinite.to(self._nonfinite_loss.device)
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         with self._backward_context(is_last_micro_batch=is_last_micro_batch):
@@ -431,10 +439,14 @@ class TrainEngine(ABC):
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         total_norm = self._grad_norm()
-        grad_norm = float(total_norm)
+        # One host read for the norm and the non-finite-loss flag together.
+        checks = [total_norm.detach().float().reshape(())]
+        if self._nonfinite_loss is not None:
+            checks.append(self._nonfinite_loss.float().to(checks[0].device))
+        grad_norm, *loss_flag = torch.stack(checks).tolist()
+        self._nonfinite_loss = None
         # A non-finite loss skips the step even when its gradient happens to be finite.
-        finite = math.isfinite(grad_norm) and not self._nonfinite_loss
-        self._nonfinite_loss = False
+        finite = math.isfinite(grad_norm) and not any(loss_flag)
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         if finite:
             if self.grad_clip is not None:
@@ -511,7 +523,28 @@ class NonFiniteLossError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
 
-def _to_float(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        return value.detach().float().item()
-    return float(value)
+def _metrics_to_host(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per-micro-batch metrics as Python floats, reading every tensor value (0-dim or one
+    element) back to the host in one transfer."""
+    tensors = [
+        (i, key, value)
+        for i, row in enumerate(rows)
+        for key, value in row.items()
+        if isinstance(value, torch.Tensor)
+    ]
+    for i, key, value in tensors:
+        if value.numel() != 1:
+            raise TypeError(
+                f"loss_fn metric {key!r} of micro-batch {i} must be a scalar, "
+                f"got a tensor of shape {tuple(value.shape)}"
+            )
+    out = [{k: float(v) for k, v in row.items() if not isinstance(v, torch.Tensor)} for row in rows]
+    if tensors:
+        device = tensors[0][2].device
+        flat = torch.stack([v.detach().float().reshape(()).to(device) for _, _, v in tensors])
+        for (i, key, _), number in zip(tensors, flat.tolist()):
+            out[i][key] = number
+    # loss_fn's own keys first (its "loss" wins over the default), then "loss"
+    return [
+        {**{k: o[k] for k in row if k != "loss"}, "loss": o["loss"]} for row, o in zip(rows, out)
+    ]

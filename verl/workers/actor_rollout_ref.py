@@ -11,18 +11,21 @@ runs inside ``engine.gathered_params()``, which unshards the parameters once for
 generation (instead of per forward) and reshards them afterwards, so the rollout reads
 the training weights in place and a second resident copy never exists. Data-parallel
 ranks each generate, score and update their own slice of the batch (``DP_COMPUTE``); loss
-weights are global (``verl.workers.common.micro_batch_weights``).
+weights are global (``verl.workers.common.micro_batch_weights``). The update's loss is the
+pure function ``verl.algorithms.actor_loss``, run by the engine's ``forward_backward``.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from verl.algorithms import agg_loss, compute_rollout_is_weights, get_policy_loss, kl_penalty
+from verl.algorithms import get_policy_loss
+from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
@@ -45,18 +48,16 @@ from verl.workers.checkpointing import (
     save_worker_checkpoint,
 )
 from verl.workers.common import (
-    MetricsAccumulator,
     apply_inference_precision,
     atomic_save_pretrained,
     dynamic_precision,
     engine_options,
-    iter_ppo_mini_batches,
-    micro_batch_weights,
     micro_batches,
     precision_options,
+    run_ppo_update,
     to_device,
 )
-from verl.workers.micro_batching import gather_response_outputs
+from verl.workers.micro_batching import MicroBatch, gather_response_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -273,109 +274,95 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches (one optimizer step each) and micro-batches.
 
+        The loss is :func:`verl.algorithms.actor_loss`; the loop is
+        :func:`verl.workers.common.run_ppo_update` over the engine's ``forward_backward``.
         Micro-batch losses are weighted so that the accumulated gradient equals the
         gradient of the loss aggregated over the whole mini-batch (exactly, for every
         ``loss_agg_mode``). Returns metrics in ``meta_info["metrics"]``.
         """
         acfg = self.config.actor_rollout_ref.actor
-        n = self.config.actor_rollout_ref.rollout.n
-        policy_loss_fn = get_policy_loss(acfg.policy_loss)
-        clip_low, clip_high = clip_ratio_bounds(acfg)
-        temperature = data.meta_info.get("temperature", 1.0)
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
         keys += ["old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")
-        use_rollout_is = acfg.rollout_is_threshold is not None
-        if use_rollout_is and "rollout_log_probs" in data.batch:
-            keys.append("rollout_log_probs")
-        elif use_rollout_is and self._update_calls == 0:
-            logger.warning(
-                "actor.rollout_is_threshold=%s but the batch has no rollout_log_probs "
-                "(the rollout backend did not return them): no importance correction",
-                acfg.rollout_is_threshold,
-            )
-        data = to_device(data.select(batch_keys=keys), self.device)
-        response_len = data.batch["responses"].shape[1]
-        acc = MetricsAccumulator()
-        self._update_calls += 1
-        with self.engine.train_mode():
-            for mini in iter_ppo_mini_batches(
-                data,
-                # ppo_mini_batch_size counts prompts over all data-parallel ranks
-                mini_batch_size=acfg.ppo_mini_batch_size * n // self.world_size,
-                epochs=acfg.ppo_epochs,
-                shuffle=acfg.shuffle,
-                seed=self.config.trainer.seed + self._update_calls,
-            ):
-                self.engine.zero_grad()
-                micro = micro_batches(
-                    mini, response_len, acfg.ppo_micro_batch_size_per_device, acfg
+        if acfg.rollout_is_threshold is not None:
+            if "rollout_log_probs" in data.batch:
+                keys.append("rollout_log_probs")
+            elif self._update_calls == 0:
+                logger.warning(
+                    "actor.rollout_is_threshold=%s but the batch has no rollout_log_probs "
+                    "(the rollout backend did not return them): no importance correction",
+                    acfg.rollout_is_threshold,
                 )
-                weights = micro_batch_weights([mb.data for mb in micro], acfg.loss_agg_mode)
-                for mb, weight in zip(micro, weights):
-                    b = mb.data.batch
-                    mask = b["response_mask"]
-                    with self.engine.autocast():
-                        log_prob, entropy = compute_response_log_probs(
-                            self.engine.module,
-                            b["input_ids"],
-                            b["attention_mask"],
-                            b["position_ids"],
-                            response_len=mb.response_len,
-                            temperature=temperature,
-                            chunk_size=acfg.logprob_chunk_size,
-                            calculate_entropy=acfg.entropy_coeff != 0,
-                        )
-                    log_prob = log_prob.float()
-                    is_weights = None
-                    if "rollout_log_probs" in b:
-                        # Truncated IS: correct for the rollout sampling from slightly
-                        # different numerics than the old policy the ratio is taken against.
-                        is_weights, is_metrics = compute_rollout_is_weights(
-                            b["old_log_probs"],
-                            b["rollout_log_probs"],
-                            mask,
-                            acfg.rollout_is_threshold,
-                        )
-                        for key, value in is_metrics.items():
-                            acc.add(f"actor/{key}", value)
-                    pg_loss, pg_metrics = policy_loss_fn(
-                        old_log_prob=b["old_log_probs"],
-                        log_prob=log_prob,
-                        advantages=b["advantages"],
-                        response_mask=mask,
-                        clip_ratio_low=clip_low,
-                        clip_ratio_high=clip_high,
-                        clip_ratio_c=acfg.clip_ratio_c,
-                        loss_agg_mode=acfg.loss_agg_mode,
-                        loss_scale_factor=acfg.loss_scale_factor,
-                        rollout_is_weights=is_weights,
-                    )
-                    loss = pg_loss
-                    if entropy is not None:
-                        entropy_loss = agg_loss(
-                            entropy.float(), mask, acfg.loss_agg_mode, acfg.loss_scale_factor
-                        )
-                        loss = loss - acfg.entropy_coeff * entropy_loss
-                        acc.add("actor/entropy_loss", entropy_loss.item())
-                    if acfg.use_kl_loss:
-                        kld = kl_penalty(log_prob, b["ref_log_probs"], acfg.kl_loss_type)
-                        kl_loss = agg_loss(kld, mask, acfg.loss_agg_mode, acfg.loss_scale_factor)
-                        loss = loss + acfg.kl_loss_coef * kl_loss
-                        acc.add("actor/kl_loss", kl_loss.item())
-                        acc.add("actor/kl_coef", acfg.kl_loss_coef)
-                    self.engine.backward(loss * weight)
-                    acc.add("actor/pg_loss", pg_loss.item())
-                    for key, value in pg_metrics.items():
-                        acc.add(f"actor/{key}", float(value))
-                step = self.engine.optimizer_step()
-                acc.add("actor/grad_norm", float(step["grad_norm"]))
-                acc.add("actor/lr", float(step["lr"]))
-                acc.add("actor/skipped_steps", float(step.get("skipped", 0)), reduce="sum")
-                if "loss_scale" in step:
-                    acc.add("actor/loss_scale", step["loss_scale"])
+        self._update_calls += 1
+        acc = run_ppo_update(
+            self.engine,
+            data.select(batch_keys=keys),
+            self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
+            role_cfg=acfg,
+            # ppo_mini_batch_size counts prompts over all data-parallel ranks
+            mini_batch_size=acfg.ppo_mini_batch_size
+            * self.config.actor_rollout_ref.rollout.n
+            // self.world_size,
+            seed=self.config.trainer.seed + self._update_calls,
+            device=self.device,
+            prefix="actor",
+        )
+        if acfg.use_kl_loss:
+            acc.add("actor/kl_coef", acfg.kl_loss_coef)
         return DataProto.from_dict(meta_info={"metrics": acc.result()})
+
+    def _actor_loss_fn(self, temperature: float) -> Callable[..., Any]:
+        """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it
+        is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
+        acfg = self.config.actor_rollout_ref.actor
+        clip_low, clip_high = clip_ratio_bounds(acfg)
+        policy_loss_fn = get_policy_loss(acfg.policy_loss)
+        policy_loss_kwargs = {
+            "clip_ratio_low": clip_low,
+            "clip_ratio_high": clip_high,
+            "clip_ratio_c": acfg.clip_ratio_c,
+        }
+        # seq-mean-token-sum-norm divides by a constant; left to agg_loss's default it would
+        # be each micro-batch's trimmed response width, and the gradient would depend on
+        # the micro-batch split.
+        scale_factor = acfg.loss_scale_factor
+        if scale_factor is None:
+            scale_factor = self.config.data.max_response_length
+
+        def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+            b = mb.data.batch
+            log_prob, entropy = compute_response_log_probs(
+                module,
+                b["input_ids"],
+                b["attention_mask"],
+                b["position_ids"],
+                response_len=mb.response_len,
+                temperature=temperature,
+                chunk_size=acfg.logprob_chunk_size,
+                calculate_entropy=acfg.entropy_coeff != 0,
+            )
+            # forward_backward runs this under the engine's autocast; the loss terms use no
+            # op autocast lowers (no matmul), so they stay float32.
+            return actor_loss(
+                log_prob,
+                b["old_log_probs"],
+                b["advantages"],
+                b["response_mask"],
+                policy_loss_fn=policy_loss_fn,
+                policy_loss_kwargs=policy_loss_kwargs,
+                loss_agg_mode=acfg.loss_agg_mode,
+                loss_scale_factor=scale_factor,
+                entropy=entropy,
+                entropy_coeff=acfg.entropy_coeff,
+                ref_log_prob=b.get("ref_log_probs"),
+                kl_loss_coef=acfg.kl_loss_coef,
+                kl_loss_type=acfg.kl_loss_type,
+                rollout_log_prob=b.get("rollout_log_probs"),
+                rollout_is_threshold=acfg.rollout_is_threshold,
+            )
+
+        return loss_fn
 
     # ------------------------------------------------------------------ export
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -1,6 +1,6 @@
-"""Pieces shared by the trainable workers: mini-batch iteration, micro-batch loss
-weights (exact across data-parallel ranks), metric accumulation and atomic HuggingFace
-export.
+"""Pieces shared by the trainable workers: the PPO update loop (epochs, mini-batches,
+micro-batches through the engine's one ``forward_backward``), micro-batch loss weights
+(exact across data-parallel ranks), metric accumulation and atomic HuggingFace export.
 
 Data parallelism: a role with several ranks lives in processes that share one
 ``torch.distributed`` default group (the Ray backend sets it up before the worker is
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +56,87 @@ def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) 
     by its share of all sequences.
     """
     if loss_agg_mode == "token-mean":
-        counts = [float(mb.batch["response_mask"].sum().item()) for mb in micro_batches]
+        per_mb = [mb.batch["response_mask"].sum() for mb in micro_batches]
     elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
         # these modes average over sequences with at least one valid token
-        counts = [
-            float((mb.batch["response_mask"].sum(-1) > 0).sum().item()) for mb in micro_batches
-        ]
+        per_mb = [(mb.batch["response_mask"].sum(-1) > 0).sum() for mb in micro_batches]
     else:
+        per_mb = None
+    if per_mb is None:
         counts = [float(len(mb)) for mb in micro_batches]
+    else:  # one host read for all micro-batches
+        counts = torch.stack([c.double().cpu() for c in per_mb]).tolist()
     total, ranks = dp_sum(sum(counts)), dp_world_size()
     if total == 0:
         return [0.0 for _ in counts]
     return [c * ranks / total for c in counts]
+
+
+def run_ppo_update(
+    engine: Any,
+    data: DataProto,
+    loss_fn: Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, Any]]],
+    *,
+    role_cfg: Any,
+    mini_batch_size: int,
+    seed: int,
+    device: torch.device,
+    prefix: str,
+) -> MetricsAccumulator:
+    """PPO epochs over mini-batches (one optimizer step each) of ``data`` for one role.
+
+    Each mini-batch is cut into micro-batches on the host (:func:`micro_batches`, by rows
+    or by ``role_cfg.use_dynamic_bsz`` token budget), weighted by
+    :func:`micro_batch_weights` for ``role_cfg.loss_agg_mode``, moved to ``device`` and run
+    through ``engine.forward_backward(micro_batches, loss_fn, weights)``: gradient sync is
+    deferred to the last micro-batch and the micro-batch metrics come back in one host
+    read. Then ``engine.optimizer_step()`` (clipping, the non-finite guard, fp16 loss
+    scaling).
+
+    Args:
+        engine: the role's ``TrainEngine``.
+        data: the update batch on the host; its ``responses`` give the response width.
+        loss_fn: ``loss_fn(module, micro_batch) -> (loss, metrics)`` for one
+            :class:`~verl.workers.micro_batching.MicroBatch` (already on ``device``).
+        role_cfg: the role's config section (``ppo_epochs``, ``shuffle``,
+            ``ppo_micro_batch_size_per_device``, ``use_dynamic_bsz``,
+            ``ppo_max_token_len_per_device``, ``loss_agg_mode``).
+        mini_batch_size: samples per mini-batch on this rank.
+        seed: seeds the per-epoch shuffle.
+        prefix: metric name prefix (``"actor"``, ``"critic"``).
+
+    Returns:
+        The accumulator holding ``{prefix}/{metric}`` per micro-batch (``loss_fn``'s, its
+        default ``loss`` left out) and ``grad_norm``, ``lr``, ``skipped_steps``
+        (``loss_scale`` with fp16) per optimizer step. Call ``result()`` on every rank.
+    """
+    response_len = data.batch["responses"].shape[1]
+    acc = MetricsAccumulator()
+    with engine.train_mode():
+        for mini in iter_ppo_mini_batches(
+            data,
+            mini_batch_size=mini_batch_size,
+            epochs=role_cfg.ppo_epochs,
+            shuffle=role_cfg.shuffle,
+            seed=seed,
+        ):
+            engine.zero_grad()
+            micro = micro_batches(
+                mini, response_len, role_cfg.ppo_micro_batch_size_per_device, role_cfg
+            )
+            weights = micro_batch_weights([mb.data for mb in micro], role_cfg.loss_agg_mode)
+            on_device = [dataclasses.replace(mb, data=to_device(mb.data, device)) for mb in micro]
+            for metrics in engine.forward_backward(on_device, loss_fn, weights):
+                for key, value in metrics.items():
+                    if key != "loss":
+                        acc.add(f"{prefix}/{key}", value)
+            step = engine.optimizer_step()
+            acc.add(f"{prefix}/grad_norm", step["grad_norm"])
+            acc.add(f"{prefix}/lr", step["lr"])
+            acc.add(f"{prefix}/skipped_steps", step.get("skipped", 0.0), reduce="sum")
+            if "loss_scale" in step:
+                acc.add(f"{prefix}/loss_scale", step["loss_scale"])
+    return acc
 
 
 def dp_world_size() -> int:

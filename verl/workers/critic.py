@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import compute_value_loss
+from verl.algorithms.losses import critic_loss
 from verl.config import TrainerConfig, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
@@ -27,15 +27,13 @@ from verl.workers.checkpointing import (
     save_worker_checkpoint,
 )
 from verl.workers.common import (
-    MetricsAccumulator,
     engine_options,
-    iter_ppo_mini_batches,
-    micro_batch_weights,
     micro_batches,
     precision_options,
+    run_ppo_update,
     to_device,
 )
-from verl.workers.micro_batching import gather_response_outputs
+from verl.workers.micro_batching import MicroBatch, gather_response_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -125,51 +123,40 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def update_critic(self, data: DataProto) -> DataProto:
-        """Clipped value-loss regression onto ``returns``; metrics in ``meta_info``."""
+        """Clipped value-loss regression onto ``returns``; metrics in ``meta_info``.
+
+        The loss is :func:`verl.algorithms.critic_loss`; the loop (epochs, mini-batches,
+        weighted micro-batches) is :func:`verl.workers.common.run_ppo_update`.
+        """
         ccfg = self.config.critic
-        n = self.config.actor_rollout_ref.rollout.n
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
-        data = to_device(data.select(batch_keys=[*keys, "values", "returns"]), self.device)
-        response_len = data.batch["responses"].shape[1]
-        acc = MetricsAccumulator()
         self._update_calls += 1
-        with self.engine.train_mode():
-            for mini in iter_ppo_mini_batches(
-                data,
-                # ppo_mini_batch_size counts prompts over all data-parallel ranks
-                mini_batch_size=ccfg.ppo_mini_batch_size * n // self.world_size,
-                epochs=ccfg.ppo_epochs,
-                shuffle=ccfg.shuffle,
-                seed=self.config.trainer.seed + 7919 * self._update_calls,
-            ):
-                self.engine.zero_grad()
-                micro = micro_batches(
-                    mini, response_len, ccfg.ppo_micro_batch_size_per_device, ccfg
-                )
-                weights = micro_batch_weights([mb.data for mb in micro], ccfg.loss_agg_mode)
-                for mb, weight in zip(micro, weights):
-                    b = mb.data.batch
-                    with self.engine.autocast():
-                        vpreds = _response_values(self.engine.module, mb.data, mb.response_len)
-                    vf_loss, vf_clipfrac = compute_value_loss(
-                        vpreds=vpreds,
-                        returns=b["returns"],
-                        values=b["values"],
-                        response_mask=b["response_mask"],
-                        cliprange_value=ccfg.cliprange_value,
-                        loss_agg_mode=ccfg.loss_agg_mode,
-                    )
-                    self.engine.backward(vf_loss * ccfg.loss_coef * weight)
-                    acc.add("critic/vf_loss", vf_loss.item())
-                    acc.add("critic/vf_clipfrac", float(vf_clipfrac))
-                    mask = b["response_mask"].bool()
-                    acc.add("critic/vpred_mean", vpreds.detach()[mask].mean().item())
-                step = self.engine.optimizer_step()
-                acc.add("critic/grad_norm", float(step["grad_norm"]))
-                acc.add("critic/lr", float(step["lr"]))
-                acc.add("critic/skipped_steps", float(step.get("skipped", 0)), reduce="sum")
-                if "loss_scale" in step:
-                    acc.add("critic/loss_scale", step["loss_scale"])
+
+        def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+            b = mb.data.batch
+            return critic_loss(
+                _response_values(module, mb.data, mb.response_len),
+                b["values"],
+                b["returns"],
+                b["response_mask"],
+                cliprange_value=ccfg.cliprange_value,
+                loss_agg_mode=ccfg.loss_agg_mode,
+                loss_coef=ccfg.loss_coef,
+            )
+
+        acc = run_ppo_update(
+            self.engine,
+            data.select(batch_keys=[*keys, "values", "returns"]),
+            loss_fn,
+            role_cfg=ccfg,
+            # ppo_mini_batch_size counts prompts over all data-parallel ranks
+            mini_batch_size=ccfg.ppo_mini_batch_size
+            * self.config.actor_rollout_ref.rollout.n
+            // self.world_size,
+            seed=self.config.trainer.seed + 7919 * self._update_calls,
+            device=self.device,
+            prefix="critic",
+        )
         return DataProto.from_dict(meta_info={"metrics": acc.result()})
 
     # ------------------------------------------------------------------ checkpoints

@@ -52,8 +52,8 @@ def trim_padding(data: DataProto, response_len: int) -> tuple[DataProto, int]:
     seq_len = mask.shape[1]
     prompt_len = seq_len - response_len
     prompt_lens, response_lens = _lengths(mask, response_len)
-    p = max(1, int(prompt_lens.max()))
-    r = max(1, int(response_lens.max()))
+    longest = torch.stack([prompt_lens.max(), response_lens.max()]).tolist()  # one read
+    p, r = (max(1, int(n)) for n in longest)
     if p == prompt_len and r == response_len:
         return data, response_len
     tensors = {}
