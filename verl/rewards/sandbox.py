@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,9 @@ def run_python(
     memory_mb: int = 1024,
     max_output_bytes: int = 1 << 20,
     isolate_network: bool = True,
+    runner: str | None = None,
+    runner_args: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Run `code` with `stdin` under the limits described in the module docstring.
 
@@ -156,6 +160,11 @@ def run_python(
             some tens of MiB.
         max_output_bytes: largest file (including captured stdout/stderr) it may write.
         isolate_network: put the child in an empty network namespace when possible.
+        runner: Python source run with `-c` instead of running `code` as the script; it gets
+            the script's path as `sys.argv[1]`, then `runner_args` (the code scorer's test
+            harness uses this).
+        runner_args: further arguments for `runner`.
+        pass_fds: descriptors of this process the child inherits (see `subprocess.Popen`).
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds")
@@ -179,8 +188,11 @@ def run_python(
             open(paths["stderr"], "wb") as ferr,
         ):
             try:
+                argv = [sys.executable, "-I", "-S"]
+                argv += [script] if runner is None else ["-c", runner, script, *runner_args]
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", script],
+                    argv,
+                    pass_fds=tuple(pass_fds),
                     stdin=fin,
                     stdout=fout,
                     stderr=ferr,
