@@ -13,7 +13,13 @@ model-written code in a time/memory-limited subprocess without network, for `sco
 """
 
 from verl.rewards.custom import load_reward_function
-from verl.rewards.isolation import FAILURE_KINDS, FailureTracker, RewardResult, safe_call
+from verl.rewards.isolation import (
+    FAILURE_KINDS,
+    FailureTracker,
+    RewardFailureError,
+    RewardResult,
+    safe_call,
+)
 from verl.rewards.manager import (
     OverlongBuffer,
     RewardManager,
@@ -36,6 +42,7 @@ __all__ = [
     "FAILURE_KINDS",
     "FailureTracker",
     "OverlongBuffer",
+    "RewardFailureError",
     "RewardManager",
     "RewardResult",
     "RewardWorkerPool",
