@@ -216,4 +216,5 @@ def main() -> None:
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else SETUP_FAILED)
 
 
-main()
+if __name__ == "__main__":  # run with `python -c`; importing it does nothing
+    main()

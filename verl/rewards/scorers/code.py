@@ -38,11 +38,12 @@ holds exactly the tokens, in order. What this defeats, each with a test in
   only on an inherited descriptor (reading it is the deliberate case below).
 
 What it does not defeat (the program shares a process with the tests, so nothing in-process
-can be fully trusted): code that deliberately performs the harness's protocol itself (finds
-the token or test descriptor and reads or splices from it), rewrites the harness's frames with a trace
-function or `ctypes`, monkeypatches library modules the tests import (`math.isclose`), or
-returns objects whose `__eq__` always answers True. These need knowledge of this harness or
-of the tests; the sandbox's limits still contain whatever such code does.
+can be fully trusted): code that deliberately performs the harness's protocol itself
+(finds the token or test descriptor and reads or splices from it), rewrites the harness's
+frames with a trace function or `ctypes`, monkeypatches library modules the tests import
+(`math.isclose`), or returns objects whose `__eq__` always answers True. These need
+knowledge of this harness or of the tests; the sandbox's limits still contain whatever
+such code does.
 
 Every run goes through `verl.rewards.sandbox.run_python` (time and memory limits,
 namespaces, a temporary working directory removed afterwards; see that module).

@@ -53,4 +53,5 @@ def _main() -> None:
             moved += step
 
 
-_main()
+if __name__ == "__main__":  # run with `python -c`; importing it does nothing
+    _main()
