@@ -94,14 +94,23 @@ def test_safe_call_inline_failures_are_counted_by_kind():
         "reward/timeouts": 0.0,
         "reward/non_finite": 1.0,
         "reward/invalid_type": 2.0,
+        "reward/out_of_bound": 0.0,
     }
     tracker.reset()
     assert sum(tracker.metrics().values()) == 0.0
     assert tracker.totals["errors"] == 2  # run totals survive a reset
 
 
-def test_safe_call_sys_exit_does_not_escape():
-    assert safe_call(lambda **k: exit(3), {}, tracker=FailureTracker()).failure == "errors"
+def test_sys_exit_propagates_inline_and_kills_only_a_worker():
+    # SystemExit is how SIGTERM reaches the loop on Ray: it must stop the run, never be
+    # counted as a reward error (issue 20, item 8).
+    with pytest.raises(SystemExit):
+        safe_call(lambda **k: exit(3), {}, tracker=FailureTracker())
+    with pytest.raises(KeyboardInterrupt):
+        safe_call(lambda **k: (_ for _ in ()).throw(KeyboardInterrupt), {})
+    # in a worker process the same exit only ends that worker, which counts as an error
+    result = safe_call(lambda **k: exit(3), {}, timeout_s=5.0, tracker=FailureTracker())
+    assert result.failure == "errors" and "exit code 3" in result.message
 
 
 def test_safe_call_hang_times_out_fast():
@@ -140,7 +149,7 @@ def test_tracker_logs_first_failures_then_only_counts(caplog):
 def test_failed_rejects_unknown_kind():
     with pytest.raises(ValueError, match="'oops'"):
         failed("oops", "x")
-    assert FAILURE_KINDS == ("errors", "timeouts", "non_finite", "invalid_type")
+    assert FAILURE_KINDS == ("errors", "timeouts", "non_finite", "invalid_type", "out_of_bound")
 
 
 def test_pool_mixed_batch_keeps_order_and_replaces_hung_worker():

@@ -58,7 +58,7 @@ def test_failing_reward_function_is_scored_0_counted_and_named(tmp_path, tokeniz
     )
     with (
         caplog.at_level(logging.WARNING, logger="verl.rewards.isolation"),
-        RewardManager(tokenizer, compute_score=fn, timeout_s=1.0) as manager,
+        RewardManager(tokenizer, compute_score=fn, timeout_s=1.0, max_failure_rate=None) as manager,
     ):
         scores, metrics, _ = manager(batch)
     assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -89,7 +89,7 @@ def test_builtin_scorer_failure_names_the_scorer(tokenizer, caplog):
 
     batch = make_batch(tokenizer, ["x"], ["test_bad_input_raises"], ["1"])
     with caplog.at_level(logging.WARNING, logger="verl.rewards.isolation"):
-        _, metrics, _ = RewardManager(tokenizer)(batch)
+        _, metrics, _ = RewardManager(tokenizer, max_failure_rate=None)(batch)
     assert metrics["reward/errors"] == 1.0
     assert "test_builtin_scorer_failure_names_the_scorer.<locals>.explode" in caplog.text
     assert "KeyError: 'boom'" in caplog.text

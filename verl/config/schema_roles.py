@@ -279,3 +279,14 @@ class RewardModelConfig:
         "per-sample scoring timeout in seconds; null = none for built-in scorers, 30 s for a custom reward function (always run in a worker process)",
     )
     overlong_buffer: OverlongBufferConfig = entry(OverlongBufferConfig, "overlong penalty")
+    max_abs_reward: float = entry(
+        1e6, "a score with |r| above this is a failure (reward/out_of_bound), scored 0"
+    )
+    max_failure_rate: float | None = entry(
+        0.5,
+        "stop the run when more than this fraction of a training step's reward calls fail "
+        "(1.0 = only when all fail; null = never)",
+    )
+    val_max_failure_rate: float | None = entry(
+        1.0, "the same for each validation batch (1.0 = stop only when every call failed)"
+    )

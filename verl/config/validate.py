@@ -422,6 +422,12 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
     c.at_least(f"{p}.micro_batch_size_per_device", rm.micro_batch_size_per_device, 1)
     c.nonempty(f"{p}.reward_manager", rm.reward_manager)
     c.above(f"{p}.timeout_s", rm.timeout_s, 0)
+    c.above(f"{p}.max_abs_reward", rm.max_abs_reward, 0)
+    if rm.max_abs_reward == float("inf"):
+        c.error(f"{p}.max_abs_reward", f"{p}.max_abs_reward=inf: must be a finite bound")
+    for key in ("max_failure_rate", "val_max_failure_rate"):
+        if getattr(rm, key) is not None:
+            c.between(f"{p}.{key}", getattr(rm, key), 0.0, 1.0)
     if rm.clip_range is not None and (
         len(rm.clip_range) != 2 or rm.clip_range[0] >= rm.clip_range[1]
     ):

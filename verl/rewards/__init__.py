@@ -8,12 +8,20 @@ Layout: `scorers/` (text -> score, with a registry by data source), `custom.py` 
 function from a file), `isolation.py` + `worker_pool.py` (failures -> score 0 and a count,
 timeouts in killable worker processes), `normalization.py` (running mean/std),
 `placement.py` (sequence score -> last valid token), `manager.py` (the batch-level
-`RewardManager`), `model_reward.py` (seam for reward-model scores), `sandbox.py` (runs
-model-written code in a time/memory-limited subprocess without network, for `scorers/code.py`).
+`RewardManager`, which stops the run when too many calls fail), `model_reward.py` (seam for
+reward-model scores), `sandbox.py` + `sandbox_init.py` (run model-written code in
+namespaces, with limits and a seccomp filter, for `scorers/code.py`, whose test harness is
+`scorers/code_harness.py`).
 """
 
 from verl.rewards.custom import load_reward_function
-from verl.rewards.isolation import FAILURE_KINDS, FailureTracker, RewardResult, safe_call
+from verl.rewards.isolation import (
+    FAILURE_KINDS,
+    FailureTracker,
+    RewardFailureError,
+    RewardResult,
+    safe_call,
+)
 from verl.rewards.manager import (
     OverlongBuffer,
     RewardManager,
@@ -36,6 +44,7 @@ __all__ = [
     "FAILURE_KINDS",
     "FailureTracker",
     "OverlongBuffer",
+    "RewardFailureError",
     "RewardManager",
     "RewardResult",
     "RewardWorkerPool",

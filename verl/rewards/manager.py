@@ -18,6 +18,15 @@ with `isolation="inline"` (no hang protection; for functions that cannot run in 
 child) or `isolation="process"`. Scorers registered after the first pooled batch are not
 seen by the already-forked workers.
 
+When rewards break the run: every result is checked against a finite bound
+(`max_abs_reward`, failures counted as `reward/out_of_bound`), and when the fraction of
+failed calls in one call of the manager (one step's batch) exceeds `max_failure_rate`
+(default 0.5; the trainer passes 1.0 for validation, where 1.0 means "stop only when every
+call failed") the manager raises `RewardFailureError` naming the function and its most
+common failure, so the trainer's loop stops instead of training on zeros. A custom
+function's signature is checked when the manager is built: it must accept the keyword
+arguments `data_source, solution_str, ground_truth, extra_info`.
+
 Batch contract (`DataProto`): tensors `responses` (batch, response_len) and
 `response_mask` (batch, response_len) (falls back to the last response_len columns of
 `attention_mask`); non-tensors `data_source`, `ground_truth` (or verl-style
@@ -26,6 +35,7 @@ Batch contract (`DataProto`): tensors `responses` (batch, response_len) and
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections import Counter, defaultdict
@@ -36,7 +46,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.rewards.isolation import FailureTracker, RewardResult, call_inline, callable_name
+from verl.rewards.isolation import (
+    DEFAULT_MAX_ABS_REWARD,
+    FailureTracker,
+    RewardFailureError,
+    RewardResult,
+    call_inline,
+    callable_name,
+    check_bound,
+)
 from verl.rewards.normalization import RunningMeanStd
 from verl.rewards.placement import place_on_last_token
 from verl.rewards.scorers import default_compute_score, get_scorer
@@ -45,6 +63,8 @@ from verl.rewards.worker_pool import RewardWorkerPool
 logger = logging.getLogger(__name__)
 
 DEFAULT_CUSTOM_TIMEOUT_S = 30.0
+DEFAULT_MAX_FAILURE_RATE = 0.5
+CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 ISOLATION_MODES = ("auto", "inline", "process")
 # extras keys the manager fills itself; scorer dict keys with these names are not copied
 _RESERVED_EXTRAS = ("score", "shaped_score", "acc", "data_source", "failure")
@@ -103,6 +123,33 @@ def _column(non_tensor: Mapping[str, Any], key: str, size: int) -> list[Any] | N
     return values
 
 
+def check_signature(fn: Callable[..., Any]) -> None:
+    """Raise `TypeError` unless `fn` accepts the keyword arguments the manager passes.
+
+    A signature check, not a dry call: calling the function with made-up arguments could
+    hang, have side effects or fail for reasons unrelated to its signature.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no introspectable signature (some C callables)
+        return
+    try:
+        signature.bind(**dict.fromkeys(CALL_ARGUMENTS))
+    except TypeError as exc:
+        raise TypeError(
+            f"reward function {callable_name(fn)} has signature {signature} and cannot be "
+            f"called as fn(data_source=..., solution_str=..., ground_truth=..., "
+            f"extra_info=...): {exc}. Accept these keyword arguments (or **kwargs)."
+        ) from None
+
+
+def too_many_failures(failed: int, total: int, max_rate: float | None) -> bool:
+    """Whether `failed` of `total` calls is above `max_rate` (1.0: only when all failed)."""
+    if max_rate is None or total == 0:
+        return False
+    return failed / total > max_rate or (max_rate >= 1.0 and failed == total)
+
+
 def _acc_of(result: RewardResult) -> float:
     value = result.extra.get("acc")
     try:
@@ -142,6 +189,13 @@ class RewardManager:
         num_workers: worker processes when scoring runs in a pool.
         norm_eps: epsilon in `(r - mean) / (std + eps)`.
         max_logged_failures: failures logged with their message per kind; then only counted.
+        max_abs_reward: bound on `|score|`; a score outside it is an `out_of_bound` failure.
+            None: any finite score.
+        max_failure_rate: raise `RewardFailureError` when more than this fraction of one
+            call's samples failed (1.0: only when all failed); None never raises.
+
+    Raises:
+        TypeError: `compute_score` does not accept the manager's keyword arguments.
     """
 
     def __init__(
@@ -158,6 +212,8 @@ class RewardManager:
         num_workers: int = 2,
         norm_eps: float = 1e-8,
         max_logged_failures: int = 5,
+        max_abs_reward: float | None = DEFAULT_MAX_ABS_REWARD,
+        max_failure_rate: float | None = DEFAULT_MAX_FAILURE_RATE,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation={isolation!r} is not one of {ISOLATION_MODES}")
@@ -168,6 +224,12 @@ class RewardManager:
                 f"isolation='inline' cannot enforce timeout_s={timeout_s}: inline calls cannot "
                 "be interrupted; use isolation='process' or timeout_s=None"
             )
+        if max_abs_reward is not None and not 0 < max_abs_reward < math.inf:
+            raise ValueError(f"max_abs_reward={max_abs_reward} must be a finite number > 0")
+        if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
+            raise ValueError(f"max_failure_rate={max_failure_rate} must be in [0, 1] or None")
+        if compute_score is not None and compute_score is not default_compute_score:
+            check_signature(compute_score)
         if clip_range is not None:
             if len(clip_range) != 2 or not clip_range[0] < clip_range[1]:
                 raise ValueError(f"clip_range={clip_range!r} must be (lo, hi) with lo < hi")
@@ -180,6 +242,8 @@ class RewardManager:
         self.overlong_buffer = OverlongBuffer.from_config(overlong_buffer)
         self.normalizer = RunningMeanStd(norm_eps) if normalize else None
         self.failures = FailureTracker(max_logged_failures)
+        self.max_abs_reward = max_abs_reward
+        self.max_failure_rate = max_failure_rate
         self._invalid_gt_logged = 0
         self._max_logged = max_logged_failures
         use_pool = isolation == "process" or (
@@ -216,13 +280,43 @@ class RewardManager:
             ]
         else:
             results = [call_inline(self.compute_score, kw) for kw in kwargs_list]
+        results = [check_bound(r, self.max_abs_reward) for r in results]
         for i, (kw, result) in enumerate(zip(kwargs_list, results)):
             fn = scorers.get(kw["data_source"], self.compute_score)
             self.failures.record(
                 result,
                 f"function {callable_name(fn)}, sample {i}, data_source={kw['data_source']!r}",
             )
+        self._stop_if_failing(kwargs_list, results, scorers)
         return results
+
+    def _stop_if_failing(
+        self,
+        kwargs_list: list[dict[str, Any]],
+        results: list[RewardResult],
+        scorers: Mapping[Any, Callable[..., Any]],
+    ) -> None:
+        """Raise `RewardFailureError` when too many of this batch's calls failed."""
+        failures = [(kw, r) for kw, r in zip(kwargs_list, results) if not r.ok]
+        if not too_many_failures(len(failures), len(results), self.max_failure_rate):
+            return
+        common: Counter[tuple[str, str]] = Counter()
+        example: dict[tuple[str, str], str] = {}
+        for kw, r in failures:
+            fn = scorers.get(kw["data_source"], self.compute_score)
+            key = (callable_name(fn), str(r.failure))
+            common[key] += 1
+            example.setdefault(key, str(r.message))
+        (name, kind), count = common.most_common(1)[0]
+        raise RewardFailureError(
+            f"reward function {name} failed on {len(failures)} of {len(results)} calls in "
+            f"this step ({len(failures) / len(results):.0%}), above max_failure_rate="
+            f"{self.max_failure_rate:g} (reward_model.max_failure_rate, or "
+            f"val_max_failure_rate in validation). Most common failure: {kind} ({count} "
+            f"calls), e.g. {example[(name, kind)]}. "
+            "Fix the reward function (see docs/errors.md, 'Rewards'); the run stops instead "
+            "of training on zero rewards."
+        )
 
     def __call__(
         self, data: Any, *, update_stats: bool = True
@@ -244,6 +338,7 @@ class RewardManager:
                 any other keys the scorers returned (object arrays, None where absent).
 
         Raises:
+            RewardFailureError: more than `max_failure_rate` of the calls failed.
             UnknownDataSourceError: a data source has no built-in scorer.
             ValueError / KeyError: the batch lacks a required key.
         """
@@ -345,6 +440,7 @@ class RewardManager:
     ) -> dict[str, float]:
         metrics = {**_stats("reward/score", raw), **_stats("reward/shaped_score", shaped)}
         metrics.update(self.failures.metrics())
+        metrics["reward/failure_rate"] = _mean(np.array([not r.ok for r in results]))
         invalid = [i for i, r in enumerate(results) if r.extra.get("invalid_ground_truth")]
         metrics["reward/invalid_ground_truth"] = float(len(invalid))
         for i in invalid:

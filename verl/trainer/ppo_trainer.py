@@ -252,6 +252,12 @@ class RLTrainer:
                 max_response_length=self.config.data.max_response_length,
             )
         manager_cls = get_reward_manager(rcfg.reward_manager)
+        guards = {}
+        if issubclass(manager_cls, RewardManager):  # a custom manager may not take these
+            guards = {
+                "max_abs_reward": rcfg.max_abs_reward,
+                "max_failure_rate": rcfg.max_failure_rate if train else rcfg.val_max_failure_rate,
+            }
         return manager_cls(
             self.tokenizer,
             compute_score=compute_score,
@@ -259,6 +265,7 @@ class RLTrainer:
             normalize=rcfg.normalize and train,
             clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
             overlong_buffer=overlong,
+            **guards,
         )
 
     # ------------------------------------------------------------------ the algorithm
