@@ -38,7 +38,13 @@ adds:
   (`clone3` gets ENOSYS, so the C library falls back to `clone`), `bpf`, `perf_event_open`,
   `userfaultfd`, keyrings, module loading, `kexec`, `reboot` and clock setting;
 - an init process (PID 1) that reaps the run's children and whose exit tears the PID
-  namespace down: nothing the code starts (a `setsid()` daemon included) outlives the run.
+  namespace down: nothing the code starts (a `setsid()` daemon included) outlives the run;
+- with `splice_only=(pipe, target)` (the code scorer's token pipe), seccomp also refuses
+  every way to take data out of `pipe` except splicing it into `target`.
+
+The program runs in the launcher's interpreter (started with the same `-I -S` flags, with a
+fresh `__main__`), which saves a third interpreter start; limits, uid and filter are in
+place before any of its code runs.
 
 What it does not guarantee: a kernel bug is an escape (this is not a VM; run large-scale
 untrusted code in a container or VM as well); the code can use its CPU and memory limits
