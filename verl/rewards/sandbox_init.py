@@ -66,8 +66,8 @@ def fail(what: str) -> None:
 
 
 def check(result: int, what: str) -> None:
-    if result != 0:
-        fail(what)
+    if result != 0:  # libc sets errno; libseccomp returns -errno instead
+        fail(what if result == -1 else f"{what} (returned {result})")
 
 
 def mount(source, target, fstype, flags, data=None) -> None:
