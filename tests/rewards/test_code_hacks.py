@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from verl.rewards import sandbox
 from verl.rewards.scorers import code
 
 TESTS = {"tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"}
@@ -62,6 +63,50 @@ HACKS = {
 }
 
 
+# Takes the harness's descriptors from its frame (the solution runs inside the harness).
+HARNESS_FDS = """
+import os, sys
+_harness = sys._getframe(1).f_locals
+tests_fd, token_fd, result_fd = _harness["tests_fd"], _harness["token_fd"], _harness["result_fd"]
+"""
+# Takes the tokens from the token pipe and writes them where the parent looks.
+RELAYS = {
+    "read": "os.read(token_fd, 1 << 16)",
+    "dup then read": "os.read(os.dup(token_fd), 1 << 16)",
+    "fcntl dup then read": "os.read(__import__('fcntl').fcntl(token_fd, 0, 100), 1 << 16)",
+    "reopen through /proc": "open(f'/proc/self/fd/{token_fd}', 'rb').read(1 << 16)",
+    "splice into a pipe of its own": (
+        "(lambda r, w: (os.splice(token_fd, w, 1 << 16), os.read(r, 1 << 16))[1])(*os.pipe())"
+    ),
+    "tee into a pipe of its own": "tee_then_read()",
+}
+
+
+TEE = """
+def tee_then_read():
+    import ctypes
+    r, w = os.pipe()
+    if ctypes.CDLL(None, use_errno=True).tee(token_fd, w, 1 << 16, 0) < 0:
+        raise OSError(ctypes.get_errno(), "tee failed")
+    return os.read(r, 1 << 16)
+"""
+
+
+@pytest.mark.skipif(not sandbox.isolation().seccomp, reason="needs the sandbox's seccomp filter")
+@pytest.mark.parametrize("relay", sorted(RELAYS))
+def test_tokens_cannot_be_taken_from_the_pipe(relay):
+    code_ = (
+        WRONG
+        + HARNESS_FDS
+        + TEE
+        + f"try:\n    os.write(result_fd, {RELAYS[relay]})\n    os._exit(0)\n"
+        + "except OSError as exc:\n    print('refused', exc)\n"
+    )
+    ok, result = code.run_tests(code_, TESTS["tests"], timeout_s=5.0, memory_mb=512)
+    assert not ok
+    assert "refused" in result.stdout, (result.stdout, result.stderr)
+
+
 @pytest.mark.parametrize("hack", sorted(HACKS))
 def test_wrong_solution_scores_0_whatever_it_does(hack):
     out = code.compute_score(HACKS[hack], TESTS)
@@ -96,6 +141,15 @@ def test_wrong_solution_scores_0_whatever_it_does(hack):
 )
 def test_patched_or_shadowed_builtins_do_not_fool_the_tests(tests, solution):
     assert code.compute_score(solution, {"tests": tests})["score"] == 0.0
+
+
+def test_draining_the_tests_descriptor_does_not_skip_the_tests():
+    # With one test chunk, a harness that read the tests after the solution ran would run
+    # an empty chunk and move the one token the parent expects.
+    drain = (
+        WRONG + HARNESS_FDS + "try:\n    os.read(tests_fd, 1 << 20)\nexcept OSError:\n    pass\n"
+    )
+    assert code.compute_score(drain, {"tests": "assert add(2, 3) == 5"})["score"] == 0.0
 
 
 def test_correct_solutions_still_score_1():

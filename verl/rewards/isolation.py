@@ -239,9 +239,9 @@ class _CappedStream:
 @contextlib.contextmanager
 def capped_output(max_chars: int):
     """Cap what the body writes through `sys.stdout` / `sys.stderr` to `max_chars` in
-    total, then one line saying how much was dropped. Writes to the descriptors themselves
-    (`os.write(1, ...)`, C extensions) are not seen; a reward function in a worker process
-    still shares the trainer's descriptors."""
+    total, then one line saying how much was dropped. Writes that bypass these objects
+    (`sys.stdout.buffer`, `os.write(1, ...)`, C extensions) are not seen; a reward function
+    in a worker process still shares the trainer's descriptors."""
     out, err = sys.stdout, sys.stderr
     if out is None or err is None:
         yield

@@ -38,7 +38,13 @@ adds:
   (`clone3` gets ENOSYS, so the C library falls back to `clone`), `bpf`, `perf_event_open`,
   `userfaultfd`, keyrings, module loading, `kexec`, `reboot` and clock setting;
 - an init process (PID 1) that reaps the run's children and whose exit tears the PID
-  namespace down: nothing the code starts (a `setsid()` daemon included) outlives the run.
+  namespace down: nothing the code starts (a `setsid()` daemon included) outlives the run;
+- with `splice_only=(pipe, target)` (the code scorer's token pipe), seccomp also refuses
+  every way to take data out of `pipe` except splicing it into `target`.
+
+The program runs in the launcher's interpreter (started with the same `-I -S` flags, with a
+fresh `__main__`), which saves a third interpreter start; limits, uid and filter are in
+place before any of its code runs.
 
 What it does not guarantee: a kernel bug is an escape (this is not a VM; run large-scale
 untrusted code in a container or VM as well); the code can use its CPU and memory limits
@@ -61,10 +67,11 @@ import contextlib
 import ctypes
 import functools
 import itertools
-import json
 import logging
+import marshal
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -226,7 +233,13 @@ def _fallback_child(limits: dict, isolate_network: bool):
     return preexec
 
 
-def _isolated_argv(workdir: str, argv: list[str], limits: dict, seccomp: bool) -> list[str]:
+def _isolated_argv(
+    workdir: str,
+    argv: list[str],
+    limits: dict,
+    seccomp: bool,
+    splice_only: tuple[int, int] | None = None,
+) -> list[str]:
     read_only, links = _filesystem_view()
     uid = uid_for_run()
     os.chown(workdir, uid, uid)
@@ -240,10 +253,12 @@ def _isolated_argv(workdir: str, argv: list[str], limits: dict, seccomp: bool) -
         "gid": uid,
         "limits": [[kind, *pair] for kind, pair in limits.items()],
         "seccomp": seccomp,
+        "splice_only": list(splice_only) if splice_only else None,
+        "in_process": True,
         "argv": argv,
     }
     os.mkdir(config["root"])
-    return [_interpreter(), "-I", "-S", "-c", _launcher_source(), json.dumps(config)]
+    return [_interpreter(), "-I", "-S", "-c", _launcher_source(), marshal.dumps(config).hex()]
 
 
 @functools.lru_cache(maxsize=1)
@@ -302,6 +317,7 @@ def run_python(
     runner: str | None = None,
     runner_args: Sequence[str] = (),
     pass_fds: Sequence[int] = (),
+    splice_only: tuple[int, int] | None = None,
 ) -> SandboxResult:
     """Run `code` with `stdin` under the limits described in the module docstring.
 
@@ -321,6 +337,10 @@ def run_python(
             harness uses this).
         runner_args: further arguments for `runner`.
         pass_fds: descriptors of this process the child inherits (see `subprocess.Popen`).
+        splice_only: `(pipe, target)`, two of `pass_fds`: with the seccomp filter, the
+            program can take data out of `pipe` only by splicing it into `target` (no read,
+            copy or duplicate of `pipe`); the code scorer's token pipe. Not enforced
+            without seccomp (`SandboxResult.seccomp` False).
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds")
@@ -338,7 +358,7 @@ def run_python(
         return _run(argv, stdin, timeout_s, memory_mb, max_output_bytes, tmp=tmp,
                     namespaces=found.namespaces, seccomp=found.seccomp,
                     isolate_network=isolate_network, max_processes=max_processes,
-                    pass_fds=pass_fds)  # fmt: skip
+                    pass_fds=pass_fds, splice_only=splice_only)  # fmt: skip
 
 
 def _run(
@@ -354,6 +374,7 @@ def _run(
     tmp: str | None = None,
     max_processes: int = DEFAULT_MAX_PROCESSES,
     pass_fds: Sequence[int] = (),
+    splice_only: tuple[int, int] | None = None,
 ) -> SandboxResult:
     if tmp is None:  # the probe
         with tempfile.TemporaryDirectory(prefix="verl-sandbox-", ignore_cleanup_errors=True) as t:
@@ -374,7 +395,7 @@ def _run(
         fin.seek(0)
         if namespaces:
             limits = _limits(memory_mb, cpu_s, max_output_bytes, max_processes)
-            argv, preexec = _isolated_argv(tmp, argv, limits, seccomp), None
+            argv, preexec = _isolated_argv(tmp, argv, limits, seccomp, splice_only), None
         else:
             limits = _limits(memory_mb, cpu_s, max_output_bytes, None)
             preexec = _fallback_child(limits, netns)
@@ -393,9 +414,8 @@ def _run(
         except (OSError, subprocess.SubprocessError) as exc:
             return SandboxResult("error", None, "", f"cannot start sandbox: {exc}", 0.0, netns)
         try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
+            if not _wait(proc, timeout_s):
+                status = "timeout"
         finally:
             # Kill the whole session: the launcher, init and whatever the program forked
             # (in isolated mode init's death also ends the PID namespace).
@@ -409,6 +429,26 @@ def _run(
     if status == "ok" and returncode != 0:
         status = _classify(returncode, stderr)
     return SandboxResult(status, returncode, stdout, stderr, duration, netns, namespaces, seccomp)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `proc` to exit; True if it did.
+
+    Through a pidfd where the kernel has them: `Popen.wait(timeout=...)` polls with a
+    doubling sleep (0.5 ms ... 50 ms), so a 33 ms run was noticed only after ~64 ms.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], timeout_s)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _classify(returncode: int, stderr: str) -> str:

@@ -18,31 +18,37 @@ the scorer never raises.
 A test case passes only on positive evidence that every test ran, never on the exit code
 alone. Before each run the parent draws one random 16-byte token per test chunk (a
 top-level test statement; very long test files are grouped into at most
-`MAX_TEST_CHUNKS`) and writes them into a pipe. The harness (`code_harness.py`) runs the
-solution first, then reads the tests from a descriptor, runs them chunk by chunk and after
-each chunk moves the next token from the pipe to a result file with `os.splice`, inside the
-kernel. The parent scores the case passed only if the program exited 0 and the result file
-holds exactly the tokens, in order. What this defeats, each with a test in
-`tests/rewards/test_code_hacks.py`:
+`MAX_TEST_CHUNKS`) and writes them into a pipe. The harness (`code_harness.py`) reads the
+tests from a descriptor and closes it, runs the solution, then runs the tests chunk by
+chunk and after each chunk moves the next token from the pipe to a result file with
+`os.splice`, inside the kernel. The parent scores the case passed only if the program
+exited 0 and the result file holds exactly the tokens, in order. What this defeats, each
+with a test in `tests/rewards/test_code_hacks.py`:
 
 - ending early with a clean exit: `os._exit(0)`, `sys.exit(0)` in a `finally`, an `atexit`
-  hook that exits 0, `SystemExit` raised from a function the tests call: the remaining
-  tokens are never moved;
-- replacing `print`, `sys.stdout`, `sys.excepthook` or the builtins, or writing guesses to
-  every open descriptor and every file in the working directory: the tokens never exist in
-  the process's memory, files, environment or arguments, so they cannot be printed;
-- patching builtins the tests use (`len`, `sorted`, `isinstance`, `AssertionError`...) or
-  defining globals that shadow them: the tests run with a copy of the builtins taken before
-  the solution ran, and without the solution's globals that shadow a builtin name;
-- reading the tests from a file: they are in no file under any directory the program sees,
-  only on an inherited descriptor (reading it is the deliberate case below).
+  hook or `sys.excepthook` that exits 0, `SystemExit` raised from a function the tests
+  call: the remaining tokens are never moved;
+- replacing `print`, `sys.stdout` or the builtins, or writing guesses to every open
+  descriptor and every file in the working directory: the tokens never exist in the
+  process's memory, files, environment or arguments, so they cannot be printed;
+- taking the tokens from the pipe (read, duplicate then read, `fcntl` duplicate, `tee` or
+  `splice` into a pipe of its own, reopening `/proc/self/fd/N`): refused by the sandbox's
+  seccomp filter (`run_python(splice_only=...)`) and by the pipe's owner and mode;
+- patching builtins the tests use (`len`, `sorted`, `isinstance`...) or defining globals
+  that shadow them: the tests run with a copy of the builtins taken before the solution
+  ran, and without the solution's globals that shadow a builtin name;
+- reading or draining the tests: they are in no file under any directory the program sees,
+  and their descriptor is read (at offset 0, to its known length) and closed before the
+  solution runs.
 
 What it does not defeat (the program shares a process with the tests, so nothing in-process
-can be fully trusted): code that deliberately performs the harness's protocol itself
-(finds the token or test descriptor and reads or splices from it), rewrites the harness's
-frames with a trace function or `ctypes`, monkeypatches library modules the tests import
+can be fully trusted): code that performs the harness's own step (splicing from the token
+descriptor into the result descriptor, the one move the filter must allow), rewrites the
+harness's frames or objects with a trace function, `gc` or `ctypes` (which also reveals the
+test source held in the harness's memory), monkeypatches library modules the tests import
 (`math.isclose`), or returns objects whose `__eq__` always answers True. These need
-knowledge of this harness or of the tests; the sandbox's limits still contain whatever
+knowledge of this harness or of the tests. Without the seccomp filter (the sandbox's
+fallback) the token pipe can also be read. The sandbox's limits still contain whatever
 such code does.
 
 Every run goes through `verl.rewards.sandbox.run_python` (time and memory limits,
@@ -68,6 +74,7 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MEMORY_MB = 1024
 MAX_TEST_CHUNKS = 256  # tokens per run: 32 bytes each, well inside one pipe buffer
 _TOKEN_BYTES = 16
+_TOKEN_LEN = 2 * _TOKEN_BYTES  # hex digits
 _HARNESS = (Path(__file__).with_name("code_harness.py")).read_text(encoding="utf-8")
 
 
@@ -147,17 +154,18 @@ def run_tests(
         os.close(token_w)
         token_w = -1
         with tempfile.TemporaryFile() as tests_file, tempfile.TemporaryFile() as result_file:
-            tests_file.write("\0".join(chunks).encode("utf-8"))
+            source = "\0".join(chunks).encode("utf-8")
+            tests_file.write(source)
             tests_file.flush()
-            tests_file.seek(0)
             fds = (tests_file.fileno(), token_r, result_file.fileno())
             result = run_python(
                 code,
                 timeout_s=timeout_s,
                 memory_mb=memory_mb,
                 runner=_HARNESS,
-                runner_args=[*map(str, fds), str(len(tokens[0]))],
+                runner_args=[str(fds[0]), str(len(source)), *map(str, fds[1:]), str(_TOKEN_LEN)],
                 pass_fds=fds,
+                splice_only=(token_r, result_file.fileno()),
             )
             result_file.seek(0)
             evidence = result_file.read(len(tokens) * len(tokens[0]) + 1)
