@@ -6,16 +6,59 @@ machine) and shut down when the session ends. Starting Ray costs seconds, so tes
 tests that do not ask for it never start Ray. Tests must shut down the worker groups they
 create (``wg.shutdown()`` or ``with RayWorkerGroup(...) as wg``) so later tests find free
 bundles.
+
+The suite leaves no process behind: every process it starts inherits the environment
+variable ``VERL_TEST_SESSION`` set here, and when the session ends any process (other than
+pytest itself) still carrying this session's value is reported, killed, and fails the run,
+after a grace period for processes that are already shutting down (Ray's, say).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from verl.utils.lifetime import processes_with_env
+
 RAY_TEST_CPUS = 4
+SESSION_MARK = "VERL_TEST_SESSION"
+LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    mark = os.environ.get(SESSION_MARK)
+    if not mark or not Path("/proc/self/environ").exists():
+        return
+    deadline = time.monotonic() + LEAK_GRACE_S
+    leaked = processes_with_env(SESSION_MARK, mark)
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.5)
+        leaked = processes_with_env(SESSION_MARK, mark)
+    if not leaked:
+        return
+    for pid in leaked:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in sorted(leaked.items()))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"the test session left {len(leaked)} process(es) alive (now killed):\n{lines}"
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -426,7 +426,8 @@ class TrainEngine(ABC):
         Returns:
             ``{"grad_norm": pre-clip global L2 norm, "lr": the lr this step used,
             "skipped": 1.0 if the step was skipped because a micro-batch loss or the norm
-            was inf/nan else 0.0}``, plus ``"loss_scale"`` (the scale this step used) with
+            was inf/nan else 0.0, "nonfinite_loss": 1.0 if a micro-batch loss itself was
+            inf/nan (the model, not only a gradient, broke) else 0.0}``, plus ``"loss_scale"`` (the scale this step used) with
             fp16 loss scaling. The schedule advances on skipped steps too, so the lr stays a
             function of the trainer's step count. Gradients are cleared afterwards.
 
@@ -475,7 +476,12 @@ class TrainEngine(ABC):
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
         self.zero_grad()
-        out = {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
+        out = {
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "skipped": 0.0 if finite else 1.0,
+            "nonfinite_loss": 1.0 if any(loss_flag) else 0.0,
+        }
         if self.scaler is not None:
             out["loss_scale"] = float(scale_before)
         limit = self.max_consecutive_nonfinite

@@ -19,12 +19,10 @@ crosses back; extras that cannot be pickled are dropped with the score kept.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -33,26 +31,16 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from verl.rewards.isolation import ERROR, TIMEOUT, RewardResult, call_inline, failed
+from verl.utils.lifetime import die_with_parent, forked_from_main_thread
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this worker when the process that started it dies (even by SIGKILL,
-    which runs no cleanup of the parent's), so no worker outlives its driver."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
-
-def _worker_main(fn: Callable[..., Any], conn: Connection, parent_pid: int) -> None:
+def _worker_main(
+    fn: Callable[..., Any], conn: Connection, parent_pid: int, kernel_signal: bool
+) -> None:
     """Serve `(task_id, kwargs)` requests until a `None` request or a closed pipe."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid, kernel_signal=kernel_signal)
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -124,7 +112,7 @@ class RewardWorkerPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=_worker_main,
-            args=(self.fn, child_conn, os.getpid()),
+            args=(self.fn, child_conn, os.getpid(), forked_from_main_thread()),
             name="verl-reward-worker",
             daemon=True,
         )

@@ -82,7 +82,8 @@ def format_results(results: dict, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Command-line entry; returns the exit code (0 ok, 2 bad config)."""
+    """Command-line entry; returns the exit code (0 ok, 2 bad config, 128 + N stopped by
+    signal N: 143 SIGTERM, 130 SIGINT)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv, prog)
@@ -105,8 +106,14 @@ def execute(
     if args.validate_only:
         print("config OK")
         return 0
+    from verl.trainer.signals import RunInterrupted
+
     start = time.perf_counter()
-    results = run(cfg)
+    try:
+        results = run(cfg)
+    except RunInterrupted as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     print(report(results, time.perf_counter() - start))
     return 0
 

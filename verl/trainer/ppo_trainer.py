@@ -52,6 +52,7 @@ from verl.algorithms import (
 from verl.config import TrainerConfig, ref_enabled, tokenizer_path
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.engine import NonFiniteLossError
 from verl.models import load_tokenizer
 from verl.protocol import DataProto
 from verl.rewards import (
@@ -77,6 +78,7 @@ from verl.trainer.setup import (
     resolve_run_dirs,
     seed_everything,
 )
+from verl.trainer.signals import RunInterrupted, StopRequests
 from verl.trainer.tracking import Tracker
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
@@ -122,6 +124,7 @@ class RLTrainer:
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
         # One run per directory: fail now if another run holds them; fit() takes the lock.
         self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
+        self._stop = StopRequests()
         self.run_lock.check()
 
         self.use_critic = (
@@ -501,6 +504,7 @@ class RLTrainer:
         progress = None
         try:
             self.run_lock.acquire()  # released by close()
+            self._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
             self.resume()
             if cfg.val_before_train and self.val_dataset is not None:
                 if self.resumed_from is None:
@@ -534,6 +538,7 @@ class RLTrainer:
                 results["checkpoint"] = str(self.last_checkpoint)
             results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
         finally:
+            self._stop.__exit__()
             if progress is not None:
                 progress.close()
             self.close()
@@ -592,8 +597,39 @@ class RLTrainer:
             progress.set_postfix(
                 reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
             )
-            if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):
-                self.save_checkpoint()
+            broken = metrics.get("actor/nonfinite_loss_steps", 0.0) > 0
+            if broken and last:
+                self._diverged(metrics)
+            if cfg.save_freq > 0 and (
+                self.global_step % cfg.save_freq == 0 or last or self._stop.requested
+            ):
+                if broken:
+                    logger.warning(
+                        "step %d: the actor's loss was not finite; no checkpoint of this step",
+                        self.global_step,
+                    )
+                else:
+                    self.save_checkpoint()
+            if self._stop.requested:
+                saved = self.last_checkpoint if cfg.save_freq > 0 else None
+                raise RunInterrupted(self._stop.signum, self.global_step, saved)
+
+    def _diverged(self, last: dict[str, Any]) -> None:
+        """End a run whose final actor update had a non-finite loss: the model it would
+        validate and export is broken (the exit code is non-zero, the previous export stays;
+        steps with a non-finite loss are never checkpointed)."""
+        kept = (
+            f"the last checkpoint is {self.last_checkpoint}"
+            if self.last_checkpoint
+            else "no checkpoint was saved"
+        )
+        raise NonFiniteLossError(
+            f"the actor's loss was not finite in the final step {self.global_step} "
+            f"(actor/nonfinite_loss_steps={last['actor/nonfinite_loss_steps']:g}): the "
+            f"training diverged, so the model is neither validated nor exported; {kept}. "
+            "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip "
+            "gradients harder."
+        )
 
     def _batch_stream(self) -> Iterator[DataProto]:
         """Training prompt batches, epoch after epoch; the loader keeps the position.

@@ -134,6 +134,7 @@ def run_ppo_update(
             acc.add(f"{prefix}/grad_norm", step["grad_norm"])
             acc.add(f"{prefix}/lr", step["lr"])
             acc.add(f"{prefix}/skipped_steps", step.get("skipped", 0.0), reduce="sum")
+            acc.add(f"{prefix}/nonfinite_loss_steps", step.get("nonfinite_loss", 0.0), reduce="sum")
             if "loss_scale" in step:
                 acc.add(f"{prefix}/loss_scale", step["loss_scale"])
     return acc

@@ -1,0 +1,76 @@
+"""The suite's end-of-session check (tests/conftest.py) finds, kills and fails on a process
+a test left behind, and stays quiet when nothing is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+LEAKY = """
+import subprocess, sys
+
+def test_leaves_a_sleeper(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+    )
+    (tmp_path.parent.parent / "sleeper.pid").write_text(str(proc.pid))
+"""
+
+TIDY = """
+import subprocess, sys
+
+def test_waits_for_its_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+"""
+
+
+def _run_inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_inner.py").write_text(body)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["VERL_TEST_LEAK_GRACE_S"] = "1"
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "base"),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_leftover_process_fails_the_session_and_is_killed(tmp_path: Path) -> None:
+    result = _run_inner(tmp_path, LEAKY)
+    pid = int((tmp_path / "sleeper.pid").read_text())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "left 1 process(es) alive" in result.stdout
+    assert f"pid {pid}:" in result.stdout
+    assert not _alive(pid)
+
+
+def test_tidy_session_passes(tmp_path: Path) -> None:
+    result = _run_inner(tmp_path, TIDY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "alive" not in result.stdout

@@ -1,0 +1,121 @@
+"""A driver killed or stopped by a signal leaves nothing behind (issue 20, item 2).
+
+Each test runs ``python -m verl.trainer.main_ppo`` in a child process with a custom reward
+(so scoring runs in forked reward workers) that announces itself and then dawdles, so the
+signal lands in the middle of step 2's scoring. Every process the child starts inherits
+an environment variable unique to the test, which finds them even after they have been
+re-parented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from verl.config import to_yaml
+from verl.utils.lifetime import processes_with_env
+
+pytestmark = pytest.mark.slow
+
+MARK = "VERL_DRIVER_SIGNAL_TEST"
+
+REWARD = """
+import os, time
+from pathlib import Path
+
+def slow(data_source, solution_str, ground_truth, extra_info=None):
+    calls = Path(os.environ["REWARD_CALLS_DIR"])
+    (calls / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+    if len(list(calls.iterdir())) > 8:  # step 1 is 8 calls; from step 2 on, dawdle
+        time.sleep(0.5)
+    return float(len(solution_str) % 2)
+"""
+
+
+def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
+    (tmp_path / "reward.py").write_text(REWARD)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    cfg = rl_config(
+        f"custom_reward_function.path={tmp_path / 'reward.py'}",
+        "custom_reward_function.name=slow",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        *extra,
+    )
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(to_yaml(cfg))
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 180
+    while len(list(calls.iterdir())) <= 9:  # inside step 2's scoring
+        if child.poll() is not None:
+            pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+        assert time.monotonic() < deadline, "the run never reached step 2"
+        time.sleep(0.1)
+    return child, mark, calls
+
+
+def _wait_all_gone(mark: str, seconds: float) -> dict[int, str]:
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_env(MARK, mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def _kill_marked(mark: str) -> None:
+    for pid in processes_with_env(MARK, mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_path):
+    child, mark, _ = _start(rl_config, tmp_path)
+    try:
+        started = processes_with_env(MARK, mark)
+        workers = [pid for pid in started if pid != child.pid]
+        assert workers, f"expected reward worker processes beside the driver: {started}"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        left = _wait_all_gone(mark, 10.0)
+        assert not left, f"still alive 10 s after the driver's SIGKILL: {left}"
+    finally:
+        child.kill()
+        child.wait()
+        _kill_marked(mark)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp_path, sig):
+    child, mark, _ = _start(rl_config, tmp_path, "trainer.save_freq=100")
+    try:
+        os.kill(child.pid, sig)
+        _, stderr = child.communicate(timeout=120)
+        stderr = stderr.decode()
+        assert child.returncode == 128 + sig, stderr[-3000:]
+        assert f"run stopped by {signal.Signals(sig).name} after step 2" in stderr
+        # save_freq=100 would not have saved at step 2: this is the stop's own checkpoint.
+        assert (tmp_path / "global_step_2" / "checkpoint.json").is_file()
+        assert not (tmp_path / "huggingface").exists()  # no export of a stopped run
+        left = _wait_all_gone(mark, 10.0)
+        assert not left, f"still alive 10 s after the run stopped: {left}"
+    finally:
+        child.kill()
+        child.wait()
+        _kill_marked(mark)
