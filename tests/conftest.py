@@ -37,15 +37,32 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[SESSION_MARK] = uuid.uuid4().hex
 
 
+def _left_behind(mark: str) -> dict[int, str]:
+    """The session's processes except multiprocessing's resource tracker of pytest itself,
+    which ends when pytest does (its pipe closes)."""
+    found = processes_with_env(SESSION_MARK, mark)
+    for pid, cmd in list(found.items()):
+        if "multiprocessing.resource_tracker" in cmd and _parent(pid) == os.getpid():
+            del found[pid]
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     mark = os.environ.get(SESSION_MARK)
     if not mark or not Path("/proc/self/environ").exists():
         return
     deadline = time.monotonic() + LEAK_GRACE_S
-    leaked = processes_with_env(SESSION_MARK, mark)
+    leaked = _left_behind(mark)
     while leaked and time.monotonic() < deadline:
         time.sleep(0.5)
-        leaked = processes_with_env(SESSION_MARK, mark)
+        leaked = _left_behind(mark)
     if not leaked:
         return
     for pid in leaked:
