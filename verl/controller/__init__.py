@@ -24,7 +24,7 @@ from verl.controller.colocate import ClassWithInitArgs, ColocatedWorker, create_
 from verl.controller.dispatch import Dispatch, MethodDispatch, register
 from verl.controller.factory import BACKENDS, make_worker_group
 from verl.controller.local import LocalWorkerGroup
-from verl.controller.resource_pool import ResourcePool, ResourcePoolManager, Role
+from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
 from verl.controller.worker_group import (
     GroupFuture,
@@ -53,8 +53,6 @@ __all__ = [
     "RayOptions",
     "RayWorkerGroup",
     "ResourcePool",
-    "ResourcePoolManager",
-    "Role",
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
