@@ -52,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl.config.roles import ROLES, TRAINABLE_ROLES
 from verl.utils.atomic_io import (
     fsync_dir,
     fsync_tree,
@@ -84,7 +85,7 @@ TRAINER_STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 HF_CONFIG_DIR = "huggingface"
 # Role (placement name) -> its directory in a checkpoint.
-ROLE_DIRS = {"actor_rollout_ref": "actor", "critic": "critic"}
+ROLE_DIRS = {ROLES[role].group: role for role in TRAINABLE_ROLES}  # actor_rollout_ref -> actor
 FORMAT_VERSION = 1
 
 _STEP_DIR = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
