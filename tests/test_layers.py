@@ -16,7 +16,7 @@ ALLOWED = {
     "algorithms": set(),
     "utils": {"config"},  # set_device_map is re-exported (config imports nothing of verl)
     "models": {"utils"},
-    "data": {"protocol", "models"},
+    "data": {"protocol", "utils", "models"},
     "engine": {"utils", "models"},
     "rollout": {"protocol", "utils"},
     "rewards": {"protocol", "utils", "algorithms"},

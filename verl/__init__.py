@@ -8,8 +8,7 @@ imports Ray or any GPU-only package.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from verl.utils.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -32,10 +31,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'verl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

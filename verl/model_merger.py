@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from verl.config.roles import ROLES as ROLE_SPECS
+from verl.config.roles import TRAINABLE_ROLES
 from verl.trainer.checkpoint import HF_CONFIG_DIR, CheckpointError, read_manifest
 from verl.utils.atomic_io import replace_dir_atomically
 
@@ -39,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["load_role_state_dict", "main", "merge_checkpoint"]
 
-ROLES = {"actor": "actor_rollout_ref", "critic": "critic"}
+# role -> the worker group whose checkpoint directory holds it (verl.config.roles)
+ROLES = {role: ROLE_SPECS[role].group for role in TRAINABLE_ROLES}
 # Files of the stored HF directory that save_pretrained writes itself.
 _MODEL_FILES = {"config.json", "generation_config.json"}
 EXIT_BAD_INPUT = 2

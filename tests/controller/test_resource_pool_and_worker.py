@@ -1,16 +1,12 @@
-"""Tests for ResourcePool, ResourcePoolManager, Role and the Worker rank layout."""
+"""Tests for ResourcePool and the Worker rank layout (role placement: tests/config/test_device_map.py)."""
 
 from __future__ import annotations
-
-import logging
 
 import pytest
 
 from verl.controller import (
     DistInfo,
     ResourcePool,
-    ResourcePoolManager,
-    Role,
     Worker,
     instantiate_worker,
 )
@@ -30,57 +26,6 @@ def test_resource_pool_world_size_and_placement():
 def test_resource_pool_rejects_bad_layouts(bad):
     with pytest.raises(ValueError, match="process_on_nodes"):
         ResourcePool(bad, name="p")
-
-
-# ---------------------------------------------------------------- ResourcePoolManager
-
-
-def test_manager_maps_roles_to_pools():
-    mgr = ResourcePoolManager(
-        resource_pool_spec={"global_pool": [2], "rm_pool": [1]},
-        mapping={
-            Role.ActorRolloutRef: "global_pool",
-            "critic": "global_pool",
-            "RewardModel": "rm_pool",
-        },
-    )
-    assert mgr.get_resource_pool(Role.Critic).world_size == 2
-    assert mgr.get_resource_pool("reward_model").name == "rm_pool"
-    assert mgr.roles_in_pool("global_pool") == [Role.ActorRolloutRef, Role.Critic]
-    assert mgr.total_processes == 3
-    with pytest.raises(KeyError, match="'ref' is not mapped"):
-        mgr.get_resource_pool(Role.RefPolicy)
-
-
-def test_manager_unknown_pool():
-    with pytest.raises(
-        ValueError, match=r"unknown resource pool 'gpu_pool'; defined pools: \['global_pool'\]"
-    ):
-        ResourcePoolManager({"global_pool": [1]}, {Role.Critic: "gpu_pool"})
-
-
-def test_manager_role_mapped_twice():
-    with pytest.raises(ValueError, match="role 'critic' is mapped twice"):
-        ResourcePoolManager({"a": [1], "b": [1]}, {Role.Critic: "a", "critic": "b"})
-
-
-def test_manager_unknown_role_and_actor_conflict():
-    with pytest.raises(ValueError, match="unknown role 'actor'"):
-        ResourcePoolManager({"a": [1]}, {"actor": "a"})
-    with pytest.raises(ValueError, match="either actor_rollout or actor_rollout_ref"):
-        ResourcePoolManager({"a": [1]}, {Role.ActorRollout: "a", Role.ActorRolloutRef: "a"})
-
-
-def test_manager_bad_spec(caplog):
-    with pytest.raises(ValueError, match="resource_pool_spec is empty"):
-        ResourcePoolManager({}, {})
-    with pytest.raises(ValueError, match=r"give a list of processes per node, e.g. \[4\]"):
-        ResourcePoolManager({"a": 4}, {Role.Critic: "a"})
-    with pytest.raises(ValueError, match="process_on_nodes"):
-        ResourcePoolManager({"a": [0]}, {Role.Critic: "a"})
-    with caplog.at_level(logging.WARNING):
-        ResourcePoolManager({"a": [1], "spare": [1]}, {Role.Critic: "a"})
-    assert "['spare'] have no role" in caplog.text
 
 
 # ---------------------------------------------------------------- Worker

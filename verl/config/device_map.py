@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verl.config._fields import entry
+from verl.config.roles import GROUPS, group_devices_key
 
 if TYPE_CHECKING:
     from verl.config.schema import TrainerConfig
@@ -44,12 +45,8 @@ __all__ = [
     "set_device_map",
 ]
 
-# role -> the resource_pool key holding its devices, in placement order
-ROLE_DEVICE_KEYS = {
-    "actor_rollout_ref": "actor_devices",
-    "critic": "critic_devices",
-    "reward_model": "reward_model_devices",
-}
+# worker group -> the resource_pool key holding its devices, in placement order
+ROLE_DEVICE_KEYS = {group: group_devices_key(group) for group in GROUPS}
 
 
 @dataclass

@@ -26,11 +26,12 @@ import logging
 from typing import Any
 
 from verl.config.derived import critic_enabled, engine_strategy, ref_enabled
+from verl.config.roles import ROLES as _ROLES
+from verl.config.roles import TRAINABLE_ROLES
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "critic", "reference", "reward")
-TRAINABLE_ROLES = ("actor", "critic")
+ROLES = tuple(_ROLES)  # actor, critic, reference, reward (verl.config.roles)
 PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "auto")
 # Minimum CUDA compute capability of each reduced precision.
 MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}

@@ -103,7 +103,9 @@ class DataConfig:
     train_batch_size: int = entry(8, "prompts per training step")
     val_batch_size: int | None = entry(None, "prompts per validation batch; null = all at once")
     truncation: Truncation = entry(
-        "error", "prompt longer than max_prompt_length: error, drop it, or keep its end (left)"
+        "error",
+        "prompt longer than max_prompt_length: error, drop it, or keep its end (truncate; "
+        "older spelling: left)",
     )
     shuffle: bool = entry(True, "shuffle training prompts each epoch")
     seed: int = entry(1, "seed of the shuffling sampler")

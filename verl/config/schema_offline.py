@@ -59,7 +59,7 @@ __all__ = [
     "load_sft_config",
 ]
 
-SFTTruncation = Literal["error", "right", "drop"]
+SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
 OfflineBuiltin = Literal["arithmetic"]
 
@@ -91,8 +91,8 @@ class SFTDataConfig:
     max_length: int = entry(512, "max tokens per sample (and per packed sequence)")
     truncation: SFTTruncation = entry(
         "error",
-        "sample longer than max_length: error (list the rows), right (keep its first "
-        "max_length tokens) or drop it",
+        "sample longer than max_length: error (list the rows), truncate (keep its first "
+        "max_length tokens; older spelling: right) or drop it",
     )
     packing: bool = entry(
         False, "pack several samples into each sequence of up to max_length tokens"

@@ -20,14 +20,11 @@ Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOpt
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from verl.controller.colocate import ClassWithInitArgs, ColocatedWorker, create_colocated_worker_cls
 from verl.controller.dispatch import Dispatch, MethodDispatch, register
 from verl.controller.factory import BACKENDS, make_worker_group
 from verl.controller.local import LocalWorkerGroup
-from verl.controller.resource_pool import ResourcePool, ResourcePoolManager, Role
+from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
 from verl.controller.worker_group import (
     GroupFuture,
@@ -35,6 +32,7 @@ from verl.controller.worker_group import (
     WorkerGroup,
     registered_methods,
 )
+from verl.utils.lazy import lazy_exports
 
 # names whose module imports Ray, loaded on first access
 _LAZY = {
@@ -55,8 +53,6 @@ __all__ = [
     "RayOptions",
     "RayWorkerGroup",
     "ResourcePool",
-    "ResourcePoolManager",
-    "Role",
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
@@ -69,10 +65,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'verl.controller' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

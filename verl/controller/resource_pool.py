@@ -1,45 +1,23 @@
-"""Resource pools (processes per node) and the mapping from roles to pools (device map).
+"""Resource pools: the processes per node that one worker group runs on.
 
 A ``ResourcePool`` describes a set of worker processes: ``process_on_nodes[i]`` processes
-on node ``i``, one per device when ``use_gpu``. Roles that map to the same pool share its
-processes (colocated workers, e.g. actor and critic taking turns on the same devices).
-These are descriptions only; a backend (local, Ray) turns them into processes.
+on node ``i``, one per device when ``use_gpu``. It is a description only; a backend (local,
+Ray) turns it into processes.
+
+Which role runs in which pool is not decided here: the one placement model is the device
+map (``verl.config.device_map``: device ids per role, roles with the same ids colocated in
+one pool), and ``verl.trainer.placement`` builds one ``ResourcePool`` per pool of it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResourcePool", "ResourcePoolManager", "Role"]
-
-
-class Role(Enum):
-    """The worker roles the trainer knows how to place."""
-
-    ActorRollout = "actor_rollout"
-    ActorRolloutRef = "actor_rollout_ref"
-    Critic = "critic"
-    RefPolicy = "ref"
-    RewardModel = "reward_model"
-
-    @classmethod
-    def parse(cls, value: Role | str) -> Role:
-        """Accept a ``Role``, its value (``"critic"``) or its name (``"Critic"``)."""
-        if isinstance(value, Role):
-            return value
-        for role in cls:
-            if value in (role.value, role.name):
-                return role
-        raise ValueError(
-            f"unknown role {value!r}; known roles: {[r.value for r in cls]} "
-            f"(or their names {[r.name for r in cls]})"
-        )
+__all__ = ["ResourcePool"]
 
 
 @dataclass
@@ -83,79 +61,3 @@ class ResourcePool:
                 return node, rank
             rank -= count
         raise AssertionError("unreachable")
-
-
-@dataclass
-class ResourcePoolManager:
-    """Pools by name and the pool each role runs in.
-
-    ``resource_pool_spec``: ``{pool_name: [procs_per_node, ...]}``.
-    ``mapping``: ``{role: pool_name}``; roles may be ``Role`` members or their string names.
-    """
-
-    resource_pool_spec: Mapping[str, Sequence[int]]
-    mapping: Mapping[Role | str, str]
-    use_gpu: bool = False
-    _pools: dict[str, ResourcePool] = field(init=False, repr=False)
-    _roles: dict[Role, str] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.resource_pool_spec:
-            raise ValueError("resource_pool_spec is empty; define at least one pool")
-        self._pools = {}
-        for name, procs in self.resource_pool_spec.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"resource pool names must be non-empty str, got {name!r}")
-            if isinstance(procs, int):
-                raise ValueError(
-                    f"resource pool {name!r}: give a list of processes per node, e.g. [{procs}]"
-                )
-            self._pools[name] = ResourcePool(list(procs), use_gpu=self.use_gpu, name=name)
-        self._roles = {}
-        for key, pool in self.mapping.items():
-            role = Role.parse(key)
-            if role in self._roles:
-                raise ValueError(
-                    f"role {role.value!r} is mapped twice (to {self._roles[role]!r} and {pool!r})"
-                )
-            if pool not in self._pools:
-                raise ValueError(
-                    f"role {role.value!r} maps to unknown resource pool {pool!r}; "
-                    f"defined pools: {sorted(self._pools)}"
-                )
-            self._roles[role] = pool
-        if Role.ActorRollout in self._roles and Role.ActorRolloutRef in self._roles:
-            raise ValueError(
-                "map either actor_rollout or actor_rollout_ref, not both: both hold the actor"
-            )
-        unused = sorted(set(self._pools) - set(self._roles.values()))
-        if unused:
-            logger.warning("resource pool(s) %s have no role mapped to them", unused)
-
-    @property
-    def pools(self) -> dict[str, ResourcePool]:
-        return dict(self._pools)
-
-    @property
-    def roles(self) -> dict[Role, str]:
-        return dict(self._roles)
-
-    def get_resource_pool(self, role: Role | str) -> ResourcePool:
-        """The pool ``role`` runs in."""
-        role = Role.parse(role)
-        if role not in self._roles:
-            raise KeyError(
-                f"role {role.value!r} is not mapped to a resource pool; mapped roles: "
-                f"{[r.value for r in self._roles]}"
-            )
-        return self._pools[self._roles[role]]
-
-    def roles_in_pool(self, pool_name: str) -> list[Role]:
-        """Roles colocated in pool ``pool_name``, in mapping order."""
-        if pool_name not in self._pools:
-            raise KeyError(f"no resource pool {pool_name!r}; defined pools: {sorted(self._pools)}")
-        return [r for r, p in self._roles.items() if p == pool_name]
-
-    @property
-    def total_processes(self) -> int:
-        return sum(p.world_size for p in self._pools.values())

@@ -8,8 +8,9 @@ Names are imported lazily so that `python -m verl.data.arithmetic` does not impo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from verl.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from verl.data.arithmetic import make_arithmetic_rows, write_arithmetic_dataset
@@ -70,10 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'verl.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from verl.utils.atomic_io import atomic_path
 
 PARQUET_SUFFIXES = (".parquet",)
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -185,24 +186,15 @@ def write_records(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> st
     rows = list(rows)
     if not path.endswith(SUPPORTED_SUFFIXES):
         raise ValueError(f"{path!r}: unsupported extension; use one of {SUPPORTED_SUFFIXES}")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
+    with atomic_path(path) as tmp:
         if path.endswith(PARQUET_SUFFIXES):
-            os.close(fd)
             # pyarrow takes the columns from the first row alone: name every column any
             # row has, so a key missing from the first row is not silently dropped.
             columns = list(dict.fromkeys(key for row in rows for key in row))
             table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
             pq.write_table(table, tmp)
         else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with open(tmp, "w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return path

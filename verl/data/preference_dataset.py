@@ -40,18 +40,22 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from verl.data.io import DatasetValidationError, normalize_paths, read_records, write_records
-from verl.data.sft_dataset import (
-    arithmetic_val_problems,
-    clean_messages,
+from verl.data.base import (
+    TRUNCATION_MODES,
+    RowDataset,
+    as_messages,
     end_after_eos,
+    join_contents,
     render_chat,
+    shown,
     validate_messages,
 )
+from verl.data.io import DatasetValidationError, write_records
+from verl.data.sft_dataset import arithmetic_val_problems
 
 logger = logging.getLogger(__name__)
 
-PREFERENCE_TRUNCATION_POLICIES = ("error", "truncate", "drop")
+PREFERENCE_TRUNCATION_POLICIES = TRUNCATION_MODES
 PAIRED_COLUMNS = ("prompt", "chosen", "rejected")
 UNPAIRED_COLUMNS = ("prompt", "completion", "label")
 
@@ -65,10 +69,6 @@ __all__ = [
     "make_arithmetic_preference_rows",
     "write_arithmetic_preference_dataset",
 ]
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
 
 
 def _row_format(row: dict[str, Any]) -> str | None:
@@ -90,14 +90,10 @@ def _check_prompt(prompt: Any) -> list[str]:
 def _check_completion(value: Any, key: str) -> list[str]:
     if isinstance(value, str):
         return [] if value.strip() else [f"empty {key}: {key!r} is blank"]
-    problems = validate_messages(value, repr(key))
-    if problems:
-        return problems
-    if any(m["role"] != "assistant" for m in value):
+    problems = validate_messages(value, repr(key), nonblank=key)
+    if not problems and any(m["role"] != "assistant" for m in value):
         return [f"{key!r} messages must all have role 'assistant'"]
-    if not any(m["content"].strip() for m in value):
-        return [f"empty {key}: every {key!r} message content is blank"]
-    return []
+    return problems
 
 
 def validate_preference_row(row: dict[str, Any], fmt: str) -> list[str]:
@@ -116,7 +112,7 @@ def validate_preference_row(row: dict[str, Any], fmt: str) -> list[str]:
         if not isinstance(label, (bool, np.bool_)):
             problems.append(
                 f"'label' must be a boolean (true = desirable, false = undesirable), got "
-                f"{_type_name(label)} {label!r}"
+                f"{shown(label)}"
             )
     return problems
 
@@ -126,21 +122,13 @@ def encode_prompt_completion(
 ) -> tuple[list[int], list[int]]:
     """``(prompt_ids, completion_ids)`` of a prompt and one completion (see module docstring)."""
     if not apply_chat_template:
-        prompt_text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
-        if not isinstance(completion, str):
-            completion = "\n".join(m["content"] for m in completion)
         eos = getattr(tokenizer, "eos_token", None) or ""
-        prompt_ids = tokenizer(prompt_text, add_special_tokens=True)["input_ids"]
-        completion_ids = tokenizer(completion + eos, add_special_tokens=False)["input_ids"]
+        prompt_ids = tokenizer(join_contents(prompt), add_special_tokens=True)["input_ids"]
+        completion_text = join_contents(completion) + eos
+        completion_ids = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
         return prompt_ids, completion_ids
-    prompt_msgs = (
-        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else clean_messages(prompt)
-    )
-    completion_msgs = (
-        [{"role": "assistant", "content": completion}]
-        if isinstance(completion, str)
-        else clean_messages(completion)
-    )
+    prompt_msgs = as_messages(prompt, "user")
+    completion_msgs = as_messages(completion, "assistant")
     prompt_text = render_chat(tokenizer, prompt_msgs, add_generation_prompt=True)
     full = render_chat(tokenizer, prompt_msgs + completion_msgs, add_generation_prompt=False)
     if not full.startswith(prompt_text):
@@ -154,7 +142,7 @@ def encode_prompt_completion(
     return prompt_ids, completion_ids
 
 
-class PreferenceDataset:
+class PreferenceDataset(RowDataset):
     """Tokenised preference rows with optional precomputed reference log-probs.
 
     Args:
@@ -162,7 +150,8 @@ class PreferenceDataset:
             share one format (pairs, or labelled singles).
         tokenizer: a HF tokenizer (with a chat template unless ``apply_chat_template=False``).
         max_prompt_length / max_length: token limits (None = no limit).
-        truncation: "error", "truncate" or "drop" (see the module docstring).
+        truncation: "error", "drop" or "truncate" (see the module docstring and
+            `verl.data.base`).
         apply_chat_template: render messages with the chat template.
         max_reported_problems: how many problems the validation error lists.
 
@@ -172,20 +161,18 @@ class PreferenceDataset:
     (``ref_chosen_logps`` / ``ref_rejected_logps`` or ``ref_logps``).
     """
 
+    noun = "row"
+
     def __init__(
         self,
         data_files: str | os.PathLike | Sequence[str | os.PathLike],
         tokenizer: Any,
         max_prompt_length: int | None = None,
         max_length: int | None = None,
-        truncation: Literal["error", "truncate", "drop"] = "error",
+        truncation: Literal["error", "drop", "truncate"] = "error",
         apply_chat_template: bool = True,
         max_reported_problems: int = 20,
     ) -> None:
-        if truncation not in PREFERENCE_TRUNCATION_POLICIES:
-            raise ValueError(
-                f"truncation={truncation!r}; choose one of {PREFERENCE_TRUNCATION_POLICIES}"
-            )
         if (
             max_prompt_length is not None
             and max_length is not None
@@ -194,22 +181,11 @@ class PreferenceDataset:
             raise ValueError(
                 f"max_prompt_length={max_prompt_length} must be < max_length={max_length}"
             )
-        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                "the tokenizer has no chat template; set tokenizer.chat_template or use "
-                "apply_chat_template=False"
-            )
-        self.data_files = normalize_paths(data_files)
-        self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.max_length = max_length
-        self.truncation = truncation
-        self.apply_chat_template = apply_chat_template
-        self.num_truncated = 0
-        self.num_dropped = 0
-        self.dropped_rows: list[str] = []
         self.paired = True
         self._items: list[dict[str, Any]] = []
+        self._setup(data_files, tokenizer, truncation, apply_chat_template)
         self._read(max_reported_problems)
 
     @classmethod
@@ -227,8 +203,7 @@ class PreferenceDataset:
 
     # ------------------------------------------------------------------ reading
     def _read(self, max_reported: int) -> None:
-        problems: list[str] = []
-        records = [rec for path in self.data_files for rec in read_records(path).records]
+        records, problems = self._read_records()
         formats: dict[str, str] = {}
         for rec in records:
             if rec.problem is None and (fmt := _row_format(rec.data)) is not None:
@@ -242,41 +217,37 @@ class PreferenceDataset:
             )
         fmt = next(iter(formats), "paired")
         self.paired = fmt == "paired"
-        identical = 0
-        for index, rec in enumerate(records):
-            if rec.problem is not None:
-                problems.append(f"{rec.where}: {rec.problem}")
-                continue
-            if _row_format(rec.data) is None:
-                problems.append(
-                    f"{rec.where}: missing column(s): a row needs prompt, chosen, rejected "
-                    f"(pairs) or prompt, completion, label (KTO); it has {sorted(rec.data)}"
-                )
-                continue
-            row_problems = validate_preference_row(rec.data, fmt)
-            if row_problems:
-                problems.extend(f"{rec.where}: {p}" for p in row_problems)
-                continue
-            try:
-                item = self._tokenize(rec.data)
-            except Exception as exc:  # a chat template may raise anything (jinja errors)
-                problems.append(f"{rec.where}: cannot tokenise: {exc}")
-                continue
-            item["index"] = index
-            item["where"] = rec.where
-            if self.paired and item["chosen_ids"] == item["rejected_ids"]:
-                identical += 1
-            self._items.append(item)
-        if problems:
-            raise DatasetValidationError(problems, max_reported)
-        if identical:
-            logger.warning(
-                "%d pair(s) have identical chosen and rejected completions (zero gradient)",
-                identical,
+
+        def check(row: dict[str, Any]) -> list[str]:
+            if _row_format(row) is None:
+                return [
+                    "missing column(s): a row needs prompt, chosen, rejected (pairs) or "
+                    f"prompt, completion, label (KTO); it has {sorted(row)}"
+                ]
+            return validate_preference_row(row, fmt)
+
+        rows = self._check_rows(records, problems, check, self._tokenize, max_reported)
+        if self.paired:
+            identical = sum(
+                row.encoded["chosen_ids"] == row.encoded["rejected_ids"] for row in rows
             )
-        self._apply_length_limits()
-        if not self._items:
-            raise ValueError(f"no preference rows left in {self.data_files}")
+            if identical:
+                logger.warning(
+                    "%d pair(s) have identical chosen and rejected completions (zero gradient)",
+                    identical,
+                )
+        max_p, max_len = self.max_prompt_length, self.max_length
+        rows = self._apply_length_limit(
+            rows,
+            too_long=lambda row: self._excess(row.encoded) is not None,
+            cut=lambda row: self._cut(row.encoded),
+            error_problems=lambda over: [
+                f"{row.where}: {self._excess(row.encoded)}" for row in over
+            ],
+            limits=f"max_prompt_length={max_p}, max_length={max_len}",
+        )
+        for row in rows:
+            self._items.append({**row.encoded, "index": row.index, "where": row.where})
         logger.info(
             "PreferenceDataset: %d %s from %d file(s)",
             len(self),
@@ -308,45 +279,33 @@ class PreferenceDataset:
     def _completion_keys(self) -> tuple[str, ...]:
         return ("chosen_ids", "rejected_ids") if self.paired else ("completion_ids",)
 
-    def _apply_length_limits(self) -> None:
+    def _excess(self, item: dict[str, Any]) -> str | None:
+        """What is over the limits in ``item`` (None when it fits), with the fix."""
         max_p, max_len = self.max_prompt_length, self.max_length
-        problems, kept = [], []
-        for item in self._items:
-            p = len(item["prompt_ids"])
-            longest = max(len(item[k]) for k in self._completion_keys())
-            over_prompt = max_p is not None and p > max_p
-            over_total = max_len is not None and p + longest > max_len
-            if not (over_prompt or over_total):
-                kept.append(item)
-                continue
-            if self.truncation == "error":
-                problems.append(
-                    f"{item['where']}: prompt {p} tokens (max_prompt_length={max_p}), prompt + "
-                    f"longest completion {p + longest} tokens (max_length={max_len}); raise the "
-                    "limits, or set data.truncation=truncate or drop"
-                )
-            elif self.truncation == "drop":
-                self.num_dropped += 1
-                self.dropped_rows.append(item["where"])
-            else:
-                if over_prompt:
-                    item["prompt_ids"] = item["prompt_ids"][-max_p:]
-                room = None if max_len is None else max_len - len(item["prompt_ids"])
-                for k in self._completion_keys():
-                    item[k] = item[k][:room]
-                self.num_truncated += 1
-                kept.append(item)
-        if problems:
-            raise DatasetValidationError(problems)
-        self._items = kept
-        if self.num_truncated:
-            logger.warning("%d row(s) over the length limits were truncated", self.num_truncated)
-        if self.num_dropped:
-            logger.warning(
-                "%d row(s) over the length limits were dropped: %s",
-                self.num_dropped,
-                ", ".join(self.dropped_rows[:5]) + (" ..." if self.num_dropped > 5 else ""),
-            )
+        p = len(item["prompt_ids"])
+        longest = max(len(item[k]) for k in self._completion_keys())
+        if (max_p is None or p <= max_p) and (max_len is None or p + longest <= max_len):
+            return None
+        return (
+            f"prompt {p} tokens (max_prompt_length={max_p}), prompt + longest completion "
+            f"{p + longest} tokens (max_length={max_len}); raise the limits, or set "
+            "data.truncation=truncate or drop"
+        )
+
+    def _cut(self, item: dict[str, Any]) -> bool:
+        """Keep the prompt's end and the completions' start; False when no completion
+        token would fit (the row is then dropped)."""
+        max_p, max_len = self.max_prompt_length, self.max_length
+        if max_p is not None:
+            item["prompt_ids"] = item["prompt_ids"][-max_p:]
+        if max_len is None:
+            return True
+        room = max_len - len(item["prompt_ids"])
+        if room < 1:
+            return False
+        for k in self._completion_keys():
+            item[k] = item[k][:room]
+        return True
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:

@@ -26,19 +26,29 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.data.io import DatasetValidationError, Record, normalize_paths, read_records
+from verl.data.base import (
+    TRUNCATION_MODES,
+    Row,
+    RowDataset,
+    join_contents,
+    render_chat,
+    shown,
+    validate_messages,
+)
+from verl.data.io import DatasetValidationError
 from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
-TRUNCATION_POLICIES = ("error", "drop", "left")
+# accepted spellings of `truncation`; "left" is the older name of "truncate" here
+TRUNCATION_POLICIES = (*TRUNCATION_MODES, "left")
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
 __all__ = [
@@ -50,14 +60,6 @@ __all__ = [
     "collate_prompts",
     "validate_row",
 ]
-
-
-def _shown(value: Any) -> str:
-    """The type and (shortened) value, for messages: "int 3", "str 'abc'"."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
 
 
 def required_columns(prompt_key: str = "prompt") -> tuple[str, ...]:
@@ -75,53 +77,28 @@ def validate_row(row: dict[str, Any], prompt_key: str = "prompt") -> list[str]:
             problems.append(f"missing required field {key!r}")
     source = row.get("data_source")
     if source is not None and not isinstance(source, str):
-        problems.append(f"'data_source' must be a string, got {_shown(source)}")
+        problems.append(f"'data_source' must be a string, got {shown(source)}")
     prompt = row.get(prompt_key)
     if prompt is not None:
-        problems.extend(_validate_prompt(prompt, prompt_key))
+        problems.extend(validate_messages(prompt, repr(prompt_key), "prompt", "prompt"))
     reward = row.get("reward_model")
     if reward is not None:
         if not isinstance(reward, dict):
             problems.append(
-                f"'reward_model' must be a dict with a 'ground_truth' key, got {_shown(reward)}"
+                f"'reward_model' must be a dict with a 'ground_truth' key, got {shown(reward)}"
             )
         elif reward.get("ground_truth") is None:
             problems.append("missing ground truth: 'reward_model' has no 'ground_truth' value")
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
-        problems.append(f"'extra_info' must be a dict, got {_shown(extra)}")
+        problems.append(f"'extra_info' must be a dict, got {shown(extra)}")
     ability = row.get("ability")
     if ability is not None and not isinstance(ability, str):
-        problems.append(f"'ability' must be a string, got {_shown(ability)}")
+        problems.append(f"'ability' must be a string, got {shown(ability)}")
     return problems
 
 
-def _validate_prompt(prompt: Any, prompt_key: str) -> list[str]:
-    if not isinstance(prompt, (list, tuple)):
-        return [
-            f"{prompt_key!r} must be a list of chat messages {{'role': ..., 'content': ...}}, "
-            f"got {_shown(prompt)}"
-        ]
-    if len(prompt) == 0:
-        return [f"empty prompt: {prompt_key!r} has no messages"]
-    problems = []
-    for j, msg in enumerate(prompt):
-        if not isinstance(msg, dict):
-            problems.append(f"prompt message {j} must be a dict, got {_shown(msg)}")
-            continue
-        for key in ("role", "content"):
-            if key not in msg or msg[key] is None:
-                problems.append(f"prompt message {j} has no {key!r}")
-            elif not isinstance(msg[key], str):
-                problems.append(
-                    f"prompt message {j} {key!r} must be a string, got {_shown(msg[key])}"
-                )
-    if not problems and all(not m["content"].strip() for m in prompt):
-        problems.append("empty prompt: every message content is blank")
-    return problems
-
-
-class RLHFDataset(Dataset):
+class RLHFDataset(RowDataset, Dataset):
     """Tokenized prompts with their reward metadata, read from parquet / JSON lines files.
 
     Args:
@@ -130,10 +107,11 @@ class RLHFDataset(Dataset):
         tokenizer: a HF tokenizer (a chat template is needed unless
             `apply_chat_template=False`).
         max_prompt_length: limit on prompt tokens, or None for no limit.
-        truncation: what to do with prompts longer than `max_prompt_length`:
-            "error" raises naming the longest row, "drop" removes the rows (count in
-            `num_dropped`, locations in `dropped_rows`), "left" keeps the last
-            `max_prompt_length` tokens (count in `num_truncated`).
+        truncation: what to do with prompts longer than `max_prompt_length`
+            (`verl.data.base`): "error" raises naming the longest row, "drop" removes the
+            rows (count in `num_dropped`, locations in `dropped_rows`), "truncate" (or its
+            older spelling "left") keeps the last `max_prompt_length` tokens (count in
+            `num_truncated`).
         apply_chat_template: render messages with the chat template (True) or join the
             contents with newlines (False).
         max_reported_problems: how many problems the validation error lists.
@@ -145,49 +123,53 @@ class RLHFDataset(Dataset):
     rows are dropped, so it identifies the source row).
     """
 
+    noun = "prompt"
+    truncation_aliases: ClassVar[Mapping[str, str]] = {"left": "truncate"}
+    truncated_how = "left-truncated"
+
     def __init__(
         self,
         data_files: str | os.PathLike | Sequence[str | os.PathLike],
         tokenizer: Any,
         max_prompt_length: int | None = None,
-        truncation: Literal["error", "drop", "left"] = "error",
+        truncation: Literal["error", "drop", "truncate", "left"] = "error",
         apply_chat_template: bool = True,
         max_reported_problems: int = 20,
         prompt_key: str = "prompt",
     ):
-        if truncation not in TRUNCATION_POLICIES:
-            raise ValueError(f"truncation={truncation!r}; choose one of {TRUNCATION_POLICIES}")
         if max_prompt_length is not None and max_prompt_length < 1:
             raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1 (or None)")
-        self.data_files = normalize_paths(data_files)
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.truncation = truncation
-        self.apply_chat_template = apply_chat_template
         self.prompt_key = prompt_key
-        self.num_dropped = 0  # rows removed by truncation="drop"
-        self.dropped_rows: list[str] = []  # their locations, e.g. "train.parquet row 7"
-        self.num_truncated = 0  # rows shortened by truncation="left"
-        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
-            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-            raise ValueError(
-                f"the tokenizer {name!r} has no chat template, and data.apply_chat_template="
-                "True needs one; use an instruct model's tokenizer, set "
-                "tokenizer.chat_template, or set data.apply_chat_template=false (base models)"
+        self.max_prompt_length = max_prompt_length
+        self._setup(data_files, tokenizer, truncation, apply_chat_template)
+        rows = self._read_rows(
+            self._check, self._render, max_reported_problems, required_columns(prompt_key)
+        )
+        # one batched call: the fast tokenizer encodes a list much faster than row by row
+        texts = [row.encoded for row in rows]
+        for row, ids in zip(
+            rows, tokenizer(texts, add_special_tokens=not apply_chat_template)["input_ids"]
+        ):
+            row.encoded = ids
+        rows = (
+            self._apply_length_limit(
+                rows,
+                too_long=lambda row: len(row.encoded) > max_prompt_length,
+                cut=self._keep_end,
+                error_problems=self._too_long_problem,
+                limits=f"max_prompt_length={max_prompt_length}",
             )
+            if max_prompt_length is not None
+            else rows
+        )
 
-        rows, where = self._read_and_validate(max_reported_problems)
-        ids = self._tokenize([r[prompt_key] for r in rows], where)
-        keep = self._apply_length_limit(ids, where)
-
-        self._rows = [rows[i] for i in keep]
-        self._where = [where[i] for i in keep]
-        self._source_index = np.asarray(keep, dtype=np.int64)
-        kept_ids = [ids[i] for i in keep]
-        self.prompt_lengths = np.array([len(x) for x in kept_ids], dtype=np.int64)
+        self._rows = [row.data for row in rows]
+        self._where = [row.where for row in rows]
+        self._source_index = np.asarray([row.index for row in rows], dtype=np.int64)
+        self.prompt_lengths = np.array([len(row.encoded) for row in rows], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self.prompt_lengths)]).astype(np.int64)
         # One flat array + offsets: compact, and cheap to pickle (e.g. to a Ray actor).
-        self._flat_ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in kept_ids])
+        self._flat_ids = np.concatenate([np.asarray(row.encoded, dtype=np.int64) for row in rows])
         logger.info(
             "RLHFDataset: %d prompts from %d file(s), prompt tokens min/mean/max %d/%.1f/%d",
             len(self),
@@ -201,96 +183,34 @@ class RLHFDataset(Dataset):
     def pad_token_id(self) -> int | None:
         return self.tokenizer.pad_token_id
 
-    def _read_and_validate(self, max_reported: int) -> tuple[list[dict], list[str]]:
-        problems: list[str] = []
-        rows: list[dict] = []
-        where: list[str] = []
-        for path in self.data_files:
-            rf = read_records(path)
-            if rf.columns is not None:
-                missing = [c for c in required_columns(self.prompt_key) if c not in rf.columns]
-                if missing:
-                    problems.append(
-                        f"{path}: missing required column(s) {missing} "
-                        f"(columns present: {rf.columns})"
-                    )
-                    continue
-            if not rf.records:
-                problems.append(f"{path}: the file has no rows")
-            for rec in rf.records:
-                row_problems = self._record_problems(rec)
-                problems.extend(f"{rec.where}: {p}" for p in row_problems)
-                if not row_problems:
-                    rows.append(rec.data)
-                    where.append(rec.where)
-        if problems:
-            raise DatasetValidationError(problems, max_reported)
-        return rows, where
-
-    def _record_problems(self, rec: Record) -> list[str]:
-        if rec.problem is not None:
-            return [rec.problem]
-        prompt = rec.data.get(self.prompt_key)
+    def _check(self, row: dict[str, Any]) -> list[str]:
+        prompt = row.get(self.prompt_key)
         if isinstance(prompt, str):
             # A plain-text prompt is one user turn.
-            rec.data[self.prompt_key] = [{"role": "user", "content": prompt}]
-        return validate_row(rec.data, self.prompt_key)
+            row[self.prompt_key] = [{"role": "user", "content": prompt}]
+        return validate_row(row, self.prompt_key)
 
-    def _tokenize(self, prompts: list[list[dict]], where: list[str]) -> list[list[int]]:
-        if self.apply_chat_template:
-            texts = [self._render(p, w) for p, w in zip(prompts, where)]
-            return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        texts = ["\n".join(m["content"] for m in p) for p in prompts]
-        return self.tokenizer(texts, add_special_tokens=True)["input_ids"]
+    def _render(self, row: dict[str, Any]) -> str:
+        """The prompt's text: the chat template with the generation prompt, or the plain
+        contents (tokenised with the tokenizer's special tokens, e.g. a bos)."""
+        messages = row[self.prompt_key]
+        if not self.apply_chat_template:
+            return join_contents(messages)
+        return render_chat(self.tokenizer, list(messages), add_generation_prompt=True)
 
-    def _render(self, messages: list[dict], where: str) -> str:
-        try:
-            return self.tokenizer.apply_chat_template(
-                list(messages), add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # template errors are jinja's own types; name the row
-            raise ValueError(f"{where}: the chat template failed on this prompt: {e}") from e
+    def _keep_end(self, row: Row) -> bool:
+        # the end of the prompt holds the question and the generation prompt
+        row.encoded = row.encoded[-self.max_prompt_length :]
+        return True
 
-    def _apply_length_limit(self, ids: list[list[int]], where: list[str]) -> list[int]:
-        """Enforce `max_prompt_length`; returns the positions of the rows to keep."""
-        limit = self.max_prompt_length
-        keep = list(range(len(ids)))
-        too_long = [] if limit is None else [i for i, x in enumerate(ids) if len(x) > limit]
-        if not too_long:
-            return keep
-        if self.truncation == "error":
-            worst = max(too_long, key=lambda i: len(ids[i]))
-            raise ValueError(
-                f"{len(too_long)} prompt(s) exceed max_prompt_length={limit}; the longest is "
-                f"{where[worst]} with {len(ids[worst])} tokens. Raise max_prompt_length or set "
-                "truncation='drop' (skip them) or 'left' (keep the last tokens)."
-            )
-        if self.truncation == "drop":
-            self.num_dropped = len(too_long)
-            self.dropped_rows = [where[i] for i in too_long]
-            logger.warning(
-                "dropped %d prompt(s) longer than max_prompt_length=%d: %s%s",
-                self.num_dropped,
-                limit,
-                ", ".join(self.dropped_rows[:20]),
-                " ..." if self.num_dropped > 20 else "",
-            )
-            dropped = set(too_long)
-            keep = [i for i in keep if i not in dropped]
-            if not keep:
-                raise ValueError(
-                    f"every prompt exceeds max_prompt_length={limit} and was dropped; "
-                    "raise max_prompt_length"
-                )
-            return keep
-        # "left": keep the end of the prompt, where the question and generation prompt are.
-        for i in too_long:
-            ids[i] = ids[i][-limit:]
-        self.num_truncated = len(too_long)
-        logger.warning(
-            "left-truncated %d prompt(s) to max_prompt_length=%d", self.num_truncated, limit
-        )
-        return keep
+    def _too_long_problem(self, over: list[Row]) -> list[str]:
+        worst = max(over, key=lambda row: len(row.encoded))
+        return [
+            f"{len(over)} prompt(s) exceed max_prompt_length={self.max_prompt_length}; the "
+            f"longest is {worst.where} with {len(worst.encoded)} tokens. Raise "
+            "max_prompt_length or set truncation='drop' (skip them) or 'truncate' (keep the "
+            "last tokens; older spelling 'left')."
+        ]
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -37,17 +37,29 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from verl.data.io import DatasetValidationError, normalize_paths, read_records, write_records
+from verl.data.base import (
+    TRUNCATION_MODES,
+    Row,
+    RowDataset,
+    as_messages,
+    clean_messages,
+    end_after_eos,
+    join_contents,
+    render_chat,
+    validate_messages,
+)
+from verl.data.io import write_records
 
 logger = logging.getLogger(__name__)
 
-SFT_TRUNCATION_POLICIES = ("error", "right", "drop")
+# accepted spellings of `truncation`; "right" is the older name of "truncate" here
+SFT_TRUNCATION_POLICIES = (*TRUNCATION_MODES, "right")
 
 __all__ = [
     "SFT_TRUNCATION_POLICIES",
@@ -62,54 +74,6 @@ __all__ = [
     "validate_messages",
     "write_arithmetic_sft_dataset",
 ]
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def validate_messages(messages: Any, what: str) -> list[str]:
-    """Problems of a chat-message list (empty when it is a non-empty list of role/content)."""
-    if not isinstance(messages, (list, tuple)):
-        return [
-            f"{what} must be a list of chat messages {{'role': ..., 'content': ...}}, "
-            f"got {_type_name(messages)}"
-        ]
-    if not messages:
-        return [f"{what} is an empty list of messages"]
-    problems = []
-    for j, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            problems.append(f"{what} message {j} must be a dict, got {_type_name(msg)}")
-            continue
-        for key in ("role", "content"):
-            if msg.get(key) is None:
-                problems.append(f"{what} message {j} has no {key!r}")
-            elif not isinstance(msg[key], str):
-                problems.append(
-                    f"{what} message {j} {key!r} must be a string, got {_type_name(msg[key])}"
-                )
-    return problems
-
-
-def clean_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    """Only role and content: parquet fills absent struct fields with None."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-
-
-def end_after_eos(text: str, start: int, end: int, eos: str | None) -> int:
-    """End of the span ``[start, end)`` cut just after the last eos token inside it."""
-    if eos:
-        idx = text.rfind(eos, start, end)
-        if idx >= 0:
-            return idx + len(eos)
-    return end
 
 
 def completion_char_spans(
@@ -180,10 +144,7 @@ def tokenize_conversation(
 
 def _tokenize_plain(tokenizer: Any, prompt: Any, response: Any) -> tuple[list[int], list[int]]:
     """``prompt + response + eos`` without a chat template; loss on ``response + eos``."""
-    if isinstance(prompt, (list, tuple)):
-        prompt = "\n".join(m["content"] for m in prompt)
-    if isinstance(response, (list, tuple)):
-        response = "\n".join(m["content"] for m in response)
+    prompt, response = join_contents(prompt), join_contents(response)
     eos = getattr(tokenizer, "eos_token", None) or ""
     text = prompt + response + eos
     ids, mask = _tokenize_segments(
@@ -194,27 +155,16 @@ def _tokenize_plain(tokenizer: Any, prompt: Any, response: Any) -> tuple[list[in
     return ids, mask
 
 
-def _as_response_messages(response: Any) -> list[dict[str, Any]]:
-    if isinstance(response, str):
-        return [{"role": "assistant", "content": response}]
-    return list(response)
-
-
-def _as_prompt_messages(prompt: Any) -> list[dict[str, Any]]:
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    return list(prompt)
-
-
-class SFTDataset:
+class SFTDataset(RowDataset):
     """Tokenised SFT samples with loss masks, read from parquet / JSON lines files.
 
     Args:
         data_files: one path or a list of paths, concatenated in order.
         tokenizer: a HF tokenizer (with a chat template unless ``apply_chat_template=False``).
         max_length: token limit per sample, or None.
-        truncation: over-long samples: "error" (raise listing them), "right" (keep the first
-            ``max_length`` tokens; a sample left without loss tokens is dropped) or "drop".
+        truncation: over-long samples (`verl.data.base`): "error" (raise listing them),
+            "truncate" (or its older spelling "right": keep the first ``max_length``
+            tokens; a sample left without loss tokens is dropped) or "drop".
         messages_key / prompt_key / response_key: column names (see the module docstring).
         apply_chat_template: render with the chat template (False: plain concatenation,
             prompt/response rows only).
@@ -224,45 +174,38 @@ class SFTDataset:
     ``position_ids`` (``0..len-1``) and ``num_samples`` (1).
     """
 
+    noun = "sample"
+    truncation_aliases: ClassVar[Mapping[str, str]] = {"right": "truncate"}
+    truncated_how = "right-truncated"
+
     def __init__(
         self,
         data_files: str | os.PathLike | Sequence[str | os.PathLike],
         tokenizer: Any,
         max_length: int | None = None,
-        truncation: Literal["error", "right", "drop"] = "error",
+        truncation: Literal["error", "drop", "truncate", "right"] = "error",
         messages_key: str = "messages",
         prompt_key: str = "prompt",
         response_key: str = "response",
         apply_chat_template: bool = True,
         max_reported_problems: int = 20,
     ) -> None:
-        if truncation not in SFT_TRUNCATION_POLICIES:
-            raise ValueError(f"truncation={truncation!r}; choose one of {SFT_TRUNCATION_POLICIES}")
         if max_length is not None and max_length < 2:
             raise ValueError(f"max_length={max_length} must be >= 2 (or None)")
-        if apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                "the tokenizer has no chat template; set tokenizer.chat_template or use "
-                "apply_chat_template=False (prompt/response rows only)"
-            )
-        self.data_files = normalize_paths(data_files)
-        self.tokenizer = tokenizer
         self.max_length = max_length
-        self.truncation = truncation
         self.keys = (messages_key, prompt_key, response_key)
-        self.apply_chat_template = apply_chat_template
-        self.num_truncated = 0
-        self.num_dropped = 0
-        self.dropped_rows: list[str] = []
-
-        samples, where = self._read(max_reported_problems)
-        samples, where = self._apply_length_limit(samples, where)
-        if not samples:
-            raise ValueError(
-                f"no SFT samples left in {self.data_files} after applying "
-                f"max_length={max_length} with truncation={truncation!r}"
+        self._setup(data_files, tokenizer, truncation, apply_chat_template)
+        rows = self._read_rows(self.validate_row, self.tokenize_row, max_reported_problems)
+        if max_length is not None:
+            rows = self._apply_length_limit(
+                rows,
+                too_long=lambda row: len(row.encoded[0]) > max_length,
+                cut=self._keep_start,
+                error_problems=self._too_long_problems,
+                limits=f"max_length={max_length}",
             )
-        self._where = where
+        self._where = [row.where for row in rows]
+        samples = [row.encoded for row in rows]
         lengths = np.array([len(ids) for ids, _ in samples], dtype=np.int64)
         self.lengths = lengths
         self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -280,29 +223,6 @@ class SFTDataset:
         )
 
     # ------------------------------------------------------------------ reading
-    def _read(self, max_reported: int) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
-        problems: list[str] = []
-        samples: list[tuple[list[int], list[int]]] = []
-        where: list[str] = []
-        for path in self.data_files:
-            for rec in read_records(path).records:
-                if rec.problem is not None:
-                    problems.append(f"{rec.where}: {rec.problem}")
-                    continue
-                row_problems = self.validate_row(rec.data)
-                if row_problems:
-                    problems.extend(f"{rec.where}: {p}" for p in row_problems)
-                    continue
-                try:
-                    samples.append(self.tokenize_row(rec.data))
-                except Exception as exc:  # a chat template may raise anything (jinja errors)
-                    problems.append(f"{rec.where}: cannot tokenise: {exc}")
-                    continue
-                where.append(rec.where)
-        if problems:
-            raise DatasetValidationError(problems, max_reported)
-        return samples, where
-
     def validate_row(self, row: dict[str, Any]) -> list[str]:
         """Problems of one row (empty when it is a valid messages or prompt/response row)."""
         messages_key, prompt_key, response_key = self.keys
@@ -350,54 +270,21 @@ class SFTDataset:
         prompt, response = row[prompt_key], row[response_key]
         if not self.apply_chat_template:
             return _tokenize_plain(self.tokenizer, prompt, response)
-        messages = _as_prompt_messages(prompt) + _as_response_messages(response)
+        messages = as_messages(prompt, "user") + as_messages(response, "assistant")
         return tokenize_conversation(self.tokenizer, messages)
 
-    def _apply_length_limit(
-        self, samples: list[tuple[list[int], list[int]]], where: list[str]
-    ) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
-        limit = self.max_length
-        if limit is None:
-            return samples, where
-        too_long = [i for i, (ids, _) in enumerate(samples) if len(ids) > limit]
-        if not too_long:
-            return samples, where
-        if self.truncation == "error":
-            problems = [
-                f"{where[i]}: {len(samples[i][0])} tokens > max_length={limit}; raise "
-                "data.max_length, or set data.truncation=right (cut) or drop"
-                for i in too_long
-            ]
-            raise DatasetValidationError(problems)
-        keep_samples, keep_where = [], []
-        long_set = set(too_long)
-        for i, (sample, loc) in enumerate(zip(samples, where)):
-            if i in long_set:
-                ids, mask = sample[0][:limit], sample[1][:limit]
-                if self.truncation == "drop" or not any(mask):
-                    self.num_dropped += 1
-                    self.dropped_rows.append(loc)
-                    continue
-                self.num_truncated += 1
-                sample = (ids, mask)
-            keep_samples.append(sample)
-            keep_where.append(loc)
-        if self.num_truncated:
-            logger.warning(
-                "%d sample(s) longer than max_length=%d were cut to their first %d tokens",
-                self.num_truncated,
-                limit,
-                limit,
-            )
-        if self.num_dropped:
-            logger.warning(
-                "%d sample(s) longer than max_length=%d were dropped (%s): %s",
-                self.num_dropped,
-                limit,
-                "truncation=drop" if self.truncation == "drop" else "no loss tokens left",
-                ", ".join(self.dropped_rows[:5]) + (" ..." if self.num_dropped > 5 else ""),
-            )
-        return keep_samples, keep_where
+    def _keep_start(self, row: Row) -> bool:
+        ids, mask = row.encoded
+        row.encoded = (ids[: self.max_length], mask[: self.max_length])
+        return any(row.encoded[1])  # cut before the response: nothing left to learn
+
+    def _too_long_problems(self, over: list[Row]) -> list[str]:
+        return [
+            f"{row.where}: {len(row.encoded[0])} tokens > max_length={self.max_length}; "
+            "raise data.max_length, or set data.truncation=truncate (keep the first "
+            "max_length tokens; older spelling data.truncation=right) or drop"
+            for row in over
+        ]
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:

@@ -82,6 +82,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.dcp_io import load_dcp_state
+from verl.utils.atomic_io import publish_dir, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -472,12 +473,8 @@ class FSDP2Engine(TrainEngine):
             text = json.dumps(state, indent=1, allow_nan=True)  # fails before touching files
             with contextlib.suppress(FileNotFoundError):
                 os.remove(state_file)  # invalidate first: a crash below leaves no JSON
-            if os.path.isdir(final_dir):
-                shutil.rmtree(final_dir)
-            os.replace(tmp_dir, final_dir)
-            with open(state_file + ".tmp", "w") as f:
-                f.write(text)
-            os.replace(state_file + ".tmp", state_file)
+            publish_dir(tmp_dir, final_dir)
+            write_text_atomic(state_file, text)
         dist.barrier()
         logger.info("saved fsdp2 engine checkpoint to %s (step %d)", path, self.global_step)
 

@@ -29,6 +29,7 @@ from torch import nn
 from verl.engine import fsdp
 from verl.engine.base import TrainEngine
 from verl.engine.dcp_io import load_dcp_state
+from verl.utils.atomic_io import atomic_path, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class SingleProcessEngine(TrainEngine):
 
     def save_checkpoint(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
-        _replace_atomically(os.path.join(path, MODEL_FILE), lambda f: save_model(self.module, f))
+        with atomic_path(os.path.join(path, MODEL_FILE)) as tmp:
+            save_model(self.module, str(tmp))
 
         tensors: dict[str, torch.Tensor] = {}
         state = {
@@ -68,11 +70,9 @@ class SingleProcessEngine(TrainEngine):
             "scheduler": _encode(_state_of(self.scheduler), "sched", tensors),
             "scaler": _encode(_state_of(self.scaler), "scaler", tensors),
         }
-        _replace_atomically(os.path.join(path, TENSORS_FILE), lambda f: torch.save(tensors, f))
-        _replace_atomically(
-            os.path.join(path, STATE_FILE),
-            lambda f: _write_text(f, json.dumps(state, indent=1, allow_nan=True)),
-        )
+        with atomic_path(os.path.join(path, TENSORS_FILE)) as tmp:
+            torch.save(tensors, tmp)
+        write_json_atomic(os.path.join(path, STATE_FILE), state)
         logger.info("saved engine checkpoint to %s", path)
 
     def load_checkpoint(self, path: str) -> None:
@@ -145,17 +145,6 @@ class SingleProcessEngine(TrainEngine):
 
 def _state_of(component: Any) -> dict[str, Any] | None:
     return None if component is None else component.state_dict()
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _replace_atomically(path: str, write: Any) -> None:
-    tmp = f"{path}.tmp"
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _encode(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

@@ -20,10 +20,11 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from verl.utils.atomic_io import replace_dir_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -153,19 +154,12 @@ def embedded_model_dir() -> Path:
                 shutil.rmtree(leftover, ignore_errors=True)
         logger.info("converting %s to a safetensors cache at %s (one-time)", gguf, target)
         start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL_NAME}.", dir=target.parent))
-        try:
+        # a stale cache (another format or source) is replaced only once the new one is whole
+        with replace_dir_atomically(target) as tmp:
             _convert(gguf, tmp)
             from transformers import AutoTokenizer
 
             _check_tokenizer(AutoTokenizer.from_pretrained(tmp, local_files_only=True), tmp)
             (tmp / MARKER_FILENAME).write_text(json.dumps(expected, indent=2))
-            if target.exists():  # stale cache from another format or source
-                stale = target.with_name(f".{EMBEDDED_MODEL_NAME}.stale.{os.getpid()}")
-                os.rename(target, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         logger.info("converted embedded model in %.1f s", time.perf_counter() - start)
     return target

@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from verl.utils.atomic_io import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -150,11 +150,7 @@ def _tokenizer_json(cache_dir: str | Path | None) -> str:
             else:
                 _TOKENIZER_JSON = _train_tokenizer_json()
         if cache_file is not None and not cache_file.is_file():
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(_TOKENIZER_JSON)
-            os.replace(tmp, cache_file)
+            write_text_atomic(cache_file, _TOKENIZER_JSON)
         return _TOKENIZER_JSON
 
 

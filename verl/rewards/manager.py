@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.algorithms.reward_shaping import overlong_penalty
 from verl.rewards.isolation import (
     DEFAULT_MAX_ABS_REWARD,
     FailureTracker,
@@ -72,12 +73,13 @@ _RESERVED_EXTRAS = ("score", "shaped_score", "acc", "data_source", "failure")
 
 @dataclass
 class OverlongBuffer:
-    """DAPO soft overlong penalty on the sequence score.
+    """DAPO soft overlong penalty settings for the reward manager.
 
-    With `L` the valid response length and `expected = max_response_length - buffer_len`,
-    the penalty is `min(0, -(L - expected) / buffer_len * penalty_factor)`: 0 until the
-    response enters the last `buffer_len` tokens, then linear down to `-penalty_factor` at
-    `max_response_length` (default: the batch's response_len).
+    The formula and its boundaries live in one place,
+    `verl.algorithms.reward_shaping.overlong_penalty`: 0 up to
+    `max_response_length - buffer_len` tokens, then linear down to `-penalty_factor` at
+    `max_response_length` (default: the batch's response_len); `buffer_len ==
+    max_response_length` ramps over the whole range.
     """
 
     buffer_len: int
@@ -103,14 +105,10 @@ class OverlongBuffer:
         return cls(int(length), float(get("penalty_factor", 1.0)), get("max_response_length"))
 
     def penalty(self, lengths: np.ndarray, response_len: int) -> np.ndarray:
-        """Penalty (<= 0) per sequence for valid lengths `lengths` (batch,)."""
+        """Penalty in `[-penalty_factor, 0]` per sequence for valid lengths `lengths` (batch,)."""
         max_len = self.max_response_length or response_len
-        if max_len <= self.buffer_len:
-            raise ValueError(
-                f"max_response_length={max_len} must exceed overlong buffer_len={self.buffer_len}"
-            )
-        exceed = np.asarray(lengths, dtype=np.float64) - (max_len - self.buffer_len)
-        return np.minimum(-exceed / self.buffer_len * self.penalty_factor, 0.0)
+        lengths64 = np.asarray(lengths, dtype=np.float64)
+        return overlong_penalty(lengths64, max_len, self.buffer_len, self.penalty_factor).numpy()
 
 
 def _column(non_tensor: Mapping[str, Any], key: str, size: int) -> list[Any] | None:

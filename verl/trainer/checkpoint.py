@@ -52,7 +52,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl.utils.atomic_io import fsync_dir, fsync_tree, write_json_atomic, write_text_atomic
+from verl.config.roles import ROLES, TRAINABLE_ROLES
+from verl.utils.atomic_io import (
+    fsync_dir,
+    fsync_tree,
+    publish_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +85,7 @@ TRAINER_STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 HF_CONFIG_DIR = "huggingface"
 # Role (placement name) -> its directory in a checkpoint.
-ROLE_DIRS = {"actor_rollout_ref": "actor", "critic": "critic"}
+ROLE_DIRS = {ROLES[role].group: role for role in TRAINABLE_ROLES}  # actor_rollout_ref -> actor
 FORMAT_VERSION = 1
 
 _STEP_DIR = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -368,14 +375,9 @@ class CheckpointManager:
         return final
 
     def _move_into_place(self, tmp: Path, final: Path) -> None:
-        old = None
-        if final.exists():  # the same step saved again (e.g. resumed from an older one)
-            old = final.with_name(f".{final.name}{_TRASH_MARK}{uuid.uuid4().hex[:8]}")
-            final.rename(old)
-        os.rename(tmp, final)
-        fsync_dir(self.root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        # the same step saved again (e.g. resumed from an older one) sets the old one aside
+        aside = final.with_name(f".{final.name}{_TRASH_MARK}{uuid.uuid4().hex[:8]}")
+        publish_dir(tmp, final, aside=aside)
 
     def _retain(self, newest: int) -> None:
         """Delete the oldest complete checkpoints so that ``max_to_keep`` remain (the one

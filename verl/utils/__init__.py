@@ -6,14 +6,10 @@ form of the ``resource_pool`` section), imported on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from verl.utils.lazy import lazy_exports
 
-__all__ = ["set_device_map"]
+_LAZY = {"set_device_map": "verl.config.device_map"}
 
+__all__ = list(_LAZY)
 
-def __getattr__(name: str) -> Any:
-    if name == "set_device_map":
-        from verl.config.device_map import set_device_map
-
-        return set_device_map
-    raise AttributeError(f"module 'verl.utils' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

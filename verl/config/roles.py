@@ -1,0 +1,57 @@
+"""The roles of an RL run, named once.
+
+A role has one name everywhere a user or a log names it: ``actor``, ``critic``,
+``reference``, ``reward`` (the ``trainer.model_precision_map`` keys, the metric prefixes,
+the checkpoint directories, ``verl.model_merger --role``). The processes are organised by
+worker group, whose name is also its config section and its ``resource_pool`` key prefix:
+``actor_rollout_ref`` (the hybrid actor + rollout + reference worker), ``critic`` and
+``reward_model``. This table states the correspondence; the other modules derive theirs
+from it (``device_map.ROLE_DEVICE_KEYS``, ``precision.ROLES`` / ``TRAINABLE_ROLES``,
+``trainer.checkpoint.ROLE_DIRS``, ``model_merger.ROLES``) instead of spelling it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GROUPS", "ROLES", "TRAINABLE_ROLES", "RoleSpec", "group_devices_key", "role_of_group"]
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role: its name, the worker group (and config section) holding it, the
+    ``resource_pool`` key of that group's devices, and whether it is trained."""
+
+    name: str
+    group: str
+    devices_key: str
+    trainable: bool
+
+
+_SPECS = (
+    RoleSpec("actor", "actor_rollout_ref", "actor_devices", trainable=True),
+    RoleSpec("critic", "critic", "critic_devices", trainable=True),
+    RoleSpec("reference", "actor_rollout_ref", "actor_devices", trainable=False),
+    RoleSpec("reward", "reward_model", "reward_model_devices", trainable=False),
+)
+
+ROLES: dict[str, RoleSpec] = {spec.name: spec for spec in _SPECS}
+TRAINABLE_ROLES: tuple[str, ...] = tuple(spec.name for spec in _SPECS if spec.trainable)
+# worker groups in placement order (the actor's first: the others default to its devices)
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(spec.group for spec in _SPECS))
+
+
+def group_devices_key(group: str) -> str:
+    """The ``resource_pool`` key of a worker group's device ids."""
+    for spec in _SPECS:
+        if spec.group == group:
+            return spec.devices_key
+    raise KeyError(f"unknown worker group {group!r}; groups: {list(GROUPS)}")
+
+
+def role_of_group(group: str) -> str:
+    """The trained role a worker group checkpoints (``actor_rollout_ref`` -> ``actor``)."""
+    for spec in _SPECS:
+        if spec.group == group and spec.trainable:
+            return spec.name
+    raise KeyError(f"worker group {group!r} trains no role; trained roles: {TRAINABLE_ROLES}")
