@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_checkpoint import _assert_bitwise, _assert_same_metrics, _checkpoint_tensors
 
 from verl.config import to_yaml
+from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.utils.lifetime import processes_with_env
@@ -34,14 +34,14 @@ from verl.utils.lifetime import processes_with_env
 pytestmark = pytest.mark.slow
 
 KILLS = 20
-STEPS = 5
+STEPS = 30
 MARK = "VERL_CHAOS_TEST"
 PHASES = ("rollout", "update", "validation", "save", "log")
 
 RUN = (
     f"trainer.total_training_steps={STEPS}",
     "trainer.save_freq=1",
-    "trainer.test_freq=2",
+    "trainer.test_freq=3",
     "trainer.val_before_train=false",
     "data.arithmetic.train_size=10",
     "algorithm.adv_estimator=grpo",
@@ -57,7 +57,7 @@ REWARD = (
 )
 
 CHILD = """
-import os, signal, sys
+import functools, os, signal, sys
 from verl.config import load_config
 from verl.trainer import ppo_trainer, tracking
 from verl.workers import ActorRolloutRefWorker
@@ -86,7 +86,7 @@ def wrapped(*args, **kwargs):
     return out
 
 
-setattr(owner, name, wrapped)
+setattr(owner, name, functools.wraps(real)(wrapped))  # keeps the dispatch registration
 ppo_trainer.RLTrainer(load_config(sys.argv[1])).fit()
 """
 
@@ -106,7 +106,7 @@ def _config(rl_config, tmp_path: Path, run_dir: Path):
 def _kill_plan(seed: int) -> list[tuple[str, int, str]]:
     rng = random.Random(seed)
     return [
-        (rng.choice(PHASES), rng.randint(1, 3), rng.choice(("before", "after")))
+        (rng.choice(PHASES), rng.randint(1, 2), rng.choice(("before", "after")))
         for _ in range(KILLS)
     ]
 
@@ -129,7 +129,7 @@ def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
     env = {**os.environ, MARK: mark}
     killed = []
     try:
-        for phase, nth, when in [*_kill_plan(seed=20), ("none", 0, "never")]:
+        for phase, nth, when in [*_kill_plan(seed=20), ("rollout", 0, "never")]:
             child = subprocess.run(
                 [sys.executable, str(script), str(config_file), phase, str(nth), when],
                 env=env,
@@ -153,11 +153,11 @@ def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
         for pid in processes_with_env(MARK, mark):
             os.kill(pid, signal.SIGKILL)
 
-    assert len(killed) >= KILLS // 2, f"too few kill points were reached: {killed}"
+    assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
     final = f"global_step_{STEPS}"
-    _assert_bitwise(_checkpoint_tensors(run_dir / final), _checkpoint_tensors(straight_dir / final))
+    assert_bitwise(checkpoint_tensors(run_dir / final), checkpoint_tensors(straight_dir / final))
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     strip = {"step", "time"}
     got = [{k: v for k, v in r.items() if k not in strip} for r in rows]
-    _assert_same_metrics(got, straight.history)
+    assert_same_metrics(got, straight.history)

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from verl.config import ConfigError, load_config, to_yaml
 from verl.model_merger import main as merger_main
 from verl.model_merger import merge_checkpoint
+from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
@@ -93,48 +94,6 @@ def _crash_at(trainer: RLTrainer, step: int) -> None:
     trainer.train_step = train_step
 
 
-def _comparable(metrics: dict[str, Any]) -> dict[str, float]:
-    """The metrics that must repeat exactly (wall-clock ones differ from run to run)."""
-    return {
-        k: float(v)
-        for k, v in metrics.items()
-        if not k.startswith("timing_s/") and k != "perf/throughput_tokens_per_s"
-    }
-
-
-def _assert_same_metrics(got: list[dict], want: list[dict], tol: float = 0.0) -> None:
-    assert len(got) == len(want)
-    for step, (a, b) in enumerate(zip(got, want), start=1):
-        a, b = _comparable(a), _comparable(b)
-        assert a.keys() == b.keys(), f"step {step}: {a.keys() ^ b.keys()}"
-        for key in a:
-            if math.isnan(b[key]):
-                assert math.isnan(a[key]), f"step {step} {key}: {a[key]} vs nan"
-            elif tol == 0.0:
-                assert a[key] == b[key], f"step {step} {key}: {a[key]!r} != {b[key]!r}"
-            else:
-                assert abs(a[key] - b[key]) <= tol * max(1.0, abs(b[key])), (step, key)
-
-
-def _checkpoint_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a single-engine checkpoint: weights and optimizer state, all roles."""
-    out = {}
-    for role in ("actor", "critic"):
-        if not (step_dir / role).is_dir():
-            continue
-        for name, t in load_file(step_dir / role / "model.safetensors").items():
-            out[f"{role}/model/{name}"] = t
-        optim = torch.load(step_dir / role / "optim_tensors.pt", weights_only=True)
-        out |= {f"{role}/optim/{name}": t for name, t in optim.items()}
-    return out
-
-
-def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-
-
 def _straight_run(rl_config, tmp_path: Path, *extra: str) -> tuple[list[dict], Path]:
     """The uninterrupted run of :data:`EXACT` (+ ``extra``): its history and directory."""
     out = tmp_path / "straight"
@@ -193,12 +152,12 @@ def test_resume_is_bit_exact(rl_config, tmp_path, variant):
     second.fit()
     assert second.resumed_from == run_dir / "global_step_2"
 
-    _assert_same_metrics(first.history + second.history, straight_history)
-    _assert_bitwise(
-        _checkpoint_tensors(run_dir / "global_step_4"),
-        _checkpoint_tensors(straight_dir / "global_step_4"),
+    assert_same_metrics(first.history + second.history, straight_history)
+    assert_bitwise(
+        checkpoint_tensors(run_dir / "global_step_4"),
+        checkpoint_tensors(straight_dir / "global_step_4"),
     )
-    _assert_bitwise(
+    assert_bitwise(
         load_file(run_dir / "huggingface" / "model.safetensors"),
         load_file(straight_dir / "huggingface" / "model.safetensors"),
     )
@@ -301,10 +260,10 @@ def test_kill_during_save_resumes_from_last_complete_checkpoint(rl_config, tmp_p
     assert resumed.resumed_from == run_dir / "global_step_2"
     assert not partial[0].exists()
     child_history = _jsonl_steps(run_dir / "metrics.jsonl")[:2]
-    _assert_same_metrics(child_history + resumed.history, straight_history)
-    _assert_bitwise(
-        _checkpoint_tensors(run_dir / "global_step_4"),
-        _checkpoint_tensors(straight_dir / "global_step_4"),
+    assert_same_metrics(child_history + resumed.history, straight_history)
+    assert_bitwise(
+        checkpoint_tensors(run_dir / "global_step_4"),
+        checkpoint_tensors(straight_dir / "global_step_4"),
     )
     assert (run_dir / LATEST_FILE).read_text().strip() == "4"
 
@@ -672,7 +631,7 @@ def test_two_fsdp2_ranks_resume_export_and_load_in_one_process(rl_config, ray_se
         live = _live_outputs(second, next(iter(second.train_loader)))
     finally:
         close()
-    _assert_same_metrics(first.history + second.history, straight.history, tol=1e-6)
+    assert_same_metrics(first.history + second.history, straight.history, tol=1e-6)
     got = load_file(run_dir / "huggingface" / "model.safetensors")
     want = load_file(straight_dir / "huggingface" / "model.safetensors")
     assert got.keys() == want.keys()

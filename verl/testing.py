@@ -1,0 +1,63 @@
+"""Helpers for tests that compare whole runs: the tensors of a checkpoint, bitwise tensor
+equality, and metric histories that must repeat exactly (wall-clock metrics left out).
+
+Used by the project's own resume and chaos tests; usable by anyone checking that their
+run resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+
+def comparable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics of a step that must repeat exactly (timings and throughput differ)."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if not k.startswith("timing_s/") and k != "perf/throughput_tokens_per_s"
+    }
+
+
+def assert_same_metrics(
+    got: Sequence[Mapping[str, Any]], want: Sequence[Mapping[str, Any]], tol: float = 0.0
+) -> None:
+    """Step by step, the same metric names and values (NaN equals NaN; ``tol`` relative)."""
+    assert len(got) == len(want), f"{len(got)} steps vs {len(want)}"
+    for step, (a, b) in enumerate(zip(got, want), start=1):
+        a, b = comparable_metrics(a), comparable_metrics(b)
+        assert a.keys() == b.keys(), f"step {step}: {a.keys() ^ b.keys()}"
+        for key in a:
+            if math.isnan(b[key]):
+                assert math.isnan(a[key]), f"step {step} {key}: {a[key]} vs nan"
+            elif tol == 0.0:
+                assert a[key] == b[key], f"step {step} {key}: {a[key]!r} != {b[key]!r}"
+            else:
+                assert abs(a[key] - b[key]) <= tol * max(1.0, abs(b[key])), (step, key)
+
+
+def checkpoint_tensors(step_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a single-engine checkpoint: weights and optimizer state, all roles."""
+    step_dir = Path(step_dir)
+    out = {}
+    for role in ("actor", "critic"):
+        if not (step_dir / role).is_dir():
+            continue
+        for name, t in load_file(step_dir / role / "model.safetensors").items():
+            out[f"{role}/model/{name}"] = t
+        optim = torch.load(step_dir / role / "optim_tensors.pt", weights_only=True)
+        out |= {f"{role}/optim/{name}": t for name, t in optim.items()}
+    return out
+
+
+def assert_bitwise(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> None:
+    """The same names, and every tensor equal bit for bit."""
+    assert a.keys() == b.keys(), f"names differ: {sorted(a.keys() ^ b.keys())[:5]}"
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
