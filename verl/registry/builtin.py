@@ -128,9 +128,7 @@ ROLLOUT_BACKENDS: Registry = Registry(
 )
 ROLLOUT_BACKENDS.add("native", "verl.rollout.native:NativeRollout")
 ROLLOUT_BACKENDS.add("hf", "verl.rollout.hf:HFRollout")
-ROLLOUT_BACKENDS.add(
-    "vllm", "verl.rollout.external:VLLMRollout", needs_cuda=True, package="vllm"
-)
+ROLLOUT_BACKENDS.add("vllm", "verl.rollout.external:VLLMRollout", needs_cuda=True, package="vllm")
 ROLLOUT_BACKENDS.add(
     "sglang", "verl.rollout.external:SGLangRollout", needs_cuda=True, package="sglang"
 )
@@ -140,7 +138,11 @@ ROLLOUT_BACKENDS.add(
 REWARD_SCORERS: Registry = Registry(
     "reward scorer",
     needs={},
-    inputs={"solution_str": "the response", "ground_truth": "the dataset", "extra_info": "the dataset"},
+    inputs={
+        "solution_str": "the response",
+        "ground_truth": "the dataset",
+        "extra_info": "the dataset",
+    },
 )
 _SCORERS = "verl.rewards.scorers"
 REWARD_SCORERS.add("arithmetic", f"{_SCORERS}.arithmetic:compute_score")

@@ -191,7 +191,7 @@ class Registry(Generic[T]):
         inputs: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
-        self.needs = None if needs is None else dict(needs)
+        self.need_defaults = None if needs is None else dict(needs)
         self.inputs: dict[str, str] = dict(inputs or {})
         self._entries: dict[str, Entry[T]] = {}
         self._canonical: dict[str, str] = {}  # alias or name -> canonical name
@@ -222,14 +222,14 @@ class Registry(Generic[T]):
             raise ValueError(
                 f"{self.kind} {name!r}: a lazy target must be 'module:attr', got {target!r}"
             )
-        if self.needs is not None:
-            unknown = sorted(set(info) - set(self.needs))
+        if self.need_defaults is not None:
+            unknown = sorted(set(info) - set(self.need_defaults))
             if unknown:
                 raise TypeError(
                     f"{self.kind} {name!r}: unknown needs {unknown}; a {self.kind} may declare "
-                    f"{', '.join(sorted(self.needs)) or 'nothing'}"
+                    f"{', '.join(sorted(self.need_defaults)) or 'nothing'}"
                 )
-            info = {**self.needs, **info}
+            info = {**self.need_defaults, **info}
         existing = self._entries.get(name)
         if existing is not None and not override and self._same(existing, target, aliases, info):
             return  # the same registration again (e.g. a module imported twice)
@@ -265,7 +265,7 @@ class Registry(Generic[T]):
 
     def copy(self) -> Registry[T]:
         """An independent registry with the same entries (tests register into a copy)."""
-        other: Registry[T] = Registry(self.kind, needs=self.needs, inputs=self.inputs)
+        other: Registry[T] = Registry(self.kind, needs=self.need_defaults, inputs=self.inputs)
         for name, entry in self._entries.items():
             other._entries[name] = Entry(other, name, entry._target, entry.aliases, entry.info)
         other._canonical = dict(self._canonical)
