@@ -11,6 +11,9 @@ ROOT = Path(verl.__file__).parent
 
 # package -> the verl packages it may import (besides itself)
 ALLOWED = {
+    # verl.registry is the bottom layer: the registries and their lazy built-in entries,
+    # importing nothing of verl, so every layer (the config too) may ask it.
+    "registry": set(),
     "config": set(),
     "protocol": set(),
     "algorithms": set(),
@@ -46,6 +49,11 @@ ALLOWED = {
         "workers",
     },
 }
+
+
+for _package, _deps in ALLOWED.items():
+    if _package != "registry":
+        _deps.add("registry")
 
 
 def _package_of(path: Path) -> str:

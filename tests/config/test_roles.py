@@ -35,7 +35,7 @@ def test_derived_tables_agree():
         "critic": "critic_devices",
         "reward_model": "reward_model_devices",
     }
-    assert precision.ROLES == tuple(ROLES) and precision.TRAINABLE_ROLES == TRAINABLE_ROLES
+    assert tuple(ROLES) == precision.ROLES and precision.TRAINABLE_ROLES == TRAINABLE_ROLES
     assert ROLE_DIRS == {"actor_rollout_ref": "actor", "critic": "critic"}
     assert model_merger.ROLES == {"actor": "actor_rollout_ref", "critic": "critic"}
     assert {role_of_group(group) for group in ROLE_DIRS} == set(TRAINABLE_ROLES)

@@ -17,7 +17,7 @@ from verl.rewards.scorers import registry as registry_module
 @pytest.fixture
 def clean_registry(monkeypatch):
     """Let a test register scorers without leaking them into other tests."""
-    monkeypatch.setattr(registry_module, "_SCORERS", dict(registry_module._SCORERS))
+    monkeypatch.setattr(registry_module, "_SCORERS", registry_module._SCORERS.copy())
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_register_scorer_decorator(clean_registry):
 
 
 def test_register_scorer_duplicate_and_override(clean_registry):
-    with pytest.raises(ValueError, match="already registered for data_source='gsm8k'"):
+    with pytest.raises(ValueError, match="scorer 'gsm8k' is already registered"):
         register_scorer("gsm8k")(lambda s, g, e=None: 0.0)
     register_scorer("gsm8k", override=True)(lambda s, g, e=None: 0.5)
     assert default_compute_score("gsm8k", "#### 1", "1") == 0.5

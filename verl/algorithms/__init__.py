@@ -2,8 +2,9 @@
 
 No models, no I/O, no distributed calls: everything here maps tensors of shape
 ``(batch, response_len)`` (plus prompt ids) to tensors, and is unit-tested against
-hand-computed values. Each extension point is a name registry, so the trainer picks an
-algorithm from the config by name and a new algorithm is one decorated function:
+hand-computed values. Each extension point is a registry of :mod:`verl.registry` (the
+built-ins are declared in ``verl/registry/builtin.py`` with what they need), so the trainer
+picks an algorithm from the config by name and a new algorithm is one decorated function:
 
 - advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;

@@ -7,10 +7,10 @@ needs and ignores the rest (``**kwargs``), so the trainer can call any of them t
     advantages, returns = fn(token_level_rewards=r, response_mask=m, values=v, index=uid,
                              gamma=g, lam=l, reward_baselines=b)
 
-Both outputs have shape ``(batch, response_len)`` and are 0 on masked tokens.
-:func:`estimator_info` tells which inputs an estimator needs (``needs_critic``,
-``needs_index``, ``needs_baseline``); :func:`estimator_requires_critic` is the common
-question.
+Both outputs have shape ``(batch, response_len)`` and are 0 on masked tokens. The built-in
+estimators are declared in :mod:`verl.registry.builtin` with what they need
+(:func:`estimator_info`: ``needs_critic``, ``needs_index``, ``needs_baseline``,
+``needs_reference``); a new one is one :func:`register_advantage_estimator` decorator.
 
 Outcome estimators (all but ``gae`` and ``reinforce_plus_plus``) work on the sequence
 score ``s_i = sum_t mask * token_level_rewards``; rewards on masked positions are ignored,
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from verl.algorithms.core import masked_whiten
-from verl.algorithms.registry import Registry
+from verl.registry import ADVANTAGE_ESTIMATORS
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -51,14 +51,18 @@ __all__ = [
 ]
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
-
-_DEFAULT_INFO = {"needs_critic": False, "needs_index": False, "needs_baseline": False}
 
 
-def register_advantage_estimator(name: str, *aliases: str, **info: Any):
-    """Decorator adding an estimator; ``info`` keys default to ``needs_*=False``."""
-    return ADVANTAGE_ESTIMATORS.register(name, *aliases, **{**_DEFAULT_INFO, **info})
+def register_advantage_estimator(name: str, *aliases: str, override: bool = False, **needs: Any):
+    """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS`.
+
+    ``needs`` are ``needs_critic``, ``needs_index``, ``needs_baseline`` and
+    ``needs_reference`` (all default ``False``); the trainer derives from them which roles to
+    place, whether to run the greedy baseline pass and what to pass. Keyword parameters with
+    defaults that the trainer does not pass itself are the estimator's hyperparameters,
+    settable with ``algorithm.adv_estimator_kwargs``.
+    """
+    return ADVANTAGE_ESTIMATORS.register(name, *aliases, override=override, **needs)
 
 
 def get_advantage_estimator(name: str) -> AdvantageFn:
@@ -67,12 +71,13 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
 
 
 def estimator_info(name: str) -> dict[str, Any]:
-    """Metadata of estimator ``name``: ``needs_critic``, ``needs_index``, ``needs_baseline``."""
+    """What estimator ``name`` needs: ``needs_critic``, ``needs_index``, ``needs_baseline``,
+    ``needs_reference``."""
     return ADVANTAGE_ESTIMATORS.info(name)
 
 
 def estimator_requires_critic(name: str) -> bool:
-    """Whether estimator ``name`` needs ``values`` from a critic (only ``gae`` here)."""
+    """Whether estimator ``name`` needs ``values`` from a critic (only ``gae`` built in)."""
     return bool(estimator_info(name)["needs_critic"])
 
 
@@ -149,7 +154,6 @@ def _broadcast(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- estimators
 
 
-@register_advantage_estimator("gae", needs_critic=True)
 @torch.no_grad()
 def compute_gae_advantages(
     token_level_rewards: torch.Tensor,
@@ -197,7 +201,6 @@ def compute_gae_advantages(
     return advantages, returns
 
 
-@register_advantage_estimator("grpo", needs_index=True)
 @torch.no_grad()
 def compute_grpo_advantages(
     token_level_rewards: torch.Tensor,
@@ -233,7 +236,6 @@ def compute_grpo_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("rloo", needs_index=True)
 @torch.no_grad()
 def compute_rloo_advantages(
     token_level_rewards: torch.Tensor,
@@ -256,7 +258,6 @@ def compute_rloo_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("reinforce_plus_plus")
 @torch.no_grad()
 def compute_reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,
@@ -282,7 +283,6 @@ def compute_reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask), returns
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline", needs_index=True)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_advantages(
     token_level_rewards: torch.Tensor,
@@ -304,7 +304,6 @@ def compute_reinforce_plus_plus_baseline_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("remax", needs_baseline=True)
 @torch.no_grad()
 def compute_remax_advantages(
     token_level_rewards: torch.Tensor,
@@ -345,7 +344,6 @@ def compute_remax_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("opo", needs_index=True)
 @torch.no_grad()
 def compute_opo_advantages(
     token_level_rewards: torch.Tensor,
@@ -373,7 +371,6 @@ def compute_opo_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("gpg", needs_index=True)
 @torch.no_grad()
 def compute_gpg_advantages(
     token_level_rewards: torch.Tensor,

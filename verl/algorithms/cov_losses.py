@@ -1,5 +1,6 @@
 """Clip-Cov and KL-Cov policy losses (Cui et al. 2025, "The Entropy Mechanism of RL for
-Reasoning Language Models"), registered as ``clip_cov`` and ``kl_cov``.
+Reasoning Language Models"), registered as ``clip_cov`` and ``kl_cov``
+(:mod:`verl.registry.builtin`).
 
 Policy entropy collapses fastest through tokens where the log-prob and the advantage move
 together. Both losses measure that per valid token as the centred cross product
@@ -30,7 +31,6 @@ from verl.algorithms.policy_loss import (
     _clamped_log_ratio,
     _clipped_surrogate,
     _fraction,
-    register_policy_loss,
 )
 
 __all__ = ["compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov"]
@@ -51,7 +51,6 @@ def _num_selected(ratio: float, num_valid: int) -> int:
     return max(1, int(ratio * num_valid))
 
 
-@register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -97,7 +96,6 @@ def compute_policy_loss_clip_cov(
     return loss, metrics
 
 
-@register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -21,14 +21,13 @@ actor loss term (:func:`compute_kl_loss`, GRPO).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from verl.algorithms.core import masked_mean
 from verl.algorithms.loss_agg import agg_loss
-from verl.algorithms.registry import Registry
+from verl.registry import KL_CONTROLLERS, KL_ESTIMATORS
 
 __all__ = [
     "KL_CONTROLLERS",
@@ -41,25 +40,21 @@ __all__ = [
     "kl_penalty",
 ]
 
-KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator")
+# The estimators, registered in verl.registry.builtin as k1 (kl), abs, k2 (mse), k3 (low_var_kl).
 
 
-@KL_ESTIMATORS.register("k1", "kl")
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio
 
 
-@KL_ESTIMATORS.register("abs")
 def _abs(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.abs()
 
 
-@KL_ESTIMATORS.register("k2", "mse")
 def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.square()
 
 
-@KL_ESTIMATORS.register("k3", "low_var_kl")
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     # Written in terms of ref/pi: exp(ref - logp) - (ref - logp) - 1.
     neg = torch.clamp(-log_ratio, min=-20.0, max=20.0)
@@ -158,9 +153,6 @@ class AdaptiveKLController:
 
 
 KLController = FixedKLController | AdaptiveKLController
-KL_CONTROLLERS: Registry[type] = Registry("KL controller type")
-KL_CONTROLLERS.register("fixed")(FixedKLController)
-KL_CONTROLLERS.register("adaptive")(AdaptiveKLController)
 
 
 def get_kl_controller(

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from verl.algorithms.core import entropy_from_logits, masked_mean, masked_sum
-from verl.algorithms.registry import Registry
+from verl.registry import LOSS_AGG_MODES
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -37,9 +37,9 @@ __all__ = [
     "compute_entropy_loss",
 ]
 
-# (loss_mat, loss_mask, loss_scale_factor) -> 0-dim loss
+# (loss_mat, loss_mask, loss_scale_factor) -> 0-dim loss; the modes below are registered in
+# verl.registry.builtin under the names of the module docstring.
 AggFn = Callable[..., torch.Tensor]
-LOSS_AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
 
 
 def _seq_mean(seq_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -47,22 +47,18 @@ def _seq_mean(seq_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor
     return masked_mean(seq_losses, has_tokens)
 
 
-@LOSS_AGG_MODES.register("token-mean")
 def _token_mean(loss_mat, loss_mask, loss_scale_factor=None):
     return masked_mean(loss_mat, loss_mask)
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat, loss_mask, loss_scale_factor=None):
     return _seq_mean(masked_sum(loss_mat, loss_mask, dim=-1), loss_mask)
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-mean")
 def _seq_mean_token_mean(loss_mat, loss_mask, loss_scale_factor=None):
     return _seq_mean(masked_mean(loss_mat, loss_mask, dim=-1), loss_mask)
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat, loss_mask, loss_scale_factor=None):
     scale = loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor
     if scale <= 0:

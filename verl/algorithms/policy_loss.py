@@ -15,7 +15,9 @@ micro-batch loop reads nothing back to the host until it chooses to): ``clipfrac
 ``clipfrac_lower`` (fraction hit by the dual-clip bound) and ``approx_kl``, the k1 estimate
 ``mean over valid tokens of (old_log_prob - log_prob)`` of ``KL(pi_old || pi)``.
 
-The log-ratio ``log_prob - old_log_prob`` is clamped to [-20, 20] before ``exp``.
+The log-ratio ``log_prob - old_log_prob`` is clamped to [-20, 20] before ``exp``. The
+built-in losses are declared in :mod:`verl.registry.builtin`; a new one is one
+:func:`register_policy_loss` decorator.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from verl.algorithms.core import masked_mean
 from verl.algorithms.loss_agg import agg_loss
-from verl.algorithms.registry import Registry
+from verl.registry import POLICY_LOSSES
 
 __all__ = [
     "POLICY_LOSSES",
@@ -39,14 +41,18 @@ __all__ = [
 ]
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 _LOG_RATIO_BOUND = 20.0
 
 
-def register_policy_loss(name: str, *aliases: str, **info):
-    """Decorator adding a policy loss under ``name``."""
-    return POLICY_LOSSES.register(name, *aliases, **info)
+def register_policy_loss(name: str, *aliases: str, override: bool = False, **needs: Any):
+    """Decorator adding a policy loss to :data:`POLICY_LOSSES` under ``name``.
+
+    Keyword parameters with defaults that the actor does not pass itself (see
+    ``POLICY_LOSSES.inputs``) are the loss's hyperparameters, settable with
+    ``actor_rollout_ref.actor.policy_loss_kwargs``.
+    """
+    return POLICY_LOSSES.register(name, *aliases, override=override, **needs)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
@@ -92,7 +98,6 @@ def _clipped_surrogate(
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-@register_policy_loss("vanilla", "ppo")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -139,7 +144,6 @@ def compute_policy_loss_vanilla(
     return loss, metrics
 
 
-@register_policy_loss("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -181,7 +185,6 @@ def compute_policy_loss_gspo(
     return loss, metrics
 
 
-@register_policy_loss("cispo")
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

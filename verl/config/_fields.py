@@ -1,5 +1,9 @@
 """Shared building blocks of the config schema: the field helper and the enumerations.
 
+Registry-backed keys (estimators, losses, KL kinds, aggregation modes, rollout backends,
+reward managers) are plain ``str`` fields: their names live in ``verl.registry`` only, and
+``verl.config.validate`` checks them against the live registries.
+
 Every schema field is declared with :func:`entry`, which stores its help text in the
 dataclass field metadata. The same text becomes the comment in the generated YAML
 defaults and the "meaning" column of the table in ``docs/config.md``.
@@ -21,12 +25,6 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Precision = Literal["none", "fp32", "bf16", "fp16", "fp8", "auto"]
 GradientPrecision = Literal["fp32"]
 Strategy = Literal["auto", "single", "fsdp2"]
-LossAggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
-# KL estimators: k1 ("kl"), |k1| ("abs"), k2 ("mse"), k3 ("low_var_kl").
-KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
-RolloutName = Literal["native", "hf", "vllm", "sglang"]
 WarmupStyle = Literal["constant", "cosine"]
 Truncation = Literal["error", "drop", "truncate", "left"]  # left: older name of truncate
 CheckpointContent = Literal["model", "optimizer", "extra"]
@@ -36,7 +34,6 @@ Backend = Literal["auto", "local", "ray"]
 ResumeMode = Literal["auto", "disable", "resume_path"]
 ArithmeticOp = Literal["+", "-", "*"]
 BuiltinDataset = Literal["arithmetic"]
-KLControlType = Literal["fixed", "adaptive"]
 # DAPO dynamic sampling: the per-response value compared within a prompt group.
 FilterGroupsMetric = Literal["acc", "score", "seq_reward"]
 

@@ -2,6 +2,8 @@
 
 Code elsewhere calls these helpers instead of re-deriving (``critic.enable=None`` means
 "on iff the estimator needs values", ``clip_ratio_low=None`` means ``clip_ratio``, ...).
+What an algorithm needs is asked of its registry entry (``verl.registry``), never of a list
+of names kept here.
 """
 
 from __future__ import annotations
@@ -10,11 +12,8 @@ import string
 
 from verl.config.device_map import DeviceMap, resolve_device_map
 from verl.config.schema import ActorConfig, TrainerConfig
+from verl.registry import ADVANTAGE_ESTIMATORS
 
-# Advantage estimators that need a value function.
-CRITIC_ESTIMATORS = frozenset({"gae"})
-# Estimators whose baseline comes from the other responses to the same prompt (need n >= 2).
-GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
 # Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
 PATH_FIELDS = ("project_name", "experiment_name")
 
@@ -68,12 +67,24 @@ def critic_enabled(cfg: TrainerConfig) -> bool:
     """``critic.enable``, or when null, whether ``algorithm.adv_estimator`` needs values."""
     if cfg.critic.enable is not None:
         return cfg.critic.enable
-    return cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS
+    return estimator_needs(cfg, "needs_critic")
+
+
+def estimator_needs(cfg: TrainerConfig, what: str) -> bool:
+    """Whether ``algorithm.adv_estimator``'s registry entry declares ``what``
+    (``needs_critic``, ``needs_index``, ``needs_baseline``, ``needs_reference``); False for
+    an unregistered name, which ``validate`` reports."""
+    return bool(ADVANTAGE_ESTIMATORS.needs(cfg.algorithm.adv_estimator, what))
 
 
 def ref_enabled(cfg: TrainerConfig) -> bool:
-    """A reference policy is needed iff a KL term is on (in the loss or in the reward)."""
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    """A reference policy is needed iff a KL term is on (in the loss or in the reward) or the
+    advantage estimator needs reference log-probs."""
+    return (
+        cfg.actor_rollout_ref.actor.use_kl_loss
+        or cfg.algorithm.use_kl_in_reward
+        or estimator_needs(cfg, "needs_reference")
+    )
 
 
 def clip_ratio_bounds(actor: ActorConfig) -> tuple[float, float]:

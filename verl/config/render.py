@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from verl.config.convert import describe_type, field_types, section_class
+from verl.config.registry_keys import REGISTRY_KEYS
 from verl.config.yaml_io import show
 
 
@@ -41,7 +42,8 @@ def iter_rows(cls: type, obj: Any = None, prefix: str = "") -> Iterator[tuple[st
 
     Non-null sections are descended into; a section that defaults to null (e.g.
     ``mixed_precision``) gets its own row, and its keys show the defaults they take
-    once the section is set.
+    once the section is set. A registry-backed key's type is "<registry kind> name" (the
+    names are those of ``verl.registry``).
     """
     obj = cls() if obj is None else obj
     hints = field_types(cls)
@@ -49,7 +51,9 @@ def iter_rows(cls: type, obj: Any = None, prefix: str = "") -> Iterator[tuple[st
         path, tp, value = f"{prefix}{f.name}", hints[f.name], getattr(obj, f.name)
         sub = section_class(tp)
         if sub is None or value is None:
-            yield path, describe_type(tp), show(value), f.metadata["help"]
+            registry = REGISTRY_KEYS.get(path)
+            kind = describe_type(tp) if registry is None else f"{registry.kind} name"
+            yield path, kind, show(value), f.metadata["help"]
         if sub is not None:
             yield from iter_rows(sub, value if value is not None else sub(), path + ".")
 

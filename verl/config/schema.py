@@ -24,8 +24,6 @@ from verl.config._fields import (
     Device,
     FilterGroupsMetric,
     GradientPrecision,
-    KLControlType,
-    KLEstimator,
     Logger,
     Precision,
     ResumeMode,
@@ -129,9 +127,7 @@ class CustomRewardFunctionConfig:
 class KLControlConfig:
     """Controller of the in-reward KL coefficient."""
 
-    type: KLControlType = entry(
-        "fixed", "fixed, or adaptive (moves the coefficient toward target_kl)"
-    )
+    type: str = entry("fixed", "fixed, or adaptive (moves the coefficient toward target_kl)")
     kl_coef: float = entry(0.001, "(initial) KL coefficient")
     horizon: int = entry(10000, "adaptive controller horizon in samples")
     target_kl: float = entry(0.1, "adaptive controller target KL")
@@ -165,9 +161,16 @@ class AlgorithmConfig:
     adv_estimator: str = entry(
         "grpo", "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)"
     )
+    adv_estimator_kwargs: dict[str, Any] = entry(
+        {},
+        "hyperparameters of the estimator by name, e.g. reward_to_go (remax), epsilon "
+        "(grpo); checked against the estimator's registry entry",
+    )
     norm_adv_by_std_in_grpo: bool = entry(True, "GRPO: divide by the group's std")
     use_kl_in_reward: bool = entry(False, "subtract a KL(actor || ref) penalty from rewards")
-    kl_penalty: KLEstimator = entry("kl", "KL estimator of the in-reward penalty")
+    kl_penalty: str = entry(
+        "kl", "KL estimator of the in-reward penalty: k1 (kl), abs, k2 (mse), k3 (low_var_kl)"
+    )
     kl_ctrl: KLControlConfig = entry(KLControlConfig, "in-reward KL coefficient")
     filter_groups: FilterGroupsConfig = entry(
         FilterGroupsConfig, "DAPO dynamic sampling of informative prompt groups"

@@ -18,9 +18,6 @@ from verl.config._fields import (
     EMBEDDED_MODEL,
     CheckpointContent,
     Dtype,
-    KLEstimator,
-    LossAggMode,
-    RolloutName,
     Strategy,
     WarmupStyle,
     entry,
@@ -115,11 +112,20 @@ class ActorConfig:
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
     clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio")
     clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)")
-    loss_agg_mode: LossAggMode = entry("token-mean", "how token losses become one scalar")
+    loss_agg_mode: str = entry(
+        "token-mean",
+        "how token losses become one scalar: token-mean, seq-mean-token-sum, "
+        "seq-mean-token-mean, seq-mean-token-sum-norm",
+    )
     loss_scale_factor: float | None = entry(
         None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"
     )
     policy_loss: str = entry("vanilla", "policy-loss name in the verl.algorithms registry")
+    policy_loss_kwargs: dict[str, Any] = entry(
+        {},
+        "hyperparameters of the policy loss by name, e.g. clip_cov_ratio, kl_cov_ratio, "
+        "ppo_kl_coef; checked against the loss's registry entry",
+    )
     rollout_is_threshold: float | None = entry(
         None,
         "truncated importance sampling: weight each token's policy loss by "
@@ -128,7 +134,11 @@ class ActorConfig:
     entropy_coeff: float = entry(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = entry(False, "add KL(actor || ref) to the loss (GRPO style)")
     kl_loss_coef: float = entry(0.001, "coefficient of the KL loss")
-    kl_loss_type: KLEstimator = entry("low_var_kl", "KL estimator of the KL loss")
+    kl_loss_type: str = entry(
+        "low_var_kl",
+        "KL estimator of the KL loss: k1 (kl), abs, k2 (mse), k3 (low_var_kl); suffix + "
+        "for k2's gradient",
+    )
     grad_clip: float = entry(1.0, "max global gradient norm")
     logprob_chunk_size: int = entry(
         512, "tokens whose float32 logits exist at once when computing log-probs (bounds memory)"
@@ -153,7 +163,7 @@ class ValKwargsConfig:
 class RolloutConfig:
     """Response generation. Response length is data.max_response_length."""
 
-    name: RolloutName = entry("native", "rollout backend: native, hf, vllm, sglang")
+    name: str = entry("native", "rollout backend: native, hf, vllm, sglang")
     n: int = entry(4, "responses sampled per prompt (GRPO-style estimators need >= 2)")
     temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)")
     top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
@@ -235,7 +245,11 @@ class CriticConfig:
     shuffle: bool = entry(True, "shuffle samples between mini-batches")
     cliprange_value: float = entry(0.5, "value clip range around the old values")
     loss_coef: float = entry(1.0, "multiplier of the value loss")
-    loss_agg_mode: LossAggMode = entry("token-mean", "how token losses become one scalar")
+    loss_agg_mode: str = entry(
+        "token-mean",
+        "how token losses become one scalar: token-mean, seq-mean-token-sum, "
+        "seq-mean-token-mean, seq-mean-token-sum-norm",
+    )
     grad_clip: float = entry(1.0, "max global gradient norm")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")

@@ -19,10 +19,9 @@ from typing import Any
 from verl.config._fields import EMBEDDED_MODEL
 from verl.config.convert import build
 from verl.config.derived import (
-    CRITIC_ESTIMATORS,
-    GROUP_ESTIMATORS,
     PATH_FIELDS,
     critic_enabled,
+    estimator_needs,
     placed_roles,
     template_fields,
     worker_backend,
@@ -30,8 +29,10 @@ from verl.config.derived import (
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.precision import precision_problems, precision_warnings
+from verl.config.registry_keys import registry_problems
 from verl.config.schema import OptimConfig, TrainerConfig
 from verl.config.yaml_io import show
+from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +44,8 @@ def validate(
 
     Args:
         cfg: a config built in Python or loaded.
-        registries: optional ``{key path: allowed names}`` for registry-backed string keys,
-            e.g. ``{"algorithm.adv_estimator": ADV_ESTIMATORS}``; the config package cannot
-            import the registries itself, so the trainer passes them.
+        registries: optional extra ``{key path: allowed names}`` checks; the keys of
+            ``verl.config.registry_keys.REGISTRY_KEYS`` are always checked against the live ``verl.registry``.
     """
     built, problems, bad_paths = build(TrainerConfig, cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
@@ -67,6 +67,15 @@ def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]
         c.one_of(path, _get(cfg, path), list(names))
 
 
+def _check_registry_keys(
+    c: Checks, cfg: TrainerConfig, registries: Mapping[str, Iterable[str]] | None
+) -> None:
+    """Registry-backed keys and ``*_kwargs`` mappings (``verl.config.registry_keys``); a key
+    given in ``registries`` is checked against those names instead."""
+    for keys, message in registry_problems(cfg, skip=registries or {}):
+        c.error(keys, message)
+
+
 def semantic_problems(
     cfg: TrainerConfig,
     *,
@@ -86,6 +95,7 @@ def semantic_problems(
         _check_precision,
     ):
         check(checks, cfg)
+    _check_registry_keys(checks, cfg, registries)
     check_registries(checks, cfg, registries)
     return checks.problems, checks.warnings
 
@@ -377,13 +387,15 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     )
     if any(not s for s in r.stop):
         c.error(f"{p}.stop", f"{p}.stop={show(r.stop)}: stop strings must not be empty")
-    if r.name in ("vllm", "sglang"):
-        if device == "cpu":
-            c.error(
-                (f"{p}.name", "trainer.device"),
-                f"{p}.name={r.name}: needs CUDA but trainer.device=cpu; use native or hf on CPU",
-            )
-        c.package(f"{p}.name", r.name, r.name, f"pip install {r.name}, or use native or hf")
+    backend = ROLLOUT_BACKENDS.info(r.name) if r.name in ROLLOUT_BACKENDS else {}
+    if backend.get("needs_cuda") and device == "cpu":
+        c.error(
+            (f"{p}.name", "trainer.device"),
+            f"{p}.name={r.name}: needs CUDA but trainer.device=cpu; use native or hf on CPU",
+        )
+    if backend.get("package"):
+        package = backend["package"]
+        c.package(f"{p}.name", r.name, package, f"pip install {package}, or use native or hf")
     c.at_least(
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_device",
         arr.ref.log_prob_micro_batch_size_per_device,
@@ -394,14 +406,14 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
 
 
 def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
-    est = cfg.algorithm.adv_estimator
-    if cfg.critic.enable is False and est in CRITIC_ESTIMATORS:
+    est, needs_critic = cfg.algorithm.adv_estimator, estimator_needs(cfg, "needs_critic")
+    if cfg.critic.enable is False and needs_critic:
         c.error(
             ("critic.enable", "algorithm.adv_estimator"),
             f"critic.enable=false: algorithm.adv_estimator={est} needs a value function; "
             "set critic.enable=true (or null for auto) or pick an estimator without a critic",
         )
-    if cfg.critic.enable and est not in CRITIC_ESTIMATORS:
+    if cfg.critic.enable and not needs_critic and est in ADVANTAGE_ESTIMATORS:
         c.warn(f"critic.enable=true but algorithm.adv_estimator={est} does not use values")
     if not critic_enabled(cfg):
         return
@@ -464,7 +476,7 @@ def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
     c.between(f"{p}.lam", al.lam, 0, 1)
     c.nonempty(f"{p}.adv_estimator", al.adv_estimator)
     n = cfg.actor_rollout_ref.rollout.n
-    if al.adv_estimator in GROUP_ESTIMATORS and n == 1:
+    if estimator_needs(cfg, "needs_index") and n == 1:
         c.warn(
             f"algorithm.adv_estimator={al.adv_estimator} with actor_rollout_ref.rollout.n=1: a "
             "group of one response has zero advantage, nothing is learned; set rollout.n >= 2"
@@ -487,12 +499,13 @@ def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
     if not fg.enable:
         return
     est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if est not in GROUP_ESTIMATORS:
+    if est in ADVANTAGE_ESTIMATORS and not estimator_needs(cfg, "needs_index"):
+        groups = [e for e in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.info(e)["needs_index"]]
         c.error(
             (f"{p}.enable", "algorithm.adv_estimator"),
             f"{p}.enable=true: algorithm.adv_estimator={est} is not a group estimator; "
             f"dynamic sampling drops groups with equal rewards, which only group baselines "
-            f"make useless; use one of {', '.join(sorted(GROUP_ESTIMATORS))}",
+            f"make useless; use one of {', '.join(groups)}",
         )
     if n < 2:
         c.error(

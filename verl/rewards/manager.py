@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from verl.algorithms.reward_shaping import overlong_penalty
+from verl.registry import REWARD_MANAGERS, UnknownNameError
 from verl.rewards.isolation import (
     DEFAULT_MAX_ABS_REWARD,
     FailureTracker,
@@ -527,26 +528,18 @@ class RewardManager:
 
 
 # ---------------------------------------------------------------------- registry
-REWARD_MANAGERS: dict[str, type] = {}
+def register_reward_manager(name: str, *, override: bool = False) -> Callable[[type], type]:
+    """Class decorator registering a reward manager under `name` (config `reward_manager`).
 
-
-def register_reward_manager(name: str) -> Callable[[type], type]:
-    """Class decorator registering a reward manager under `name` (config `reward_manager`)."""
-
-    def decorator(cls: type) -> type:
-        if name in REWARD_MANAGERS and REWARD_MANAGERS[name] is not cls:
-            raise ValueError(f"a reward manager is already registered as {name!r}")
-        REWARD_MANAGERS[name] = cls
-        return cls
-
-    return decorator
+    A name already bound to another class raises `ValueError` unless `override=True`.
+    """
+    return REWARD_MANAGERS.register(name, override=override)
 
 
 def get_reward_manager(name: str) -> type:
     """The reward manager class registered as `name`."""
     if name not in REWARD_MANAGERS:
-        raise ValueError(f"unknown reward_manager={name!r}; registered: {sorted(REWARD_MANAGERS)}")
-    return REWARD_MANAGERS[name]
-
-
-register_reward_manager("naive")(RewardManager)
+        raise UnknownNameError(
+            f"unknown reward_manager={name!r}; registered: {', '.join(REWARD_MANAGERS.names())}"
+        )
+    return REWARD_MANAGERS.get(name)

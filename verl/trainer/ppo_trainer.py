@@ -43,13 +43,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from verl.algorithms import (
-    apply_kl_penalty,
-    estimator_requires_critic,
-    get_advantage_estimator,
-    get_kl_controller,
-)
-from verl.config import TrainerConfig, ref_enabled, tokenizer_path
+from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty, get_kl_controller
+from verl.config import TrainerConfig, critic_enabled, ref_enabled, tokenizer_path
+from verl.config.derived import estimator_needs
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.engine import NonFiniteLossError
@@ -114,7 +110,7 @@ class RLTrainer:
         critic_module: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        config.validate(registries=registry_names())
+        config.validate()  # registry-backed keys against the live registries (user entries too)
         check_supported(config)
         self.config = config
         cfg = config
@@ -127,11 +123,7 @@ class RLTrainer:
         self._stop = StopRequests()
         self.run_lock.check()
 
-        self.use_critic = (
-            cfg.critic.enable
-            if cfg.critic.enable is not None
-            else estimator_requires_critic(cfg.algorithm.adv_estimator)
-        )
+        self.use_critic = critic_enabled(cfg)  # critic.enable, or the estimator's needs_critic
         self.use_reference = ref_enabled(cfg)
 
         if tokenizer is None:
@@ -285,8 +277,8 @@ class RLTrainer:
         """Sample ``rollout.n`` responses per prompt and score them.
 
         Adds ``token_level_scores``, the group id ``uid`` (one per prompt), the scorer's
-        per-response ``score`` and ``acc`` (NaN where it reports none) and, for ReMax,
-        ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
+        per-response ``score`` and ``acc`` (NaN where it reports none) and, for an estimator
+        that declares ``needs_baseline`` (ReMax), ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
         """
         metrics: dict[str, Any] = {}
         # One id per prompt: the n responses of a prompt share it (the GRPO group).
@@ -302,7 +294,7 @@ class RLTrainer:
             for key in ("score", "acc"):
                 values = extras.get(key, np.full(len(gen), np.nan))
                 gen.non_tensor_batch[key] = np.asarray(values, dtype=np.float64)
-        if self.config.algorithm.adv_estimator == "remax":
+        if estimator_needs(self.config, "needs_baseline"):
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
             with timer("gen_greedy_baseline", metrics):
@@ -374,19 +366,25 @@ class RLTrainer:
         return scores, (metrics if update_stats else {}), extras
 
     def _compute_advantages(self, gen: DataProto) -> None:
-        acfg = self.config.algorithm
-        estimator = get_advantage_estimator(acfg.adv_estimator)
-        b = gen.batch
-        advantages, returns = estimator(
+        acfg, b = self.config.algorithm, gen.batch
+        estimator = ADVANTAGE_ESTIMATORS.entry(acfg.adv_estimator)
+        inputs = dict(
             token_level_rewards=b["token_level_rewards"],
             response_mask=b["response_mask"],
             values=b.get("values"),
             index=gen.non_tensor_batch["uid"],
+            reward_baselines=b.get("reward_baselines"),
+            old_log_probs=b.get("old_log_probs"),
+            ref_log_probs=b.get("ref_log_probs"),
             gamma=acfg.gamma,
             lam=acfg.lam,
             norm_adv_by_std=acfg.norm_adv_by_std_in_grpo,
-            reward_baselines=b.get("reward_baselines"),
         )
+        # the inputs the estimator takes, plus its hyperparameters from adv_estimator_kwargs
+        kwargs = estimator.call_kwargs(
+            inputs, acfg.adv_estimator_kwargs, "algorithm.adv_estimator_kwargs"
+        )
+        advantages, returns = estimator.target(**kwargs)
         b["advantages"] = advantages
         b["returns"] = returns
 
@@ -673,18 +671,6 @@ def optimizer_steps_per_step(cfg: TrainerConfig, role_cfg: Any) -> int:
     """
     mini_batches = math.ceil(cfg.data.train_batch_size / role_cfg.ppo_mini_batch_size)
     return role_cfg.ppo_epochs * mini_batches
-
-
-def registry_names() -> dict[str, list[str]]:
-    """Names the config may use for registry-backed keys (checked by ``validate``)."""
-    from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-    from verl.rewards.manager import REWARD_MANAGERS
-
-    return {
-        "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS.names(include_aliases=True),
-        "actor_rollout_ref.actor.policy_loss": POLICY_LOSSES.names(include_aliases=True),
-        "reward_model.reward_manager": sorted(REWARD_MANAGERS),
-    }
 
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import get_policy_loss
+from verl.algorithms import POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
@@ -317,12 +317,18 @@ class ActorRolloutRefWorker(Worker):
         is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
         acfg = self.config.actor_rollout_ref.actor
         clip_low, clip_high = clip_ratio_bounds(acfg)
-        policy_loss_fn = get_policy_loss(acfg.policy_loss)
-        policy_loss_kwargs = {
-            "clip_ratio_low": clip_low,
-            "clip_ratio_high": clip_high,
-            "clip_ratio_c": acfg.clip_ratio_c,
-        }
+        loss_entry = POLICY_LOSSES.entry(acfg.policy_loss)
+        policy_loss_fn = loss_entry.target
+        # the clip settings the loss takes, plus its hyperparameters from policy_loss_kwargs
+        policy_loss_kwargs = loss_entry.call_kwargs(
+            {
+                "clip_ratio_low": clip_low,
+                "clip_ratio_high": clip_high,
+                "clip_ratio_c": acfg.clip_ratio_c,
+            },
+            acfg.policy_loss_kwargs,
+            "actor_rollout_ref.actor.policy_loss_kwargs",
+        )
         # seq-mean-token-sum-norm divides by a constant; left to agg_loss's default it would
         # be each micro-batch's trimmed response width, and the gradient would depend on
         # the micro-batch split.

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
@@ -53,14 +54,16 @@ def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) 
     weighted by its share of the mini-batch's valid tokens; for the sequence-mean modes, by
     its share of the non-empty sequences (empty ones are left out of the mean);
     ``seq-mean-token-sum-norm`` divides by a constant and the batch size, so it is weighted
-    by its share of all sequences.
+    by its share of all sequences. Which count applies is the mode's registry entry's
+    ``micro_batch_weight`` (``tokens``, ``sequences`` or ``rows``).
     """
-    if loss_agg_mode == "token-mean":
+    counted_in = LOSS_AGG_MODES.info(loss_agg_mode)["micro_batch_weight"]
+    if counted_in == "tokens":
         per_mb = [mb.batch["response_mask"].sum() for mb in micro_batches]
-    elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+    elif counted_in == "sequences":
         # these modes average over sequences with at least one valid token
         per_mb = [(mb.batch["response_mask"].sum(-1) > 0).sum() for mb in micro_batches]
-    else:
+    else:  # "rows"
         per_mb = None
     if per_mb is None:
         counts = [float(len(mb)) for mb in micro_batches]

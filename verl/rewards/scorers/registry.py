@@ -18,6 +18,9 @@ Add your own with the decorator, or change a built-in's options with `override=T
 
     register_scorer("gsm8k", override=True)(partial(gsm8k.compute_score, method="flexible"))
 
+The built-in entries are declared (lazily) in `verl.registry.builtin`; a name already
+registered raises unless `override=True`, the rule of every verl registry.
+
 An unknown data source is a configuration error, not a scoring failure: `get_scorer` and
 `default_compute_score` raise `UnknownDataSourceError` naming the known sources (the reward
 manager checks this once per batch, before scoring).
@@ -28,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl.rewards.scorers import arithmetic, code, gsm8k, math_dataset
+from verl.registry import REWARD_SCORERS
 
 Scorer = Callable[..., Any]
 
-_SCORERS: dict[str, Scorer] = {}
+# The data sources' scorers (verl.registry.REWARD_SCORERS; built-ins are imported on first use).
+_SCORERS = REWARD_SCORERS
 
 
 class UnknownDataSourceError(ValueError):
@@ -49,12 +53,7 @@ def register_scorer(name: str, *, override: bool = False) -> Callable[[Scorer], 
     def decorator(fn: Scorer) -> Scorer:
         if not callable(fn):
             raise TypeError(f"register_scorer({name!r}) got a non-callable {fn!r}")
-        if name in _SCORERS and not override:
-            raise ValueError(
-                f"a scorer is already registered for data_source={name!r}; pass "
-                f"register_scorer({name!r}, override=True) to replace it"
-            )
-        _SCORERS[name] = fn
+        _SCORERS.add(name, fn, override=override)
         return fn
 
     return decorator
@@ -62,7 +61,7 @@ def register_scorer(name: str, *, override: bool = False) -> Callable[[Scorer], 
 
 def known_data_sources() -> list[str]:
     """Sorted names of all registered data sources."""
-    return sorted(_SCORERS)
+    return _SCORERS.names()
 
 
 def get_scorer(data_source: str) -> Scorer:
@@ -71,14 +70,13 @@ def get_scorer(data_source: str) -> Scorer:
     Raises:
         UnknownDataSourceError: nothing is registered under that name.
     """
-    try:
-        return _SCORERS[data_source]
-    except (KeyError, TypeError):
+    if data_source not in _SCORERS:
         raise UnknownDataSourceError(
             f"no reward scorer for data_source={data_source!r}; known data sources: "
             f"{', '.join(known_data_sources())}. Register one with "
             "@verl.rewards.register_scorer(name) or pass a custom reward function."
-        ) from None
+        )
+    return _SCORERS.get(data_source)
 
 
 def default_compute_score(
@@ -95,11 +93,3 @@ def default_compute_score(
         UnknownDataSourceError: `data_source` is not registered.
     """
     return get_scorer(data_source)(solution_str, ground_truth, extra_info)
-
-
-register_scorer("arithmetic")(arithmetic.compute_score)
-for _name in ("gsm8k", "openai/gsm8k"):
-    register_scorer(_name)(gsm8k.compute_score)
-for _name in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
-    register_scorer(_name)(math_dataset.compute_score)
-register_scorer("code")(code.compute_score)

@@ -1,0 +1,83 @@
+"""Config keys whose values are registry names, checked against the live ``verl.registry``.
+
+A name key (``algorithm.adv_estimator``) must name an entry of its registry (a user's
+``register_*`` counts as soon as it ran); an open hyperparameter mapping
+(``algorithm.adv_estimator_kwargs``) may only hold the hyperparameters of the entry its
+name key selects. Names are checked without importing anything; a non-empty mapping imports
+its entry's module to read the hyperparameters from the signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from verl.config.yaml_io import show
+from verl.registry import (
+    ADVANTAGE_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    REWARD_MANAGERS,
+    ROLLOUT_BACKENDS,
+    Registry,
+    did_you_mean,
+)
+
+__all__ = ["KWARGS_KEYS", "REGISTRY_KEYS", "registry_problems"]
+
+REGISTRY_KEYS: dict[str, Registry] = {
+    "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS,
+    "algorithm.kl_penalty": KL_ESTIMATORS,
+    "algorithm.kl_ctrl.type": KL_CONTROLLERS,
+    "actor_rollout_ref.actor.policy_loss": POLICY_LOSSES,
+    "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
+    "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
+    "actor_rollout_ref.rollout.name": ROLLOUT_BACKENDS,
+    "critic.loss_agg_mode": LOSS_AGG_MODES,
+    "reward_model.reward_manager": REWARD_MANAGERS,
+}
+# open hyperparameter mapping -> the name key whose entry it configures
+KWARGS_KEYS: dict[str, str] = {
+    "algorithm.adv_estimator_kwargs": "algorithm.adv_estimator",
+    "actor_rollout_ref.actor.policy_loss_kwargs": "actor_rollout_ref.actor.policy_loss",
+}
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def registry_problems(cfg: Any, skip: Collection[str] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """``(keys, message)`` for every registry-backed key or mapping of ``cfg`` that its
+    registry rejects; each message names the key, the value and the allowed names. Name
+    keys in ``skip`` are left to the caller."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    for path, registry in REGISTRY_KEYS.items():
+        if path in skip:
+            continue
+        value = _get(cfg, path)
+        if registry is KL_ESTIMATORS and isinstance(value, str):
+            value = value.removesuffix("+")  # the straight-through variant of an estimator
+        if value in registry:
+            continue
+        names = registry.names(include_aliases=True)
+        close = did_you_mean(value, names)
+        hint = f"; did you mean {close}?" if close else ""
+        problems.append(
+            ((path,), f"{path}={show(_get(cfg, path))}: must be one of {', '.join(names)}{hint}")
+        )
+    for path, name_path in KWARGS_KEYS.items():
+        kwargs, name = _get(cfg, path), _get(cfg, name_path)
+        registry = REGISTRY_KEYS[name_path]
+        if not kwargs or name not in registry:
+            continue
+        try:
+            messages = registry.entry(name).kwargs_problems(kwargs, path)
+        except ImportError as exc:
+            messages = [f"{name_path}={show(name)}: {exc}"]
+        problems.extend(((path, name_path), message) for message in messages)
+    return problems

@@ -1,0 +1,36 @@
+"""Registries: the one place that says which estimators, losses, KL kinds, aggregation modes,
+reward scorers, reward managers and rollout backends exist, and what each one needs.
+
+The bottom layer of the package: it imports nothing of verl (built-in entries are lazy
+``"module:attr"`` strings), so the config layer can ask it whether ``adv_estimator=gae``
+needs a critic without importing torch. See :mod:`verl.registry.core` for the
+:class:`Registry` type and its duplicate-name rule, and :mod:`verl.registry.builtin` for
+the extension points.
+"""
+
+from verl.registry.builtin import (
+    ADVANTAGE_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    REWARD_MANAGERS,
+    REWARD_SCORERS,
+    ROLLOUT_BACKENDS,
+)
+from verl.registry.core import Entry, Registry, UnknownNameError, did_you_mean
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "REWARD_MANAGERS",
+    "REWARD_SCORERS",
+    "ROLLOUT_BACKENDS",
+    "Entry",
+    "Registry",
+    "UnknownNameError",
+    "did_you_mean",
+]

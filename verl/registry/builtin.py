@@ -1,0 +1,156 @@
+"""verl's extension points and their built-in entries, declared without importing them.
+
+Each registry below is the one truth about its names: the config is validated against it,
+the trainer derives from an entry which roles to place (``needs_critic``,
+``needs_reference``), whether to run the greedy baseline pass (``needs_baseline``), whether
+groups are needed (``needs_index``), and which keyword arguments to pass. Built-in entries
+are lazy ``"module:attr"`` targets, so reading names and needs imports no torch; a user entry
+is added with the registry's decorator (``verl.algorithms.register_advantage_estimator``,
+``register_policy_loss``, ``verl.rewards.register_scorer``, ``register_reward_manager``,
+``verl.rollout.register_rollout``), see ``docs/contributing.md``.
+"""
+
+from __future__ import annotations
+
+from verl.registry.core import Registry
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "REWARD_MANAGERS",
+    "REWARD_SCORERS",
+    "ROLLOUT_BACKENDS",
+]
+
+_ALG = "verl.algorithms"
+
+# ---------------------------------------------------------------- advantage estimators
+ADVANTAGE_ESTIMATORS: Registry = Registry(
+    "advantage estimator",
+    needs={
+        "needs_critic": False,  # values from a critic: the critic role is placed
+        "needs_index": False,  # the prompt uid groups responses: rollout.n >= 2
+        "needs_baseline": False,  # reward_baselines: a greedy rollout per prompt is scored
+        "needs_reference": False,  # ref_log_probs: the reference policy is placed
+    },
+    inputs={
+        "token_level_rewards": "the scored batch",
+        "response_mask": "the rollout",
+        "values": "the critic (needs_critic)",
+        "index": "the prompt uid (needs_index)",
+        "reward_baselines": "the greedy baseline pass (needs_baseline)",
+        "old_log_probs": "the actor's log-prob pass",
+        "ref_log_probs": "the reference (needs_reference)",
+        "gamma": "algorithm.gamma",
+        "lam": "algorithm.lam",
+        "norm_adv_by_std": "algorithm.norm_adv_by_std_in_grpo",
+    },
+)
+for _name, _needs in (
+    ("gae", {"needs_critic": True}),
+    ("grpo", {"needs_index": True}),
+    ("rloo", {"needs_index": True}),
+    ("reinforce_plus_plus", {}),
+    ("reinforce_plus_plus_baseline", {"needs_index": True}),
+    ("remax", {"needs_baseline": True}),
+    ("opo", {"needs_index": True}),
+    ("gpg", {"needs_index": True}),
+):
+    ADVANTAGE_ESTIMATORS.add(_name, f"{_ALG}.advantages:compute_{_name}_advantages", **_needs)
+
+# ---------------------------------------------------------------- policy losses
+_ACTOR = "actor_rollout_ref.actor"
+POLICY_LOSSES: Registry = Registry(
+    "policy loss",
+    needs={},
+    inputs={
+        "old_log_prob": "the actor's micro-batch",
+        "log_prob": "the actor's micro-batch",
+        "advantages": "the actor's micro-batch",
+        "response_mask": "the actor's micro-batch",
+        "loss_agg_mode": f"{_ACTOR}.loss_agg_mode",
+        "loss_scale_factor": f"{_ACTOR}.loss_scale_factor",
+        "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold",
+        "clip_ratio_low": f"{_ACTOR}.clip_ratio_low (or clip_ratio)",
+        "clip_ratio_high": f"{_ACTOR}.clip_ratio_high (or clip_ratio)",
+        "clip_ratio_c": f"{_ACTOR}.clip_ratio_c",
+        "generator": "the caller (a seeded torch.Generator, for tests)",
+    },
+)
+POLICY_LOSSES.add("vanilla", f"{_ALG}.policy_loss:compute_policy_loss_vanilla", "ppo")
+POLICY_LOSSES.add("gspo", f"{_ALG}.policy_loss:compute_policy_loss_gspo")
+POLICY_LOSSES.add("cispo", f"{_ALG}.policy_loss:compute_policy_loss_cispo")
+POLICY_LOSSES.add("clip_cov", f"{_ALG}.cov_losses:compute_policy_loss_clip_cov")
+POLICY_LOSSES.add("kl_cov", f"{_ALG}.cov_losses:compute_policy_loss_kl_cov")
+
+# ---------------------------------------------------------------- KL
+# Per-token estimators of KL(pi || pi_ref) from log_ratio = log_prob - ref_log_prob. A name
+# may carry a "+" suffix (straight-through gradient, see verl.algorithms.kl).
+KL_ESTIMATORS: Registry = Registry("KL estimator", needs={}, inputs={"log_ratio": "kl_penalty"})
+KL_ESTIMATORS.add("k1", f"{_ALG}.kl:_k1", "kl")
+KL_ESTIMATORS.add("abs", f"{_ALG}.kl:_abs")
+KL_ESTIMATORS.add("k2", f"{_ALG}.kl:_k2", "mse")
+KL_ESTIMATORS.add("k3", f"{_ALG}.kl:_k3", "low_var_kl")
+
+KL_CONTROLLERS: Registry = Registry("KL controller type", needs={})
+KL_CONTROLLERS.add("fixed", f"{_ALG}.kl:FixedKLController")
+KL_CONTROLLERS.add("adaptive", f"{_ALG}.kl:AdaptiveKLController")
+
+# ---------------------------------------------------------------- loss aggregation
+# micro_batch_weight: what a micro-batch's share of the mini-batch is counted in, so that
+# the weighted sum of micro-batch losses is the mini-batch loss ("tokens": valid tokens,
+# "sequences": sequences with a valid token, "rows": all sequences).
+LOSS_AGG_MODES: Registry = Registry(
+    "loss_agg_mode",
+    needs={"micro_batch_weight": "rows"},
+    inputs={"loss_mat": "the loss", "loss_mask": "the loss", "loss_scale_factor": "the loss"},
+)
+LOSS_AGG_MODES.add("token-mean", f"{_ALG}.loss_agg:_token_mean", micro_batch_weight="tokens")
+for _mode, _weight in (
+    ("seq-mean-token-sum", "sequences"),
+    ("seq-mean-token-mean", "sequences"),
+    ("seq-mean-token-sum-norm", "rows"),
+):
+    _attr = "_" + _mode.replace("-", "_")
+    LOSS_AGG_MODES.add(_mode, f"{_ALG}.loss_agg:{_attr}", micro_batch_weight=_weight)
+
+# ---------------------------------------------------------------- rollout backends
+ROLLOUT_BACKENDS: Registry = Registry(
+    "rollout backend",
+    needs={
+        "needs_cuda": False,  # rejected by validation with trainer.device=cpu
+        "package": None,  # a Python package that must be importable
+    },
+    inputs={"module": "the actor's model", "tokenizer": "the actor's tokenizer"},
+)
+ROLLOUT_BACKENDS.add("native", "verl.rollout.native:NativeRollout")
+ROLLOUT_BACKENDS.add("hf", "verl.rollout.hf:HFRollout")
+ROLLOUT_BACKENDS.add("vllm", "verl.rollout.external:VLLMRollout", needs_cuda=True, package="vllm")
+ROLLOUT_BACKENDS.add(
+    "sglang", "verl.rollout.external:SGLangRollout", needs_cuda=True, package="sglang"
+)
+
+# ---------------------------------------------------------------- rewards
+# data_source -> compute_score(solution_str, ground_truth, extra_info=None)
+REWARD_SCORERS: Registry = Registry(
+    "reward scorer",
+    needs={},
+    inputs={
+        "solution_str": "the response",
+        "ground_truth": "the dataset",
+        "extra_info": "the dataset",
+    },
+)
+_SCORERS = "verl.rewards.scorers"
+REWARD_SCORERS.add("arithmetic", f"{_SCORERS}.arithmetic:compute_score")
+for _source in ("gsm8k", "openai/gsm8k"):
+    REWARD_SCORERS.add(_source, f"{_SCORERS}.gsm8k:compute_score")
+for _source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
+    REWARD_SCORERS.add(_source, f"{_SCORERS}.math_dataset:compute_score")
+REWARD_SCORERS.add("code", f"{_SCORERS}.code:compute_score")
+
+REWARD_MANAGERS: Registry = Registry("reward manager", needs={})
+REWARD_MANAGERS.add("naive", "verl.rewards.manager:RewardManager")
