@@ -291,7 +291,7 @@ class RLTrainer:
             [str(uuid.uuid4()) for _ in range(len(batch))], dtype=object
         )
         with timer("gen", metrics):
-            gen = self.actor_rollout_wg.generate_sequences(batch)
+            gen = self._generate(batch)
         with timer("reward", metrics):
             scores, reward_metrics, extras = self._score(gen, update_stats=True)
             metrics |= reward_metrics
@@ -303,13 +303,33 @@ class RLTrainer:
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
             with timer("gen_greedy_baseline", metrics):
-                greedy = self.actor_rollout_wg.generate_sequences(
-                    _with_meta(batch, do_sample=False, n=1)
-                )
+                greedy = self._generate(_with_meta(batch, do_sample=False, n=1))
                 baseline, _, _ = self._score(greedy, update_stats=False)
             n = len(gen) // len(batch)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         gen.meta_info["metrics"] = metrics
+        return gen
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        """The rollout of ``prompts`` with their per-sample fields joined back on.
+
+        Only the prompt tensors cross to the workers (``generate_sequences`` reads nothing
+        else); the ground truths, data sources, group ids ... stay here and are repeated
+        like the rollout repeats rows (``repeat_interleave``, ``n`` samples per prompt).
+        """
+        gen = self.actor_rollout_wg.generate_sequences(prompts)
+        n, rest = divmod(len(gen), len(prompts))
+        if rest:
+            raise ValueError(
+                f"generate_sequences returned {len(gen)} rows for {len(prompts)} prompts"
+            )
+        kept = prompts.select(
+            batch_keys=[k for k in prompts.batch if k not in gen.batch],
+            non_tensor_keys=[k for k in prompts.non_tensor_batch if k not in gen.non_tensor_batch],
+            meta_keys=[],
+        )
+        if kept.batch or kept.non_tensor_batch:
+            gen.union(kept.repeat(n, interleave=True))
         return gen
 
     def prepare_update(self, gen: DataProto) -> DataProto:
@@ -392,11 +412,9 @@ class RLTrainer:
         metrics: dict[str, Any] = {}
         if self.critic_wg is not None:
             with timer("update_critic", metrics):
-                out = self.critic_wg.update_critic(gen)
-            metrics |= out.meta_info["metrics"]
+                metrics |= self.critic_wg.update_critic(gen)
         with timer("update_actor", metrics):
-            out = self.actor_rollout_wg.update_actor(gen)
-        metrics |= out.meta_info["metrics"]
+            metrics |= self.actor_rollout_wg.update_actor(gen)
         return metrics
 
     def train_step(
@@ -468,7 +486,7 @@ class RLTrainer:
                 top_p=vk.top_p,
                 top_k=vk.top_k,
             )
-            gen = self.actor_rollout_wg.generate_sequences(batch)
+            gen = self._generate(batch)
             _, _, extras = self.val_reward_fn(gen)
             batch_scores = [float(x) for x in extras["score"]]
             batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
