@@ -69,7 +69,7 @@ from verl.trainer.metrics import (
     timer,
 )
 from verl.trainer.placement import place_roles
-from verl.trainer.resume import load_rl_checkpoint, resume_checkpoint_path, save_rl_checkpoint
+from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import (
     check_supported,
@@ -232,6 +232,22 @@ class RLTrainer:
         self.history: list[dict[str, Any]] = []
         self.validation_history: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(self.ckpt_dir, cfg.trainer.max_ckpt_to_keep)
+        roles = {"actor_rollout_ref": self.actor_rollout_wg}
+        if self.critic_wg is not None:
+            roles["critic"] = self.critic_wg
+        # The run's stateful parts, composed by the checkpointer (verl.trainer.resume).
+        self.checkpointer = RunCheckpointer(
+            cfg,
+            self.checkpoints,
+            progress=self,
+            components={
+                "dataloader": self.train_loader,
+                "kl_ctrl": self.kl_ctrl,
+                "reward_fn": self.reward_fn,
+                "val_reward_fn": self.val_reward_fn,
+            },
+            roles=roles,
+        )
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self._resume_checked = False
@@ -575,7 +591,7 @@ class RLTrainer:
     def load_checkpoint(self, path: str | Path, verify: bool = True) -> None:
         """Restore the complete run state saved by :meth:`save_checkpoint` at ``path``
         (every file checked against the manifest's CRC-32 unless ``verify=False``)."""
-        load_rl_checkpoint(self, path, verify=verify)
+        self.checkpointer.load(path, verify=verify)
         self.resumed_from = Path(path)
         self._resume_checked = True
         # Metric rows of steps after the checkpoint belong to the rolled-back steps.
@@ -585,8 +601,19 @@ class RLTrainer:
         """Save the complete run state after step ``global_step`` to
         ``{trainer.default_local_dir}/global_step_{N}`` (atomically); returns that path."""
         with self.run_lock:
-            self.last_checkpoint = save_rl_checkpoint(self, self.checkpoints)
+            self.last_checkpoint = self.checkpointer.save(self.global_step)
         return self.last_checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's progress (the checkpoint's top-level counters)."""
+        return {
+            "global_step": self.global_step,
+            "total_steps": self.total_steps,
+            "epoch": self.train_loader.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
 
     def _train_loop(self, progress: tqdm) -> None:
         cfg = self.config.trainer
