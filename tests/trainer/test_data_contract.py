@@ -65,3 +65,24 @@ def test_gae_step_sends_only_declared_keys(gae_trainer):
         assert by_method[method]["sent_bytes"] < 0.6 * whole, (method, whole)
     for record in meter.records:
         assert record.returned_bytes is not None and record.returned_bytes > 0
+
+
+def test_kl_loss_step_sends_the_reference_log_probs_to_the_update(rl_config):
+    # An optional key (ref_log_probs) crosses when the batch has it; no critic, no values.
+    cfg = rl_config(
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+    )
+    trainer = RLTrainer(cfg, tracker=Tracker([]))
+    try:
+        meter = TrafficMeter()
+        with meter.watch(trainer.actor_rollout_wg):
+            trainer.train_step(next(iter(trainer.train_loader)))
+    finally:
+        trainer.close()
+    by_method = meter.by_method()
+    assert by_method["compute_ref_log_prob"]["keys"] == by_method["compute_log_prob"]["keys"]
+    assert "ref_log_probs" in by_method["update_actor"]["keys"]
+    assert not {"values", "returns", "uid"} & by_method["update_actor"]["keys"]
