@@ -9,6 +9,7 @@ activation checkpointing, an untied head). Each rank writes its results with
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from pathlib import Path
@@ -178,9 +179,17 @@ def _main_worker(rank: int, port: int, out_dir: str) -> None:
     fresh.load_checkpoint(ckpt)
     res["loaded_sd"] = fresh.state_dict_for_save()
     res["loaded_global_step"] = fresh.global_step
+    state = copy.deepcopy(fresh.state_dict())  # this rank's shards, in memory
     res["loaded_step2"] = _train_step(fresh, rows)
     res["loaded_sd2"] = fresh.state_dict_for_save()
     res["ckpt_dir"] = ckpt
+    # (c') the same through state_dict() / load_state_dict(), no files
+    in_memory = build_engine(
+        "fsdp2", build_tiny_model(seed=2), OptimSpec(**SPEC), grad_clip=GRAD_CLIP
+    )
+    in_memory.load_state_dict(state)
+    res["memory_step2"] = _train_step(in_memory, rows)
+    res["memory_sd2"] = in_memory.state_dict_for_save()
 
     # (d) bf16 compute / fp32 reduce with fp32 master weights.
     bf16 = build_engine(
@@ -373,6 +382,14 @@ def test_dcp_checkpoint_restores_weights_and_optimizer(main_results):
     assert _max_diff(r0["loaded_sd2"], r0["sd2"]) == 0.0
     for rank in (r0, r1):
         assert rank["loaded_step2"] == rank["step2"]
+
+
+def test_in_memory_state_dict_round_trip(main_results):
+    # state_dict() / load_state_dict() of the sharded engine, without files: the same step.
+    r0, r1 = main_results
+    assert _max_diff(r0["memory_sd2"], r0["sd2"]) == 0.0
+    for rank in (r0, r1):
+        assert rank["memory_step2"] == rank["step2"]
 
 
 def test_single_engine_loads_the_two_rank_checkpoint(main_results, monkeypatch):

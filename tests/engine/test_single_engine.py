@@ -272,6 +272,46 @@ def test_checkpoint_round_trip_is_bitwise(tmp_path, monkeypatch):
         assert torch.equal(got[name], expected[name]), name
 
 
+def test_state_dict_round_trip_continues_bitwise():
+    # The in-memory state (what save_checkpoint writes) carries the model, AdamW moments,
+    # the schedule's position and the counters: a fresh engine continues identically.
+    torch.manual_seed(0)
+    spec = OptimSpec(lr=1e-3, warmup_steps=1, warmup_style="cosine", total_steps=10)
+    engine = SingleProcessEngine(_tiny_qwen2(), spec, grad_clip=1.0)
+    batches = [(torch.randint(0, 61, (4, 9)), torch.randn(4)) for _ in range(3)]
+    for batch in batches[:2]:
+        engine.forward_backward([batch], _policy_loss)
+        engine.optimizer_step()
+    engine.skipped_steps = 1  # a counter the state must carry
+    state = copy.deepcopy(engine.state_dict())
+    assert state["optimizer"]["state"] and state["scaler"] is None
+    assert state["scheduler"]["last_epoch"] == 2
+    fresh_copy = copy.deepcopy(engine.module)
+    engine.forward_backward([batches[2]], _policy_loss)
+    expected_step = engine.optimizer_step()
+    expected = engine.state_dict_for_save()
+
+    torch.manual_seed(123)
+    for p in fresh_copy.parameters():
+        nn.init.normal_(p)
+    restored = SingleProcessEngine(fresh_copy, spec, grad_clip=1.0)
+    restored.load_state_dict(state)
+    assert (restored.global_step, restored.skipped_steps) == (2, 1)
+    restored.forward_backward([batches[2]], _policy_loss)
+    assert restored.optimizer_step() == expected_step
+    got = restored.state_dict_for_save()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_load_state_dict_refuses_an_optimizer_state_for_an_inference_engine():
+    trained = SingleProcessEngine(_mlp(), OptimSpec(lr=1e-3))
+    frozen = SingleProcessEngine(_mlp(), None)
+    assert frozen.state_dict()["optimizer"] is None
+    with pytest.raises(ValueError, match=r"engine state has optimizer=True but this engine"):
+        frozen.load_state_dict(trained.state_dict())
+
+
 def test_checkpoint_files_are_weights_only_and_json(tmp_path):
     engine = SingleProcessEngine(VectorModel(), OptimSpec(lr=0.1))
     engine.forward_backward([torch.ones(4)], _dot_loss, [1.0])

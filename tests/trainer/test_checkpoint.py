@@ -10,6 +10,7 @@ within 1e-6, exports a sharded checkpoint and loads it into one process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -233,6 +234,9 @@ def test_kill_during_save_resumes_from_last_complete_checkpoint(rl_config, tmp_p
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         cwd=tmp_path,
+        # its own process group: the SIGKILL below also ends the reward worker processes
+        # it forked, which would otherwise outlive the test
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 180
@@ -241,9 +245,10 @@ def test_kill_during_save_resumes_from_last_complete_checkpoint(rl_config, tmp_p
                 pytest.fail(f"child exited early: {child.stderr.read().decode()[-2000:]}")
             assert time.monotonic() < deadline, "the child never reached the step-4 save"
             time.sleep(0.2)
-        os.kill(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)
     finally:
-        child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
         child.wait()
     assert child.returncode == -signal.SIGKILL
 

@@ -262,18 +262,18 @@ def _run_actor(cfg, module: torch.nn.Module, data: DataProto) -> tuple[list, dic
     )
     worker.init_model(total_steps=1)
     captured = _capture_step_grads(worker.engine)
-    out = worker.update_actor(data)
+    metrics = worker.update_actor(data)
     assert len(captured) == 1, "one mini-batch, one epoch: one optimizer step"
-    return captured[0], out.meta_info["metrics"]
+    return captured[0], metrics
 
 
 def _run_critic(cfg, module: torch.nn.Module, data: DataProto) -> tuple[list, dict]:
     worker = CriticWorker(cfg, module=module, tokenizer=build_tiny_tokenizer())
     worker.init_model(total_steps=1)
     captured = _capture_step_grads(worker.engine)
-    out = worker.update_critic(data)
+    metrics = worker.update_critic(data)
     assert len(captured) == 1
-    return captured[0], out.meta_info["metrics"]
+    return captured[0], metrics
 
 
 def _assert_grads_equal(got: list, want: list) -> None:
@@ -352,7 +352,6 @@ def test_updates_run_the_engine_loop_and_sync_gradients_on_the_last_micro_batch(
 
         engine._backward_context, engine.forward_backward = spy_context, spy_loop
         metrics = update(_critic_batch().union(data) if worker is critic else data)
-        metrics = metrics.meta_info["metrics"]
         # two epochs of one mini-batch, three micro-batches of two rows each
         assert calls == [3, 3]
         assert flags == [False, False, True] * 2

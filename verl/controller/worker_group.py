@@ -32,6 +32,7 @@ from verl.controller.dispatch import (
     MethodDispatch,
     collect_outputs,
     get_method_dispatch,
+    select_inputs,
     split_inputs,
 )
 from verl.controller.worker import Worker
@@ -214,6 +215,8 @@ class WorkerGroup(ABC):
     def _submit(
         self, name: str, spec: MethodDispatch, args: tuple, kwargs: dict[str, Any]
     ) -> GroupFuture:
+        # Only the keys the method declares cross to the workers (the data contract).
+        args, kwargs = select_inputs(spec, args, kwargs, f"{self._target_cls.__name__}.{name}")
         plan = split_inputs(spec.mode, self._world_size, args, kwargs)
         pending = self._start(name, plan.calls)
         return GroupFuture(

@@ -69,6 +69,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -458,17 +459,21 @@ class FSDP2Engine(TrainEngine):
             os.makedirs(path, exist_ok=True)
             shutil.rmtree(tmp_dir, ignore_errors=True)
         dist.barrier()
-        dcp.save(self._dcp_state(), checkpoint_id=tmp_dir)
+        engine_state = self.state_dict()
+        dcp_state = {"model": engine_state["model"]}
+        if engine_state["optimizer"] is not None:
+            dcp_state["optim"] = engine_state["optimizer"]
+        dcp.save(dcp_state, checkpoint_id=tmp_dir)
         dist.barrier()
         if self.rank == 0:
             state = {
                 "format_version": _FORMAT_VERSION,
                 "world_size": self.world_size,
                 "param_names": self._param_names(),
-                "skipped_steps": self.skipped_steps,
-                "consecutive_skipped": self.consecutive_skipped,
+                "skipped_steps": engine_state["skipped_steps"],
+                "consecutive_skipped": engine_state["consecutive_skipped"],
                 "has_optimizer": self.optimizer is not None,
-                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "scheduler": engine_state["scheduler"],
             }
             text = json.dumps(state, indent=1, allow_nan=True)  # fails before touching files
             with contextlib.suppress(FileNotFoundError):
@@ -500,11 +505,8 @@ class FSDP2Engine(TrainEngine):
         with open(state_file) as f:
             state = json.load(f)
         check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
-        load_dcp_state(self.module, self.optimizer, dcp_dir)
-        if self.optimizer is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
+        load_dcp_state(self.module, self.optimizer, dcp_dir)  # the model and optimizer parts
+        self.load_state_dict(scalar_state(state, self.optimizer is not None))
         dist.barrier()
         logger.info(
             "loaded fsdp2 engine checkpoint from %s (step %d, saved by %s ranks, now %d)",
@@ -514,12 +516,18 @@ class FSDP2Engine(TrainEngine):
             self.world_size,
         )
 
-    def _dcp_state(self) -> dict[str, Any]:
-        """Sharded ``{"model": ..., "optim": ...}`` (DTensor values) for DCP."""
+    def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """This rank's shards (DTensor values, keyed by parameter name), as DCP saves them."""
         if self.optimizer is None:
-            return {"model": get_model_state_dict(self.module)}
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
+            return get_model_state_dict(self.module), None
+        return get_state_dict(self.module, self.optimizer)
+
+    def _load_model_optim_state(self, model: Any, optim: Any) -> None:
+        options = StateDictOptions(strict=True)
+        if model is not None:
+            set_model_state_dict(self.module, model, options=options)
+        if optim is not None:
+            set_optimizer_state_dict(self.module, self.optimizer, optim, options=options)
 
     def _param_names(self) -> list[str]:
         return [name for name, p in self.module.named_parameters() if p.requires_grad]
@@ -558,3 +566,13 @@ def check_sharded_state(
             f"engine has an optimizer={has_optimizer}; build it with the "
             "same optimizer_cfg it was saved with"
         )
+
+
+def scalar_state(saved: dict[str, Any], has_optimizer: bool) -> dict[str, Any]:
+    """The part of ``TrainEngine.state_dict()`` an fsdp2 checkpoint keeps in
+    ``engine_state.json`` (the model and optimizer are in the DCP shards)."""
+    return {
+        "scheduler": saved["scheduler"] if has_optimizer else None,
+        "skipped_steps": saved["skipped_steps"],
+        "consecutive_skipped": saved.get("consecutive_skipped", 0),
+    }

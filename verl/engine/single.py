@@ -60,16 +60,18 @@ class SingleProcessEngine(TrainEngine):
         with atomic_path(os.path.join(path, MODEL_FILE)) as tmp:
             save_model(self.module, str(tmp))
 
+        # the weights went to MODEL_FILE above (tied weights once); the rest of state_dict()
+        # is JSON, with its tensors in TENSORS_FILE
+        engine_state = self.state_dict()
         tensors: dict[str, torch.Tensor] = {}
         state = {
             "format_version": _FORMAT_VERSION,
             "param_names": self._param_names(),
-            "skipped_steps": self.skipped_steps,
-            "consecutive_skipped": self.consecutive_skipped,
-            "optimizer": _encode(_state_of(self.optimizer), "optim", tensors),
-            "scheduler": _encode(_state_of(self.scheduler), "sched", tensors),
-            "scaler": _encode(_state_of(self.scaler), "scaler", tensors),
+            "skipped_steps": engine_state["skipped_steps"],
+            "consecutive_skipped": engine_state["consecutive_skipped"],
         }
+        for key, prefix in (("optimizer", "optim"), ("scheduler", "sched"), ("scaler", "scaler")):
+            state[key] = _encode(engine_state[key], prefix, tensors)
         with atomic_path(os.path.join(path, TENSORS_FILE)) as tmp:
             torch.save(tensors, tmp)
         write_json_atomic(os.path.join(path, STATE_FILE), state)
@@ -98,23 +100,14 @@ class SingleProcessEngine(TrainEngine):
             )
         load_model(self.module, files[0], strict=True, device=str(self.device))
         tensors = torch.load(files[1], map_location="cpu", weights_only=True)
-        for key, component in (
-            ("optimizer", self.optimizer),
-            ("scheduler", self.scheduler),
-            ("scaler", self.scaler),
-        ):
-            saved = _decode(state[key], tensors)
-            if (saved is None) != (component is None):
-                raise ValueError(
-                    f"checkpoint at {path} has {key} state={saved is not None} but this "
-                    f"engine has {key}={component is not None}; build the engine with the "
-                    "same optimizer_cfg / autocast_dtype it was saved with"
-                )
-            if component is not None:
-                # Optimizer.load_state_dict moves state tensors to each parameter's device.
-                component.load_state_dict(saved)
-        self.skipped_steps = int(state["skipped_steps"])
-        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
+        parts = ("optimizer", "scheduler", "scaler")
+        engine_state = {key: _decode(state[key], tensors) for key in parts}
+        engine_state["skipped_steps"] = state["skipped_steps"]
+        engine_state["consecutive_skipped"] = state.get("consecutive_skipped", 0)
+        try:
+            self.load_state_dict(engine_state)  # no "model": loaded from MODEL_FILE above
+        except ValueError as err:
+            raise ValueError(f"checkpoint at {path}: {err}") from err
         logger.info("loaded engine checkpoint from %s (step %d)", path, self.global_step)
 
     def _load_sharded_checkpoint(self, path: str) -> None:
@@ -128,10 +121,7 @@ class SingleProcessEngine(TrainEngine):
             state = json.load(f)
         fsdp.check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
         load_dcp_state(self.module, self.optimizer, os.path.join(path, fsdp.DCP_DIR), no_dist=True)
-        if self.optimizer is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.consecutive_skipped = int(state.get("consecutive_skipped", 0))
+        self.load_state_dict(fsdp.scalar_state(state, self.optimizer is not None))
         logger.info(
             "loaded the fsdp2 checkpoint of %s ranks at %s into one process (step %d)",
             state.get("world_size"),
@@ -143,8 +133,6 @@ class SingleProcessEngine(TrainEngine):
         return [name for name, p in self.module.named_parameters() if p.requires_grad]
 
 
-def _state_of(component: Any) -> dict[str, Any] | None:
-    return None if component is None else component.state_dict()
 
 
 def _encode(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

@@ -106,7 +106,7 @@ def execute(
     if args.validate_only:
         print("config OK")
         return 0
-    from verl.trainer.signals import RunInterrupted
+    from verl.trainer.stopping import RunInterrupted
 
     start = time.perf_counter()
     try:

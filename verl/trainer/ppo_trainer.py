@@ -17,11 +17,14 @@ Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
 any forward pass is spent on them.
 
+The parts of a run (tokenizer, data, rewards, KL controller, the role worker groups and
+their models) are built by :mod:`verl.trainer.build`; this module is the loop over them.
 The driver holds no model: every tensor-heavy call goes through a worker group. Where the
 workers run (in this process, or one Ray actor per device with FSDP2 sharding, roles
 colocated or on pools of their own) is decided once, by ``verl.trainer.placement`` from
 the device map; nothing below depends on it. Rewards and advantages are cheap and
-computed here, on the driver.
+computed here, on the driver. Each worker method receives only the batch keys it declares
+(``@register(reads=...)``), and returns its metrics.
 
 Checkpoints (``verl.trainer.resume``) hold the complete state of the run (weights, optimizers,
 schedules, data position, controllers, every rank's random generators), so ``fit()``
@@ -31,7 +34,6 @@ resumed from step k takes exactly the steps the uninterrupted run takes after k.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections import defaultdict
@@ -43,19 +45,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty, get_kl_controller
-from verl.config import TrainerConfig, critic_enabled, ref_enabled, tokenizer_path
+from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
+from verl.config import TrainerConfig, critic_enabled, ref_enabled
 from verl.config.derived import estimator_needs
-from verl.controller import ClassWithInitArgs
-from verl.data import PromptDataLoader, RLHFDataset, collate_fn
-from verl.engine import NonFiniteLossError
-from verl.models import load_tokenizer
 from verl.protocol import DataProto
-from verl.rewards import (
-    OverlongBuffer,
-    RewardManager,
-    get_reward_manager,
-    load_reward_function,
+from verl.rewards import RewardManager
+from verl.trainer.build import (
+    build_data,
+    build_kl_controller,
+    build_reward_manager,
+    build_roles,
+    build_tokenizer,
+    load_compute_score,
 )
 from verl.trainer.checkpoint import CheckpointManager
 from verl.trainer.dynamic_sampling import collect_informative_groups
@@ -65,18 +66,16 @@ from verl.trainer.metrics import (
     compute_throughput_metrics,
     timer,
 )
-from verl.trainer.placement import place_roles
-from verl.trainer.resume import load_rl_checkpoint, resume_checkpoint_path, save_rl_checkpoint
+from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
-from verl.trainer.setup import (
-    check_supported,
-    prepare_data_files,
-    resolve_run_dirs,
-    seed_everything,
+from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
+from verl.trainer.stopping import (
+    RunInterrupted,
+    StopRequests,
+    diverged_error,
+    loss_not_finite,
 )
-from verl.trainer.signals import RunInterrupted, StopRequests
 from verl.trainer.tracking import Tracker
-from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -126,96 +125,28 @@ class RLTrainer:
         self.use_critic = critic_enabled(cfg)  # critic.enable, or the estimator's needs_critic
         self.use_reference = ref_enabled(cfg)
 
-        if tokenizer is None:
-            tokenizer = load_tokenizer(
-                tokenizer_path(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
-            )
-        tokenizer.padding_side = "left"
-        self.tokenizer = tokenizer
-
-        # --- data ---
-        train_files, val_files = prepare_data_files(cfg, self.run_dir)
-        dcfg = cfg.data
-        ds_kwargs = dict(
-            tokenizer=self.tokenizer,
-            max_prompt_length=dcfg.max_prompt_length,
-            truncation=dcfg.truncation,
-            apply_chat_template=dcfg.apply_chat_template,
-            prompt_key=dcfg.prompt_key,
-        )
-        self.train_dataset = RLHFDataset(train_files, **ds_kwargs)
-        self.val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
-        collate = _Collate(self.tokenizer.pad_token_id)
-        self.train_loader = PromptDataLoader(
-            self.train_dataset,
-            batch_size=dcfg.train_batch_size,
-            shuffle=dcfg.shuffle,
-            seed=dcfg.seed,
-            drop_last=True,
-            collate_fn=collate,
-        )
-        self.collate = collate
-        steps_per_epoch = len(self.train_loader)
-        if steps_per_epoch == 0:
-            raise ValueError(
-                f"the training set has {len(self.train_dataset)} prompts, fewer than "
-                f"data.train_batch_size={dcfg.train_batch_size}: no full step can be made"
-            )
-        self.total_steps = cfg.trainer.total_training_steps or (
-            steps_per_epoch * cfg.trainer.total_epochs
-        )
-
-        # --- rewards ---
-        compute_score = None
-        if cfg.custom_reward_function.path:
-            compute_score = load_reward_function(
-                cfg.custom_reward_function.path, cfg.custom_reward_function.name
-            )
+        # The parts of the run (verl.trainer.build), built in this order.
+        self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer)
+        data = build_data(cfg, tokenizer, self.run_dir)
+        self.train_dataset, self.val_dataset = data.train_dataset, data.val_dataset
+        self.collate, self.train_loader = data.collate, data.train_loader
+        self.total_steps = data.total_steps
+        compute_score = load_compute_score(cfg)
         self.reward_fn = reward_fn or self.build_reward_manager(compute_score, train=True)
         self.val_reward_fn = val_reward_fn or self.build_reward_manager(compute_score, train=False)
-        akl = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = get_kl_controller(
-            akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
+        self.kl_ctrl = build_kl_controller(cfg)
+        self.placement = build_roles(
+            cfg,
+            use_reference=self.use_reference,
+            use_critic=self.use_critic,
+            tokenizer=tokenizer,
+            total_steps=self.total_steps,
+            actor_module=actor_module,
+            critic_module=critic_module,
         )
-
-        # --- roles, placed on devices by the device map (cfg.resource_pool) ---
-        specs = {
-            "actor_rollout_ref": ClassWithInitArgs(
-                ActorRolloutRefWorker,
-                config=cfg,
-                role="actor_rollout_ref" if self.use_reference else "actor_rollout",
-                module=actor_module,
-                tokenizer=tokenizer,
-            )
-        }
-        if self.use_critic:
-            specs["critic"] = ClassWithInitArgs(
-                CriticWorker, config=cfg, module=critic_module, tokenizer=tokenizer
-            )
-        if cfg.reward_model.enable:
-            specs["reward_model"] = ClassWithInitArgs(
-                RewardModelWorker, config=cfg, actor_tokenizer=tokenizer
-            )
-        self.placement = place_roles(cfg, specs)
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
-
-        # --- models: now that the number of optimizer steps is known ---
-        try:
-            a = cfg.actor_rollout_ref.actor
-            self.actor_rollout_wg.init_model(
-                total_steps=self.total_steps * optimizer_steps_per_step(cfg, a)
-            )
-            if self.critic_wg is not None:
-                self.critic_wg.init_model(
-                    total_steps=self.total_steps * optimizer_steps_per_step(cfg, cfg.critic)
-                )
-            if self.rm_wg is not None:
-                self.rm_wg.init_model()
-        except BaseException:
-            self.placement.shutdown()
-            raise
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -233,34 +164,28 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ setup helpers
     def build_reward_manager(self, compute_score: Callable[..., Any] | None, train: bool):
-        """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers).
+        """A reward manager over ``compute_score`` (default: the built-in scorers); see
+        :func:`verl.trainer.build.build_reward_manager`."""
+        return build_reward_manager(self.config, self.tokenizer, compute_score, train)
 
-        Training rewards get the configured shaping (overlong penalty, normalisation,
-        clipping); validation rewards are raw scores, comparable across runs.
-        """
-        rcfg = self.config.reward_model
-        overlong = None
-        if train and rcfg.overlong_buffer.enable:
-            overlong = OverlongBuffer(
-                buffer_len=rcfg.overlong_buffer.len,
-                penalty_factor=rcfg.overlong_buffer.penalty_factor,
-                max_response_length=self.config.data.max_response_length,
-            )
-        manager_cls = get_reward_manager(rcfg.reward_manager)
-        guards = {}
-        if issubclass(manager_cls, RewardManager):  # a custom manager may not take these
-            guards = {
-                "max_abs_reward": rcfg.max_abs_reward,
-                "max_failure_rate": rcfg.max_failure_rate if train else rcfg.val_max_failure_rate,
-            }
-        return manager_cls(
-            self.tokenizer,
-            compute_score=compute_score,
-            timeout_s=rcfg.timeout_s,
-            normalize=rcfg.normalize and train,
-            clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
-            overlong_buffer=overlong,
-            **guards,
+    @property
+    def checkpointer(self) -> RunCheckpointer:
+        """The run's stateful parts as they are now, composed for saving and loading
+        (a subclass may replace ``reward_fn`` after construction)."""
+        roles = {"actor_rollout_ref": self.actor_rollout_wg}
+        if self.critic_wg is not None:
+            roles["critic"] = self.critic_wg
+        return RunCheckpointer(
+            self.config,
+            self.checkpoints,
+            progress=self,
+            components={
+                "dataloader": self.train_loader,
+                "kl_ctrl": self.kl_ctrl,
+                "reward_fn": self.reward_fn,
+                "val_reward_fn": self.val_reward_fn,
+            },
+            roles=roles,
         )
 
     # ------------------------------------------------------------------ the algorithm
@@ -277,8 +202,8 @@ class RLTrainer:
         """Sample ``rollout.n`` responses per prompt and score them.
 
         Adds ``token_level_scores``, the group id ``uid`` (one per prompt), the scorer's
-        per-response ``score`` and ``acc`` (NaN where it reports none) and, for an estimator
-        that declares ``needs_baseline`` (ReMax), ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
+        per-response ``score`` and ``acc`` (NaN where it reports none) and, for ReMax,
+        ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
         """
         metrics: dict[str, Any] = {}
         # One id per prompt: the n responses of a prompt share it (the GRPO group).
@@ -286,7 +211,7 @@ class RLTrainer:
             [str(uuid.uuid4()) for _ in range(len(batch))], dtype=object
         )
         with timer("gen", metrics):
-            gen = self.actor_rollout_wg.generate_sequences(batch)
+            gen = self._generate(batch)
         with timer("reward", metrics):
             scores, reward_metrics, extras = self._score(gen, update_stats=True)
             metrics |= reward_metrics
@@ -298,13 +223,33 @@ class RLTrainer:
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
             with timer("gen_greedy_baseline", metrics):
-                greedy = self.actor_rollout_wg.generate_sequences(
-                    _with_meta(batch, do_sample=False, n=1)
-                )
+                greedy = self._generate(_with_meta(batch, do_sample=False, n=1))
                 baseline, _, _ = self._score(greedy, update_stats=False)
             n = len(gen) // len(batch)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         gen.meta_info["metrics"] = metrics
+        return gen
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        """The rollout of ``prompts`` with their per-sample fields joined back on.
+
+        Only the prompt tensors cross to the workers (``generate_sequences`` reads nothing
+        else); the ground truths, data sources, group ids ... stay here and are repeated
+        like the rollout repeats rows (``repeat_interleave``, ``n`` samples per prompt).
+        """
+        gen = self.actor_rollout_wg.generate_sequences(prompts)
+        n, rest = divmod(len(gen), len(prompts))
+        if rest:
+            raise ValueError(
+                f"generate_sequences returned {len(gen)} rows for {len(prompts)} prompts"
+            )
+        kept = prompts.select(
+            batch_keys=[k for k in prompts.batch if k not in gen.batch],
+            non_tensor_keys=[k for k in prompts.non_tensor_batch if k not in gen.non_tensor_batch],
+            meta_keys=[],
+        )
+        if kept.batch or kept.non_tensor_batch:
+            gen.union(kept.repeat(n, interleave=True))
         return gen
 
     def prepare_update(self, gen: DataProto) -> DataProto:
@@ -393,11 +338,9 @@ class RLTrainer:
         metrics: dict[str, Any] = {}
         if self.critic_wg is not None:
             with timer("update_critic", metrics):
-                out = self.critic_wg.update_critic(gen)
-            metrics |= out.meta_info["metrics"]
+                metrics |= self.critic_wg.update_critic(gen)
         with timer("update_actor", metrics):
-            out = self.actor_rollout_wg.update_actor(gen)
-        metrics |= out.meta_info["metrics"]
+            metrics |= self.actor_rollout_wg.update_actor(gen)
         return metrics
 
     def train_step(
@@ -469,7 +412,7 @@ class RLTrainer:
                 top_p=vk.top_p,
                 top_k=vk.top_k,
             )
-            gen = self.actor_rollout_wg.generate_sequences(batch)
+            gen = self._generate(batch)
             _, _, extras = self.val_reward_fn(gen)
             batch_scores = [float(x) for x in extras["score"]]
             batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
@@ -560,7 +503,7 @@ class RLTrainer:
     def load_checkpoint(self, path: str | Path, verify: bool = True) -> None:
         """Restore the complete run state saved by :meth:`save_checkpoint` at ``path``
         (every file checked against the manifest's CRC-32 unless ``verify=False``)."""
-        load_rl_checkpoint(self, path, verify=verify)
+        self.checkpointer.load(path, verify=verify)
         self.resumed_from = Path(path)
         self._resume_checked = True
         # Metric rows of steps after the checkpoint belong to the rolled-back steps.
@@ -570,8 +513,19 @@ class RLTrainer:
         """Save the complete run state after step ``global_step`` to
         ``{trainer.default_local_dir}/global_step_{N}`` (atomically); returns that path."""
         with self.run_lock:
-            self.last_checkpoint = save_rl_checkpoint(self, self.checkpoints)
+            self.last_checkpoint = self.checkpointer.save(self.global_step)
         return self.last_checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's progress (the checkpoint's top-level counters)."""
+        return {
+            "global_step": self.global_step,
+            "total_steps": self.total_steps,
+            "epoch": self.train_loader.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
 
     def _train_loop(self, progress: tqdm) -> None:
         cfg = self.config.trainer
@@ -595,39 +549,19 @@ class RLTrainer:
             progress.set_postfix(
                 reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
             )
-            broken = metrics.get("actor/nonfinite_loss_steps", 0.0) > 0
+            broken = loss_not_finite(metrics)  # never checkpointed; the end if final
             if broken and last:
-                self._diverged(metrics)
+                raise diverged_error(self.global_step, metrics, self.last_checkpoint)
             if cfg.save_freq > 0 and (
                 self.global_step % cfg.save_freq == 0 or last or self._stop.requested
             ):
                 if broken:
-                    logger.warning(
-                        "step %d: the actor's loss was not finite; no checkpoint of this step",
-                        self.global_step,
-                    )
+                    logger.warning("step %d: non-finite actor loss, not saved", self.global_step)
                 else:
                     self.save_checkpoint()
             if self._stop.requested:
                 saved = self.last_checkpoint if cfg.save_freq > 0 else None
                 raise RunInterrupted(self._stop.signum, self.global_step, saved)
-
-    def _diverged(self, last: dict[str, Any]) -> None:
-        """End a run whose final actor update had a non-finite loss: the model it would
-        validate and export is broken (the exit code is non-zero, the previous export stays;
-        steps with a non-finite loss are never checkpointed)."""
-        kept = (
-            f"the last checkpoint is {self.last_checkpoint}"
-            if self.last_checkpoint
-            else "no checkpoint was saved"
-        )
-        raise NonFiniteLossError(
-            f"the actor's loss was not finite in the final step {self.global_step} "
-            f"(actor/nonfinite_loss_steps={last['actor/nonfinite_loss_steps']:g}): the "
-            f"training diverged, so the model is neither validated nor exported; {kept}. "
-            "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip "
-            "gradients harder."
-        )
 
     def _batch_stream(self) -> Iterator[DataProto]:
         """Training prompt batches, epoch after epoch; the loader keeps the position.
@@ -651,26 +585,6 @@ class RLTrainer:
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""
         return Path(self.actor_rollout_wg.save_hf(str(out_dir))[0])
-
-
-class _Collate:
-    """Picklable collate: left-pads a list of dataset items into a ``DataProto``."""
-
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, items: list[dict[str, Any]]) -> DataProto:
-        return collate_fn(items, pad_token_id=self.pad_token_id)
-
-
-def optimizer_steps_per_step(cfg: TrainerConfig, role_cfg: Any) -> int:
-    """Optimizer steps a role takes per trainer step: one per mini-batch, per PPO epoch.
-
-    The learning-rate schedule is counted in optimizer steps, so its length is
-    ``total_steps * optimizer_steps_per_step``.
-    """
-    mini_batches = math.ceil(cfg.data.train_batch_size / role_cfg.ppo_mini_batch_size)
-    return role_cfg.ppo_epochs * mini_batches
 
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:

@@ -1,11 +1,14 @@
 """What an RL run checkpoints, and how it resumes from a checkpoint bit for bit.
 
-:func:`save_rl_checkpoint` writes, through ``verl.trainer.checkpoint.CheckpointManager``
-(atomic directories), everything a continuation needs: each trainable role's share (its
-workers write the engine state, their RNG states and call counters:
-``verl.workers.checkpointing``), the data-loader position, the KL controller, the reward
-normalisation statistics, the driver's RNG states and the resolved config.
-:func:`load_rl_checkpoint` restores all of it, the generators last.
+:class:`RunCheckpointer` composes the run's stateful parts, as the trainer hands them over
+(it reads no trainer attribute): each trainable role's worker group (its workers write the
+engine state, their RNG states and call counters: ``verl.workers.checkpointing``), and the
+driver-side components with ``state_dict()`` / ``load_state_dict()``: the trainer's progress,
+the data-loader position, the KL controller, the reward normalisation statistics. It writes
+them, the driver's RNG states and the resolved config through
+``verl.trainer.checkpoint.CheckpointManager`` (atomic directories), and restores all of it,
+the generators last. (DAPO dynamic sampling keeps no state across steps: the extra prompt
+batches it draws are in the data-loader position.)
 
 ``trainer.resume_mode`` (:func:`resume_checkpoint_path`): ``auto`` takes the newest complete
 checkpoint under ``default_local_dir`` (none: a fresh start), ``resume_path`` the directory in
@@ -21,8 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from verl.config import TrainerConfig, engine_strategy, to_yaml
 from verl.config.convert import iter_schema, section_class
@@ -40,18 +44,15 @@ from verl.trainer.checkpoint import (
 from verl.utils.atomic_io import write_json_atomic, write_text_atomic
 from verl.utils.rng import rng_state, set_rng_state
 
-if TYPE_CHECKING:
-    from verl.trainer.ppo_trainer import RLTrainer
-
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "RESUME_IDENTITY_KEYS",
+    "RunCheckpointer",
+    "Stateful",
     "check_resume_config",
     "config_differences",
-    "load_rl_checkpoint",
     "resume_checkpoint_path",
-    "save_rl_checkpoint",
 ]
 
 # Keys whose change makes resuming meaningless: the weights would be loaded into another
@@ -159,150 +160,178 @@ def check_resume_config(path: Path, cfg: TrainerConfig) -> None:
     )
 
 
-# ---------------------------------------------------------------------- the RL trainer
+# ---------------------------------------------------------------------- the RL run
 
 
-def _role_groups(trainer: RLTrainer) -> dict[str, Any]:
-    groups = {"actor_rollout_ref": trainer.actor_rollout_wg}
-    if trainer.critic_wg is not None:
-        groups["critic"] = trainer.critic_wg
-    return groups
+@runtime_checkable
+class Stateful(Protocol):
+    """A component whose state a checkpoint holds: ``state_dict()`` returns JSON-able
+    values, ``load_state_dict(state)`` restores them (the data loader, the KL controller,
+    the reward managers' normalisers, the trainer's own progress)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def _stateful(obj: Any) -> dict[str, Any] | None:
-    state_dict = getattr(obj, "state_dict", None)
-    return state_dict() if callable(state_dict) else None
+def _state_of(obj: Any) -> dict[str, Any] | None:
+    """``obj.state_dict()``, or None for a component without state (a custom reward fn)."""
+    return obj.state_dict() if isinstance(obj, Stateful) else None
 
 
-def save_rl_checkpoint(trainer: RLTrainer, manager: CheckpointManager) -> Path:
-    """Write the complete state of ``trainer`` after step ``trainer.global_step``."""
-    cfg = trainer.config
+class RunCheckpointer:
+    """Saves and restores an RL run composed of stateful parts; knows no trainer.
 
-    def write(tmp: Path) -> dict[str, Any]:
-        # The driver's generators first; the workers' saves leave every generator untouched.
-        state = {
-            "format_version": FORMAT_VERSION,
-            "global_step": trainer.global_step,
-            "total_steps": trainer.total_steps,
-            "epoch": trainer.train_loader.epoch,
-            "dataloader": trainer.train_loader.state_dict(),
-            "kl_ctrl": trainer.kl_ctrl.state_dict(),
-            "reward_fn": _stateful(trainer.reward_fn),
-            "val_reward_fn": _stateful(trainer.val_reward_fn),
-            "rng": rng_state(),
-        }
-        roles, pending = {}, []
-        for role, group in _role_groups(trainer).items():
-            role_dir = tmp / ROLE_DIRS[role]
-            # Submitted together: roles on pools of their own write at the same time.
-            pending.append(
-                group.save_checkpoint.submit(
-                    str(role_dir), hf_config_dir=str(role_dir / HF_CONFIG_DIR)
-                )
-            )
-            roles[role] = {
-                "dir": ROLE_DIRS[role],
-                "world_size": group.world_size,
-                "strategy": engine_strategy(cfg, role),
-            }
-        # Wait for every role before reporting a failure, so that none is still writing
-        # into the temporary directory when it is removed.
-        errors = []
-        for future in pending:
-            try:
-                future.result()
-            except Exception as err:
-                errors.append(err)
-        if errors:
-            raise errors[0]
-        write_json_atomic(tmp / TRAINER_STATE_FILE, state)
-        write_text_atomic(tmp / CONFIG_FILE, to_yaml(cfg))
-        return {"roles": roles}
+    Args:
+        config: the run's config (written with the checkpoint, compared on resume).
+        manager: the atomic checkpoint directories.
+        progress: the run's own counters (``state_dict()`` gives ``global_step``, written at
+            the top of ``trainer_state.json``).
+        components: driver-side parts by name (``dataloader``, ``kl_ctrl``, ``reward_fn``
+            ...), each saved under its name; one without ``state_dict`` is saved as null.
+        roles: the trainable roles' worker groups by role name; each writes its own
+            directory through its workers (``save_checkpoint`` / ``load_checkpoint``:
+            engine, RNG, call counters; ``verl.workers.checkpointing``).
 
-    return manager.save(trainer.global_step, write)
-
-
-def _check_roles(path: Path, manifest: dict[str, Any], trainer: RLTrainer) -> None:
-    saved = manifest["roles"]
-    for role, group in _role_groups(trainer).items():
-        if role not in saved:
-            if trainer.config.trainer.resume_force:
-                logger.warning("checkpoint %s has no %s state: it starts fresh", path, role)
-                continue
-            raise CheckpointError(
-                f"checkpoint {path} has no {role} state but this run uses a {role}; start "
-                f"fresh, or set trainer.resume_force=true to start the {role} from scratch"
-            )
-        was, now = saved[role], engine_strategy(trainer.config, role)
-        size, new_size = was["world_size"], group.world_size
-        if was["strategy"] == "single" and now == "fsdp2":
-            raise CheckpointError(
-                f"checkpoint {path}: {role} was saved by the single-process engine "
-                f"(world size {size}) and this run uses fsdp2 on {new_size} rank(s); only "
-                "sharded fsdp2 checkpoints can be re-sharded. Resume with one process and "
-                f"{'actor_rollout_ref.actor' if role == 'actor_rollout_ref' else role}."
-                "strategy=single, or train with strategy=fsdp2 from the start"
-            )
-        if size != new_size:
-            logger.warning(
-                "checkpoint %s: %s was saved by %d rank(s) and is re-sharded to %d; training "
-                "continues correctly but not bit for bit (other random streams and batch split)",
-                path,
-                role,
-                size,
-                new_size,
-            )
-    for role in saved:
-        if role not in _role_groups(trainer):
-            logger.warning("checkpoint %s has %s state that this run does not use", path, role)
-
-
-def _restore_data_position(trainer: RLTrainer, saved: dict[str, Any], path: Path) -> None:
-    """The data loader's position; with ``resume_force`` and other batching settings, the
-    saved epoch and position are kept as far as they fit the new batching."""
-    try:
-        trainer.train_loader.load_state_dict(saved)
-    except ValueError as err:
-        if not trainer.config.trainer.resume_force:
-            raise CheckpointError(f"checkpoint {path}: {err}") from err
-        sampler = saved["sampler"]
-        epoch, position = int(sampler["epoch"]), int(sampler["position"])
-        if position > len(trainer.train_loader):
-            epoch, position = epoch + 1, 0
-        trainer.train_loader.sampler.load_state_dict({"epoch": epoch, "position": position})
-        logger.warning(
-            "trainer.resume_force=true: the data order changed (%s); continuing at epoch %d, "
-            "batch %d of the new order",
-            err,
-            epoch,
-            position,
-        )
-
-
-def load_rl_checkpoint(
-    trainer: RLTrainer, path: str | os.PathLike[str], verify: bool = True
-) -> None:
-    """Restore ``trainer`` (workers, data position, controllers, RNG) from checkpoint ``path``.
-
-    ``verify``: check every file's CRC-32 first (False where the caller just did).
+    Loading restores the roles, then the progress and the components in the order given,
+    then the driver's random generators (last: nothing may move them afterwards).
     """
-    path = Path(path)
-    manifest = read_manifest(path, verify=verify)
-    check_resume_config(path, trainer.config)
-    _check_roles(path, manifest, trainer)
-    state = json.loads((path / TRAINER_STATE_FILE).read_text())
-    for role, group in _role_groups(trainer).items():
-        if role in manifest["roles"]:
-            group.load_checkpoint(str(path / manifest["roles"][role]["dir"]))
-    trainer.global_step = int(state["global_step"])
-    _restore_data_position(trainer, state["dataloader"], path)
-    trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    for name in ("reward_fn", "val_reward_fn"):
-        fn, saved = getattr(trainer, name), state.get(name)
-        if saved is not None and callable(getattr(fn, "load_state_dict", None)):
-            fn.load_state_dict(saved)
-    set_rng_state(state["rng"])  # last: nothing above may move the restored generators
-    logger.info("resumed from %s at step %d", path, trainer.global_step)
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        manager: CheckpointManager,
+        *,
+        progress: Stateful,
+        components: Mapping[str, Any],
+        roles: Mapping[str, Any],
+    ) -> None:
+        clash = {"format_version", "rng"} & set(components)
+        if clash:
+            raise ValueError(f"RunCheckpointer: component names {sorted(clash)} are reserved")
+        self.config = config
+        self.manager = manager
+        self.progress = progress
+        self.components = dict(components)
+        self.roles = dict(roles)
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int) -> Path:
+        """Write the complete state after step ``step`` (atomically); returns the path."""
+        cfg = self.config
+
+        def write(tmp: Path) -> dict[str, Any]:
+            # The driver's generators first; the workers' saves leave every generator untouched.
+            state = {"format_version": FORMAT_VERSION, **self.progress.state_dict()}
+            state |= {name: _state_of(obj) for name, obj in self.components.items()}
+            state["rng"] = rng_state()
+            roles, pending = {}, []
+            for role, group in self.roles.items():
+                role_dir = tmp / ROLE_DIRS[role]
+                # Submitted together: roles on pools of their own write at the same time.
+                pending.append(
+                    group.save_checkpoint.submit(
+                        str(role_dir), hf_config_dir=str(role_dir / HF_CONFIG_DIR)
+                    )
+                )
+                roles[role] = {
+                    "dir": ROLE_DIRS[role],
+                    "world_size": group.world_size,
+                    "strategy": engine_strategy(cfg, role),
+                }
+            # Wait for every role before reporting a failure, so that none is still writing
+            # into the temporary directory when it is removed.
+            errors = []
+            for future in pending:
+                try:
+                    future.result()
+                except Exception as err:
+                    errors.append(err)
+            if errors:
+                raise errors[0]
+            write_json_atomic(tmp / TRAINER_STATE_FILE, state)
+            write_text_atomic(tmp / CONFIG_FILE, to_yaml(cfg))
+            return {"roles": roles}
+
+        return self.manager.save(step, write)
+
+    # ------------------------------------------------------------------ load
+    def load(self, path: str | os.PathLike[str], verify: bool = True) -> None:
+        """Restore every part from checkpoint ``path`` (each file's CRC-32 checked first
+        unless ``verify=False``, where the caller just did)."""
+        path = Path(path)
+        manifest = read_manifest(path, verify=verify)
+        check_resume_config(path, self.config)
+        self._check_roles(path, manifest)
+        state = json.loads((path / TRAINER_STATE_FILE).read_text())
+        for role, group in self.roles.items():
+            if role in manifest["roles"]:
+                group.load_checkpoint(str(path / manifest["roles"][role]["dir"]))
+        self.progress.load_state_dict(state)
+        for name, obj in self.components.items():
+            saved = state.get(name)
+            if saved is None or not isinstance(obj, Stateful):
+                continue
+            try:
+                obj.load_state_dict(saved)
+            except ValueError as err:
+                if name != "dataloader" or not self.config.trainer.resume_force:
+                    raise CheckpointError(f"checkpoint {path}: {name}: {err}") from err
+                _relaxed_data_position(obj, saved, err)
+        set_rng_state(state["rng"])  # last: nothing above may move the restored generators
+        logger.info("resumed from %s at step %s", path, state.get("global_step"))
+
+    def _check_roles(self, path: Path, manifest: dict[str, Any]) -> None:
+        saved = manifest["roles"]
+        for role, group in self.roles.items():
+            if role not in saved:
+                if self.config.trainer.resume_force:
+                    logger.warning("checkpoint %s has no %s state: it starts fresh", path, role)
+                    continue
+                raise CheckpointError(
+                    f"checkpoint {path} has no {role} state but this run uses a {role}; start "
+                    f"fresh, or set trainer.resume_force=true to start the {role} from scratch"
+                )
+            was, now = saved[role], engine_strategy(self.config, role)
+            size, new_size = was["world_size"], group.world_size
+            if was["strategy"] == "single" and now == "fsdp2":
+                raise CheckpointError(
+                    f"checkpoint {path}: {role} was saved by the single-process engine "
+                    f"(world size {size}) and this run uses fsdp2 on {new_size} rank(s); only "
+                    "sharded fsdp2 checkpoints can be re-sharded. Resume with one process and "
+                    f"{'actor_rollout_ref.actor' if role == 'actor_rollout_ref' else role}."
+                    "strategy=single, or train with strategy=fsdp2 from the start"
+                )
+            if size != new_size:
+                logger.warning(
+                    "checkpoint %s: %s was saved by %d rank(s) and is re-sharded to %d; "
+                    "training continues correctly but not bit for bit (other random streams "
+                    "and batch split)",
+                    path,
+                    role,
+                    size,
+                    new_size,
+                )
+        for role in saved:
+            if role not in self.roles:
+                logger.warning("checkpoint %s has %s state that this run does not use", path, role)
+
+
+def _relaxed_data_position(loader: Stateful, saved: dict[str, Any], err: ValueError) -> None:
+    """With ``resume_force`` and other batching settings: keep the saved epoch and position
+    as far as they fit the new batching."""
+    sampler = saved["sampler"]
+    epoch, position = int(sampler["epoch"]), int(sampler["position"])
+    if position > len(loader):  # type: ignore[arg-type]
+        epoch, position = epoch + 1, 0
+    loader.load_state_dict({"sampler": {"epoch": epoch, "position": position}})
+    logger.warning(
+        "trainer.resume_force=true: the data order changed (%s); continuing at epoch %d, "
+        "batch %d of the new order",
+        err,
+        epoch,
+        position,
+    )
 
 
 def resume_checkpoint_path(cfg: TrainerConfig, manager: CheckpointManager) -> Path | None:

@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 _SAMPLING_OVERRIDES = ("n", "temperature", "top_p", "top_k", "do_sample")
 
+# The data contract (verl.controller.dispatch.register): what each method reads.
+_PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+_SEQUENCE_KEYS = (*_PROMPT_KEYS, "response_mask")
+
 
 class ActorRolloutRefWorker(Worker):
     """Actor (trainable policy) + rollout (sampling) + optional reference policy.
@@ -188,9 +192,17 @@ class ActorRolloutRefWorker(Worker):
             seed=seed,
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=_PROMPT_KEYS,
+        meta=(*_SAMPLING_OVERRIDES, "seed"),
+    )
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys)."""
+        """Sample ``n`` responses per prompt (``meta_info`` may override sampling keys).
+
+        Through a worker group only the prompt tensors cross, so the output holds the
+        rollout's keys; the driver joins the prompts' per-sample fields back on.
+        """
         if not any(k in prompts.meta_info for k in _SAMPLING_OVERRIDES):
             # Only training rollouts advance the seed: validation frequency must not
             # change which samples training sees.
@@ -211,7 +223,7 @@ class ActorRolloutRefWorker(Worker):
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         temperature = data.meta_info.get("temperature", 1.0)
-        response_len = data.batch["responses"].shape[1]
+        response_len = data.batch["response_mask"].shape[1]
         acfg = self.config.actor_rollout_ref.actor
         log_probs, entropies = [], []
         inputs = to_device(
@@ -239,7 +251,7 @@ class ActorRolloutRefWorker(Worker):
             gather_response_outputs(entropies, rows, response_len) if entropies else None,
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the current (old) policy, and entropy.
 
@@ -254,7 +266,7 @@ class ActorRolloutRefWorker(Worker):
             meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the frozen reference policy."""
         if self.ref_engine is None:
@@ -270,21 +282,25 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
 
     # ------------------------------------------------------------------ update
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def update_actor(self, data: DataProto) -> DataProto:
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=(*_SEQUENCE_KEYS, "old_log_probs", "advantages"),
+        optional=("ref_log_probs", "rollout_log_probs"),
+        meta=("temperature",),
+    )
+    def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) and micro-batches.
 
         The loss is :func:`verl.algorithms.actor_loss`; the loop is
         :func:`verl.workers.common.run_ppo_update` over the engine's ``forward_backward``.
         Micro-batch losses are weighted so that the accumulated gradient equals the
         gradient of the loss aggregated over the whole mini-batch (exactly, for every
-        ``loss_agg_mode``). Returns metrics in ``meta_info["metrics"]``.
+        ``loss_agg_mode``). Returns the metrics, reduced over the data-parallel ranks.
         """
         acfg = self.config.actor_rollout_ref.actor
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
-        keys += ["old_log_probs", "advantages"]
+        keys = [*_SEQUENCE_KEYS, "old_log_probs", "advantages"]
         if acfg.use_kl_loss:
-            keys.append("ref_log_probs")
+            keys.append("ref_log_probs")  # select() names it if the batch lacks it
         if acfg.rollout_is_threshold is not None:
             if "rollout_log_probs" in data.batch:
                 keys.append("rollout_log_probs")
@@ -310,7 +326,7 @@ class ActorRolloutRefWorker(Worker):
         )
         if acfg.use_kl_loss:
             acc.add("actor/kl_coef", acfg.kl_loss_coef)
-        return DataProto.from_dict(meta_info={"metrics": acc.result()})
+        return acc.result()
 
     def _actor_loss_fn(self, temperature: float) -> Callable[..., Any]:
         """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it

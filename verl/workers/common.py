@@ -98,7 +98,7 @@ def run_ppo_update(
 
     Args:
         engine: the role's ``TrainEngine``.
-        data: the update batch on the host; its ``responses`` give the response width.
+        data: the update batch on the host; its ``response_mask`` gives the response width.
         loss_fn: ``loss_fn(module, micro_batch) -> (loss, metrics)`` for one
             :class:`~verl.workers.micro_batching.MicroBatch` (already on ``device``).
         role_cfg: the role's config section (``ppo_epochs``, ``shuffle``,
@@ -113,7 +113,7 @@ def run_ppo_update(
         default ``loss`` left out) and ``grad_norm``, ``lr``, ``skipped_steps``
         (``loss_scale`` with fp16) per optimizer step. Call ``result()`` on every rank.
     """
-    response_len = data.batch["responses"].shape[1]
+    response_len = data.batch["response_mask"].shape[1]
     acc = MetricsAccumulator()
     with engine.train_mode():
         for mini in iter_ppo_mini_batches(

@@ -37,6 +37,9 @@ from verl.workers.micro_batching import MicroBatch, gather_response_outputs
 
 logger = logging.getLogger(__name__)
 
+# The data contract (verl.controller.dispatch.register): what each method reads.
+_SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
 
 def _response_values(module: torch.nn.Module, mb: DataProto, response_len: int) -> torch.Tensor:
     """Values of the states that produced each response token, ``(batch, response_len)``.
@@ -104,11 +107,11 @@ class CriticWorker(Worker):
             ),
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``(batch, response_len)`` of the current critic, masked to 0."""
         ccfg = self.config.critic
-        response_len = data.batch["responses"].shape[1]
+        response_len = data.batch["response_mask"].shape[1]
         mbs = ccfg.forward_micro_batch_size_per_device or len(data)
         out = []
         inputs = to_device(
@@ -121,15 +124,15 @@ class CriticWorker(Worker):
         values = gather_response_outputs(out, len(data), response_len) * data.batch["response_mask"]
         return DataProto.from_dict(tensors={"values": values})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def update_critic(self, data: DataProto) -> DataProto:
-        """Clipped value-loss regression onto ``returns``; metrics in ``meta_info``.
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=(*_SEQUENCE_KEYS, "values", "returns"))
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss regression onto ``returns``; returns the metrics (reduced
+        over the data-parallel ranks).
 
         The loss is :func:`verl.algorithms.critic_loss`; the loop (epochs, mini-batches,
         weighted micro-batches) is :func:`verl.workers.common.run_ppo_update`.
         """
         ccfg = self.config.critic
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
         self._update_calls += 1
 
         def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
@@ -146,7 +149,7 @@ class CriticWorker(Worker):
 
         acc = run_ppo_update(
             self.engine,
-            data.select(batch_keys=[*keys, "values", "returns"]),
+            data.select(batch_keys=[*_SEQUENCE_KEYS, "values", "returns"]),
             loss_fn,
             role_cfg=ccfg,
             # ppo_mini_batch_size counts prompts over all data-parallel ranks
@@ -157,7 +160,7 @@ class CriticWorker(Worker):
             device=self.device,
             prefix="critic",
         )
-        return DataProto.from_dict(meta_info={"metrics": acc.result()})
+        return acc.result()
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -224,7 +224,11 @@ class RewardModelWorker(Worker):
             yield ids, mask
 
     # ------------------------------------------------------------------ scoring
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=("input_ids", "attention_mask", "responses", "response_mask"),
+        optional=("raw_prompt",),
+    )
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` float32 ``(batch, response_len)``: each sequence's RM score on its
         last valid response token (position 0 for an empty response), 0 elsewhere.

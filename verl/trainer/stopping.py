@@ -1,4 +1,6 @@
-"""SIGTERM and SIGINT stop a training run cleanly, at the end of the current step.
+"""How a run ends early: by a signal, or because its training diverged.
+
+SIGTERM and SIGINT stop a training run cleanly, at the end of the current step.
 
 The first signal asks the run to stop: the step under way finishes, a final checkpoint is
 saved when the run saves checkpoints (``trainer.save_freq > 0``), the run's processes are
@@ -10,6 +12,10 @@ discarded).
 
 Handlers are installed only while a run is in progress and only from the main thread
 (Python delivers signals there); elsewhere the process keeps its existing handlers.
+
+A step whose actor update had a non-finite loss is never checkpointed, and one in the
+final step ends the run with :func:`diverged_error` (the model it would validate and
+export is broken; the previous export stays).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+from verl.engine.base import NonFiniteLossError
 
 logger = logging.getLogger(__name__)
 
@@ -69,3 +78,20 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def loss_not_finite(metrics: dict[str, Any]) -> bool:
+    """Whether a step's actor update had a non-finite loss (``actor/nonfinite_loss_steps``)."""
+    return metrics.get("actor/nonfinite_loss_steps", 0.0) > 0
+
+
+def diverged_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) -> Exception:
+    """The error that ends a run whose final step's actor loss was not finite."""
+    kept = f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved"
+    return NonFiniteLossError(
+        f"the actor's loss was not finite in the final step {step} "
+        f"(actor/nonfinite_loss_steps={metrics['actor/nonfinite_loss_steps']:g}): the "
+        f"training diverged, so the model is neither validated nor exported; {kept}. "
+        "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip "
+        "gradients harder."
+    )

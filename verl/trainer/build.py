@@ -1,0 +1,214 @@
+"""Building the parts of an RL run from its config: tokenizer, data, rewards, KL
+controller and the role worker groups with their models.
+
+``RLTrainer.__init__`` (``verl/trainer/ppo_trainer.py``) calls these in a fixed order (the
+order random numbers are drawn in is part of what makes a run reproducible); the loop
+itself lives in the trainer. Every function takes the validated
+:class:`~verl.config.TrainerConfig` and returns plain objects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl.algorithms import get_kl_controller
+from verl.config import TrainerConfig, tokenizer_path
+from verl.controller import ClassWithInitArgs
+from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.models import load_tokenizer
+from verl.protocol import DataProto
+from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
+from verl.trainer.placement import Placement, place_roles
+from verl.trainer.setup import prepare_data_files
+from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+__all__ = [
+    "RLData",
+    "build_data",
+    "build_kl_controller",
+    "build_reward_manager",
+    "build_roles",
+    "build_tokenizer",
+    "load_compute_score",
+    "optimizer_steps_per_step",
+]
+
+
+def build_tokenizer(cfg: TrainerConfig, tokenizer: Any = None) -> Any:
+    """``tokenizer`` (or the one at the model's tokenizer path), left-padding."""
+    if tokenizer is None:
+        tokenizer = load_tokenizer(
+            tokenizer_path(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
+        )
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+class _Collate:
+    """Picklable collate: left-pads a list of dataset items into a ``DataProto``."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, items: list[dict[str, Any]]) -> DataProto:
+        return collate_fn(items, pad_token_id=self.pad_token_id)
+
+
+@dataclass
+class RLData:
+    """The prompt data of a run: datasets, the collate function, the resumable loader and
+    the number of trainer steps it supports."""
+
+    train_dataset: RLHFDataset
+    val_dataset: RLHFDataset | None
+    collate: Callable[[list[dict[str, Any]]], DataProto]
+    train_loader: PromptDataLoader
+    total_steps: int
+
+
+def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
+    """Datasets of ``data.train_files`` / ``val_files`` (or the built-in data, written
+    under ``run_dir``) and the training loader; ``total_steps`` is
+    ``trainer.total_training_steps`` or ``total_epochs`` epochs of full batches."""
+    train_files, val_files = prepare_data_files(cfg, run_dir)
+    dcfg = cfg.data
+    ds_kwargs = dict(
+        tokenizer=tokenizer,
+        max_prompt_length=dcfg.max_prompt_length,
+        truncation=dcfg.truncation,
+        apply_chat_template=dcfg.apply_chat_template,
+        prompt_key=dcfg.prompt_key,
+    )
+    train_dataset = RLHFDataset(train_files, **ds_kwargs)
+    val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
+    collate = _Collate(tokenizer.pad_token_id)
+    train_loader = PromptDataLoader(
+        train_dataset,
+        batch_size=dcfg.train_batch_size,
+        shuffle=dcfg.shuffle,
+        seed=dcfg.seed,
+        drop_last=True,
+        collate_fn=collate,
+    )
+    steps_per_epoch = len(train_loader)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"the training set has {len(train_dataset)} prompts, fewer than "
+            f"data.train_batch_size={dcfg.train_batch_size}: no full step can be made"
+        )
+    total_steps = cfg.trainer.total_training_steps or (steps_per_epoch * cfg.trainer.total_epochs)
+    return RLData(train_dataset, val_dataset, collate, train_loader, total_steps)
+
+
+def load_compute_score(cfg: TrainerConfig) -> Callable[..., Any] | None:
+    """The ``custom_reward_function`` of the config, or None for the built-in scorers."""
+    if not cfg.custom_reward_function.path:
+        return None
+    return load_reward_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+
+
+def build_reward_manager(
+    cfg: TrainerConfig, tokenizer: Any, compute_score: Callable[..., Any] | None, train: bool
+) -> Any:
+    """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers).
+
+    Training rewards get the configured shaping (overlong penalty, normalisation,
+    clipping); validation rewards are raw scores, comparable across runs.
+    """
+    rcfg = cfg.reward_model
+    overlong = None
+    if train and rcfg.overlong_buffer.enable:
+        overlong = OverlongBuffer(
+            buffer_len=rcfg.overlong_buffer.len,
+            penalty_factor=rcfg.overlong_buffer.penalty_factor,
+            max_response_length=cfg.data.max_response_length,
+        )
+    manager_cls = get_reward_manager(rcfg.reward_manager)
+    guards = {}
+    if issubclass(manager_cls, RewardManager):  # a custom manager may not take these
+        guards = {
+            "max_abs_reward": rcfg.max_abs_reward,
+            "max_failure_rate": rcfg.max_failure_rate if train else rcfg.val_max_failure_rate,
+        }
+    return manager_cls(
+        tokenizer,
+        compute_score=compute_score,
+        timeout_s=rcfg.timeout_s,
+        normalize=rcfg.normalize and train,
+        clip_range=tuple(rcfg.clip_range) if (rcfg.clip_range and train) else None,
+        overlong_buffer=overlong,
+        **guards,
+    )
+
+
+def build_kl_controller(cfg: TrainerConfig) -> Any:
+    """The in-reward KL coefficient controller of ``algorithm.kl_ctrl``."""
+    akl = cfg.algorithm.kl_ctrl
+    return get_kl_controller(
+        akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
+    )
+
+
+def optimizer_steps_per_step(cfg: TrainerConfig, role_cfg: Any) -> int:
+    """Optimizer steps a role takes per trainer step: one per mini-batch, per PPO epoch.
+
+    The learning-rate schedule is counted in optimizer steps, so its length is
+    ``total_steps * optimizer_steps_per_step``.
+    """
+    mini_batches = math.ceil(cfg.data.train_batch_size / role_cfg.ppo_mini_batch_size)
+    return role_cfg.ppo_epochs * mini_batches
+
+
+def build_roles(
+    cfg: TrainerConfig,
+    *,
+    use_reference: bool,
+    use_critic: bool,
+    tokenizer: Any,
+    total_steps: int,
+    actor_module: torch.nn.Module | None = None,
+    critic_module: torch.nn.Module | None = None,
+) -> Placement:
+    """The role worker groups, placed on devices by the device map (``cfg.resource_pool``),
+    with their models built (the learning-rate schedules sized for ``total_steps`` trainer
+    steps). On failure every worker started so far is shut down."""
+    specs = {
+        "actor_rollout_ref": ClassWithInitArgs(
+            ActorRolloutRefWorker,
+            config=cfg,
+            role="actor_rollout_ref" if use_reference else "actor_rollout",
+            module=actor_module,
+            tokenizer=tokenizer,
+        )
+    }
+    if use_critic:
+        specs["critic"] = ClassWithInitArgs(
+            CriticWorker, config=cfg, module=critic_module, tokenizer=tokenizer
+        )
+    if cfg.reward_model.enable:
+        specs["reward_model"] = ClassWithInitArgs(
+            RewardModelWorker, config=cfg, actor_tokenizer=tokenizer
+        )
+    placement = place_roles(cfg, specs)
+    roles = placement.roles
+    try:
+        actor_cfg = cfg.actor_rollout_ref.actor
+        roles["actor_rollout_ref"].init_model(
+            total_steps=total_steps * optimizer_steps_per_step(cfg, actor_cfg)
+        )
+        if "critic" in roles:
+            roles["critic"].init_model(
+                total_steps=total_steps * optimizer_steps_per_step(cfg, cfg.critic)
+            )
+        if "reward_model" in roles:
+            roles["reward_model"].init_model()
+    except BaseException:
+        placement.shutdown()
+        raise
+    return placement
