@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from verl.config._fields import Device, Logger, Strategy, entry
+from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
 from verl.config.convert import build
 from verl.config.errors import ConfigProblem
 from verl.config.loader import load_validated
@@ -185,11 +185,28 @@ class OfflineRunConfig:
     )
     default_local_dir: str = entry(
         "checkpoints/{project_name}/{experiment_name}",
-        "output directory; the final model goes to <dir>/huggingface",
+        "output directory: global_step_N/ checkpoints; the final model goes to <dir>/huggingface",
     )
     device: Device = entry("auto", "auto = cuda when available, else cpu")
     total_epochs: int = entry(1, "passes over the training data")
     total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
+    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
+    resume_mode: ResumeMode = entry(
+        "auto",
+        "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
+        "fresh; resume_path = trainer.resume_from_path",
+    )
+    resume_from_path: str | None = entry(
+        None, "checkpoint (a global_step_N directory) to resume when resume_mode=resume_path"
+    )
+    resume_force: bool = entry(
+        False,
+        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
+        "from this config (docs/checkpoints.md lists the keys)",
+    )
+    max_ckpt_to_keep: int | None = entry(
+        None, "keep only the newest N complete checkpoints; null = keep all"
+    )
     test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end")
     val_before_train: bool = entry(True, "validation loss once before the first step")
     seed: int = entry(42, "global seed (model init, dropout)")
@@ -333,7 +350,21 @@ def _check_run(c: Checks, t: OfflineRunConfig) -> None:
     c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
     c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
     c.off_or_positive(f"{p}.test_freq", t.test_freq)
+    c.off_or_positive(f"{p}.save_freq", t.save_freq)
+    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
     c.at_least(f"{p}.num_threads", t.num_threads, 1)
+    if t.resume_mode == "resume_path":
+        if t.resume_from_path is None:
+            c.error(
+                (f"{p}.resume_mode", f"{p}.resume_from_path"),
+                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
+            )
+        else:
+            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
+    elif t.resume_from_path is not None:
+        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
+    if t.resume_force and t.resume_mode == "disable":
+        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
 
 
 # --------------------------------------------------------------------------- loading
