@@ -2,9 +2,10 @@
 
 N steps straight against N/2 steps, a SIGKILL of the child process that ran them, and an
 auto-resume in this process: every logged metric, every weight and optimizer tensor of the
-final checkpoint and the exported model equal bit for bit. Also: KTO after an in-process
-crash, the refusals (another trainer's checkpoint, changed data), ``resume_path`` and
-retention. The two-rank FSDP2 version is ``test_offline_distributed.py``.
+final checkpoint and the exported model equal bit for bit. The same on two FSDP2 ranks (Ray
+actors, gloo): both ranks SIGKILLed in step 3, a new group resumes, bit for bit. Also: KTO
+after an in-process crash, the refusals (another trainer's checkpoint, changed data),
+``resume_path`` and retention.
 """
 
 from __future__ import annotations
@@ -24,9 +25,24 @@ import torch
 from safetensors.torch import load_file
 
 from verl.config import load_dpo_config, load_sft_config, to_yaml
-from verl.trainer.checkpoint import LATEST_FILE, CheckpointError, complete_checkpoints
+from verl.controller import Dispatch, WorkerDiedError, register
+from verl.engine.dcp_io import read_dcp_tensors
+from verl.trainer.checkpoint import (
+    LATEST_FILE,
+    CheckpointError,
+    complete_checkpoints,
+    read_manifest,
+)
 from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.offline_launch import OfflineTrainWorker, start_rank_group, train_on_ranks
 from verl.trainer.sft_trainer import SFTTrainer
+
+try:  # the workers of the two-rank test live here: Ray ships their code by value
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except ImportError:  # pragma: no cover - the two-rank test needs the ray_session fixture
+    pass
 
 TRAINERS = {"sft": (SFTTrainer, load_sft_config), "dpo": (DPOTrainer, load_dpo_config)}
 
@@ -265,3 +281,87 @@ def test_refusals_resume_path_and_retention(tiny_model_dir, tmp_path):
     fresh = SFTTrainer(make_config("sft", tiny_model_dir, run_dir, "trainer.resume_mode=disable"))
     fresh.train()
     assert fresh.resumed_from is None and len(fresh.history) == 4
+
+
+# ---------------------------------------------------------------------- two FSDP2 ranks
+
+TWO_RANKS = ("trainer.n_gpus_per_node=2", "engine.strategy=fsdp2", "trainer.num_threads=1")
+
+
+class PausingWorker(OfflineTrainWorker):
+    """Trains until step 3 starts, then says so (a marker file) and waits to be killed."""
+
+    def __init__(self, kind, config, marker_dir: str) -> None:
+        super().__init__(kind, config)
+        self.marker_dir = marker_dir
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    def build_trainer(self):
+        trainer = super().build_trainer()
+        real_step = trainer.train_step
+
+        def train_step(micro_batches):
+            if trainer.global_step >= 3:
+                Path(self.marker_dir, f"rank{self.rank}").touch()
+                time.sleep(600)
+            return real_step(micro_batches)
+
+        trainer.train_step = train_step
+        return trainer
+
+
+def sharded_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Full weights and optimizer tensors of a sharded (DCP) checkpoint."""
+    dcp_dir = str(step_dir / "actor" / "model_optim")
+    model = {f"model/{k}": t for k, t in read_dcp_tensors(dcp_dir, "model").items()}
+    optim = {f"optim/{k}": t for k, t in read_dcp_tensors(dcp_dir, "optim").items()}
+    assert model and optim
+    return model | optim
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sft", "dpo"])
+def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
+    kind, ray_session, tiny_model_dir, tmp_path
+):
+    straight_dir, run_dir = tmp_path / "straight", tmp_path / "run"
+    straight = train_on_ranks(kind, make_config(kind, tiny_model_dir, straight_dir, *TWO_RANKS))
+    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
+    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    assert "actor/worker_state_rank1.json" in manifest["files"]
+
+    cfg = make_config(kind, tiny_model_dir, run_dir, *TWO_RANKS)
+    group, stop = start_rank_group(kind, cfg, PausingWorker, marker_dir=str(tmp_path))
+    try:
+        pids = group.pid()
+        future = group.submit("train")
+        deadline = time.monotonic() + 300
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+            assert not future.done(), future.result()
+            assert time.monotonic() < deadline, "the ranks never reached step 3"
+            time.sleep(0.2)
+        for pid in reversed(pids):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError):
+            future.result(timeout=120)
+    finally:
+        stop()
+    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+
+    resumed = train_on_ranks(kind, cfg)  # a new group of new processes; resume_mode=auto
+    assert resumed["resumed_from"] == str(run_dir / "global_step_2")
+    rows = logged_steps(run_dir)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert_same_metrics(rows[:2] + resumed["history"], straight["history"])
+    assert resumed["val_after"] == straight["val_after"]
+    assert_bitwise(
+        sharded_tensors(run_dir / "global_step_4"), sharded_tensors(straight_dir / "global_step_4")
+    )
+    assert_bitwise(
+        load_file(run_dir / "huggingface" / "model.safetensors"),
+        load_file(straight_dir / "huggingface" / "model.safetensors"),
+    )

@@ -152,7 +152,9 @@ class OfflineEngineConfig:
     """The train engine of an offline trainer."""
 
     strategy: Strategy = entry(
-        "single", "train engine: single (one process; auto = single) or fsdp2 (not yet)"
+        "single",
+        "train engine: single (one process), fsdp2 (sharded; needed with "
+        "trainer.n_gpus_per_node > 1) or auto (fsdp2 on several devices, else single)",
     )
     grad_clip: float = entry(1.0, "max global gradient norm")
     logprob_chunk_size: int = entry(
@@ -188,6 +190,11 @@ class OfflineRunConfig:
         "output directory: global_step_N/ checkpoints; the final model goes to <dir>/huggingface",
     )
     device: Device = entry("auto", "auto = cuda when available, else cpu")
+    n_gpus_per_node: int = entry(
+        1,
+        "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
+        "on Ray workers",
+    )
     total_epochs: int = entry(1, "passes over the training data")
     total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
     save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
@@ -282,6 +289,7 @@ def offline_problems(
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)
     _check_run(c, cfg.trainer)
+    _check_ranks(c, cfg)
     check_registries(c, cfg, registries)
     return c.problems, c.warnings
 
@@ -342,6 +350,29 @@ def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
         )
     c.above(f"{p}.desirable_weight", a.desirable_weight, 0)
     c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
+
+
+def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
+    ranks, d = cfg.trainer.n_gpus_per_node, cfg.data
+    c.at_least("trainer.n_gpus_per_node", ranks, 1)
+    if ranks <= 1:
+        return
+    if cfg.engine.strategy == "single":
+        c.error(
+            ("trainer.n_gpus_per_node", "engine.strategy"),
+            f"trainer.n_gpus_per_node={ranks}: the single engine trains in one process; set "
+            "engine.strategy=fsdp2 (or auto)",
+        )
+    c.package("trainer.n_gpus_per_node", str(ranks), "ray", "pip install 'verl[ray]'")
+    micro_batches = -(-d.train_batch_size // max(d.micro_batch_size_per_device, 1))
+    if d.train_batch_size >= 1 and micro_batches % ranks:
+        c.error(
+            ("data.train_batch_size", "data.micro_batch_size_per_device"),
+            f"data.train_batch_size={d.train_batch_size} in micro-batches of "
+            f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} gives "
+            f"{micro_batches} micro-batches per step, which trainer.n_gpus_per_node={ranks} "
+            f"ranks cannot share equally; make it a multiple of {ranks}",
+        )
 
 
 def _check_run(c: Checks, t: OfflineRunConfig) -> None:

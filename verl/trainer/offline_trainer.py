@@ -109,7 +109,6 @@ class OfflineTrainer:
 
         with self.rank0_first():  # the built-in data is written once
             self.build_data()
-        self._check_micro_batches()
         steps_per_epoch = len(self.train_loader)
         self.total_steps = t.total_training_steps or steps_per_epoch * t.total_epochs
 
@@ -169,36 +168,31 @@ class OfflineTrainer:
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_strategy(self, config: SFTConfig | DPOConfig) -> str:
-        """The engine strategy: single in one process, fsdp2 over a process group."""
+        """The engine strategy: single in one process, fsdp2 over a process group whose
+        size is ``trainer.n_gpus_per_node`` (``verl.trainer.offline_launch`` starts it)."""
+        ranks = config.trainer.n_gpus_per_node
+        if ranks != self.world_size:
+            raise ValueError(
+                f"trainer.n_gpus_per_node={ranks} but this process is one of "
+                f"{self.world_size}: start several ranks with "
+                "verl.trainer.offline_launch.train_on_ranks (or python -m "
+                "verl.trainer.main_sft / main_dpo), or set trainer.n_gpus_per_node=1"
+            )
         strategy = config.engine.strategy
         if strategy == "auto":
             strategy = "fsdp2" if self.world_size > 1 else "single"
         if strategy == "fsdp2" and not dist.is_initialized():
             raise NotSupportedYet(
-                "engine.strategy='fsdp2' needs one process per rank, joined in a "
-                "torch.distributed group before the trainer is built; use "
+                "engine.strategy=fsdp2 runs in a torch.distributed process group; "
+                "set trainer.n_gpus_per_node (the ranks run on Ray workers), or use "
                 "engine.strategy=single (or auto) in one process"
             )
         if strategy == "single" and self.world_size > 1:
             raise ValueError(
-                f"engine.strategy=single in a process group of {self.world_size} ranks: each "
-                "rank would train its own copy; use engine.strategy=fsdp2 (or auto)"
+                f"engine.strategy=single on {self.world_size} ranks: each rank would train "
+                "its own copy; use engine.strategy=fsdp2 (or auto)"
             )
         return strategy
-
-    def _check_micro_batches(self) -> None:
-        """Every rank must run the same number of forwards (FSDP2 collectives)."""
-        if self.world_size == 1:
-            return
-        d = self.config.data
-        n = math.ceil(d.train_batch_size / d.micro_batch_size_per_device)
-        if n % self.world_size:
-            raise ValueError(
-                f"data.train_batch_size={d.train_batch_size} in micro-batches of "
-                f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} gives {n} "
-                f"micro-batches per step, which {self.world_size} ranks cannot share equally; "
-                f"make it a multiple of {self.world_size}"
-            )
 
     def make_loader(
         self, dataset: Any, collate: Any, batch_size: int, shuffle: bool, seed: int
@@ -302,6 +296,7 @@ class OfflineTrainer:
             if self.last_checkpoint is not None:
                 results["checkpoint"] = str(self.last_checkpoint)
             results["hf_dir"] = str(self.save_hf(self.output_dir / "huggingface"))
+            results["resumed_from"] = str(self.resumed_from) if self.resumed_from else None
         finally:
             if progress is not None:
                 progress.close()
