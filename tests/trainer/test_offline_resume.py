@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from verl.config import load_dpo_config, load_sft_config, to_yaml
+from verl.config import ConfigError, load_dpo_config, load_sft_config, to_yaml
 from verl.controller import Dispatch, WorkerDiedError, register
 from verl.engine.dcp_io import read_dcp_tensors
 from verl.trainer.checkpoint import (
@@ -365,3 +365,26 @@ def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
         load_file(run_dir / "huggingface" / "model.safetensors"),
         load_file(straight_dir / "huggingface" / "model.safetensors"),
     )
+
+
+def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        make_config("sft", tiny_model_dir, run_dir, "trainer.n_gpus_per_node=2")
+    assert "engine.strategy=fsdp2 (or auto)" in str(err.value)
+    with pytest.raises(ConfigError, match="3 micro-batches per step, which"):
+        make_config(
+            "dpo",
+            tiny_model_dir,
+            run_dir,
+            "trainer.n_gpus_per_node=2",
+            "engine.strategy=auto",
+            "data.train_batch_size=6",
+        )
+    # A valid two-rank config, built in one process: the ranks are started elsewhere.
+    cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
+    with pytest.raises(ValueError, match=r"verl\.trainer\.offline_launch\.train_on_ranks"):
+        SFTTrainer(cfg)
+    cfg = make_config("sft", tiny_model_dir, run_dir, "engine.strategy=fsdp2")
+    with pytest.raises(NotImplementedError, match=r"set trainer\.n_gpus_per_node"):
+        SFTTrainer(cfg)
