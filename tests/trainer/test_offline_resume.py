@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from verl.config import ConfigError, load_dpo_config, load_sft_config, to_yaml
 from verl.controller import Dispatch, WorkerDiedError, register
 from verl.engine.dcp_io import read_dcp_tensors
+from verl.model_merger import merge_checkpoint
 from verl.trainer.checkpoint import (
     LATEST_FILE,
     CheckpointError,
@@ -256,6 +257,13 @@ def test_refusals_resume_path_and_retention(tiny_model_dir, tmp_path):
         "world_size": 1,
         "strategy": "single",
     }
+
+    # The policy is exported like the RL actor; the last checkpoint is the final model.
+    exported = merge_checkpoint(run_dir / "global_step_4", tmp_path / "hf")
+    assert_bitwise(
+        load_file(exported / "model.safetensors"),
+        load_file(run_dir / "huggingface" / "model.safetensors"),
+    )
 
     # Another trainer's checkpoint in the same directory.
     with pytest.raises(CheckpointError, match="saved by the sft trainer, not by the dpo"):
