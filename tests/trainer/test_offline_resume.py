@@ -37,6 +37,7 @@ from verl.trainer.checkpoint import (
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.offline_launch import OfflineTrainWorker, start_rank_group, train_on_ranks
 from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.signals import RunInterrupted
 
 try:  # the workers of the two-rank test live here: Ray ships their code by value
     import ray
@@ -129,6 +130,7 @@ from pathlib import Path
 from verl.config import load_dpo_config, load_sft_config
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.signals import RunInterrupted
 
 kind, marker, config_file = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 cls, load = {"sft": (SFTTrainer, load_sft_config), "dpo": (DPOTrainer, load_dpo_config)}[kind]
@@ -396,3 +398,29 @@ def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path
     cfg = make_config("sft", tiny_model_dir, run_dir, "engine.strategy=fsdp2")
     with pytest.raises(NotImplementedError, match=r"set trainer\.n_gpus_per_node"):
         SFTTrainer(cfg)
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tiny_model_dir, tmp_path):
+    straight = SFTTrainer(make_config("sft", tiny_model_dir, tmp_path / "straight"))
+    straight.train()
+    cfg = make_config("sft", tiny_model_dir, tmp_path / "run", "trainer.save_freq=4")
+    first = SFTTrainer(cfg)
+    real_step = first.train_step
+
+    def train_step(micro_batches):
+        if first.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of step 1
+        return real_step(micro_batches)
+
+    first.train_step = train_step
+    with pytest.raises(RunInterrupted) as stopped:
+        first.train()
+    assert stopped.value.exit_code == 143 and stopped.value.step == 1
+    assert stopped.value.checkpoint == tmp_path / "run" / "global_step_1"
+    assert not (tmp_path / "run" / "huggingface").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    second = SFTTrainer(cfg)
+    second.train()
+    assert second.resumed_from == tmp_path / "run" / "global_step_1"
+    assert_same_metrics(first.history + second.history, straight.history)

@@ -9,6 +9,7 @@ loop, validation schedule, logging, periodic checkpoints with exact resume, the 
         metrics = train_step(next batch of micro-batches)       # the subclass's loss
         log; validate every trainer.test_freq steps
         checkpoint every trainer.save_freq steps and after the last (verl.trainer.offline_checkpoint)
+        SIGTERM / SIGINT (one process): checkpoint after this step, raise RunInterrupted
     validate; save the model as a HF directory
 
 One process, or SPMD over the ranks of a ``torch.distributed`` group (``engine.strategy``
@@ -42,6 +43,7 @@ from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offlin
 from verl.trainer.resume import resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import NotSupportedYet, seed_everything
+from verl.trainer.signals import RunInterrupted, StopRequests
 from verl.trainer.tracking import Tracker
 from verl.utils.device import resolve_device
 from verl.workers.common import atomic_save_pretrained
@@ -144,6 +146,7 @@ class OfflineTrainer:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self._resume_checked = False
+        self._stop = StopRequests()
         self.prepare()
 
     # ------------------------------------------------------------------ hooks
@@ -276,6 +279,8 @@ class OfflineTrainer:
         try:
             if self.run_lock is not None:
                 self.run_lock.acquire()
+            if self.world_size == 1:  # Ray stops the ranks of a multi-process run
+                self._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
             self.resume()
             if t.val_before_train and self.resumed_from is None:
                 val = self._validate()
@@ -298,6 +303,7 @@ class OfflineTrainer:
             results["hf_dir"] = str(self.save_hf(self.output_dir / "huggingface"))
             results["resumed_from"] = str(self.resumed_from) if self.resumed_from else None
         finally:
+            self._stop.__exit__()
             if progress is not None:
                 progress.close()
             self.tracker.close()
@@ -326,8 +332,12 @@ class OfflineTrainer:
                 self.history.append(metrics)
                 progress.update(1)
                 progress.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4f}")
-                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+                stop = self._stop.requested
+                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stop):
                     self.save_checkpoint()
+                if stop:
+                    saved = self.last_checkpoint if t.save_freq > 0 else None
+                    raise RunInterrupted(self._stop.signum, self.global_step, saved)
                 if last:
                     break
 
