@@ -99,13 +99,23 @@ def _policy_entry(trainer: OfflineTrainer) -> dict[str, Any]:
 
 def _save_engine(trainer: OfflineTrainer, role_dir: Path) -> None:
     """This rank's share of the policy's directory (collective under fsdp2)."""
-    save_worker_checkpoint(
-        trainer.engine, str(role_dir), rank=trainer.rank, world_size=trainer.world_size, counters={}
-    )
-    if trainer.rank == 0:
-        save_hf_metadata(trainer.engine.module, trainer.tokenizer, str(role_dir / HF_CONFIG_DIR))
-    if trainer.world_size > 1:
-        dist.barrier()  # every rank's files are in before rank 0 writes the manifest
+    try:
+        save_worker_checkpoint(
+            trainer.engine,
+            str(role_dir),
+            rank=trainer.rank,
+            world_size=trainer.world_size,
+            counters={},
+        )
+        if trainer.rank == 0:
+            save_hf_metadata(
+                trainer.engine.module, trainer.tokenizer, str(role_dir / HF_CONFIG_DIR)
+            )
+    finally:
+        if trainer.world_size > 1:
+            # Every rank's files are in before rank 0 writes the manifest; reached on a
+            # failure too, so that rank 0 can then tell the others the save failed.
+            dist.barrier()
 
 
 def save_offline_checkpoint(trainer: OfflineTrainer, manager: CheckpointManager) -> Path:
@@ -127,7 +137,7 @@ def save_offline_checkpoint(trainer: OfflineTrainer, manager: CheckpointManager)
             "dataloader": trainer.train_loader.state_dict(),
             "rng": rng_state(),
         }
-        trainer._broadcast(str(tmp))
+        trainer.broadcast(str(tmp))
         _save_engine(trainer, tmp / ROLE_DIRS[POLICY_ROLE])
         write_json_atomic(tmp / TRAINER_STATE_FILE, state)
         write_text_atomic(tmp / CONFIG_FILE, to_yaml(trainer.config))
@@ -136,20 +146,20 @@ def save_offline_checkpoint(trainer: OfflineTrainer, manager: CheckpointManager)
     if trainer.world_size == 1:
         return manager.save(trainer.global_step, write)
     if trainer.rank != 0:
-        tmp = trainer._broadcast(None)
+        tmp = trainer.broadcast(None)
         if not tmp:
             raise CheckpointError(f"rank 0 failed to save checkpoint {trainer.global_step}")
         _save_engine(trainer, Path(tmp) / ROLE_DIRS[POLICY_ROLE])
-        final = trainer._broadcast(None)
+        final = trainer.broadcast(None)
         if not final:
             raise CheckpointError(f"rank 0 failed to save checkpoint {trainer.global_step}")
         return Path(final)
     try:
         path = manager.save(trainer.global_step, write)
     except BaseException:
-        trainer._broadcast("")
+        trainer.broadcast("")
         raise
-    trainer._broadcast(str(path))
+    trainer.broadcast(str(path))
     return path
 
 

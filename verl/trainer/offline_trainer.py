@@ -256,7 +256,8 @@ class OfflineTrainer:
         dist.all_gather_object(out, obj)
         return out
 
-    def _broadcast(self, obj: Any) -> Any:
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (``obj`` itself in one process)."""
         if self.world_size == 1:
             return obj
         box = [obj]
@@ -373,7 +374,7 @@ class OfflineTrainer:
                 path = resume_checkpoint_path(self.config, self.checkpoints)
             except CheckpointError as err:
                 error = err
-        found = self._broadcast(None if error else (str(path) if path else ""))
+        found = self.broadcast(None if error else (str(path) if path else ""))
         if error is not None:
             raise error
         if found is None:
