@@ -406,6 +406,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tiny_model_d
     cfg = make_config("sft", tiny_model_dir, tmp_path / "run", "trainer.save_freq=4")
     first = SFTTrainer(cfg)
     real_step = first.train_step
+    handler_before = signal.getsignal(signal.SIGTERM)
 
     def train_step(micro_batches):
         if first.global_step == 1:
@@ -418,7 +419,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tiny_model_d
     assert stopped.value.exit_code == 143 and stopped.value.step == 1
     assert stopped.value.checkpoint == tmp_path / "run" / "global_step_1"
     assert not (tmp_path / "run" / "huggingface").exists()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is gone
 
     second = SFTTrainer(cfg)
     second.train()
