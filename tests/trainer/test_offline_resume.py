@@ -375,6 +375,27 @@ def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
         load_file(run_dir / "huggingface" / "model.safetensors"),
         load_file(straight_dir / "huggingface" / "model.safetensors"),
     )
+    if kind != "sft":
+        return
+    # The two-rank checkpoint in one process (single engine): DCP re-shards to full tensors.
+    one = SFTTrainer(
+        make_config(
+            kind,
+            tiny_model_dir,
+            tmp_path / "one",
+            "trainer.total_training_steps=5",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={run_dir / 'global_step_4'}",
+        )
+    )
+    one.resume()
+    exported = load_file(run_dir / "huggingface" / "model.safetensors")
+    loaded = one.engine.state_dict_for_save()
+    assert exported.keys() <= loaded.keys()
+    assert all(torch.equal(loaded[k], exported[k]) for k in exported)
+    one.train()
+    assert [one.global_step, len(one.history)] == [5, 1]
+    assert math.isfinite(one.history[0]["train/loss"])
 
 
 def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path):
