@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from verl.config._fields import Device, Logger, Strategy, entry
+from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
 from verl.config.convert import build
 from verl.config.errors import ConfigProblem
 from verl.config.loader import load_validated
@@ -152,7 +152,9 @@ class OfflineEngineConfig:
     """The train engine of an offline trainer."""
 
     strategy: Strategy = entry(
-        "single", "train engine: single (one process; auto = single) or fsdp2 (not yet)"
+        "single",
+        "train engine: single (one process), fsdp2 (sharded; needed with "
+        "trainer.n_gpus_per_node > 1) or auto (fsdp2 on several devices, else single)",
     )
     grad_clip: float = entry(1.0, "max global gradient norm")
     logprob_chunk_size: int = entry(
@@ -185,11 +187,33 @@ class OfflineRunConfig:
     )
     default_local_dir: str = entry(
         "checkpoints/{project_name}/{experiment_name}",
-        "output directory; the final model goes to <dir>/huggingface",
+        "output directory: global_step_N/ checkpoints; the final model goes to <dir>/huggingface",
     )
     device: Device = entry("auto", "auto = cuda when available, else cpu")
+    n_gpus_per_node: int = entry(
+        1,
+        "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
+        "on Ray workers",
+    )
     total_epochs: int = entry(1, "passes over the training data")
     total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
+    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
+    resume_mode: ResumeMode = entry(
+        "auto",
+        "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
+        "fresh; resume_path = trainer.resume_from_path",
+    )
+    resume_from_path: str | None = entry(
+        None, "checkpoint (a global_step_N directory) to resume when resume_mode=resume_path"
+    )
+    resume_force: bool = entry(
+        False,
+        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
+        "from this config (docs/checkpoints.md lists the keys)",
+    )
+    max_ckpt_to_keep: int | None = entry(
+        None, "keep only the newest N complete checkpoints; null = keep all"
+    )
     test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end")
     val_before_train: bool = entry(True, "validation loss once before the first step")
     seed: int = entry(42, "global seed (model init, dropout)")
@@ -265,6 +289,7 @@ def offline_problems(
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)
     _check_run(c, cfg.trainer)
+    _check_ranks(c, cfg)
     check_registries(c, cfg, registries)
     return c.problems, c.warnings
 
@@ -327,13 +352,50 @@ def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
     c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
 
 
+def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
+    ranks, d = cfg.trainer.n_gpus_per_node, cfg.data
+    c.at_least("trainer.n_gpus_per_node", ranks, 1)
+    if ranks <= 1:
+        return
+    if cfg.engine.strategy == "single":
+        c.error(
+            ("trainer.n_gpus_per_node", "engine.strategy"),
+            f"trainer.n_gpus_per_node={ranks}: the single engine trains in one process; set "
+            "engine.strategy=fsdp2 (or auto)",
+        )
+    c.package("trainer.n_gpus_per_node", str(ranks), "ray", "pip install 'verl[ray]'")
+    micro_batches = -(-d.train_batch_size // max(d.micro_batch_size_per_device, 1))
+    if d.train_batch_size >= 1 and micro_batches % ranks:
+        c.error(
+            ("data.train_batch_size", "data.micro_batch_size_per_device"),
+            f"data.train_batch_size={d.train_batch_size} in micro-batches of "
+            f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} gives "
+            f"{micro_batches} micro-batches per step, which trainer.n_gpus_per_node={ranks} "
+            f"ranks cannot share equally; make it a multiple of {ranks}",
+        )
+
+
 def _check_run(c: Checks, t: OfflineRunConfig) -> None:
     p = "trainer"
     check_run_identity(c, t, p)
     c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
     c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
     c.off_or_positive(f"{p}.test_freq", t.test_freq)
+    c.off_or_positive(f"{p}.save_freq", t.save_freq)
+    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
     c.at_least(f"{p}.num_threads", t.num_threads, 1)
+    if t.resume_mode == "resume_path":
+        if t.resume_from_path is None:
+            c.error(
+                (f"{p}.resume_mode", f"{p}.resume_from_path"),
+                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
+            )
+        else:
+            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
+    elif t.resume_from_path is not None:
+        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
+    if t.resume_force and t.resume_mode == "disable":
+        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
 
 
 # --------------------------------------------------------------------------- loading

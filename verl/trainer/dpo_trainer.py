@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ from verl.data.preference_dataset import (
     collate_preference,
     write_arithmetic_preference_dataset,
 )
-from verl.trainer.sft_trainer import OfflineTrainer, _MicroBatchCollate
+from verl.trainer.offline_trainer import MicroBatchCollate, OfflineTrainer
 from verl.utils.torch_functional import compute_response_log_probs
 
 logger = logging.getLogger(__name__)
@@ -61,9 +62,10 @@ class DPOTrainer(OfflineTrainer):
         config: the run configuration.
         model: an ``nn.Module`` to train instead of loading ``model.path``; its weights
             when the trainer is built are the reference policy.
-        tokenizer / tracker: see :class:`~verl.trainer.sft_trainer.OfflineTrainer`.
+        tokenizer / tracker: see :class:`~verl.trainer.offline_trainer.OfflineTrainer`.
     """
 
+    kind = "dpo"
     console_keys = (
         "train/loss",
         "rewards/accuracies",
@@ -94,7 +96,7 @@ class DPOTrainer(OfflineTrainer):
                 val_files = [val_path]
         self.train_dataset = self._dataset(train_files, "data.train_files")
         self.val_dataset = self._dataset(val_files, "data.val_files") if val_files else None
-        self.micro_collate = _MicroBatchCollate(
+        self.micro_collate = MicroBatchCollate(
             collate_preference,
             d.micro_batch_size_per_device,
             pad_token_id=self.tokenizer.pad_token_id,
@@ -211,18 +213,40 @@ class DPOTrainer(OfflineTrainer):
 
         rows = [self._rows(mb) for mb in micro_batches]
         scales = [r / sum(rows) for r in rows]
-        results = self.engine.forward_backward(micro_batches, loss_fn, scales)
+        mine, my_scales = self.local_share(micro_batches, scales)
+        results = self.engine.forward_backward(mine, loss_fn, my_scales)
         step = self.engine.optimizer_step()
         seconds = time.perf_counter() - start
         tokens = sum(float(mb["attention_mask"].sum()) for mb in micro_batches)
+        # my_scales carry the world size; the step's loss is the sum over every rank.
+        loss = sum(r["loss"] * s for r, s in zip(results, my_scales)) / self.world_size
         metrics = {
-            "train/loss": sum(r["loss"] * s for r, s in zip(results, scales)),
+            "train/loss": self.all_sum(loss),
             "train/lr": step["lr"],
             "train/grad_norm": step["grad_norm"],
             "train/skipped_step": step["skipped"],
             "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         }
-        return metrics | self._reward_metrics(collected, prefix="")
+        return metrics | self._reward_metrics(self._from_every_rank(collected), prefix="")
+
+    def _from_every_rank(
+        self, collected: list[tuple[Any, torch.Tensor]]
+    ) -> list[tuple[Any, torch.Tensor]]:
+        """The loss outputs of every rank's micro-batches, in micro-batch order."""
+        if self.world_size == 1:
+            return collected
+        light = [
+            (
+                SimpleNamespace(
+                    chosen_rewards=out.chosen_rewards.detach().float().cpu(),
+                    rejected_rewards=out.rejected_rewards.detach().float().cpu(),
+                    kl=None if self.paired else float(out.kl),
+                ),
+                logps.float().cpu(),
+            )
+            for out, logps in collected
+        ]
+        return [item for share in self.all_gather(light) for item in share]
 
     def _reward_metrics(
         self,

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from verl.config import TrainerConfig, engine_strategy, to_yaml
+from verl.config import engine_strategy, to_yaml
 from verl.config.convert import iter_schema, section_class
 from verl.config.yaml_io import load_yaml_text
 from verl.trainer.checkpoint import (
@@ -88,6 +88,9 @@ _PATH_KEYS = (
     "actor_rollout_ref.model.tokenizer_path",
     "critic.model.path",
     "data.train_files",
+    # the offline trainers' (SFT, DPO) model section
+    "model.path",
+    "model.tokenizer_path",
 )
 
 
@@ -115,7 +118,7 @@ def _normalised(key: str, value: Any) -> Any:
     return value
 
 
-def config_differences(saved_yaml: str, cfg: TrainerConfig) -> list[tuple[str, Any, Any]]:
+def config_differences(saved_yaml: str, cfg: Any) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, current value)`` of every config key that differs (the resume
     keys themselves excluded), in schema order. A dict-valued key (``override_config``) is
     one value; a key the saved config lacks (an older schema) counts as null."""
@@ -130,16 +133,19 @@ def config_differences(saved_yaml: str, cfg: TrainerConfig) -> list[tuple[str, A
     return out
 
 
-def _is_identity_key(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in RESUME_IDENTITY_KEYS)
+def _is_identity_key(key: str, identity_keys: tuple[str, ...]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in identity_keys)
 
 
-def check_resume_config(path: Path, cfg: TrainerConfig) -> None:
-    """Refuse a checkpoint whose identity keys differ (unless ``trainer.resume_force``);
-    log the other differences."""
+def check_resume_config(
+    path: Path, cfg: Any, identity_keys: tuple[str, ...] = RESUME_IDENTITY_KEYS
+) -> None:
+    """Refuse a checkpoint whose ``identity_keys`` differ (unless ``trainer.resume_force``);
+    log the other differences. ``cfg`` is any typed run config with a ``trainer`` section
+    (the RL one by default; the offline trainers pass their own keys)."""
     differences = config_differences((path / CONFIG_FILE).read_text(), cfg)
-    refused = [d for d in differences if _is_identity_key(d[0])]
-    others = [d for d in differences if not _is_identity_key(d[0])]
+    refused = [d for d in differences if _is_identity_key(d[0], identity_keys)]
+    others = [d for d in differences if not _is_identity_key(d[0], identity_keys)]
     if others:
         logger.warning(
             "resuming %s with a changed config: %s",
@@ -334,8 +340,9 @@ def _relaxed_data_position(loader: Stateful, saved: dict[str, Any], err: ValueEr
     )
 
 
-def resume_checkpoint_path(cfg: TrainerConfig, manager: CheckpointManager) -> Path | None:
-    """The checkpoint ``trainer.resume_mode`` asks for, or None for a fresh start.
+def resume_checkpoint_path(cfg: Any, manager: CheckpointManager) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` asks for, or None for a fresh start (``cfg``:
+    any run config whose ``trainer`` section has the resume keys, RL or offline).
 
     Raises:
         CheckpointError: ``resume_path`` names a missing, incomplete or damaged checkpoint
