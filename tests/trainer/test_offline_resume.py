@@ -37,7 +37,7 @@ from verl.trainer.checkpoint import (
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.offline_launch import OfflineTrainWorker, start_rank_group, train_on_ranks
 from verl.trainer.sft_trainer import SFTTrainer
-from verl.trainer.signals import RunInterrupted
+from verl.trainer.stopping import RunInterrupted
 
 try:  # the workers of the two-rank test live here: Ray ships their code by value
     import ray
@@ -130,7 +130,7 @@ from pathlib import Path
 from verl.config import load_dpo_config, load_sft_config
 from verl.trainer.dpo_trainer import DPOTrainer
 from verl.trainer.sft_trainer import SFTTrainer
-from verl.trainer.signals import RunInterrupted
+from verl.trainer.stopping import RunInterrupted
 
 kind, marker, config_file = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 cls, load = {"sft": (SFTTrainer, load_sft_config), "dpo": (DPOTrainer, load_dpo_config)}[kind]

@@ -43,7 +43,7 @@ from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offlin
 from verl.trainer.resume import resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import NotSupportedYet, seed_everything
-from verl.trainer.signals import RunInterrupted, StopRequests
+from verl.trainer.stopping import RunInterrupted, StopRequests
 from verl.trainer.tracking import Tracker
 from verl.utils.device import resolve_device
 from verl.workers.common import atomic_save_pretrained
