@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from verl.config import engine_strategy, to_yaml
+from verl.config import TrainerConfig, engine_strategy, to_yaml
 from verl.config.convert import iter_schema, section_class
 from verl.config.yaml_io import load_yaml_text
 from verl.trainer.checkpoint import (
