@@ -133,8 +133,6 @@ class SingleProcessEngine(TrainEngine):
         return [name for name, p in self.module.named_parameters() if p.requires_grad]
 
 
-
-
 def _encode(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
     """JSON-able copy of ``obj``; tensors go to ``tensors`` and leave a named placeholder.
 
