@@ -41,9 +41,10 @@ from typing import Any
 
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCrashedError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from verl.controller.ray_cluster import ensure_ray
+from verl.controller.ray_placement import PoolPlacement, acquire_placement, release_placement
 from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
 from verl.controller.worker_group import PendingOutputs, WorkerDiedError, WorkerGroup
@@ -64,64 +65,6 @@ _ACTOR_SHARE = 0.01
 _DEATH_GRACE_S = 2.0
 
 _DEATH_ERRORS = (RayActorError, WorkerCrashedError, OutOfMemoryError)
-
-
-def ensure_ray(
-    num_cpus: int | None = None,
-    address: str | None = None,
-    *,
-    include_dashboard: bool = False,
-    runtime_env: dict[str, Any] | None = None,
-    **init_kwargs: Any,
-) -> None:
-    """Connect to Ray once per driver: an existing cluster, or a new local one.
-
-    Args:
-        num_cpus: logical CPUs of a new local cluster (default ``os.cpu_count()``). Give at
-            least the number of bundles every pool needs together (processes x
-            ``num_cpus_per_worker``); logical CPUs may exceed physical ones.
-        address: an existing cluster's address (``"auto"``, ``"ray://host:10001"``, ...);
-            default ``$RAY_ADDRESS``. Without either a new local cluster is started (never a
-            stray ``ray start`` cluster found on this machine).
-        include_dashboard: start the dashboard (bound to 127.0.0.1) with a local cluster.
-        runtime_env: job-wide Ray runtime environment, e.g.
-            ``{"env_vars": {"PYTHONPATH": ...}}`` when workers need modules that the
-            driver imports from outside the installed packages and its working directory.
-        init_kwargs: passed to ``ray.init``.
-
-    A no-op when Ray is already initialised (it warns if that cluster has fewer CPUs than
-    ``num_cpus``).
-    """
-    if ray.is_initialized():
-        have = ray.cluster_resources().get("CPU", 0)
-        if num_cpus is not None and have < num_cpus:
-            logger.warning(
-                "Ray is already initialised with %s logical CPUs, fewer than num_cpus=%d "
-                "asked for; placement groups that do not fit will not be scheduled",
-                have,
-                num_cpus,
-            )
-        return
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict[str, Any] = dict(init_kwargs)
-    if runtime_env is not None:
-        kwargs["runtime_env"] = runtime_env
-    start = time.monotonic()
-    if address is not None:
-        if num_cpus is not None:
-            logger.info("connecting to Ray at %s: num_cpus=%d is not applied", address, num_cpus)
-        ray.init(address=address, **kwargs)
-        logger.info("connected to Ray cluster at %s", address)
-    else:
-        num_cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
-        if include_dashboard:
-            kwargs.setdefault("dashboard_host", "127.0.0.1")
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard, **kwargs)
-        logger.info(
-            "started a local Ray cluster with %d logical CPUs in %.1fs",
-            num_cpus,
-            time.monotonic() - start,
-        )
 
 
 @dataclass(frozen=True)
@@ -230,95 +173,6 @@ class _WorkerHost:
         return self._worker.call_role(role, method, *args, **kwargs)  # type: ignore[attr-defined]
 
 
-# --------------------------------------------------------------------------- placement
-
-
-@dataclass
-class _PoolPlacement:
-    """The placement groups of one pool (one per node) and how many groups use them."""
-
-    session: tuple[str, str]
-    bundle: dict[str, float]
-    groups: list[PlacementGroup]
-    users: int = 0
-
-
-def _ray_session() -> tuple[str, str]:
-    # placement groups belong to one job on one cluster; a new ray.init makes them stale
-    ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), ctx.get_job_id()
-
-
-def _acquire_placement(
-    pool: ResourcePool, bundle: dict[str, float], timeout_s: float
-) -> _PoolPlacement:
-    """The pool's placement groups, created and scheduled on first use, with a user more."""
-    cached: _PoolPlacement | None = pool.backend_state.get("ray")
-    if cached is not None and cached.session == _ray_session() and cached.users > 0:
-        if cached.bundle != bundle:
-            raise ValueError(
-                f"resource pool {pool.name!r} already has placement groups with bundles "
-                f"{cached.bundle}; a group asking for {bundle} cannot share them (use the same "
-                "RayOptions.num_cpus_per_worker for every group of a pool, or another pool)"
-            )
-        cached.users += 1
-        return cached
-
-    cluster = ray.cluster_resources()
-    for resource, per_bundle in bundle.items():
-        need = per_bundle * pool.world_size
-        have = cluster.get(resource, 0)
-        if have < need:
-            fix = (
-                f"start Ray with more logical CPUs, e.g. ensure_ray(num_cpus={int(need)})"
-                if resource == "CPU"
-                else "use_gpu=False on a machine without GPUs"
-                if resource == "GPU"
-                else "add the resource to the cluster"
-            )
-            raise ValueError(
-                f"resource pool {pool.name!r} (process_on_nodes={pool.process_on_nodes}) needs "
-                f"{need:g} {resource} but the Ray cluster has {have:g}; {fix}"
-            )
-    groups = [
-        placement_group(
-            [dict(bundle) for _ in range(count)],
-            strategy="STRICT_PACK",
-            name=f"verl_{pool.name}_node{node}_{os.getpid()}_{id(pool):x}",
-        )
-        for node, count in enumerate(pool.process_on_nodes)
-    ]
-    ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
-    if len(ready) < len(groups):
-        for pg in groups:
-            remove_placement_group(pg)
-        raise TimeoutError(
-            f"resource pool {pool.name!r}: the Ray cluster did not grant "
-            f"{pool.process_on_nodes} bundles of {bundle} (one placement group per node, "
-            f"STRICT_PACK) within {timeout_s:g}s; available now: {ray.available_resources()}. "
-            "Other pools or groups may hold the resources: shut them down, or start Ray with "
-            "more (ensure_ray(num_cpus=...))"
-        )
-    placement = _PoolPlacement(_ray_session(), dict(bundle), groups, users=1)
-    pool.backend_state["ray"] = placement
-    logger.debug("placed pool %r: %d placement group(s) of %s", pool.name, len(groups), bundle)
-    return placement
-
-
-def _release_placement(pool: ResourcePool, placement: _PoolPlacement) -> None:
-    placement.users -= 1
-    if placement.users > 0:
-        return
-    if pool.backend_state.get("ray") is placement:
-        del pool.backend_state["ray"]
-    if ray.is_initialized() and placement.session == _ray_session():
-        for pg in placement.groups:
-            try:
-                remove_placement_group(pg)
-            except Exception as e:  # the cluster may be going down already
-                logger.debug("could not remove placement group %s: %s", pg.id, e)
-
-
 # --------------------------------------------------------------------------- driver side
 
 
@@ -328,7 +182,7 @@ class _Actors:
 
     label: str
     pool: ResourcePool
-    placement: _PoolPlacement | None
+    placement: PoolPlacement | None
     handles: list[Any] = field(default_factory=list)
     pids: list[int | None] = field(default_factory=list)
     nodes: list[str | None] = field(default_factory=list)
@@ -359,7 +213,7 @@ class _Actors:
                         logger.debug("abandoned %s result: %s", self.label, type(e).__name__)
             self.abandoned = []
         if self.placement is not None:
-            _release_placement(self.pool, self.placement)
+            release_placement(self.pool, self.placement)
             self.placement = None
         logger.debug("shut down %d %s actor(s)", len(self.handles), self.label)
 
@@ -505,7 +359,7 @@ class RayWorkerGroup(WorkerGroup):
         if resource_pool.use_gpu:
             bundle["GPU"] = 1.0
         start = time.monotonic()
-        placement = _acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
+        placement = acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
         self._actors = _Actors(worker_cls.__name__, resource_pool, placement)
         try:
             self._create_actors(worker_cls, args, kwargs)
