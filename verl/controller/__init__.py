@@ -12,7 +12,8 @@ Backends, picked by name with ``make_worker_group("local" | "ray", worker_cls, p
 - ``RayWorkerGroup``: one Ray actor per rank, placed by placement groups built from the
   ``ResourcePool`` (groups over the same pool object share its devices), with a real
   ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray;
-  a dead worker process surfaces as ``WorkerDiedError``.
+  a dead worker process surfaces as ``WorkerDiedError``, one that stops answering its
+  heartbeat as ``WorkerStalledError``.
 
 Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions`` and
 ``ensure_ray`` are loaded on first access.
@@ -33,6 +34,7 @@ from verl.controller.worker_group import (
     GroupFuture,
     WorkerDiedError,
     WorkerGroup,
+    WorkerStalledError,
     registered_methods,
 )
 
@@ -60,6 +62,7 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
+    "WorkerStalledError",
     "create_colocated_worker_cls",
     "ensure_ray",
     "instantiate_worker",

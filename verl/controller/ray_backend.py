@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,11 +44,17 @@ import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.controller.ray_cluster import ensure_ray
+from verl.controller.ray_cluster import LOOPBACK, ensure_ray
+from verl.controller.ray_heartbeat import HEARTBEAT_GROUP, Heartbeat
 from verl.controller.ray_placement import PoolPlacement, acquire_placement, release_placement
 from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
-from verl.controller.worker_group import PendingOutputs, WorkerDiedError, WorkerGroup
+from verl.controller.worker_group import (
+    PendingOutputs,
+    WorkerDiedError,
+    WorkerGroup,
+    WorkerStalledError,
+)
 from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -84,6 +91,9 @@ class RayOptions:
         placement_timeout_s: how long to wait for the cluster to grant the placement
             groups before failing with the resources it lacks.
         runtime_env: per-actor Ray runtime environment (e.g. extra ``env_vars``).
+        heartbeat_timeout_s: while the driver waits on a call, a rank whose process does not
+            answer a heartbeat for this long (stopped, frozen) fails the call with
+            ``WorkerStalledError``; None turns the heartbeat off.
     """
 
     device_type: str | None = None
@@ -91,6 +101,7 @@ class RayOptions:
     collective_timeout_s: float | None = None
     placement_timeout_s: float = 120.0
     runtime_env: dict[str, Any] | None = None
+    heartbeat_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.device_type not in (None, "cpu", "cuda"):
@@ -101,29 +112,49 @@ class RayOptions:
             )
         if self.placement_timeout_s <= 0:
             raise ValueError(f"placement_timeout_s={self.placement_timeout_s} must be > 0")
+        if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
+            raise ValueError(
+                f"heartbeat_timeout_s={self.heartbeat_timeout_s!r} must be > 0 seconds, or None "
+                "to turn the heartbeat off"
+            )
 
 
 # --------------------------------------------------------------------------- actor side
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
+@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={HEARTBEAT_GROUP: 1})
 class _WorkerHost:
     """The Ray actor of one rank: sets up the process, then holds and calls the worker."""
 
     def __init__(self, label: str) -> None:
         self._label = label
         self._worker: Worker | None = None
+        # rank 0's bound rendezvous socket; kept open for the store that listens on it
+        self._store_socket: socket.socket | None = None
 
     def __repr__(self) -> str:
         # Ray prefixes the actor's log lines with this: "(CriticWorker rank=1 pid=...)"
         return self._label
 
-    def rendezvous(self) -> tuple[str, int]:
-        """This node's IP and a port free on it, for rank 0 to host the rendezvous."""
+    def rendezvous(self, world_size: int) -> tuple[str, int]:
+        """This node's IP and a port on it for rank 0 to host the rendezvous store.
+
+        For a process group, the port is held: a socket bound to the node's IP (127.0.0.1
+        on a local cluster) and listening, handed to the store in ``init_worker``, so the
+        store listens on that address only (torch's own store listens on every interface).
+        """
         from verl.utils.distributed import find_free_port
 
-        # the TCP store listens on every interface, so look for a port free on all of them
-        return ray.util.get_node_ip_address(), find_free_port("0.0.0.0")
+        node_ip = ray.util.get_node_ip_address()
+        if world_size == 1:
+            # nothing listens unless an engine builds its own group later: keep the port free
+            return node_ip, find_free_port(node_ip)
+        family = socket.AF_INET6 if ":" in node_ip else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.bind((node_ip, 0))
+        listener.listen(socket.SOMAXCONN)
+        self._store_socket = listener
+        return node_ip, int(listener.getsockname()[1])
 
     def init_worker(
         self,
@@ -151,6 +182,13 @@ class _WorkerHost:
         if info.world_size > 1:
             from verl.utils.distributed import init_distributed
 
+            if info.master_addr == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
+                # a local cluster: gloo's peer sockets on loopback too, not on the address
+                # the host name resolves to
+                loopback = [n for _, n in socket.if_nameindex() if n in ("lo", "lo0")]
+                if loopback:
+                    os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
+
             assert info.master_addr is not None and info.master_port is not None
             init_distributed(
                 info.rank,
@@ -159,9 +197,15 @@ class _WorkerHost:
                 info.master_port,
                 device_type=device_type,
                 timeout_s=collective_timeout_s,
+                listen_fd=self._store_socket.fileno() if self._store_socket else None,
             )
         self._worker = instantiate_worker(worker_cls, info, args, kwargs)
         return os.getpid(), ray.util.get_node_ip_address()
+
+    @ray.method(concurrency_group=HEARTBEAT_GROUP)
+    def heartbeat(self) -> int:
+        """Answered from a thread of its own, also while ``execute`` runs: the process runs."""
+        return os.getpid()
 
     def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
@@ -188,6 +232,7 @@ class _Actors:
     nodes: list[str | None] = field(default_factory=list)
     dead: WorkerDiedError | None = None
     closed: bool = False
+    heartbeat: Heartbeat | None = None
     # results of ranks a failed call stopped waiting for; kept (not dropped) so that Ray does
     # not report their errors as unhandled, and collected quietly at shutdown
     abandoned: list[Any] = field(default_factory=list)
@@ -246,9 +291,19 @@ class _RayPending(PendingOutputs):
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        heartbeat = self._actors.heartbeat
         while self._pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if heartbeat is not None:
+                self._check_heartbeat(heartbeat)
+                left = heartbeat.interval_s if left is None else min(left, heartbeat.interval_s)
             ready, self._pending = ray.wait(self._pending, num_returns=1, timeout=left)
+            if (
+                not ready
+                and heartbeat is not None
+                and (deadline is None or time.monotonic() < deadline)
+            ):
+                continue
             if not ready:
                 ranks = sorted(self._rank_of[r] for r in self._pending)
                 raise TimeoutError(
@@ -262,6 +317,33 @@ class _RayPending(PendingOutputs):
                     self._pending = []
                     raise
         return self._outputs
+
+    def _check_heartbeat(self, heartbeat: Heartbeat) -> None:
+        stall = heartbeat.check()
+        if stall is None:
+            return
+        rank = stall.rank
+        pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
+        node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
+        where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
+        error = WorkerStalledError(
+            self._role,
+            rank,
+            f"({where or 'process not started yet'}) no answer to its heartbeat for "
+            f"{stall.silent_s:.1f}s (timeout {heartbeat.timeout_s:g}s, "
+            "trainer.worker_heartbeat_timeout): the process is alive but does not run "
+            "(stopped with SIGSTOP, frozen, or stuck in native code holding the interpreter "
+            "lock); the group is unusable, restart the run (it resumes from the last "
+            "checkpoint)",
+            method=self._method,
+        )
+        if self._actors.dead is None:
+            self._actors.dead = error
+        self._actors.abandoned.extend(self._pending)
+        self._actors.abandoned.extend(heartbeat.abandon())
+        self._actors.heartbeat = None
+        self._pending = []
+        raise error
 
     def _get(self, ref: Any) -> Any:
         rank = self._rank_of[ref]
@@ -394,10 +476,12 @@ class RayWorkerGroup(WorkerGroup):
             label = f"{worker_cls.__name__} rank={rank}"
             actors.handles.append(_WorkerHost.options(**options).remote(label))
         actors.pids = [None] * pool.world_size
+        if opts.heartbeat_timeout_s is not None:
+            actors.heartbeat = Heartbeat(actors.handles, opts.heartbeat_timeout_s)
         actors.nodes = [None] * pool.world_size
 
         # rank 0 hosts the rendezvous (also for world_size 1: an engine may still want one)
-        rendezvous = [actors.handles[0].rendezvous.remote()]
+        rendezvous = [actors.handles[0].rendezvous.remote(pool.world_size)]
         ((master_addr, master_port),) = _RayPending(
             actors, worker_cls.__name__, "rendezvous", rendezvous
         ).wait()
@@ -453,7 +537,7 @@ class RayWorkerGroup(WorkerGroup):
             raise RuntimeError(f"the {self._label} worker group was shut down")
         dead = self._actors.dead
         if dead is not None:
-            raise WorkerDiedError(
+            raise type(dead)(
                 dead.role,
                 dead.rank,
                 f"{dead.cause} [the group cannot run {method_name!r} any more: create a new one]",
