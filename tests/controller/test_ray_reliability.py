@@ -57,7 +57,8 @@ class _Driver:
     """A running ``ray_driver.py`` and every process it started."""
 
     def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(DRIVER.parent)]))
+        path = [str(ROOT), str(DRIVER.parent), os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
         env.pop("RAY_ADDRESS", None)
         self.proc = subprocess.Popen(
             [sys.executable, str(DRIVER), *args],
@@ -103,6 +104,14 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
+def _gone_within(procs: list[psutil.Process], limit_s: float) -> list[psutil.Process]:
+    """The processes still alive after waiting up to ``limit_s`` for all to end."""
+    deadline = time.monotonic() + limit_s
+    while (alive := _alive(procs)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def _listening(procs: list[psutil.Process]) -> list[tuple[int, str, str, int]]:
     found = []
     for p in procs:
@@ -132,7 +141,7 @@ def test_local_cluster_listens_on_loopback_only():
         assert driver.info["gcs_address"].startswith("127.0.0.1:")
     finally:
         driver.close(procs)
-    assert _alive(procs) == []
+    assert _gone_within(procs, GONE_AFTER_SIGKILL_S) == []  # a normal end leaves nothing
 
 
 def _dashboard_installed() -> bool:
@@ -166,7 +175,7 @@ def test_dashboard_on_loopback_answers_with_the_clusters_token():
             assert json.loads(answer.read())["ray_version"] == ray.__version__
     finally:
         driver.close(procs)
-    assert _alive(procs) == []
+    assert _gone_within(procs, GONE_AFTER_SIGKILL_S) == []  # a normal end leaves nothing
 
 
 def test_dashboard_without_its_packages_fails_before_starting_with_the_install_command():
@@ -208,10 +217,9 @@ def test_nothing_outlives_a_killed_driver(sig, limit_s):
         start = time.monotonic()
         os.kill(driver.proc.pid, sig)  # the driver alone, mid-call
         driver.proc.wait(timeout=limit_s)
-        while _alive(procs) and time.monotonic() - start < limit_s:
-            time.sleep(0.05)
+        alive = _gone_within(procs, limit_s - (time.monotonic() - start))
         took = time.monotonic() - start
-        left = [(p.pid, p.name()) for p in _alive(procs)]
+        left = [(p.pid, p.name()) for p in alive]
         assert left == [], f"alive {took:.1f}s after {sig.name} of the driver: {left}"
     finally:
         driver.close(procs)
@@ -237,9 +245,17 @@ class Stoppable(Worker):
 
 
 def test_heartbeat_timeout_is_validated():
+    from verl.config import TrainerConfig
+    from verl.trainer.placement import _start_ray
+
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be > 0"):
         RayOptions(heartbeat_timeout_s=0)
     assert RayOptions().heartbeat_timeout_s == 60.0
+    cfg = TrainerConfig()
+    assert cfg.trainer.worker_heartbeat_timeout == 60.0
+    cfg.trainer.worker_heartbeat_timeout = -1.0
+    with pytest.raises(ValueError, match=r"trainer.worker_heartbeat_timeout=-1.0 must be > 0"):
+        _start_ray(cfg, 2, "cpu")  # refused before Ray starts
 
 
 @pytest.mark.slow
