@@ -304,3 +304,73 @@ def test_busy_worker_keeps_answering_its_heartbeat(ray_session):
         assert group.all_reduce_after(3.0) == [2.0, 2.0]
     finally:
         group.shutdown()
+
+
+# --------------------------------------------------------------------------- joining
+
+
+_JOIN = """
+import sys
+import ray
+from verl.controller import ensure_ray
+try:
+    ensure_ray(address=sys.argv[1])
+    print("joined", ray.cluster_resources().get("CPU"))
+except Exception as e:
+    print("refused", type(e).__name__, e)
+"""
+
+
+@pytest.mark.slow
+def test_joining_a_cluster_needs_its_token(tmp_path):
+    from verl.utils.distributed import find_free_port
+
+    (tmp_path / "token").write_text(os.urandom(16).hex())
+    (tmp_path / "other").write_text(os.urandom(16).hex())
+    port = find_free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    head_env = dict(env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(tmp_path / "token"))
+    ray_cli = Path(sys.executable).with_name("ray")
+    args = ["start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1"]
+    head = subprocess.Popen(
+        [str(ray_cli), *args, "--include-dashboard=false", "--block"],
+        env=head_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not any(s[3] == port for s in _listening(procs)):
+            assert head.poll() is None and time.monotonic() < deadline, "the head did not start"
+            time.sleep(0.3)
+            procs = [psutil.Process(head.pid), *psutil.Process(head.pid).children(True)]
+
+        def join(token_file: str) -> str:
+            # RAY_AUTH_MODE unset: ensure_ray asks for token authentication itself
+            join_env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+            join_env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / token_file)
+            out = subprocess.run(
+                [sys.executable, "-c", _JOIN, f"127.0.0.1:{port}"],
+                env=join_env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            return out.stdout.strip()
+
+        assert join("token") == "joined 1.0"
+        refused = join("other")
+        assert refused.startswith("refused ConnectionError"), refused
+        assert "~/.ray/auth_token" in refused and "RAY_AUTH_MODE=token" in refused
+    finally:
+        with contextlib.suppress(psutil.Error):  # the head's processes, as of now
+            procs = [psutil.Process(head.pid), *psutil.Process(head.pid).children(True)]
+        head.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(20)
+        for p in _gone_within(procs, 5.0):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert _gone_within(procs, 5.0) == []

@@ -163,16 +163,16 @@ def _join(address: str, num_cpus: int | None, include_dashboard: bool, kwargs: d
         )
     try:
         ray.init(address=address, **kwargs)
-    except Exception as err:
-        if "token" in str(err).lower() and "auth" in str(err).lower():
-            raise RuntimeError(
-                f"joining the Ray cluster at {address!r} needs its authentication token: copy "
-                "the head node's ~/.ray/auth_token (`ray get-auth-token` there) to this "
-                "machine's ~/.ray/auth_token or set RAY_AUTH_TOKEN, and start the cluster "
-                "with RAY_AUTH_MODE=token (scripts/multinode.sh does). Ray said: "
-                f"{err}"
-            ) from err
-        raise
+    except ConnectionError as err:
+        raise ConnectionError(
+            f"could not join the Ray cluster at {address!r} (trainer.ray_address / "
+            "RAY_ADDRESS): check that the address is the head's (`ray status` there) and "
+            "reachable, and that this machine has the cluster's authentication token (a "
+            "missing or different token is refused the same way): copy the head's "
+            "~/.ray/auth_token (`ray get-auth-token` there) to this machine's "
+            "~/.ray/auth_token or set RAY_AUTH_TOKEN; the cluster must run with "
+            f"RAY_AUTH_MODE=token (scripts/multinode.sh does). Ray said: {err}"
+        ) from err
     logger.info("connected to Ray cluster at %s", address)
 
 
