@@ -275,6 +275,7 @@ def test_stopped_worker_is_reported_by_the_heartbeat(ray_session):
         with pytest.raises(WorkerStalledError) as caught:
             future.result()
         took = time.monotonic() - start
+        print(f"stall of rank 1 reported {took:.2f}s after SIGSTOP (timeout {timeout_s}s)")
         error = caught.value
         assert isinstance(error, WorkerDiedError)  # handled wherever a death is
         assert (error.role, error.rank, error.method) == ("Stoppable", 1, "all_reduce_after")
