@@ -22,10 +22,10 @@ RAY_TEST_CPUS = 4
 def ray_session() -> Iterator[Any]:
     """The ``ray`` module, initialised with ``RAY_TEST_CPUS`` logical CPUs."""
     ray = pytest.importorskip("ray")
-    from verl.controller import ensure_ray
+    from verl.controller import ensure_ray, shutdown_ray
 
     started_here = not ray.is_initialized()
     ensure_ray(num_cpus=RAY_TEST_CPUS)
     yield ray
     if started_here:
-        ray.shutdown()
+        shutdown_ray()  # Ray, and the watchdog that ties its processes to this one

@@ -15,7 +15,15 @@ import os
 import sys
 import time
 
-from verl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, ensure_ray, register
+from verl.controller import (
+    Dispatch,
+    RayWorkerGroup,
+    ResourcePool,
+    Worker,
+    ensure_ray,
+    register,
+    shutdown_ray,
+)
 
 
 class Ranks(Worker):
@@ -62,7 +70,7 @@ def main() -> None:
     sys.stdin.read()  # until the test closes it (or kills this process)
     del step
     group.shutdown()
-    ray.shutdown()
+    shutdown_ray()
 
 
 if __name__ == "__main__":

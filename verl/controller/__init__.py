@@ -11,12 +11,12 @@ Backends, picked by name with ``make_worker_group("local" | "ray", worker_cls, p
   tests and single-device runs.
 - ``RayWorkerGroup``: one Ray actor per rank, placed by placement groups built from the
   ``ResourcePool`` (groups over the same pool object share its devices), with a real
-  ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray;
+  ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray (``shutdown_ray`` stops it);
   a dead worker process surfaces as ``WorkerDiedError``, one that stops answering its
   heartbeat as ``WorkerStalledError``.
 
-Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions`` and
-``ensure_ray`` are loaded on first access.
+Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions``,
+``ensure_ray`` and ``shutdown_ray`` are loaded on first access.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ _LAZY = {
     "RayOptions": "verl.controller.ray_backend",
     "RayWorkerGroup": "verl.controller.ray_backend",
     "ensure_ray": "verl.controller.ray_backend",
+    "shutdown_ray": "verl.controller.ray_cluster",
 }
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "make_worker_group",
     "register",
     "registered_methods",
+    "shutdown_ray",
 ]
 
 

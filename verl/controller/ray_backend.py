@@ -13,7 +13,9 @@ live on other machines. Creating a group:
    Each actor claims only a small slice of its bundle, so several groups fit in one bundle;
    the bundle itself is what is reserved. They are removed when the last group using them
    shuts down.
-2. Rendezvous: every actor starts at once; rank 0's reports its node IP and a free port.
+2. Rendezvous: every actor starts at once; rank 0's reports its node IP and a port on it,
+   which it holds (a bound, listening socket) for the ``torch.distributed`` store, so the
+   store listens on that address only (127.0.0.1 on a local cluster).
 3. Set-up, on every rank at once: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
    ``MASTER_PORT`` and ``OMP_NUM_THREADS`` in the environment, ``torch.set_num_threads``,
    and, when ``world_size > 1``, ``init_distributed`` (gloo on CPU, nccl on CUDA) *before*
@@ -26,7 +28,13 @@ methods through ``ColocatedWorker.call_role`` on the shared actors.
 Calls never wait blindly: the driver waits on every rank's result with ``ray.wait`` and
 raises on the first failure, so a rank that died (killed, out of memory) surfaces within
 seconds as ``WorkerDiedError`` naming the role, rank and cause, even while the other ranks
-are stuck in a collective with it. ``shutdown()`` kills the actors.
+are stuck in a collective with it. A rank whose process is alive but does not run (SIGSTOP,
+frozen) is found by a heartbeat (``verl.controller.ray_heartbeat``, answered by a second
+thread of each actor) and surfaces as ``WorkerStalledError`` after
+``RayOptions.heartbeat_timeout_s``. ``shutdown()`` kills the actors.
+
+Starting or joining the cluster is ``verl.controller.ray_cluster`` (``ensure_ray``);
+placement groups are ``verl.controller.ray_placement``.
 
 This module imports Ray; ``verl.controller`` loads it only when a Ray name is first used.
 """

@@ -36,7 +36,13 @@ import ray
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOOPBACK", "DashboardUnavailableError", "dashboard_install_command", "ensure_ray"]
+__all__ = [
+    "LOOPBACK",
+    "DashboardUnavailableError",
+    "dashboard_install_command",
+    "ensure_ray",
+    "shutdown_ray",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -48,6 +54,18 @@ _AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 class DashboardUnavailableError(RuntimeError):
     """``include_dashboard=True`` but Ray's dashboard packages are not installed."""
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, then stop and reap the watchdogs of the clusters this driver started.
+
+    Use it instead of ``ray.shutdown()`` where no process may outlive the call (the end of a
+    run, the end of a test session).
+    """
+    from verl.controller.ray_reaper import release_watchdogs
+
+    ray.shutdown()
+    release_watchdogs()
 
 
 def dashboard_install_command() -> str:

@@ -17,8 +17,10 @@ before it starts a local cluster, closes that gap:
   process whose environment carries the cluster's name and every descendant of one (the
   raylet's agents rewrite their environment; they are known as the raylet's children),
   until none is left.
-- It exits by itself once the cluster is shut down normally (no marked process for a while
-  after it saw some), so a driver that starts several clusters in turn keeps no watchdogs.
+- ``shutdown_ray()`` (``verl.controller.ray_cluster``) shuts Ray down and then closes the
+  pipe, so the watchdog finishes at once; after a bare ``ray.shutdown()`` it exits by
+  itself once it finds no process of the cluster (within about a second), so a driver that
+  starts several clusters in turn keeps no watchdogs.
 
 Linux only (``/proc``); elsewhere Ray's own fate sharing is all there is.
 """
@@ -41,8 +43,9 @@ CLUSTER_ENV = "VERL_RAY_CLUSTER"
 _POLL_S = 0.2
 _SCAN_S = 1.0
 
-# the write ends of the watchdogs' pipes, held (never written) for the driver's lifetime
-_held_pipes: list[int] = []
+# the watchdogs started by this process, with the write ends of their pipes (never written:
+# held until the cluster is shut down, or for the driver's lifetime)
+_watchdogs: list[tuple[subprocess.Popen, int]] = []
 
 
 def tie_cluster_to_driver() -> str | None:
@@ -58,7 +61,7 @@ def tie_cluster_to_driver() -> str | None:
     read_end, write_end = os.pipe()  # both not inheritable: only the watchdog gets read_end
     env = {k: v for k, v in os.environ.items() if k != CLUSTER_ENV}
     try:
-        subprocess.Popen(
+        watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__), name, str(os.getpid())],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
@@ -71,8 +74,24 @@ def tie_cluster_to_driver() -> str | None:
         raise
     finally:
         os.close(read_end)
-    _held_pipes.append(write_end)
+    _watchdogs.append((watchdog, write_end))
     return name
+
+
+def release_watchdogs(timeout_s: float = 10.0) -> None:
+    """After a normal ``ray.shutdown()``: let the watchdogs finish now and reap them.
+
+    Closing a watchdog's pipe reads as the driver's end: it kills whatever of its cluster is
+    still alive (nothing, after a clean shutdown, or a straggler) and exits.
+    """
+    while _watchdogs:
+        watchdog, write_end = _watchdogs.pop()
+        os.close(write_end)
+        try:
+            watchdog.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:
