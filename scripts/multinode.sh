@@ -14,9 +14,16 @@
 # extra (`pip install 'verl[ray]'`, which includes the dashboard) on every node, the same
 # Python environment and the model/data paths visible on every node.
 #
+# Token authentication is on (RAY_AUTH_MODE=token for every command): `head` creates the
+# cluster's token in ~/.ray/auth_token if missing; copy that file to every worker node (and
+# to any machine that submits) before `worker`. Ray's services listen on all interfaces of a
+# node (Ray can bind them to loopback only, not to one address): the token is what keeps
+# others out, so keep the cluster on a private network as well.
+#
 # Env: VERL_RAY_PORT (6379), VERL_DASHBOARD_HOST (127.0.0.1), VERL_DASHBOARD_PORT (8265),
 #      VERL_NUM_CPUS / VERL_NUM_GPUS (Ray's auto-detection when unset), PYTHON (python3).
 set -euo pipefail
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 
 port="${VERL_RAY_PORT:-6379}"
 dash_host="${VERL_DASHBOARD_HOST:-127.0.0.1}"
@@ -37,6 +44,7 @@ shift
 
 case "$cmd" in
     head)
+        [ "$RAY_AUTH_MODE" != token ] || ray get-auth-token --generate >/dev/null
         ray start --head --port="$port" \
             --dashboard-host="$dash_host" --dashboard-port="$dash_port" "${resources[@]}"
         ;;

@@ -82,10 +82,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def ray_session() -> Iterator[Any]:
     """The ``ray`` module, initialised with ``RAY_TEST_CPUS`` logical CPUs."""
     ray = pytest.importorskip("ray")
-    from verl.controller import ensure_ray
+    from verl.controller import ensure_ray, shutdown_ray
 
     started_here = not ray.is_initialized()
     ensure_ray(num_cpus=RAY_TEST_CPUS)
     yield ray
     if started_here:
-        ray.shutdown()
+        shutdown_ray()  # Ray, and the watchdog that ties its processes to this one

@@ -197,6 +197,11 @@ class RunConfig:
         None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
     )
     ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
+    worker_heartbeat_timeout: float | None = entry(
+        60.0,
+        "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
+        "the run fails naming its role and rank; null = no heartbeat",
+    )
     total_epochs: int = entry(1, "passes over the training prompts")
     total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
     save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")

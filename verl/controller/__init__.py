@@ -11,11 +11,12 @@ Backends, picked by name with ``make_worker_group("local" | "ray", worker_cls, p
   tests and single-device runs.
 - ``RayWorkerGroup``: one Ray actor per rank, placed by placement groups built from the
   ``ResourcePool`` (groups over the same pool object share its devices), with a real
-  ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray;
-  a dead worker process surfaces as ``WorkerDiedError``.
+  ``torch.distributed`` group when ``world_size > 1``. ``ensure_ray`` starts or joins Ray (``shutdown_ray`` stops it);
+  a dead worker process surfaces as ``WorkerDiedError``, one that stops answering its
+  heartbeat as ``WorkerStalledError``.
 
-Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions`` and
-``ensure_ray`` are loaded on first access.
+Nothing in this package imports Ray at import time: ``RayWorkerGroup``, ``RayOptions``,
+``ensure_ray`` and ``shutdown_ray`` are loaded on first access.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from verl.controller.worker_group import (
     GroupFuture,
     WorkerDiedError,
     WorkerGroup,
+    WorkerStalledError,
     registered_methods,
 )
 from verl.utils.lazy import lazy_exports
@@ -39,6 +41,7 @@ _LAZY = {
     "RayOptions": "verl.controller.ray_backend",
     "RayWorkerGroup": "verl.controller.ray_backend",
     "ensure_ray": "verl.controller.ray_backend",
+    "shutdown_ray": "verl.controller.ray_cluster",
 }
 
 __all__ = [
@@ -56,12 +59,14 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerGroup",
+    "WorkerStalledError",
     "create_colocated_worker_cls",
     "ensure_ray",
     "instantiate_worker",
     "make_worker_group",
     "register",
     "registered_methods",
+    "shutdown_ray",
 ]
 
 

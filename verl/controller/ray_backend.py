@@ -13,7 +13,9 @@ live on other machines. Creating a group:
    Each actor claims only a small slice of its bundle, so several groups fit in one bundle;
    the bundle itself is what is reserved. They are removed when the last group using them
    shuts down.
-2. Rendezvous: every actor starts at once; rank 0's reports its node IP and a free port.
+2. Rendezvous: every actor starts at once; rank 0's reports its node IP and a port on it,
+   which it holds (a bound, listening socket) for the ``torch.distributed`` store, so the
+   store listens on that address only (127.0.0.1 on a local cluster).
 3. Set-up, on every rank at once: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
    ``MASTER_PORT`` and ``OMP_NUM_THREADS`` in the environment, ``torch.set_num_threads``,
    and, when ``world_size > 1``, ``init_distributed`` (gloo on CPU, nccl on CUDA) *before*
@@ -26,7 +28,13 @@ methods through ``ColocatedWorker.call_role`` on the shared actors.
 Calls never wait blindly: the driver waits on every rank's result with ``ray.wait`` and
 raises on the first failure, so a rank that died (killed, out of memory) surfaces within
 seconds as ``WorkerDiedError`` naming the role, rank and cause, even while the other ranks
-are stuck in a collective with it. ``shutdown()`` kills the actors.
+are stuck in a collective with it. A rank whose process is alive but does not run (SIGSTOP,
+frozen) is found by a heartbeat (``verl.controller.ray_heartbeat``, answered by a second
+thread of each actor) and surfaces as ``WorkerStalledError`` after
+``RayOptions.heartbeat_timeout_s``. ``shutdown()`` kills the actors.
+
+Starting or joining the cluster is ``verl.controller.ray_cluster`` (``ensure_ray``);
+placement groups are ``verl.controller.ray_placement``.
 
 This module imports Ray; ``verl.controller`` loads it only when a Ray name is first used.
 """
@@ -35,18 +43,26 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCrashedError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from verl.controller.ray_cluster import LOOPBACK, ensure_ray
+from verl.controller.ray_heartbeat import HEARTBEAT_GROUP, Heartbeat
+from verl.controller.ray_placement import PoolPlacement, acquire_placement, release_placement
 from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
-from verl.controller.worker_group import PendingOutputs, WorkerDiedError, WorkerGroup
+from verl.controller.worker_group import (
+    PendingOutputs,
+    WorkerDiedError,
+    WorkerGroup,
+    WorkerStalledError,
+)
 from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -66,64 +82,6 @@ _DEATH_GRACE_S = 2.0
 _DEATH_ERRORS = (RayActorError, WorkerCrashedError, OutOfMemoryError)
 
 
-def ensure_ray(
-    num_cpus: int | None = None,
-    address: str | None = None,
-    *,
-    include_dashboard: bool = False,
-    runtime_env: dict[str, Any] | None = None,
-    **init_kwargs: Any,
-) -> None:
-    """Connect to Ray once per driver: an existing cluster, or a new local one.
-
-    Args:
-        num_cpus: logical CPUs of a new local cluster (default ``os.cpu_count()``). Give at
-            least the number of bundles every pool needs together (processes x
-            ``num_cpus_per_worker``); logical CPUs may exceed physical ones.
-        address: an existing cluster's address (``"auto"``, ``"ray://host:10001"``, ...);
-            default ``$RAY_ADDRESS``. Without either a new local cluster is started (never a
-            stray ``ray start`` cluster found on this machine).
-        include_dashboard: start the dashboard (bound to 127.0.0.1) with a local cluster.
-        runtime_env: job-wide Ray runtime environment, e.g.
-            ``{"env_vars": {"PYTHONPATH": ...}}`` when workers need modules that the
-            driver imports from outside the installed packages and its working directory.
-        init_kwargs: passed to ``ray.init``.
-
-    A no-op when Ray is already initialised (it warns if that cluster has fewer CPUs than
-    ``num_cpus``).
-    """
-    if ray.is_initialized():
-        have = ray.cluster_resources().get("CPU", 0)
-        if num_cpus is not None and have < num_cpus:
-            logger.warning(
-                "Ray is already initialised with %s logical CPUs, fewer than num_cpus=%d "
-                "asked for; placement groups that do not fit will not be scheduled",
-                have,
-                num_cpus,
-            )
-        return
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict[str, Any] = dict(init_kwargs)
-    if runtime_env is not None:
-        kwargs["runtime_env"] = runtime_env
-    start = time.monotonic()
-    if address is not None:
-        if num_cpus is not None:
-            logger.info("connecting to Ray at %s: num_cpus=%d is not applied", address, num_cpus)
-        ray.init(address=address, **kwargs)
-        logger.info("connected to Ray cluster at %s", address)
-    else:
-        num_cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
-        if include_dashboard:
-            kwargs.setdefault("dashboard_host", "127.0.0.1")
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard, **kwargs)
-        logger.info(
-            "started a local Ray cluster with %d logical CPUs in %.1fs",
-            num_cpus,
-            time.monotonic() - start,
-        )
-
-
 @dataclass(frozen=True)
 class RayOptions:
     """How a ``RayWorkerGroup`` places and sets up its actors.
@@ -141,6 +99,9 @@ class RayOptions:
         placement_timeout_s: how long to wait for the cluster to grant the placement
             groups before failing with the resources it lacks.
         runtime_env: per-actor Ray runtime environment (e.g. extra ``env_vars``).
+        heartbeat_timeout_s: while the driver waits on a call, a rank whose process does not
+            answer a heartbeat for this long (stopped, frozen) fails the call with
+            ``WorkerStalledError``; None turns the heartbeat off.
     """
 
     device_type: str | None = None
@@ -148,6 +109,7 @@ class RayOptions:
     collective_timeout_s: float | None = None
     placement_timeout_s: float = 120.0
     runtime_env: dict[str, Any] | None = None
+    heartbeat_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.device_type not in (None, "cpu", "cuda"):
@@ -158,29 +120,49 @@ class RayOptions:
             )
         if self.placement_timeout_s <= 0:
             raise ValueError(f"placement_timeout_s={self.placement_timeout_s} must be > 0")
+        if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
+            raise ValueError(
+                f"heartbeat_timeout_s={self.heartbeat_timeout_s!r} must be > 0 seconds, or None "
+                "to turn the heartbeat off"
+            )
 
 
 # --------------------------------------------------------------------------- actor side
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
+@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={HEARTBEAT_GROUP: 1})
 class _WorkerHost:
     """The Ray actor of one rank: sets up the process, then holds and calls the worker."""
 
     def __init__(self, label: str) -> None:
         self._label = label
         self._worker: Worker | None = None
+        # rank 0's bound rendezvous socket; kept open for the store that listens on it
+        self._store_socket: socket.socket | None = None
 
     def __repr__(self) -> str:
         # Ray prefixes the actor's log lines with this: "(CriticWorker rank=1 pid=...)"
         return self._label
 
-    def rendezvous(self) -> tuple[str, int]:
-        """This node's IP and a port free on it, for rank 0 to host the rendezvous."""
+    def rendezvous(self, world_size: int) -> tuple[str, int]:
+        """This node's IP and a port on it for rank 0 to host the rendezvous store.
+
+        For a process group, the port is held: a socket bound to the node's IP (127.0.0.1
+        on a local cluster) and listening, handed to the store in ``init_worker``, so the
+        store listens on that address only (torch's own store listens on every interface).
+        """
         from verl.utils.distributed import find_free_port
 
-        # the TCP store listens on every interface, so look for a port free on all of them
-        return ray.util.get_node_ip_address(), find_free_port("0.0.0.0")
+        node_ip = ray.util.get_node_ip_address()
+        if world_size == 1:
+            # nothing listens unless an engine builds its own group later: keep the port free
+            return node_ip, find_free_port(node_ip)
+        family = socket.AF_INET6 if ":" in node_ip else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.bind((node_ip, 0))
+        listener.listen(socket.SOMAXCONN)
+        self._store_socket = listener
+        return node_ip, int(listener.getsockname()[1])
 
     def init_worker(
         self,
@@ -208,6 +190,13 @@ class _WorkerHost:
         if info.world_size > 1:
             from verl.utils.distributed import init_distributed
 
+            if info.master_addr == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
+                # a local cluster: gloo's peer sockets on loopback too, not on the address
+                # the host name resolves to
+                loopback = [n for _, n in socket.if_nameindex() if n in ("lo", "lo0")]
+                if loopback:
+                    os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
+
             assert info.master_addr is not None and info.master_port is not None
             init_distributed(
                 info.rank,
@@ -216,9 +205,15 @@ class _WorkerHost:
                 info.master_port,
                 device_type=device_type,
                 timeout_s=collective_timeout_s,
+                listen_fd=self._store_socket.fileno() if self._store_socket else None,
             )
         self._worker = instantiate_worker(worker_cls, info, args, kwargs)
         return os.getpid(), ray.util.get_node_ip_address()
+
+    @ray.method(concurrency_group=HEARTBEAT_GROUP)
+    def heartbeat(self) -> int:
+        """Answered from a thread of its own, also while ``execute`` runs: the process runs."""
+        return os.getpid()
 
     def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
@@ -230,95 +225,6 @@ class _WorkerHost:
         return self._worker.call_role(role, method, *args, **kwargs)  # type: ignore[attr-defined]
 
 
-# --------------------------------------------------------------------------- placement
-
-
-@dataclass
-class _PoolPlacement:
-    """The placement groups of one pool (one per node) and how many groups use them."""
-
-    session: tuple[str, str]
-    bundle: dict[str, float]
-    groups: list[PlacementGroup]
-    users: int = 0
-
-
-def _ray_session() -> tuple[str, str]:
-    # placement groups belong to one job on one cluster; a new ray.init makes them stale
-    ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), ctx.get_job_id()
-
-
-def _acquire_placement(
-    pool: ResourcePool, bundle: dict[str, float], timeout_s: float
-) -> _PoolPlacement:
-    """The pool's placement groups, created and scheduled on first use, with a user more."""
-    cached: _PoolPlacement | None = pool.backend_state.get("ray")
-    if cached is not None and cached.session == _ray_session() and cached.users > 0:
-        if cached.bundle != bundle:
-            raise ValueError(
-                f"resource pool {pool.name!r} already has placement groups with bundles "
-                f"{cached.bundle}; a group asking for {bundle} cannot share them (use the same "
-                "RayOptions.num_cpus_per_worker for every group of a pool, or another pool)"
-            )
-        cached.users += 1
-        return cached
-
-    cluster = ray.cluster_resources()
-    for resource, per_bundle in bundle.items():
-        need = per_bundle * pool.world_size
-        have = cluster.get(resource, 0)
-        if have < need:
-            fix = (
-                f"start Ray with more logical CPUs, e.g. ensure_ray(num_cpus={int(need)})"
-                if resource == "CPU"
-                else "use_gpu=False on a machine without GPUs"
-                if resource == "GPU"
-                else "add the resource to the cluster"
-            )
-            raise ValueError(
-                f"resource pool {pool.name!r} (process_on_nodes={pool.process_on_nodes}) needs "
-                f"{need:g} {resource} but the Ray cluster has {have:g}; {fix}"
-            )
-    groups = [
-        placement_group(
-            [dict(bundle) for _ in range(count)],
-            strategy="STRICT_PACK",
-            name=f"verl_{pool.name}_node{node}_{os.getpid()}_{id(pool):x}",
-        )
-        for node, count in enumerate(pool.process_on_nodes)
-    ]
-    ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
-    if len(ready) < len(groups):
-        for pg in groups:
-            remove_placement_group(pg)
-        raise TimeoutError(
-            f"resource pool {pool.name!r}: the Ray cluster did not grant "
-            f"{pool.process_on_nodes} bundles of {bundle} (one placement group per node, "
-            f"STRICT_PACK) within {timeout_s:g}s; available now: {ray.available_resources()}. "
-            "Other pools or groups may hold the resources: shut them down, or start Ray with "
-            "more (ensure_ray(num_cpus=...))"
-        )
-    placement = _PoolPlacement(_ray_session(), dict(bundle), groups, users=1)
-    pool.backend_state["ray"] = placement
-    logger.debug("placed pool %r: %d placement group(s) of %s", pool.name, len(groups), bundle)
-    return placement
-
-
-def _release_placement(pool: ResourcePool, placement: _PoolPlacement) -> None:
-    placement.users -= 1
-    if placement.users > 0:
-        return
-    if pool.backend_state.get("ray") is placement:
-        del pool.backend_state["ray"]
-    if ray.is_initialized() and placement.session == _ray_session():
-        for pg in placement.groups:
-            try:
-                remove_placement_group(pg)
-            except Exception as e:  # the cluster may be going down already
-                logger.debug("could not remove placement group %s: %s", pg.id, e)
-
-
 # --------------------------------------------------------------------------- driver side
 
 
@@ -328,12 +234,13 @@ class _Actors:
 
     label: str
     pool: ResourcePool
-    placement: _PoolPlacement | None
+    placement: PoolPlacement | None
     handles: list[Any] = field(default_factory=list)
     pids: list[int | None] = field(default_factory=list)
     nodes: list[str | None] = field(default_factory=list)
     dead: WorkerDiedError | None = None
     closed: bool = False
+    heartbeat: Heartbeat | None = None
     # results of ranks a failed call stopped waiting for; kept (not dropped) so that Ray does
     # not report their errors as unhandled, and collected quietly at shutdown
     abandoned: list[Any] = field(default_factory=list)
@@ -359,7 +266,7 @@ class _Actors:
                         logger.debug("abandoned %s result: %s", self.label, type(e).__name__)
             self.abandoned = []
         if self.placement is not None:
-            _release_placement(self.pool, self.placement)
+            release_placement(self.pool, self.placement)
             self.placement = None
         logger.debug("shut down %d %s actor(s)", len(self.handles), self.label)
 
@@ -392,9 +299,19 @@ class _RayPending(PendingOutputs):
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        heartbeat = self._actors.heartbeat
         while self._pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if heartbeat is not None:
+                self._check_heartbeat(heartbeat)
+                left = heartbeat.interval_s if left is None else min(left, heartbeat.interval_s)
             ready, self._pending = ray.wait(self._pending, num_returns=1, timeout=left)
+            if (
+                not ready
+                and heartbeat is not None
+                and (deadline is None or time.monotonic() < deadline)
+            ):
+                continue
             if not ready:
                 ranks = sorted(self._rank_of[r] for r in self._pending)
                 raise TimeoutError(
@@ -408,6 +325,33 @@ class _RayPending(PendingOutputs):
                     self._pending = []
                     raise
         return self._outputs
+
+    def _check_heartbeat(self, heartbeat: Heartbeat) -> None:
+        stall = heartbeat.check()
+        if stall is None:
+            return
+        rank = stall.rank
+        pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
+        node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
+        where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
+        error = WorkerStalledError(
+            self._role,
+            rank,
+            f"({where or 'process not started yet'}) no answer to its heartbeat for "
+            f"{stall.silent_s:.1f}s (timeout {heartbeat.timeout_s:g}s, "
+            "trainer.worker_heartbeat_timeout): the process is alive but does not run "
+            "(stopped with SIGSTOP, frozen, or stuck in native code holding the interpreter "
+            "lock); the group is unusable, restart the run (it resumes from the last "
+            "checkpoint)",
+            method=self._method,
+        )
+        if self._actors.dead is None:
+            self._actors.dead = error
+        self._actors.abandoned.extend(self._pending)
+        self._actors.abandoned.extend(heartbeat.abandon())
+        self._actors.heartbeat = None
+        self._pending = []
+        raise error
 
     def _get(self, ref: Any) -> Any:
         rank = self._rank_of[ref]
@@ -505,7 +449,7 @@ class RayWorkerGroup(WorkerGroup):
         if resource_pool.use_gpu:
             bundle["GPU"] = 1.0
         start = time.monotonic()
-        placement = _acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
+        placement = acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
         self._actors = _Actors(worker_cls.__name__, resource_pool, placement)
         try:
             self._create_actors(worker_cls, args, kwargs)
@@ -540,10 +484,12 @@ class RayWorkerGroup(WorkerGroup):
             label = f"{worker_cls.__name__} rank={rank}"
             actors.handles.append(_WorkerHost.options(**options).remote(label))
         actors.pids = [None] * pool.world_size
+        if opts.heartbeat_timeout_s is not None:
+            actors.heartbeat = Heartbeat(actors.handles, opts.heartbeat_timeout_s)
         actors.nodes = [None] * pool.world_size
 
         # rank 0 hosts the rendezvous (also for world_size 1: an engine may still want one)
-        rendezvous = [actors.handles[0].rendezvous.remote()]
+        rendezvous = [actors.handles[0].rendezvous.remote(pool.world_size)]
         ((master_addr, master_port),) = _RayPending(
             actors, worker_cls.__name__, "rendezvous", rendezvous
         ).wait()
@@ -599,7 +545,7 @@ class RayWorkerGroup(WorkerGroup):
             raise RuntimeError(f"the {self._label} worker group was shut down")
         dead = self._actors.dead
         if dead is not None:
-            raise WorkerDiedError(
+            raise type(dead)(
                 dead.role,
                 dead.rank,
                 f"{dead.cause} [the group cannot run {method_name!r} any more: create a new one]",

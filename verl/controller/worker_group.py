@@ -45,6 +45,7 @@ __all__ = [
     "PendingOutputs",
     "WorkerDiedError",
     "WorkerGroup",
+    "WorkerStalledError",
     "registered_methods",
 ]
 
@@ -68,6 +69,25 @@ class WorkerDiedError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.role, self.rank, self.cause, self.method))
+
+
+class WorkerStalledError(WorkerDiedError):
+    """A worker process stopped responding: alive, but its heartbeat went unanswered.
+
+    Raised instead of waiting for the call (and the collective timeout) when a rank's
+    process no longer runs (stopped by SIGSTOP, frozen, hung in native code holding the
+    interpreter lock). Like a dead worker, it leaves the group unusable.
+    """
+
+    def __init__(self, role: str, rank: int, cause: str, method: str | None = None) -> None:
+        self.role = role
+        self.rank = rank
+        self.cause = cause
+        self.method = method
+        during = f" during {method!r}" if method else ""
+        RuntimeError.__init__(
+            self, f"worker {role} rank {rank} stopped responding{during}: {cause}"
+        )
 
 
 class PendingOutputs(ABC):

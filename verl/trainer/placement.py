@@ -100,12 +100,19 @@ def _start_ray(
     import ray
 
     from verl.controller.ray_backend import RayOptions, ensure_ray
+    from verl.controller.ray_cluster import shutdown_ray
 
+    heartbeat = cfg.trainer.worker_heartbeat_timeout
+    if heartbeat is not None and not heartbeat > 0:
+        raise ValueError(
+            f"trainer.worker_heartbeat_timeout={heartbeat!r} must be > 0 seconds, or null to "
+            "turn the workers' heartbeat off"
+        )
     started = not ray.is_initialized()
     ensure_ray(
         num_cpus=max(os.cpu_count() or 1, processes),
         address=cfg.trainer.ray_address,
         include_dashboard=cfg.trainer.ray_dashboard,
     )
-    options = {"ray_options": RayOptions(device_type=device_type)}
-    return options, (ray.shutdown if started else None)
+    options = {"ray_options": RayOptions(device_type=device_type, heartbeat_timeout_s=heartbeat)}
+    return options, (shutdown_ray if started else None)

@@ -61,6 +61,7 @@ def init_distributed(
     master_port: int,
     device_type: str = "cpu",
     timeout_s: float | None = None,
+    listen_fd: int | None = None,
 ) -> None:
     """Join the default process group (no-op if already joined with the same layout).
 
@@ -69,6 +70,9 @@ def init_distributed(
         master_addr / master_port: rank 0's rendezvous address.
         device_type: ``"cpu"`` or ``"cuda"``; picks the backend.
         timeout_s: collective timeout (default ``VERL_COLLECTIVE_TIMEOUT_S`` or 1800 s).
+        listen_fd: rank 0 only: a socket already bound to ``master_addr:master_port`` and
+            listening. The rendezvous store then accepts connections there alone; without
+            it torch's store listens on every interface of the machine.
     """
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this torch build")
@@ -84,12 +88,22 @@ def init_distributed(
     backend = backend_for_device(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if world_size == 1:
+        # nobody to meet: an in-memory store, so nothing listens on the network
+        store: dist.Store = dist.HashStore()
+    else:
+        # the rendezvous store, hosted by rank 0 (what init_method="tcp://..." would build)
+        store = dist.TCPStore(
+            master_addr,
+            master_port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            master_listen_fd=listen_fd if rank == 0 else None,
+        )
     dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
     )
     logger.info(
         "joined process group: rank %d of %d via %s:%d (%s, timeout %.0fs)",
