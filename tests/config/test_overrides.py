@@ -203,3 +203,13 @@ def test_user_yaml_errors(tmp_path: Path):
         "algorithm.kl_ctrl.kl_coeff: unknown key in algorithm.kl_ctrl; "
         "did you mean algorithm.kl_ctrl.kl_coef?",
     ]
+
+
+def test_interpolation_is_refused_naming_the_key(tmp_path: Path):
+    """No OmegaConf: a ``${...}`` value is an error, not a literal string."""
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  experiment_name: ${trainer.project_name}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "trainer.experiment_name" in str(err.value)
+    assert "interpolation is not supported" in str(err.value)

@@ -148,6 +148,12 @@ class _Builder:
             if nullable or inner is Any:
                 return None
             return self.fail(path, f"{path}=null: not allowed; expected {describe_type(tp)}")
+        if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+            return self.fail(
+                path,
+                f"{path}={show(value)}: ${{...}} interpolation is not supported (verl reads "
+                "YAML without OmegaConf, see docs/config.md); write the value itself",
+            )
         if section_class(inner) is not None:
             return self.section(inner, value, path)
         origin = typing.get_origin(inner)
