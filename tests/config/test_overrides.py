@@ -213,3 +213,21 @@ def test_interpolation_is_refused_naming_the_key(tmp_path: Path):
         load_config(path)
     assert "trainer.experiment_name" in str(err.value)
     assert "interpolation is not supported" in str(err.value)
+
+
+def test_defaults_come_from_the_dataclasses_not_the_yaml(monkeypatch, tmp_path: Path):
+    """The generated ppo_trainer.yaml is documentation: loading never reads it."""
+    import verl.config.loader as loader
+
+    def fail(*_args: object) -> str:
+        raise AssertionError("the loader read the generated YAML")
+
+    monkeypatch.setattr(loader, "default_config_text", fail)
+    path = tmp_path / "run.yaml"
+    # a partial section keeps the defaults of its parent field (critic.optim.lr is 1e-5,
+    # not OptimConfig's 1e-6)
+    path.write_text("critic:\n  optim:\n    weight_decay: 0.0\n")
+    cfg = load_config(path, ["actor_rollout_ref.actor.optim.eps=1e-7"])
+    assert cfg.critic.optim.lr == 1e-5 and cfg.critic.optim.weight_decay == 0.0
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert cfg.actor_rollout_ref.actor.optim.eps == 1e-7

@@ -112,8 +112,12 @@ class _Builder:
         self.bad_paths.add(path)
         return _INVALID
 
-    def section(self, cls: type, value: Any, path: str) -> Any:
-        """Build an instance of dataclass ``cls`` from a mapping or an instance."""
+    def section(self, cls: type, value: Any, path: str, base: Any = None) -> Any:
+        """Build an instance of dataclass ``cls`` from a mapping or an instance.
+
+        Keys a mapping leaves out take their values from ``base`` (the parent field's default,
+        e.g. ``critic.optim`` has ``lr=1e-5``), or from ``cls()``.
+        """
         prefix = f"{path}." if path else ""
         if isinstance(value, cls):
             items = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
@@ -134,15 +138,16 @@ class _Builder:
             expected = f"a {cls.__name__} instance" if self.strict else "a mapping of keys"
             self.fail(path, f"{path or 'config'}={show(value)}: expected {expected} (a section)")
             return cls()
+        defaults = base if isinstance(base, cls) else cls()
         kwargs = {}
         for name, tp in field_types(cls).items():
             if name in items:
-                converted = self.convert(items[name], tp, prefix + name)
+                converted = self.convert(items[name], tp, prefix + name, getattr(defaults, name))
                 if converted is not _INVALID:
                     kwargs[name] = converted
-        return cls(**kwargs)
+        return dataclasses.replace(defaults, **kwargs)
 
-    def convert(self, value: Any, tp: Any, path: str) -> Any:
+    def convert(self, value: Any, tp: Any, path: str, default: Any = None) -> Any:
         inner, nullable = unwrap_optional(tp)
         if value is None:
             if nullable or inner is Any:
@@ -155,7 +160,7 @@ class _Builder:
                 "YAML without OmegaConf, see docs/config.md); write the value itself",
             )
         if section_class(inner) is not None:
-            return self.section(inner, value, path)
+            return self.section(inner, value, path, default)
         origin = typing.get_origin(inner)
         if origin is Literal:
             return self._literal(value, inner, path)
@@ -241,7 +246,8 @@ def build(
 ) -> tuple[T, list[ConfigProblem], set[str]]:
     """Convert ``data`` into ``cls``; return the tree, the problems, and the failed paths.
 
-    Missing keys take their defaults. Leaves that fail keep their defaults.
+    Missing keys take their defaults (those of the dataclasses: nothing is read from the
+    generated YAML files). Leaves that fail keep their defaults.
     """
     builder = _Builder(cls, strict)
     obj = builder.section(cls, data, "")

@@ -1,7 +1,9 @@
-"""``load_config``: packaged YAML defaults + a user YAML file + dotted overrides -> validated config.
+"""``load_config``: schema defaults + a user YAML file + dotted overrides -> validated config.
 
-Order of precedence (later wins): the defaults in ``verl/trainer/config/ppo_trainer.yaml``,
-the user's YAML file (a partial tree, deep-merged), then the overrides in the order given.
+Order of precedence (later wins): the defaults of the dataclasses, the user's YAML file (a
+partial tree), then the overrides in the order given. The packaged
+``verl/trainer/config/*.yaml`` files are generated from the dataclasses for reading; they
+are not read back here.
 Override syntax is Hydra's: ``a.b.c=value``, with ``value`` read as YAML 1.2 (see
 ``verl.config.yaml_io.parse_value``). Keys must exist in the schema: ``+a.b=value`` is
 accepted only for an existing key (where it is a plain override), and ``~a.b`` is rejected.
@@ -35,7 +37,7 @@ C = TypeVar("C")
 
 
 def default_config_text(name: str = DEFAULT_CONFIG) -> str:
-    """The packaged defaults YAML. Located from ``verl`` itself, so ``verl.trainer`` is not imported."""
+    """The packaged (generated) defaults YAML, for reading and for the in-sync tests."""
     return importlib.resources.files("verl").joinpath("trainer", "config", name).read_text()
 
 
@@ -57,7 +59,6 @@ def load_config(
     """
     return load_validated(
         TrainerConfig,
-        DEFAULT_CONFIG,
         path,
         overrides,
         lambda cfg, bad_paths: semantic_problems(cfg, registries=registries, skip_paths=bad_paths),
@@ -66,18 +67,17 @@ def load_config(
 
 def load_validated(
     root: type[C],
-    defaults_name: str,
     path: str | os.PathLike[str] | None,
     overrides: Iterable[str],
     check: Callable[[C, set[str]], tuple[list[ConfigProblem], list[str]]],
 ) -> C:
-    """Packaged defaults ``defaults_name`` + YAML file ``path`` + ``overrides`` -> ``root``.
+    """``root``'s defaults + YAML file ``path`` + ``overrides`` -> ``root``.
 
     ``check(cfg, bad_paths)`` returns the semantic problems and warnings of the built config
     (``bad_paths``: keys that failed to convert, to skip). Every problem is raised together
     as one ``ConfigError``; warnings are logged.
     """
-    tree = load_yaml_text(default_config_text(defaults_name)) or {}
+    tree: dict[str, Any] = {}
     problems: list[ConfigProblem] = []
     if path is not None:
         user = read_user_yaml(Path(path), problems)

@@ -12,8 +12,8 @@ current)::
     python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
     python -c "import verl.config.schema_offline as s; s.write_doc_tables('docs/sft_dpo.md')"
 
-``load_sft_config`` / ``load_dpo_config`` read those defaults, a user YAML file (a partial
-tree, deep-merged) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
+``load_sft_config`` / ``load_dpo_config`` take the dataclass defaults (the YAML files are
+not read back), a user YAML file (a partial tree) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
 every problem is reported at once in one ``ConfigError`` naming the key. Nothing here
 imports torch.
 """
@@ -63,8 +63,6 @@ SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older na
 PreferenceTruncation = Literal["error", "truncate", "drop"]
 OfflineBuiltin = Literal["arithmetic"]
 
-SFT_DEFAULT_CONFIG = "sft_trainer.yaml"
-DPO_DEFAULT_CONFIG = "dpo_trainer.yaml"
 
 C = TypeVar("C")
 
@@ -403,20 +401,18 @@ def _check_run(c: Checks, t: OfflineRunConfig) -> None:
 
 def load_offline_config(
     cls: type[C],
-    defaults_name: str,
     path: str | os.PathLike[str] | None = None,
     overrides: Iterable[str] = (),
     *,
     registries: Mapping[str, Iterable[str]] | None = None,
 ) -> C:
-    """Packaged defaults ``defaults_name`` + YAML file ``path`` + ``overrides`` -> ``cls``.
+    """``cls``'s defaults + YAML file ``path`` + ``overrides`` -> ``cls``.
 
     Raises ``ConfigError`` listing every problem (unknown keys with a did-you-mean, wrong
     types, failed checks).
     """
     return load_validated(
         cls,
-        defaults_name,
         path,
         overrides,
         lambda cfg, bad_paths: offline_problems(cfg, registries=registries, skip_paths=bad_paths),
@@ -426,8 +422,8 @@ def load_offline_config(
 def load_sft_config(
     path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
 ) -> SFTConfig:
-    """Load and validate an :class:`SFTConfig` (defaults: ``sft_trainer.yaml``)."""
-    return load_offline_config(SFTConfig, SFT_DEFAULT_CONFIG, path, overrides)
+    """Load and validate an :class:`SFTConfig` ."""
+    return load_offline_config(SFTConfig, path, overrides)
 
 
 def load_dpo_config(
@@ -436,17 +432,15 @@ def load_dpo_config(
     *,
     registries: Mapping[str, Iterable[str]] | None = None,
 ) -> DPOConfig:
-    """Load and validate a :class:`DPOConfig` (defaults: ``dpo_trainer.yaml``)."""
-    return load_offline_config(
-        DPOConfig, DPO_DEFAULT_CONFIG, path, overrides, registries=registries
-    )
+    """Load and validate a :class:`DPOConfig` ."""
+    return load_offline_config(DPOConfig, path, overrides, registries=registries)
 
 
 # --------------------------------------------------------------------------- generation
 
-_KINDS: dict[str, tuple[type, str, str]] = {
-    "sft": (SFTConfig, SFT_DEFAULT_CONFIG, "python -m verl.trainer.main_sft optim.lr=2e-5"),
-    "dpo": (DPOConfig, DPO_DEFAULT_CONFIG, "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
+_KINDS: dict[str, tuple[type, str]] = {
+    "sft": (SFTConfig, "python -m verl.trainer.main_sft optim.lr=2e-5"),
+    "dpo": (DPOConfig, "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
 }
 _HEADER = """\
 # Defaults of every {title} setting, one comment per key.
@@ -461,7 +455,7 @@ _TITLES = {"sft": "SFT", "dpo": "DPO / IPO / KTO"}
 
 def default_yaml(kind: str) -> str:
     """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: sft or dpo)."""
-    cls, _, example = _KINDS[kind]
+    cls, example = _KINDS[kind]
     header = _HEADER.format(title=_TITLES[kind], kind=kind, example=example)
     return header + "\n" + to_yaml(cls(), comments=True)
 
@@ -477,7 +471,7 @@ def table_markers(kind: str) -> tuple[str, str]:
 
 def with_tables(doc: str) -> str:
     """``doc`` with the SFT and DPO key tables between their markers regenerated."""
-    for kind, (cls, _, _) in _KINDS.items():
+    for kind, (cls, _) in _KINDS.items():
         begin, end = table_markers(kind)
         head, found_begin, rest = doc.partition(begin)
         _, found_end, tail = rest.partition(end)
