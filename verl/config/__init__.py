@@ -12,7 +12,6 @@ See ``docs/config.md``.
 """
 
 from verl.config._fields import EMBEDDED_MODEL
-from verl.config.convert import from_dict, to_dict
 from verl.config.derived import (
     checkpoint_dir,
     clip_ratio_bounds,
@@ -37,7 +36,7 @@ from verl.config.device_map import (
     set_device_map,
 )
 from verl.config.errors import ConfigError, ConfigProblem
-from verl.config.loader import apply_override, load_config
+from verl.config.loader import apply_override, from_dict, load_config, to_dict
 from verl.config.render import to_yaml
 from verl.config.schema import (
     ActorConfig,

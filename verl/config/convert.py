@@ -1,4 +1,4 @@
-"""Build and type-check the dataclass tree: ``from_dict``, ``to_dict``, and schema walking.
+"""Build and type-check the dataclass tree (``build``), and walk the schema.
 
 Conversion rules (mapping -> dataclass, "load" mode, used for YAML and overrides):
 ints are accepted for floats; numbers are accepted for strings (``experiment_name=2024``);
@@ -19,7 +19,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar, Union
 
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.errors import ConfigProblem
 from verl.config.yaml_io import show
 
 T = TypeVar("T")
@@ -252,26 +252,3 @@ def build(
     builder = _Builder(cls, strict)
     obj = builder.section(cls, data, "")
     return obj, builder.problems, builder.bad_paths
-
-
-def from_dict(data: Mapping[str, Any], cls: type[T] | None = None) -> T:
-    """Build a config (``TrainerConfig`` by default) from nested dicts; checks types only.
-
-    Missing keys take their defaults, so a partial tree is fine.
-
-    Raises ``ConfigError`` listing every unknown key and wrongly typed value. Use
-    ``load_config`` or ``cfg.validate()`` for the full validation.
-    """
-    if cls is None:
-        from verl.config.schema import TrainerConfig
-
-        cls = TrainerConfig
-    obj, problems, _ = build(cls, data)
-    if problems:
-        raise ConfigError(problems)
-    return obj
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as nested plain dicts/lists (deep copy); ``from_dict`` inverts it."""
-    return dataclasses.asdict(cfg)

@@ -9,10 +9,13 @@ of names kept here.
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
 from verl.config.device_map import DeviceMap, resolve_device_map
-from verl.config.schema import ActorConfig, TrainerConfig
 from verl.registry import ADVANTAGE_ESTIMATORS
+
+if TYPE_CHECKING:  # schema imports the modules that import this one
+    from verl.config.schema import ActorConfig, TrainerConfig
 
 # Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
 PATH_FIELDS = ("project_name", "experiment_name")

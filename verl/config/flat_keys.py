@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from verl.config.derived import critic_enabled, dp_size
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.schema_roles import MixedPrecisionConfig
 
 _ARR = "actor_rollout_ref"
 _ACTOR, _CRITIC = f"{_ARR}.actor", "critic"
@@ -60,8 +62,6 @@ def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
     Raises ``ConfigError`` listing every flat key that is unknown, has a value it cannot
     map, or contradicts a nested value given alongside it.
     """
-    from verl.config.schema import TrainerConfig
-
     problems: list[ConfigProblem] = []
     assigned: dict[str, tuple[Any, str]] = {}
     for key, value in flat.items():
@@ -84,7 +84,7 @@ def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
                 continue
             assigned[path] = (new, key)
 
-    default = TrainerConfig()
+    default = type(cfg)()
     for path, (new, key) in assigned.items():
         current, was = _get(cfg, path), _get(default, path)
         if current != was and current != new:
@@ -171,8 +171,6 @@ def _fsdp_assignments(value: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _mixed_precision(mp: Any) -> Any:
-    from verl.config.schema_roles import MixedPrecisionConfig
-
     mp = _as_dict(mp)
     unknown = set(mp) - set(_MP_KEYS)
     if unknown:
@@ -181,8 +179,6 @@ def _mixed_precision(mp: Any) -> Any:
 
 
 def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
-    from verl.config.derived import critic_enabled, dp_size
-
     if steps < 1:
         raise ValueError("must be >= 1")
     n = cfg.actor_rollout_ref.rollout.n

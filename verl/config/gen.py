@@ -39,7 +39,7 @@ def with_table(doc: str) -> str:
     _, end, tail = rest.partition(TABLE_END)
     if not begin or not end:
         raise ValueError(f"markers {TABLE_BEGIN!r} ... {TABLE_END!r} not found")
-    return f"{head}{TABLE_BEGIN}\n{config_table()}{TABLE_END}{tail}"
+    return f"{head}{TABLE_BEGIN}\n{config_table(TrainerConfig)}{TABLE_END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:

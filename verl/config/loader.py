@@ -13,6 +13,7 @@ Every problem (unknown keys, bad types, failed checks) is raised together as one
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 import yaml
 
 from verl.config.convert import build, field_types, section_class, suggest, unwrap_optional
-from verl.config.errors import ConfigProblem
+from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema import TrainerConfig
 from verl.config.validate import report, semantic_problems
 from verl.config.yaml_io import load_yaml_text, parse_value
@@ -39,6 +40,25 @@ C = TypeVar("C")
 def default_config_text(name: str = DEFAULT_CONFIG) -> str:
     """The packaged (generated) defaults YAML, for reading and for the in-sync tests."""
     return importlib.resources.files("verl").joinpath("trainer", "config", name).read_text()
+
+
+def from_dict(data: Mapping[str, Any], cls: type[C] = TrainerConfig) -> C:
+    """Build a config (``TrainerConfig`` by default) from nested dicts; checks types only.
+
+    Missing keys take their defaults, so a partial tree is fine.
+
+    Raises ``ConfigError`` listing every unknown key and wrongly typed value. Use
+    ``load_config`` or ``cfg.validate()`` for the full validation.
+    """
+    obj, problems, _ = build(cls, data)
+    if problems:
+        raise ConfigError(problems)
+    return obj
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as nested plain dicts/lists (deep copy); ``from_dict`` inverts it."""
+    return dataclasses.asdict(cfg)
 
 
 def load_config(

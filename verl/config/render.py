@@ -58,12 +58,8 @@ def iter_rows(cls: type, obj: Any = None, prefix: str = "") -> Iterator[tuple[st
             yield from iter_rows(sub, value if value is not None else sub(), path + ".")
 
 
-def config_table(cls: type | None = None) -> str:
-    """A markdown table of every key: path, type, default, meaning."""
-    if cls is None:
-        from verl.config.schema import TrainerConfig
-
-        cls = TrainerConfig
+def config_table(cls: type) -> str:
+    """A markdown table of every key of the schema ``cls``: path, type, default, meaning."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for path, tp, default, help_text in iter_rows(cls):
         cells = (f"`{path}`", tp, f"`{default}`", help_text)

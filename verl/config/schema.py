@@ -31,6 +31,7 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig
+from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.schema_roles import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -49,6 +50,7 @@ from verl.config.schema_roles import (
     RolloutConfig,
     ValKwargsConfig,
 )
+from verl.config.validate import validate
 
 __all__ = [
     "ActorConfig",
@@ -288,8 +290,6 @@ class TrainerConfig:
 
         Returns the warnings (also logged). See :func:`verl.config.validate.validate`.
         """
-        from verl.config.validate import validate
-
         return validate(self, registries=registries)
 
 
@@ -303,8 +303,6 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
     those keys; a flat key contradicting its twin raises ``ConfigError``.
     """
-    from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
-
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
     if flat:

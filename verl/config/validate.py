@@ -9,12 +9,13 @@ The list of checks is kept in ``docs/config.md`` ("Validation").
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import logging
 import os
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl.config._fields import EMBEDDED_MODEL
 from verl.config.convert import build
@@ -30,9 +31,11 @@ from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolv
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
-from verl.config.schema import OptimConfig, TrainerConfig
 from verl.config.yaml_io import show
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
+
+if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
+    from verl.config.schema import OptimConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,9 @@ def validate(
         registries: optional extra ``{key path: allowed names}`` checks; the keys of
             ``verl.config.registry_keys.REGISTRY_KEYS`` are always checked against the live ``verl.registry``.
     """
-    built, problems, bad_paths = build(TrainerConfig, cfg, strict=True)
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise TypeError(f"validate() takes a TrainerConfig, got {type(cfg).__name__}")
+    built, problems, bad_paths = build(type(cfg), cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
     return report(problems + more, warnings)
 
