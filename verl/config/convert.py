@@ -60,6 +60,13 @@ def iter_schema(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.
             yield from iter_schema(sub, path + ".")
 
 
+def get_path(obj: Any, path: str) -> Any:
+    """The value at dotted ``path`` of a config object."""
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def describe_type(tp: Any) -> str:
     """A short human name of a schema type: ``int``, ``list[str]``, ``"a" | "b"``, ..."""
     inner, nullable = unwrap_optional(tp)

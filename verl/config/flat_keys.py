@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from verl.config.convert import get_path
 from verl.config.derived import critic_enabled, dp_size
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema_roles import MixedPrecisionConfig
@@ -86,7 +87,7 @@ def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
 
     default = type(cfg)()
     for path, (new, key) in assigned.items():
-        current, was = _get(cfg, path), _get(default, path)
+        current, was = get_path(cfg, path), get_path(default, path)
         if current != was and current != new:
             problems.append(
                 ConfigProblem(
@@ -212,14 +213,6 @@ def _as_dict(value: Any) -> dict[str, Any]:
     raise ValueError(f"must be a mapping, got {type(value).__name__}")
 
 
-def _get(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def _set(cfg: Any, path: str, value: Any) -> None:
-    *parents, last = path.split(".")
-    for part in parents:
-        cfg = getattr(cfg, part)
-    setattr(cfg, last, value)
+    parent, _, last = path.rpartition(".")
+    setattr(get_path(cfg, parent), last, value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from verl.config.render import config_table, to_yaml
+from verl.config.render import to_yaml, with_config_table
 from verl.config.schema import TrainerConfig
 
 YAML_HEADER = """\
@@ -35,11 +35,7 @@ def default_yaml() -> str:
 
 def with_table(doc: str) -> str:
     """``doc`` with the text between the table markers replaced by the current table."""
-    head, begin, rest = doc.partition(TABLE_BEGIN)
-    _, end, tail = rest.partition(TABLE_END)
-    if not begin or not end:
-        raise ValueError(f"markers {TABLE_BEGIN!r} ... {TABLE_END!r} not found")
-    return f"{head}{TABLE_BEGIN}\n{config_table(TrainerConfig)}{TABLE_END}{tail}"
+    return with_config_table(doc, TrainerConfig, TABLE_BEGIN, TABLE_END)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from verl.config.convert import get_path
 from verl.config.yaml_io import show
 from verl.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -45,12 +46,6 @@ KWARGS_KEYS: dict[str, str] = {
 }
 
 
-def _get(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def registry_problems(cfg: Any, skip: Collection[str] = ()) -> list[tuple[tuple[str, ...], str]]:
     """``(keys, message)`` for every registry-backed key or mapping of ``cfg`` that its
     registry rejects; each message names the key, the value and the allowed names. Name
@@ -59,7 +54,7 @@ def registry_problems(cfg: Any, skip: Collection[str] = ()) -> list[tuple[tuple[
     for path, registry in REGISTRY_KEYS.items():
         if path in skip:
             continue
-        value = _get(cfg, path)
+        value = get_path(cfg, path)
         if registry is KL_ESTIMATORS and isinstance(value, str):
             value = value.removesuffix("+")  # the straight-through variant of an estimator
         if value in registry:
@@ -68,10 +63,13 @@ def registry_problems(cfg: Any, skip: Collection[str] = ()) -> list[tuple[tuple[
         close = did_you_mean(value, names)
         hint = f"; did you mean {close}?" if close else ""
         problems.append(
-            ((path,), f"{path}={show(_get(cfg, path))}: must be one of {', '.join(names)}{hint}")
+            (
+                (path,),
+                f"{path}={show(get_path(cfg, path))}: must be one of {', '.join(names)}{hint}",
+            )
         )
     for path, name_path in KWARGS_KEYS.items():
-        kwargs, name = _get(cfg, path), _get(cfg, name_path)
+        kwargs, name = get_path(cfg, path), get_path(cfg, name_path)
         registry = REGISTRY_KEYS[name_path]
         if not kwargs or name not in registry:
             continue

@@ -58,6 +58,16 @@ def iter_rows(cls: type, obj: Any = None, prefix: str = "") -> Iterator[tuple[st
             yield from iter_rows(sub, value if value is not None else sub(), path + ".")
 
 
+def with_config_table(doc: str, cls: type, begin: str, end: str) -> str:
+    """``doc`` with the text between the markers ``begin`` and ``end`` replaced by the
+    current :func:`config_table` of ``cls``."""
+    head, found_begin, rest = doc.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found_begin or not found_end:
+        raise ValueError(f"markers {begin!r} ... {end!r} not found")
+    return f"{head}{begin}\n{config_table(cls)}{end}{tail}"
+
+
 def config_table(cls: type) -> str:
     """A markdown table of every key of the schema ``cls``: path, type, default, meaning."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]

@@ -34,7 +34,7 @@ from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
 from verl.config.convert import build
 from verl.config.errors import ConfigProblem
 from verl.config.loader import load_validated
-from verl.config.render import config_table, to_yaml
+from verl.config.render import to_yaml, with_config_table
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
@@ -472,12 +472,7 @@ def table_markers(kind: str) -> tuple[str, str]:
 def with_tables(doc: str) -> str:
     """``doc`` with the SFT and DPO key tables between their markers regenerated."""
     for kind, (cls, _) in _KINDS.items():
-        begin, end = table_markers(kind)
-        head, found_begin, rest = doc.partition(begin)
-        _, found_end, tail = rest.partition(end)
-        if not found_begin or not found_end:
-            raise ValueError(f"markers {begin!r} ... {end!r} not found")
-        doc = f"{head}{begin}\n{config_table(cls)}{end}{tail}"
+        doc = with_config_table(doc, cls, *table_markers(kind))
     return doc
 
 

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl.config._fields import EMBEDDED_MODEL
-from verl.config.convert import build
+from verl.config.convert import build, get_path
 from verl.config.derived import (
     PATH_FIELDS,
     critic_enabled,
@@ -69,7 +69,7 @@ def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
 def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]] | None) -> None:
     """Registry-backed string keys (``{key path: allowed names}``) hold a registered name."""
     for path, names in (registries or {}).items():
-        c.one_of(path, _get(cfg, path), list(names))
+        c.one_of(path, get_path(cfg, path), list(names))
 
 
 def _check_registry_keys(
@@ -103,12 +103,6 @@ def semantic_problems(
     _check_registry_keys(checks, cfg, registries)
     check_registries(checks, cfg, registries)
     return checks.problems, checks.warnings
-
-
-def _get(cfg: Any, path: str) -> Any:
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
 
 
 def _divisors(n: int) -> str:
