@@ -36,8 +36,8 @@ from verl.config.device_map import (
     set_device_map,
 )
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.gen import to_yaml
 from verl.config.loader import apply_override, from_dict, load_config, to_dict
-from verl.config.render import to_yaml
 from verl.config.schema import (
     ActorConfig,
     ActorRolloutRefConfig,

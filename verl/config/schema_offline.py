@@ -33,8 +33,8 @@ from typing import Literal, TypeVar
 from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
 from verl.config.convert import build
 from verl.config.errors import ConfigProblem
+from verl.config.gen import to_yaml, with_config_table
 from verl.config.loader import load_validated
-from verl.config.render import to_yaml, with_config_table
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (

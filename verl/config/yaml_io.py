@@ -65,8 +65,3 @@ def show(value: Any) -> str:
     ).strip()
     # Dumping inside a one-element list forces flow style; strip that list's brackets.
     return dumped[1:-1]
-
-
-def dump_block(data: Any) -> str:
-    """Dump nested mappings in block style (scalars and lists of scalars stay flow style)."""
-    return yaml.dump(data, Dumper=ConfigDumper, default_flow_style=None, sort_keys=False)
