@@ -1,7 +1,7 @@
 """Flat keyword arguments of ``TrainerConfig(...)``, mapped onto the nested schema.
 
 ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5, activation_checkpointing=True)``
-is the same config as setting the nested keys ("twins") listed in :data:`FLAT_KEYS`. A flat
+is the same config as setting the nested keys ("twins") of those flat keys. A flat
 key whose twin was also given a different (non-default) value is an error, never a silent
 override. The table in ``docs/precision.md`` ("Flat keys") is the user-facing version.
 """
@@ -20,37 +20,22 @@ from verl.config.schema_roles import MixedPrecisionConfig
 _ARR = "actor_rollout_ref"
 _ACTOR, _CRITIC = f"{_ARR}.actor", "critic"
 
-# flat key -> what it sets (documentation; the mapping itself is in _assignments).
-FLAT_KEYS: dict[str, str] = {
-    "mixed_precision": "trainer.mixed_precision",
-    "model_precision_map": "trainer.model_precision_map",
-    "gradient_precision": "trainer.gradient_precision",
-    "use_gradient_scaling": "trainer.use_gradient_scaling",
-    "use_flash_attention": "trainer.use_flash_attention",
-    "dynamic_precision": "trainer.dynamic_precision",
-    "max_grad_norm": f"{_ACTOR}.grad_clip and critic.grad_clip",
-    "activation_checkpointing": (
-        f"{_ARR}.model.enable_gradient_checkpointing and critic.model.enable_gradient_"
-        "checkpointing (a bool, or {actor: bool, critic: bool})"
-    ),
-    "gradient_accumulation_steps": (
-        f"{_ACTOR}.ppo_micro_batch_size_per_device and critic.ppo_micro_batch_size_per_device "
-        "= ppo_mini_batch_size * rollout.n / (data-parallel ranks * steps)"
-    ),
-    "fsdp_config": (
-        "actor and critic fsdp_config: sharding_strategy FULL_SHARD / SHARD_GRAD_OP -> "
-        "reshard_after_forward true / false; cpu_offload -> param_offload and "
-        "optimizer_offload; mixed_precision {param_dtype, reduce_dtype, buffer_dtype} -> "
-        "fsdp_config.mixed_precision"
-    ),
-    "enable_3d_hybrid_engine": (
-        "true is the only layout (actor and rollout share the weights in one worker); "
-        "false is rejected"
-    ),
-    "hybrid_engine_config": (
-        f"{{enable_activation_recomputation: bool}} -> {_ARR}.model.enable_gradient_checkpointing"
-    ),
-}
+# The flat keys; what each one sets is the table "Flat keys" of docs/precision.md (and
+# _assignments below).
+FLAT_KEYS: tuple[str, ...] = (
+    "mixed_precision",
+    "model_precision_map",
+    "gradient_precision",
+    "use_gradient_scaling",
+    "use_flash_attention",
+    "dynamic_precision",
+    "max_grad_norm",
+    "activation_checkpointing",
+    "gradient_accumulation_steps",
+    "fsdp_config",
+    "enable_3d_hybrid_engine",
+    "hybrid_engine_config",
+)
 
 _SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
 _FSDP_KEYS = ("sharding_strategy", "cpu_offload", "mixed_precision")
@@ -116,19 +101,14 @@ def _assignments(cfg: Any, key: str, value: Any) -> list[tuple[str, Any]]:
         return [(f"{_ACTOR}.grad_clip", float(value)), (f"{_CRITIC}.grad_clip", float(value))]
     if key == "activation_checkpointing":
         if isinstance(value, Mapping):
-            unknown = set(value) - {"actor", "critic"}
-            if unknown:
-                raise ValueError(f"unknown roles {sorted(unknown)}; use actor, critic")
+            _only(value, ("actor", "critic"), "roles")
             per_role = {r: bool(v) for r, v in value.items()}
         else:
             per_role = {"actor": bool(value), "critic": bool(value)}
         paths = {"actor": f"{_ARR}.model", "critic": "critic.model"}
         return [(f"{paths[r]}.enable_gradient_checkpointing", v) for r, v in per_role.items()]
     if key == "hybrid_engine_config":
-        value = _as_dict(value)
-        unknown = set(value) - {"enable_activation_recomputation"}
-        if unknown:
-            raise ValueError(f"unknown keys {sorted(unknown)}; use enable_activation_recomputation")
+        value = _only(_as_dict(value), ("enable_activation_recomputation",))
         if "enable_activation_recomputation" not in value:
             return []
         on = bool(value["enable_activation_recomputation"])
@@ -148,9 +128,7 @@ def _assignments(cfg: Any, key: str, value: Any) -> list[tuple[str, Any]]:
 
 
 def _fsdp_assignments(value: dict[str, Any]) -> list[tuple[str, Any]]:
-    unknown = set(value) - set(_FSDP_KEYS)
-    if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)}; use {', '.join(_FSDP_KEYS)}")
+    _only(value, _FSDP_KEYS)
     out: list[tuple[str, Any]] = []
     for prefix in (_ACTOR, _CRITIC):
         fc = f"{prefix}.fsdp_config"
@@ -172,11 +150,7 @@ def _fsdp_assignments(value: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _mixed_precision(mp: Any) -> Any:
-    mp = _as_dict(mp)
-    unknown = set(mp) - set(_MP_KEYS)
-    if unknown:
-        raise ValueError(f"unknown mixed_precision keys {sorted(unknown)}; use {_MP_KEYS}")
-    return MixedPrecisionConfig(**mp)
+    return MixedPrecisionConfig(**_only(_as_dict(mp), _MP_KEYS, "mixed_precision keys"))
 
 
 def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
@@ -203,6 +177,14 @@ def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
             )
         out.append((f"{prefix}.ppo_micro_batch_size_per_device", micro))
     return out
+
+
+def _only(value: Mapping[str, Any], allowed: tuple[str, ...], what: str = "keys") -> Any:
+    """``value``, or ValueError naming its keys outside ``allowed``."""
+    unknown = set(value) - set(allowed)
+    if unknown:
+        raise ValueError(f"unknown {what} {sorted(unknown)}; use {', '.join(allowed)}")
+    return value
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

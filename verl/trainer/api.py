@@ -106,7 +106,7 @@ def make_trainer_config(
     that sets how fast the critic learns.
     ``algo="grpo"`` uses group-normalised advantages, no critic, and a KL loss when
     ``kl_coef`` is given. Any other key can be set with dotted ``overrides``
-    (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the YAML default.
+    (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the schema default.
     ``flat_keys`` are the flat keys of ``TrainerConfig(...)`` (``mixed_precision="bf16"``,
     ``max_grad_norm=1.0`` ..., see docs/precision.md), applied after the overrides.
     """
