@@ -231,3 +231,15 @@ def test_defaults_come_from_the_dataclasses_not_the_yaml(monkeypatch, tmp_path: 
     assert cfg.critic.optim.lr == 1e-5 and cfg.critic.optim.weight_decay == 0.0
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
     assert cfg.actor_rollout_ref.actor.optim.eps == 1e-7
+
+
+def test_offline_loaders_take_the_dataclass_defaults(tmp_path: Path):
+    """SFT/DPO loading starts from SFTConfig()/DPOConfig(), not from their generated YAML."""
+    from verl.config import DPOConfig, SFTConfig, load_dpo_config, load_sft_config
+
+    assert load_sft_config() == SFTConfig()
+    assert load_dpo_config() == DPOConfig()
+    path = tmp_path / "sft.yaml"
+    path.write_text("optim:\n  weight_decay: 0.0\n")
+    cfg = load_sft_config(path)
+    assert cfg.optim.weight_decay == 0.0 and cfg.optim.lr == SFTConfig().optim.lr
