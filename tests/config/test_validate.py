@@ -11,6 +11,7 @@ from verl.config import (
     ActorConfig,
     ConfigError,
     DataConfig,
+    SFTConfig,
     TrainerConfig,
     checkpoint_dir,
     clip_ratio_bounds,
@@ -341,3 +342,9 @@ def test_local_backend_refuses_a_multi_process_map():
         "trainer.backend=local runs every role in this one process, but the device map needs 2 "
         "worker processes (actor_rollout_ref on devices [0, 1]); use trainer.backend=ray"
     )
+
+
+@pytest.mark.parametrize("bad", [{}, SFTConfig(), TrainerConfig])
+def test_validate_rejects_what_is_not_a_trainer_config(bad: object):
+    with pytest.raises(TypeError, match="validate\\(\\) takes a TrainerConfig"):
+        validate(bad)  # type: ignore[arg-type]

@@ -50,7 +50,9 @@ def validate(
         registries: optional extra ``{key path: allowed names}`` checks; the keys of
             ``verl.config.registry_keys.REGISTRY_KEYS`` are always checked against the live ``verl.registry``.
     """
-    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+    # the root type is the config's own (this module cannot import the schema, which imports it)
+    names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
+    if isinstance(cfg, type) or not names >= {"actor_rollout_ref", "trainer", "resource_pool"}:
         raise TypeError(f"validate() takes a TrainerConfig, got {type(cfg).__name__}")
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
