@@ -89,7 +89,7 @@ def auto_select_precision(device: str = "cpu") -> dict[str, str]:
     if device.startswith("cuda"):
         major, minor = _cuda_capability(device)
         if (major, minor) >= MIN_CAPABILITY["fp8"]:
-            return {"actor": "bf16", "critic": "bf16", "reference": "fp8", "reward": "fp8"}
+            return {r: "bf16" if r in TRAINABLE_ROLES else "fp8" for r in ROLES}
         if (major, minor) >= MIN_CAPABILITY["bf16"]:
             return dict.fromkeys(ROLES, "bf16")
         return dict.fromkeys(ROLES, "fp16")
