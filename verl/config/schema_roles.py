@@ -112,10 +112,11 @@ class ActorConfig:
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
     clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio")
     clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)")
-    loss_agg_mode: str = entry(
-        "token-mean",
+    loss_agg_mode: str | None = entry(
+        None,
         "how token losses become one scalar: token-mean, seq-mean-token-sum, "
-        "seq-mean-token-mean, seq-mean-token-sum-norm",
+        "seq-mean-token-mean, seq-mean-token-sum-norm; null = the policy loss's own "
+        "(gspo: seq-mean-token-mean), else token-mean",
     )
     loss_scale_factor: float | None = entry(
         None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"

@@ -65,7 +65,10 @@ for _name, _needs in (
 _ACTOR = "actor_rollout_ref.actor"
 POLICY_LOSSES: Registry = Registry(
     "policy loss",
-    needs={},
+    needs={
+        # the aggregation used when actor.loss_agg_mode is null (None: token-mean)
+        "default_loss_agg_mode": None,
+    },
     inputs={
         "old_log_prob": "the actor's micro-batch",
         "log_prob": "the actor's micro-batch",
@@ -81,7 +84,11 @@ POLICY_LOSSES: Registry = Registry(
     },
 )
 POLICY_LOSSES.add("vanilla", f"{_ALG}.policy_loss:compute_policy_loss_vanilla", "ppo")
-POLICY_LOSSES.add("gspo", f"{_ALG}.policy_loss:compute_policy_loss_gspo")
+POLICY_LOSSES.add(
+    "gspo",
+    f"{_ALG}.policy_loss:compute_policy_loss_gspo",
+    default_loss_agg_mode="seq-mean-token-mean",  # the paper's objective
+)
 POLICY_LOSSES.add("cispo", f"{_ALG}.policy_loss:compute_policy_loss_cispo")
 POLICY_LOSSES.add("clip_cov", f"{_ALG}.cov_losses:compute_policy_loss_clip_cov")
 POLICY_LOSSES.add("kl_cov", f"{_ALG}.cov_losses:compute_policy_loss_kl_cov")

@@ -26,7 +26,7 @@ import torch
 
 from verl.algorithms import POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
-from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
+from verl.config import TrainerConfig, actor_loss_agg_mode, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -316,6 +316,7 @@ class ActorRolloutRefWorker(Worker):
             data.select(batch_keys=keys),
             self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
             role_cfg=acfg,
+            loss_agg_mode=actor_loss_agg_mode(acfg),
             # ppo_mini_batch_size counts prompts over all data-parallel ranks
             mini_batch_size=acfg.ppo_mini_batch_size
             * self.config.actor_rollout_ref.rollout.n
@@ -333,6 +334,7 @@ class ActorRolloutRefWorker(Worker):
         is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
         acfg = self.config.actor_rollout_ref.actor
         clip_low, clip_high = clip_ratio_bounds(acfg)
+        loss_agg_mode = actor_loss_agg_mode(acfg)
         loss_entry = POLICY_LOSSES.entry(acfg.policy_loss)
         policy_loss_fn = loss_entry.target
         # the clip settings the loss takes, plus its hyperparameters from policy_loss_kwargs
@@ -373,7 +375,7 @@ class ActorRolloutRefWorker(Worker):
                 b["response_mask"],
                 policy_loss_fn=policy_loss_fn,
                 policy_loss_kwargs=policy_loss_kwargs,
-                loss_agg_mode=acfg.loss_agg_mode,
+                loss_agg_mode=loss_agg_mode,
                 loss_scale_factor=scale_factor,
                 entropy=entropy,
                 entropy_coeff=acfg.entropy_coeff,
