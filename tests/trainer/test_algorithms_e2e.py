@@ -62,8 +62,10 @@ ESTIMATOR_CASES = {
 }
 LOSS_CASES = {
     name: [f"actor_rollout_ref.actor.policy_loss={name}"]
-    for name in ("gspo", "cispo", "clip_cov", "kl_cov")
+    for name in ("gspo", "cispo", "clip_cov", "kl_cov", "reinforce", "sapo", "gmpo")
 }
+# the paper's pairing; "gpg" alone is the estimator's case
+LOSS_CASES["gpg_loss"] = ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss=gpg"]
 # The rest of the loop's options, each on top of GRPO.
 OPTION_CASES = {
     "rollout_is": ["actor_rollout_ref.actor.rollout_is_threshold=2.0"],
@@ -79,12 +81,14 @@ OPTION_CASES = {
     ],
 }
 CASES = {**ESTIMATOR_CASES, **LOSS_CASES, **OPTION_CASES}
+assert len(CASES) == len(ESTIMATOR_CASES) + len(LOSS_CASES) + len(OPTION_CASES), "case names clash"
 
 
 def test_every_registered_estimator_and_loss_has_a_case():
     estimators = {o.split("=")[1] for v in ESTIMATOR_CASES.values() for o in v if "estimator" in o}
     assert estimators == set(ADVANTAGE_ESTIMATORS.names())
-    assert set(LOSS_CASES) | {"vanilla"} == set(POLICY_LOSSES.names())
+    losses = {o.split("=")[1] for v in LOSS_CASES.values() for o in v if ".policy_loss=" in o}
+    assert losses | {"vanilla"} == set(POLICY_LOSSES.names())
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -8,8 +8,8 @@ picks an algorithm from the config by name and a new algorithm is one decorated 
 
 - advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
-- policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``;
-  and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
+- policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``,
+  ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
 - the clipped value loss (:mod:`.value_loss`);
 - the actor's and critic's whole micro-batch losses, ``actor_loss`` / ``critic_loss``
   (:mod:`.losses`): policy loss + IS weights + entropy + KL, and the weighted value loss;
@@ -69,7 +69,11 @@ from verl.algorithms.losses import actor_loss, critic_loss
 from verl.algorithms.policy_loss import (
     POLICY_LOSSES,
     compute_policy_loss_cispo,
+    compute_policy_loss_gmpo,
+    compute_policy_loss_gpg,
     compute_policy_loss_gspo,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
     get_policy_loss,
     register_policy_loss,
@@ -119,8 +123,12 @@ __all__ = [
     "compute_opo_advantages",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_gmpo",
+    "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",

@@ -90,6 +90,21 @@ POLICY_LOSSES.add(
     default_loss_agg_mode="seq-mean-token-mean",  # the paper's objective
 )
 POLICY_LOSSES.add("cispo", f"{_ALG}.policy_loss:compute_policy_loss_cispo")
+POLICY_LOSSES.add("reinforce", f"{_ALG}.policy_loss:compute_policy_loss_reinforce")
+POLICY_LOSSES.add(
+    "gpg", f"{_ALG}.policy_loss:compute_policy_loss_gpg", default_loss_agg_mode="token-mean"
+)
+POLICY_LOSSES.add(
+    "sapo",
+    f"{_ALG}.policy_loss:compute_policy_loss_sapo",
+    default_loss_agg_mode="seq-mean-token-mean",
+)
+POLICY_LOSSES.add(
+    "gmpo",
+    f"{_ALG}.policy_loss:compute_policy_loss_gmpo",
+    "geo_mean",  # upstream verl's name
+    default_loss_agg_mode="seq-mean-token-mean",
+)
 POLICY_LOSSES.add("clip_cov", f"{_ALG}.cov_losses:compute_policy_loss_clip_cov")
 POLICY_LOSSES.add("kl_cov", f"{_ALG}.cov_losses:compute_policy_loss_kl_cov")
 
