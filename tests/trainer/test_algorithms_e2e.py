@@ -59,6 +59,7 @@ ESTIMATOR_CASES = {
     "remax": ["algorithm.adv_estimator=remax"],
     "opo": ["algorithm.adv_estimator=opo"],
     "gpg": ["algorithm.adv_estimator=gpg"],
+    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
 }
 LOSS_CASES = {
     name: [f"actor_rollout_ref.actor.policy_loss={name}"]

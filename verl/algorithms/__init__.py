@@ -7,7 +7,8 @@ built-ins are declared in ``verl/registry/builtin.py`` with what they need), so 
 picks an algorithm from the config by name and a new algorithm is one decorated function:
 
 - advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
-  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``,
+  ``grpo_passk``;
 - policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``,
   ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
 - the clipped value loss (:mod:`.value_loss`);
@@ -26,6 +27,7 @@ from verl.algorithms.advantages import (
     compute_gae_advantages,
     compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
     compute_opo_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_reinforce_plus_plus_baseline_advantages,
@@ -117,6 +119,7 @@ __all__ = [
     "compute_gae_advantages",
     "compute_gpg_advantages",
     "compute_grpo_advantages",
+    "compute_grpo_passk_advantages",
     "compute_ipo_loss",
     "compute_kl_loss",
     "compute_kto_loss",

@@ -58,6 +58,7 @@ for _name, _needs in (
     ("remax", {"needs_baseline": True}),
     ("opo", {"needs_index": True}),
     ("gpg", {"needs_index": True}),
+    ("grpo_passk", {"needs_index": True}),
 ):
     ADVANTAGE_ESTIMATORS.add(_name, f"{_ALG}.advantages:compute_{_name}_advantages", **_needs)
 
