@@ -60,6 +60,7 @@ ESTIMATOR_CASES = {
     "opo": ["algorithm.adv_estimator=opo"],
     "gpg": ["algorithm.adv_estimator=gpg"],
     "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
+    "optimal_token_baseline": ["algorithm.adv_estimator=optimal_token_baseline"],
 }
 LOSS_CASES = {
     name: [f"actor_rollout_ref.actor.policy_loss={name}"]

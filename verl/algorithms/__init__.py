@@ -8,7 +8,7 @@ picks an algorithm from the config by name and a new algorithm is one decorated 
 
 - advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``,
-  ``grpo_passk``;
+  ``grpo_passk``; (:mod:`.token_baseline`) ``optimal_token_baseline``;
 - policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``,
   ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
 - the clipped value loss (:mod:`.value_loss`);

@@ -10,7 +10,7 @@ needs and ignores the rest (``**kwargs``), so the trainer can call any of them t
 Both outputs have shape ``(batch, response_len)`` and are 0 on masked tokens. The built-in
 estimators are declared in :mod:`verl.registry.builtin` with what they need
 (:func:`estimator_info`: ``needs_critic``, ``needs_index``, ``needs_baseline``,
-``needs_reference``); a new one is one :func:`register_advantage_estimator` decorator.
+``needs_reference``, ``needs_sum_pi_squared``); a new one is one :func:`register_advantage_estimator` decorator.
 
 Outcome estimators (all but ``gae`` and ``reinforce_plus_plus``) work on the sequence
 score ``s_i = sum_t mask * token_level_rewards``; rewards on masked positions are ignored,
@@ -57,8 +57,8 @@ AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 def register_advantage_estimator(name: str, *aliases: str, override: bool = False, **needs: Any):
     """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS`.
 
-    ``needs`` are ``needs_critic``, ``needs_index``, ``needs_baseline`` and
-    ``needs_reference`` (all default ``False``); the trainer derives from them which roles to
+    ``needs`` are ``needs_critic``, ``needs_index``, ``needs_baseline``,
+    ``needs_reference`` and ``needs_sum_pi_squared`` (all default ``False``); the trainer derives from them which roles to
     place, whether to run the greedy baseline pass and what to pass. Keyword parameters with
     defaults that the trainer does not pass itself are the estimator's hyperparameters,
     settable with ``algorithm.adv_estimator_kwargs``.
@@ -73,7 +73,7 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
 
 def estimator_info(name: str) -> dict[str, Any]:
     """What estimator ``name`` needs: ``needs_critic``, ``needs_index``, ``needs_baseline``,
-    ``needs_reference``."""
+    ``needs_reference``, ``needs_sum_pi_squared``."""
     return ADVANTAGE_ESTIMATORS.info(name)
 
 

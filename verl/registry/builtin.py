@@ -35,6 +35,8 @@ ADVANTAGE_ESTIMATORS: Registry = Registry(
         "needs_index": False,  # the prompt uid groups responses: rollout.n >= 2
         "needs_baseline": False,  # reward_baselines: a greedy rollout per prompt is scored
         "needs_reference": False,  # ref_log_probs: the reference policy is placed
+        # sum_pi_squared: the actor's log-prob pass also returns sum_v pi(v)^2 per token
+        "needs_sum_pi_squared": False,
     },
     inputs={
         "token_level_rewards": "the scored batch",
@@ -44,6 +46,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry(
         "reward_baselines": "the greedy baseline pass (needs_baseline)",
         "old_log_probs": "the actor's log-prob pass",
         "ref_log_probs": "the reference (needs_reference)",
+        "sum_pi_squared": "the actor's log-prob pass (needs_sum_pi_squared)",
         "gamma": "algorithm.gamma",
         "lam": "algorithm.lam",
         "norm_adv_by_std": "algorithm.norm_adv_by_std_in_grpo",
@@ -61,6 +64,12 @@ for _name, _needs in (
     ("grpo_passk", {"needs_index": True}),
 ):
     ADVANTAGE_ESTIMATORS.add(_name, f"{_ALG}.advantages:compute_{_name}_advantages", **_needs)
+ADVANTAGE_ESTIMATORS.add(
+    "optimal_token_baseline",
+    f"{_ALG}.token_baseline:compute_optimal_token_baseline_advantages",
+    needs_index=True,
+    needs_sum_pi_squared=True,
+)
 
 # ---------------------------------------------------------------- policy losses
 _ACTOR = "actor_rollout_ref.actor"

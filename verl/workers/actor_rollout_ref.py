@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import POLICY_LOSSES
+from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig, actor_loss_agg_mode, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
@@ -221,18 +221,19 @@ class ActorRolloutRefWorker(Worker):
         data: DataProto,
         micro_batch_size: int,
         with_entropy: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         temperature = data.meta_info.get("temperature", 1.0)
         response_len = data.batch["response_mask"].shape[1]
         acfg = self.config.actor_rollout_ref.actor
-        log_probs, entropies = [], []
+        log_probs, entropies, sum_pi_squared = [], [], []
         inputs = to_device(
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
         )
         with torch.no_grad(), self.engine.autocast():
             for mb in micro_batches(inputs, response_len, micro_batch_size, acfg):
                 x = mb.data.batch
-                lp, ent = compute_response_log_probs(
+                lp, ent, *sps = compute_response_log_probs(
                     module,
                     x["input_ids"],
                     x["attention_mask"],
@@ -241,28 +242,42 @@ class ActorRolloutRefWorker(Worker):
                     temperature=temperature,
                     chunk_size=acfg.logprob_chunk_size,
                     calculate_entropy=with_entropy,
+                    calculate_sum_pi_squared=with_sum_pi_squared,
                 )
                 log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
                     entropies.append((mb, ent.float().cpu()))
+                if sps:
+                    sum_pi_squared.append((mb, sps[0].float().cpu()))
         rows = len(data)
         return (
             gather_response_outputs(log_probs, rows, response_len),
             gather_response_outputs(entropies, rows, response_len) if entropies else None,
+            gather_response_outputs(sum_pi_squared, rows, response_len) if sum_pi_squared else None,
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the current (old) policy, and entropy.
 
-        Returns ``old_log_probs`` and ``entropys``, both ``(batch, response_len)``.
+        Returns ``old_log_probs`` and ``entropys``, both ``(batch, response_len)``, and
+        ``sum_pi_squared`` (``sum_v pi(v)^2`` per token) when the advantage estimator's
+        registry entry declares ``needs_sum_pi_squared``.
         """
         rcfg = self.config.actor_rollout_ref.rollout
         mbs = rcfg.log_prob_micro_batch_size_per_device or len(data)
+        with_sps = bool(
+            ADVANTAGE_ESTIMATORS.needs(self.config.algorithm.adv_estimator, "needs_sum_pi_squared")
+        )
         with self.engine.eval_mode():
-            log_probs, entropy = self._log_probs(self.engine.module, data, mbs, True)
+            log_probs, entropy, sps = self._log_probs(
+                self.engine.module, data, mbs, True, with_sum_pi_squared=with_sps
+            )
+        tensors = {"old_log_probs": log_probs, "entropys": entropy}
+        if sps is not None:
+            tensors["sum_pi_squared"] = sps
         return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropy},
+            tensors=tensors,
             meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
         )
 
@@ -278,7 +293,7 @@ class ActorRolloutRefWorker(Worker):
         if self.ref_dynamic is not None:
             self.ref_dynamic.before_phase()
         with self.ref_engine.eval_mode():
-            log_probs, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
+            log_probs, _, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
 
     # ------------------------------------------------------------------ update
