@@ -71,6 +71,11 @@ LOSS_CASES["gpg_loss"] = ["algorithm.adv_estimator=gpg", "actor_rollout_ref.acto
 # The rest of the loop's options, each on top of GRPO.
 OPTION_CASES = {
     "rollout_is": ["actor_rollout_ref.actor.rollout_is_threshold=2.0"],
+    "rollout_is_sequence": [
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "actor_rollout_ref.actor.rollout_is_level=sequence",
+    ],
+    "rollout_rs": ["actor_rollout_ref.actor.rollout_rs_threshold=1.5"],
     "dapo": [
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward",
@@ -111,10 +116,13 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
         assert "actor/pg_loss" in metrics
         if case == "gae":
             assert metrics["critic/grad_norm"] > 0 and "critic/vf_loss" in metrics
-        if case == "rollout_is":
-            # same weights and precision: every weight is 1, nothing truncated
+        if case.startswith("rollout_"):
+            # same weights and precision: every weight is 1, nothing truncated or rejected
             assert metrics["actor/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
             assert metrics["actor/rollout_is_clipfrac"] == 0.0
+            assert metrics["actor/rollout_is_ess"] == pytest.approx(1.0, abs=1e-4)
+        if case == "rollout_rs":
+            assert metrics["actor/rollout_rs_reject_frac"] == 0.0
         if case == "dapo":
             assert metrics["dapo/num_gen_batches"] >= 1
     before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
@@ -139,4 +147,7 @@ def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):
     assert metrics["rollout/logprob_abs_diff_max"] < 1e-5
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5
     assert abs(metrics["rollout/kl_k3"]) < 1e-5
+    assert abs(metrics["rollout/kl_k1"]) < 1e-5
+    assert metrics["rollout/geo_ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["rollout/geo_ratio_max"] == pytest.approx(1.0, abs=1e-5)
     trainer.close()

@@ -86,7 +86,7 @@ POLICY_LOSSES: Registry = Registry(
         "response_mask": "the actor's micro-batch",
         "loss_agg_mode": f"{_ACTOR}.loss_agg_mode",
         "loss_scale_factor": f"{_ACTOR}.loss_scale_factor",
-        "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold",
+        "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold / rollout_rs_threshold",
         "clip_ratio_low": f"{_ACTOR}.clip_ratio_low (or clip_ratio)",
         "clip_ratio_high": f"{_ACTOR}.clip_ratio_high (or clip_ratio)",
         "clip_ratio_c": f"{_ACTOR}.clip_ratio_c",

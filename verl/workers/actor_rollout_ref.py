@@ -316,14 +316,16 @@ class ActorRolloutRefWorker(Worker):
         keys = [*_SEQUENCE_KEYS, "old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")  # select() names it if the batch lacks it
-        if acfg.rollout_is_threshold is not None:
+        if acfg.rollout_is_threshold is not None or acfg.rollout_rs_threshold is not None:
             if "rollout_log_probs" in data.batch:
                 keys.append("rollout_log_probs")
             elif self._update_calls == 0:
                 logger.warning(
-                    "actor.rollout_is_threshold=%s but the batch has no rollout_log_probs "
-                    "(the rollout backend did not return them): no importance correction",
+                    "actor.rollout_is_threshold=%s, rollout_rs_threshold=%s but the batch has "
+                    "no rollout_log_probs (the rollout backend did not return them): no "
+                    "rollout correction",
                     acfg.rollout_is_threshold,
+                    acfg.rollout_rs_threshold,
                 )
         self._update_calls += 1
         acc = run_ppo_update(
@@ -399,6 +401,8 @@ class ActorRolloutRefWorker(Worker):
                 kl_loss_type=acfg.kl_loss_type,
                 rollout_log_prob=b.get("rollout_log_probs"),
                 rollout_is_threshold=acfg.rollout_is_threshold,
+                rollout_is_level=acfg.rollout_is_level,
+                rollout_rs_threshold=acfg.rollout_rs_threshold,
             )
 
         return loss_fn
