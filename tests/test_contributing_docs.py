@@ -72,9 +72,9 @@ def test_estimator_example(cleanup):
 
 
 def test_policy_loss_example(cleanup):
-    run_example(1, POLICY_LOSSES, "reinforce")
-    cleanup((POLICY_LOSSES, "reinforce"))
-    entry = POLICY_LOSSES.entry("reinforce")
+    run_example(1, POLICY_LOSSES, "shifted_reinforce")
+    cleanup((POLICY_LOSSES, "shifted_reinforce"))
+    entry = POLICY_LOSSES.entry("shifted_reinforce")
     assert entry.hyperparameters == {"advantage_shift": 0.0}
     log_prob = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     advantages = torch.tensor([[1.0, 1.0], [-2.0, -2.0]])

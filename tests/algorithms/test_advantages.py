@@ -365,6 +365,8 @@ GROUP_ESTIMATORS = [
     ("opo", {}),
     ("gpg", {}),
     ("reinforce_plus_plus_baseline", {}),
+    ("grpo_passk", {}),
+    ("grpo_passk", {"norm_adv_by_std": False}),
 ]
 
 
@@ -402,6 +404,9 @@ def test_all_equal_group_beside_an_informative_one(name, kwargs):
         # centred (0 x7, 0.5, -0.5) whitened over 9 values: mean 0, var 0.5 / 8
         b = 0.5 / math.sqrt(0.5 / 8 + 1e-8)
         expected = [b, -b]
+    elif name == "grpo_passk":
+        # only the best of (1, 0) is credited: 1 - 0, over std(1, 0) = 0.7071 when normed
+        expected = [1 / math.sqrt(0.5) if kwargs.get("norm_adv_by_std", True) else 1.0, 0.0]
     elif name == "grpo" and kwargs.get("norm_adv_by_std", True):
         expected = [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)]  # std of (1, 0) = 0.7071
     else:
@@ -425,3 +430,31 @@ def test_whitening_a_constant_batch_gives_zero():
 def test_informative_group_mask_float32_equal_scores():
     scores = torch.full((7,), 37.3)
     assert not informative_group_mask(scores, ["g"] * 7).any()
+
+
+# --------------------------------------------------------------------------- GRPO pass@k
+
+
+def test_grpo_passk_credits_only_the_best_response():
+    # group a = (1, 3, 2): best 3, second 2 -> A = 1 / (std + eps), std(1, 3, 2) = 1.
+    # group b = (5, 5): two share the max -> s_second = s_max -> 0 for both.
+    # group c = (4,): a group of one -> 0. group d = (0, 2, 2.5, 0.5): 0.5 over std.
+    rewards = _t([[1.0], [3.0], [2.0], [5.0], [5.0], [4.0], [0.0], [2.0], [2.5], [0.5]])
+    index = ["a", "a", "a", "b", "b", "c", "d", "d", "d", "d"]
+    mask = torch.ones(10, 1)
+    fn = get_advantage_estimator("grpo_passk")
+    adv, ret = fn(rewards, mask, index)
+    std_d = float(torch.tensor([0.0, 2.0, 2.5, 0.5], dtype=torch.float64).std())
+    expected = [0, 1 / (1 + 1e-6), 0, 0, 0, 0, 0, 0, 0.5 / (std_d + 1e-6), 0]
+    torch.testing.assert_close(adv[:, 0], _t(expected))
+    torch.testing.assert_close(ret, adv)
+    plain, _ = fn(rewards, mask, index, norm_adv_by_std=False)
+    torch.testing.assert_close(plain[:, 0], _t([0, 1, 0, 0, 0, 0, 0, 0, 0.5, 0]))
+
+
+def test_grpo_passk_broadcasts_over_valid_tokens_and_ignores_masked_rewards():
+    # scores (sum over valid tokens): row 0 = 1 + 2 = 3 (the 9 is masked), row 1 = 1
+    rewards = _t([[1.0, 2.0, 9.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv, _ = get_advantage_estimator("grpo_passk")(rewards, mask, ["p", "p"], norm_adv_by_std=False)
+    torch.testing.assert_close(adv, _t([[2.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))

@@ -141,7 +141,9 @@ def test_cispo_keeps_gradient_on_clipped_tokens():
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, -0.6]]))
 
 
-@pytest.mark.parametrize("name", ["vanilla", "gspo", "cispo", "clip_cov", "kl_cov"])
+@pytest.mark.parametrize(
+    "name", ["vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "reinforce", "gpg", "sapo", "gmpo"]
+)
 def test_losses_accept_uniform_call_and_ignore_masked_tokens(name):
     g = torch.Generator().manual_seed(4)
     old = -torch.rand(2, 4, generator=g)
@@ -259,3 +261,117 @@ def test_loss_scale_factor_reaches_dr_grpo_aggregation():
         # default factor = response positions (4): -2 / (2 * 4); with 100: -2 / (2 * 100)
         assert default.item() == pytest.approx(-2 / 8), name
         assert scaled.item() == pytest.approx(-2 / 200), name
+
+
+# --------------------------------------------------------------------------- REINFORCE / GPG
+@pytest.mark.parametrize("name", ["reinforce", "gpg"])
+def test_reinforce_is_minus_advantage_times_log_prob(name):
+    # per-token -A log pi = (1, 2 | -1, masked); token-mean = (1 + 2 - 1) / 3
+    log_prob = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0], [-2.0, -2.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    old = torch.tensor([[-1.5, -2.0], [-0.5, -3.0]])  # the ratio plays no part
+    loss, metrics = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean")
+    assert loss.item() == pytest.approx(2 / 3)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-1 / 3, -1 / 3], [2 / 3, 0.0]]))
+    # approx_kl = mean(old - new) over valid tokens = (-0.5 + 0 + 0) / 3
+    assert metrics["approx_kl"].item() == pytest.approx(-0.5 / 3)
+    assert metrics["clipfrac"] == 0.0
+
+
+def test_reinforce_seq_mean_token_mean():
+    # sequences (1, 2) and (-1): (1.5 + -1) / 2
+    log_prob = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
+    adv = torch.tensor([[1.0, 1.0], [-2.0, -2.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, _ = get_policy_loss("reinforce")(
+        log_prob, log_prob, adv, mask, loss_agg_mode="seq-mean-token-mean"
+    )
+    assert loss.item() == pytest.approx(0.25)
+
+
+# --------------------------------------------------------------------------- SAPO
+def test_sapo_soft_gate_value_and_gradient():
+    # token 0: r = 1, A = +1, tau_pos = 1: f = 4 * sigmoid(0) = 2, L = -2, dL/dlogp = -A * 1
+    # token 1: r = 2, A = -1, tau_neg = 2: f = 2 * sigmoid(2), L = +2 sigmoid(2),
+    #          dL/dlogp = -A * 4 s (1 - s) r with s = sigmoid(2)
+    s = 1 / (1 + math.exp(-2.0))
+    log_prob = torch.tensor([[0.0, math.log(2.0)]], requires_grad=True)
+    old = torch.zeros(1, 2)
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    loss, metrics = get_policy_loss("sapo")(
+        old, log_prob, adv, mask, loss_agg_mode="seq-mean-token-mean", tau_pos=1.0, tau_neg=2.0
+    )
+    assert loss.item() == pytest.approx((-2.0 + 2 * s) / 2, rel=1e-6)
+    loss.backward()
+    w1 = 4 * s * (1 - s) * 2.0
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, w1 / 2]]))
+    assert metrics["soft_gate_weight"].item() == pytest.approx((1.0 + w1) / 2, rel=1e-6)
+
+
+def test_sapo_on_policy_gradient_equals_ppo():
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=g)
+    adv = torch.randn(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    grads = []
+    for name in ("sapo", "vanilla"):
+        log_prob = old.clone().requires_grad_(True)
+        loss, _ = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean")
+        loss.backward()
+        grads.append(log_prob.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_sapo_rejects_non_positive_temperature():
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="tau_neg=0"):
+        get_policy_loss("sapo")(x, x, x, torch.ones(1, 2), tau_neg=0)
+
+
+# --------------------------------------------------------------------------- GMPO
+def test_gmpo_geometric_mean_with_log_space_clip():
+    # eps = 0.2 in log space. Row 0, A = +1: l = (0.1, 0.5 -> clipped to 0.2), mean 0.15,
+    # L_0 = -e^0.15. Row 1, A = -1 (pessimistic = max): l = (-0.5 -> -0.2, 0.1), mean -0.05,
+    # L_1 = +e^-0.05. seq-mean-token-mean: (L_0 + L_1) / 2.
+    old = torch.zeros(2, 3)
+    log_prob = torch.tensor([[0.1, 0.5, 7.0], [-0.5, 0.1, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    loss, metrics = get_policy_loss("gmpo")(
+        old, log_prob, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2
+    )
+    assert loss.item() == pytest.approx((-math.exp(0.15) + math.exp(-0.05)) / 2, rel=1e-6)
+    loss.backward()
+    # unclipped tokens: -A_i * ratio_i / |y_i| / G; clipped and masked tokens: 0
+    expected = torch.tensor(
+        [[-math.exp(0.15) / 4, 0.0, 0.0], [0.0, math.exp(-0.05) / 4, 0.0]], dtype=torch.float32
+    )
+    torch.testing.assert_close(log_prob.grad, expected)
+    assert metrics["clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_gmpo_rollout_weights_enter_as_geometric_mean():
+    # ratio 1, A = +1 on 2 tokens with weights (4, 1): geometric mean 2 -> L = -2
+    x = torch.zeros(1, 2)
+    loss, _ = get_policy_loss("gmpo")(
+        x,
+        x.clone(),
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        rollout_is_weights=torch.tensor([[4.0, 1.0]]),
+    )
+    assert loss.item() == pytest.approx(-2.0)
+
+
+def test_new_losses_declare_their_paper_aggregation():
+    from verl.registry import POLICY_LOSSES
+
+    assert POLICY_LOSSES.needs("sapo", "default_loss_agg_mode") == "seq-mean-token-mean"
+    assert POLICY_LOSSES.needs("gmpo", "default_loss_agg_mode") == "seq-mean-token-mean"
+    assert POLICY_LOSSES.needs("gpg", "default_loss_agg_mode") == "token-mean"
+    assert POLICY_LOSSES.needs("reinforce", "default_loss_agg_mode") is None
+    assert POLICY_LOSSES.canonical_name("geo_mean") == "gmpo"
+    assert POLICY_LOSSES.hyperparameters("sapo") == {"tau_pos": 1.0, "tau_neg": 1.05}

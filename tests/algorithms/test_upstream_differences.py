@@ -14,6 +14,7 @@ import torch
 
 from verl.algorithms.advantages import get_advantage_estimator
 from verl.algorithms.policy_loss import get_policy_loss
+from verl.config import actor_loss_agg_mode, load_config
 
 
 def _t(x):
@@ -120,3 +121,27 @@ def test_gspo_aggregates_with_the_configured_mode():
     seq_mean, _ = gspo(old, old.clone(), adv, mask, loss_agg_mode="seq-mean-token-mean")
     assert token_mean.item() == pytest.approx(0.5)
     assert seq_mean.item() == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "mode"),
+    [
+        # gspo with loss_agg_mode left null: the paper's (and upstream's) aggregation
+        (["actor_rollout_ref.actor.policy_loss=gspo"], "seq-mean-token-mean"),
+        # an explicit choice always wins
+        (
+            [
+                "actor_rollout_ref.actor.policy_loss=gspo",
+                "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+            ],
+            "token-mean",
+        ),
+        # a loss without a preference: token-mean
+        ([], "token-mean"),
+        (["actor_rollout_ref.actor.policy_loss=cispo"], "token-mean"),
+        (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], "seq-mean-token-sum"),
+    ],
+)
+def test_null_loss_agg_mode_takes_the_policy_loss_preference(overrides, mode):
+    cfg = load_config(overrides=overrides)
+    assert actor_loss_agg_mode(cfg.actor_rollout_ref.actor) == mode

@@ -5,6 +5,12 @@ from __future__ import annotations
 import pytest
 
 from verl.config import ConfigError, load_config
+from verl.registry import ADVANTAGE_ESTIMATORS
+
+# every registered estimator that compares a response with its group
+GROUP_ESTIMATORS = ", ".join(
+    name for name in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.info(name)["needs_index"]
+)
 
 
 def messages(overrides: list[str]) -> list[str]:
@@ -29,8 +35,7 @@ def test_filter_groups_needs_a_group_estimator_and_n_at_least_2():
     assert msgs == [
         "algorithm.filter_groups.enable=true: algorithm.adv_estimator=reinforce_plus_plus is "
         "not a group estimator; dynamic sampling drops groups with equal rewards, which only "
-        "group baselines make useless; use one of gpg, grpo, opo, "
-        "reinforce_plus_plus_baseline, rloo",
+        f"group baselines make useless; use one of {GROUP_ESTIMATORS}",
         "algorithm.filter_groups.enable=true: actor_rollout_ref.rollout.n=1; a group of one "
         "response is always dropped, so no step could be filled; set rollout.n >= 2",
     ]

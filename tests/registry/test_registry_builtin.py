@@ -36,9 +36,28 @@ def test_needs_of_the_builtin_estimators():
         return {n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.info(n)[what]}
 
     assert having("needs_critic") == {"gae"}
-    assert having("needs_index") == {"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
+    assert having("needs_index") == {
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus_baseline",
+        "opo",
+        "gpg",
+        "grpo_passk",
+        "optimal_token_baseline",
+    }
     assert having("needs_baseline") == {"remax"}
     assert having("needs_reference") == set()
+    assert having("needs_sum_pi_squared") == {"optimal_token_baseline"}
+
+
+def test_preferred_aggregation_of_the_builtin_losses():
+    preferred = {n: POLICY_LOSSES.info(n)["default_loss_agg_mode"] for n in POLICY_LOSSES}
+    assert {n: m for n, m in preferred.items() if m is not None} == {
+        "gspo": "seq-mean-token-mean",
+        "sapo": "seq-mean-token-mean",
+        "gmpo": "seq-mean-token-mean",
+        "gpg": "token-mean",
+    }
 
 
 def test_hyperparameters_of_the_builtin_entries():

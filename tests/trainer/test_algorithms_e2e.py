@@ -59,14 +59,23 @@ ESTIMATOR_CASES = {
     "remax": ["algorithm.adv_estimator=remax"],
     "opo": ["algorithm.adv_estimator=opo"],
     "gpg": ["algorithm.adv_estimator=gpg"],
+    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
+    "optimal_token_baseline": ["algorithm.adv_estimator=optimal_token_baseline"],
 }
 LOSS_CASES = {
     name: [f"actor_rollout_ref.actor.policy_loss={name}"]
-    for name in ("gspo", "cispo", "clip_cov", "kl_cov")
+    for name in ("gspo", "cispo", "clip_cov", "kl_cov", "reinforce", "sapo", "gmpo")
 }
+# the paper's pairing; "gpg" alone is the estimator's case
+LOSS_CASES["gpg_loss"] = ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss=gpg"]
 # The rest of the loop's options, each on top of GRPO.
 OPTION_CASES = {
     "rollout_is": ["actor_rollout_ref.actor.rollout_is_threshold=2.0"],
+    "rollout_is_sequence": [
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "actor_rollout_ref.actor.rollout_is_level=sequence",
+    ],
+    "rollout_rs": ["actor_rollout_ref.actor.rollout_rs_threshold=1.5"],
     "dapo": [
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward",
@@ -79,12 +88,14 @@ OPTION_CASES = {
     ],
 }
 CASES = {**ESTIMATOR_CASES, **LOSS_CASES, **OPTION_CASES}
+assert len(CASES) == len(ESTIMATOR_CASES) + len(LOSS_CASES) + len(OPTION_CASES), "case names clash"
 
 
 def test_every_registered_estimator_and_loss_has_a_case():
     estimators = {o.split("=")[1] for v in ESTIMATOR_CASES.values() for o in v if "estimator" in o}
     assert estimators == set(ADVANTAGE_ESTIMATORS.names())
-    assert set(LOSS_CASES) | {"vanilla"} == set(POLICY_LOSSES.names())
+    losses = {o.split("=")[1] for v in LOSS_CASES.values() for o in v if ".policy_loss=" in o}
+    assert losses | {"vanilla"} == set(POLICY_LOSSES.names())
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -105,10 +116,13 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
         assert "actor/pg_loss" in metrics
         if case == "gae":
             assert metrics["critic/grad_norm"] > 0 and "critic/vf_loss" in metrics
-        if case == "rollout_is":
-            # same weights and precision: every weight is 1, nothing truncated
+        if case.startswith("rollout_"):
+            # same weights and precision: every weight is 1, nothing truncated or rejected
             assert metrics["actor/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
             assert metrics["actor/rollout_is_clipfrac"] == 0.0
+            assert metrics["actor/rollout_is_ess"] == pytest.approx(1.0, abs=1e-4)
+        if case == "rollout_rs":
+            assert metrics["actor/rollout_rs_reject_frac"] == 0.0
         if case == "dapo":
             assert metrics["dapo/num_gen_batches"] >= 1
     before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
@@ -133,4 +147,7 @@ def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):
     assert metrics["rollout/logprob_abs_diff_max"] < 1e-5
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5
     assert abs(metrics["rollout/kl_k3"]) < 1e-5
+    assert abs(metrics["rollout/kl_k1"]) < 1e-5
+    assert metrics["rollout/geo_ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["rollout/geo_ratio_max"] == pytest.approx(1.0, abs=1e-5)
     trainer.close()

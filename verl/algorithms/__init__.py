@@ -7,9 +7,10 @@ built-ins are declared in ``verl/registry/builtin.py`` with what they need), so 
 picks an algorithm from the config by name and a new algorithm is one decorated function:
 
 - advantage estimators (:mod:`.advantages`): ``gae``, ``grpo``, ``rloo``,
-  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
-- policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``;
-  and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``,
+  ``grpo_passk``; (:mod:`.token_baseline`) ``optimal_token_baseline``;
+- policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``,
+  ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
 - the clipped value loss (:mod:`.value_loss`);
 - the actor's and critic's whole micro-batch losses, ``actor_loss`` / ``critic_loss``
   (:mod:`.losses`): policy loss + IS weights + entropy + KL, and the weighted value loss;
@@ -26,6 +27,7 @@ from verl.algorithms.advantages import (
     compute_gae_advantages,
     compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
     compute_opo_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_reinforce_plus_plus_baseline_advantages,
@@ -69,7 +71,11 @@ from verl.algorithms.losses import actor_loss, critic_loss
 from verl.algorithms.policy_loss import (
     POLICY_LOSSES,
     compute_policy_loss_cispo,
+    compute_policy_loss_gmpo,
+    compute_policy_loss_gpg,
     compute_policy_loss_gspo,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
     get_policy_loss,
     register_policy_loss,
@@ -113,14 +119,19 @@ __all__ = [
     "compute_gae_advantages",
     "compute_gpg_advantages",
     "compute_grpo_advantages",
+    "compute_grpo_passk_advantages",
     "compute_ipo_loss",
     "compute_kl_loss",
     "compute_kto_loss",
     "compute_opo_advantages",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_gmpo",
+    "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",

@@ -10,7 +10,7 @@ needs and ignores the rest (``**kwargs``), so the trainer can call any of them t
 Both outputs have shape ``(batch, response_len)`` and are 0 on masked tokens. The built-in
 estimators are declared in :mod:`verl.registry.builtin` with what they need
 (:func:`estimator_info`: ``needs_critic``, ``needs_index``, ``needs_baseline``,
-``needs_reference``); a new one is one :func:`register_advantage_estimator` decorator.
+``needs_reference``, ``needs_sum_pi_squared``); a new one is one :func:`register_advantage_estimator` decorator.
 
 Outcome estimators (all but ``gae`` and ``reinforce_plus_plus``) work on the sequence
 score ``s_i = sum_t mask * token_level_rewards``; rewards on masked positions are ignored,
@@ -37,6 +37,7 @@ __all__ = [
     "compute_gae_advantages",
     "compute_gpg_advantages",
     "compute_grpo_advantages",
+    "compute_grpo_passk_advantages",
     "compute_opo_advantages",
     "compute_reinforce_plus_plus_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",
@@ -56,8 +57,8 @@ AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 def register_advantage_estimator(name: str, *aliases: str, override: bool = False, **needs: Any):
     """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS`.
 
-    ``needs`` are ``needs_critic``, ``needs_index``, ``needs_baseline`` and
-    ``needs_reference`` (all default ``False``); the trainer derives from them which roles to
+    ``needs`` are ``needs_critic``, ``needs_index``, ``needs_baseline``,
+    ``needs_reference`` and ``needs_sum_pi_squared`` (all default ``False``); the trainer derives from them which roles to
     place, whether to run the greedy baseline pass and what to pass. Keyword parameters with
     defaults that the trainer does not pass itself are the estimator's hyperparameters,
     settable with ``algorithm.adv_estimator_kwargs``.
@@ -72,7 +73,7 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
 
 def estimator_info(name: str) -> dict[str, Any]:
     """What estimator ``name`` needs: ``needs_critic``, ``needs_index``, ``needs_baseline``,
-    ``needs_reference``."""
+    ``needs_reference``, ``needs_sum_pi_squared``."""
     return ADVANTAGE_ESTIMATORS.info(name)
 
 
@@ -392,6 +393,53 @@ def compute_gpg_advantages(
     num_informative = int((~group.same).sum())
     alpha = scores.shape[0] / num_informative if num_informative > 0 else 1.0
     adv = torch.where(group.same, 0.0, alpha * (scores.to(torch.float64) - group.mean))
+    advantages = _broadcast(adv.to(scores.dtype), mask)
+    return advantages, advantages.clone()
+
+
+@torch.no_grad()
+def compute_grpo_passk_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO for pass@k (Tang et al. 2025, arXiv 2503.19595): only the best response of a
+    group is credited.
+
+    The group's pass@n reward is its best score, and the leave-one-out advantage of that
+    objective is nonzero only for the best response: ``A = s_max - s_second`` (how much
+    the group's best score would drop without it), divided by ``std_g + epsilon`` (unbiased
+    group std) when ``norm_adv_by_std``. Every other response gets 0. When several responses
+    share the maximum, ``s_second = s_max`` and all get 0. A group of one gets 0. The best
+    response is the first in batch order among equals. Statistics in float64. Broadcast over
+    valid tokens; returns equal advantages.
+
+    Args:
+        token_level_rewards, response_mask: ``(batch, response_len)``.
+        index: ``batch`` hashable prompt ids.
+
+    Returns:
+        ``(advantages, returns)``, equal, ``(batch, response_len)``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = _sequence_scores(token_level_rewards, mask)
+    group = _group_stats(scores, index)
+    s = scores.to(torch.float64)
+    ids, num_groups = group_ids_from_index(index, s.shape[0], s.device)
+    neg_inf = torch.full((num_groups,), -torch.inf, dtype=s.dtype, device=s.device)
+    best_score = neg_inf.scatter_reduce(0, ids, s, reduce="amax")[ids]
+    rows = torch.arange(s.shape[0], device=s.device)
+    first_best = torch.full((num_groups,), s.shape[0], dtype=rows.dtype, device=s.device)
+    candidates = torch.where(s == best_score, rows, s.shape[0])
+    is_best = rows == first_best.scatter_reduce(0, ids, candidates, reduce="amin")[ids]
+    others = torch.where(is_best, -torch.inf, s)
+    second = neg_inf.scatter_reduce(0, ids, others, reduce="amax")[ids]
+    adv = torch.where(is_best & (group.count > 1), best_score - second, 0.0)
+    if norm_adv_by_std:
+        adv = adv / (group.std + epsilon)
     advantages = _broadcast(adv.to(scores.dtype), mask)
     return advantages, advantages.clone()
 

@@ -60,6 +60,8 @@ def actor_loss(
     kl_loss_type: str = "low_var_kl",
     rollout_log_prob: torch.Tensor | None = None,
     rollout_is_threshold: float | None = None,
+    rollout_is_level: str = "token",
+    rollout_rs_threshold: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The actor's loss on one micro-batch::
 
@@ -88,15 +90,21 @@ def actor_loss(
             of the KL loss.
         rollout_log_prob: log-probs the rollout engine sampled with,
             ``(batch, response_len)``; when given, each token's policy loss is weighted by
-            ``min(exp(old_log_prob - rollout_log_prob), rollout_is_threshold)``.
-        rollout_is_threshold: the truncation of those weights (required with
-            ``rollout_log_prob``).
+            the rollout-correction weights of
+            :func:`verl.algorithms.compute_rollout_is_weights`.
+        rollout_is_threshold / rollout_is_level: the truncation ``C`` of the token-level
+            (``min(exp(old_log_prob - rollout_log_prob), C)``) or sequence-level IS weights;
+            None = no reweighting.
+        rollout_rs_threshold: reject (weight 0) sequences whose geometric-mean ratio leaves
+            ``[1 / C_rs, C_rs]``; None = no rejection. With ``rollout_log_prob`` one of the
+            two thresholds is required.
 
     Returns:
         ``(loss, metrics)``: the 0-dim loss and detached 0-dim tensors ``pg_loss``, the
         policy loss's own metrics (``clipfrac``, ``clipfrac_lower``, ``approx_kl``, ...),
         ``entropy_loss`` (with ``entropy``), ``kl_loss`` (with ``ref_log_prob``),
-        ``rollout_is_weight_mean`` and ``rollout_is_clipfrac`` (with ``rollout_log_prob``).
+        ``rollout_is_weight_mean``, ``rollout_is_clipfrac``, ``rollout_is_ess`` and with
+        rejection ``rollout_rs_reject_frac`` (with ``rollout_log_prob``).
     """
     kwargs = dict(policy_loss_kwargs or {})
     clash = sorted(_POLICY_LOSS_INPUTS & kwargs.keys())
@@ -109,12 +117,19 @@ def actor_loss(
     metrics: dict[str, torch.Tensor] = {}
     is_weights = None
     if rollout_log_prob is not None:
-        if rollout_is_threshold is None:
-            raise ValueError("rollout_log_prob was given without rollout_is_threshold")
-        # Truncated IS: the rollout sampled with slightly different numerics than the old
-        # policy the ratio is taken against.
+        if rollout_is_threshold is None and rollout_rs_threshold is None:
+            raise ValueError(
+                "rollout_log_prob was given without rollout_is_threshold or rollout_rs_threshold"
+            )
+        # The rollout sampled with slightly different numerics than the old policy the
+        # ratio is taken against: reweight (truncated IS) and/or reject drifted sequences.
         is_weights, is_metrics = compute_rollout_is_weights(
-            old_log_prob, rollout_log_prob, response_mask, rollout_is_threshold
+            old_log_prob,
+            rollout_log_prob,
+            response_mask,
+            rollout_is_threshold,
+            level=rollout_is_level,
+            rs_threshold=rollout_rs_threshold,
         )
         metrics.update(is_metrics)
     pg_loss, pg_metrics = policy_loss_fn(

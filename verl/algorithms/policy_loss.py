@@ -34,7 +34,11 @@ from verl.registry import POLICY_LOSSES
 __all__ = [
     "POLICY_LOSSES",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_gmpo",
+    "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "get_policy_loss",
     "register_policy_loss",
@@ -213,5 +217,156 @@ def compute_policy_loss_cispo(
         "clipfrac": _fraction(ratio > 1.0 + clip_ratio_high, response_mask),
         "clipfrac_lower": 0.0,
         "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
+    }
+    return loss, metrics
+
+
+def compute_policy_loss_reinforce(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Plain REINFORCE (Williams 1992): ``L = -A * log_prob`` per token, no ratio, no clip.
+
+    The gradient is ``-A * grad log_prob``, the vanilla policy gradient; it equals PPO's on
+    the first update of a batch (ratio 1, nothing clipped) and keeps following
+    ``-A * grad log_prob`` on later updates, where PPO would reweight by the ratio and clip.
+    ``old_log_prob`` only feeds the ``approx_kl`` metric; the clip settings are unused
+    (``clipfrac`` and ``clipfrac_lower`` are 0).
+    """
+    per_token = -advantages * log_prob
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
+    metrics = {
+        "clipfrac": 0.0,
+        "clipfrac_lower": 0.0,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
+    }
+    return loss, metrics
+
+
+def compute_policy_loss_gpg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GPG's loss (Chu et al. 2025): ``-(1 / sum_i |o_i|) sum_{i,t} A_{i,t} log pi(o_{i,t})``.
+
+    The policy-gradient objective itself, no surrogate: :func:`compute_policy_loss_reinforce`
+    with the paper's normalisation by the batch's total number of valid tokens
+    (``token-mean``, this entry's ``default_loss_agg_mode``). GPG's advantage correction
+    lives in the ``gpg`` estimator.
+    """
+    return compute_policy_loss_reinforce(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode=loss_agg_mode,
+        rollout_is_weights=rollout_is_weights,
+        **kwargs,
+    )
+
+
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """SAPO (Gao et al. 2025, Soft Adaptive Policy Optimization): a smooth gate instead of a
+    hard clip.
+
+    Per token, with ``r = exp(log_prob - old_log_prob)`` and ``tau = tau_pos`` where
+    ``A > 0``, else ``tau_neg``::
+
+        f(r) = (4 / tau) * sigmoid(tau * (r - 1))          L = -A * f(r)
+
+    The gradient is ``-A * w * grad log_prob`` with ``w = 4 sigmoid(x) (1 - sigmoid(x)) r``,
+    ``x = tau (r - 1)``: ``w = 1`` on-policy (PPO's gradient) and it decays smoothly as the
+    ratio leaves 1, faster for larger ``tau`` (the paper takes ``tau_neg > tau_pos``: updates
+    that push a token down are damped sooner). The paper aggregates per sequence
+    (``seq-mean-token-mean``, this entry's ``default_loss_agg_mode``). The clip settings are
+    unused; ``soft_gate_weight`` is the mean ``w`` over valid tokens.
+    """
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(
+            f"sapo needs tau_pos > 0 and tau_neg > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}"
+        )
+    ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob))
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    per_token = -advantages * (4.0 / tau) * gate
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
+    weight = (4.0 * gate * (1.0 - gate) * ratio).detach()
+    metrics = {
+        "clipfrac": 0.0,
+        "clipfrac_lower": 0.0,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
+        "soft_gate_weight": masked_mean(weight, response_mask),
+    }
+    return loss, metrics
+
+
+def compute_policy_loss_gmpo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization): one ratio per sequence,
+    the geometric mean of its token ratios, each clipped in log space.
+
+    With ``l_t = log_prob_t - old_log_prob_t`` and ``A_i`` the mean advantage over the
+    sequence's valid tokens, each token's log-ratio is clipped pessimistically for the sign
+    of ``A_i`` (PPO's ``min`` taken in log space)::
+
+        l'_t = sgn(A_i) * min(sgn(A_i) * l_t, sgn(A_i) * clip(l_t, -clip_ratio_low, clip_ratio_high))
+        L_i  = -A_i * exp(mean over valid t of l'_t)
+
+    A clipped token gets no gradient; the others get ``-A_i exp(mean l') / |y_i|`` each, so
+    one outlier token can move the sequence's ratio by at most its ``1/|y_i|`` share. ``L_i``
+    is placed on every valid token of its sequence and aggregated; with
+    ``seq-mean-token-mean`` (the paper's ``1/G sum_i``, this entry's
+    ``default_loss_agg_mode``) the loss is the mean of ``L_i`` over non-empty sequences. The
+    paper's clip range is ``(e^-0.4, e^0.4)``, i.e. ``clip_ratio_low = clip_ratio_high = 0.4``
+    here. ``rollout_is_weights`` enter as their geometric mean per sequence. ``clipfrac`` is
+    the fraction of valid tokens whose clipped log-ratio was taken.
+    """
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
+    seq_adv = masked_mean(advantages, mask, dim=-1)
+    sign = torch.where(seq_adv < 0, -1.0, 1.0).to(log_ratio.dtype).unsqueeze(-1)
+    clipped_log_ratio = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
+    seq_ratio = torch.exp(masked_mean(pessimistic, mask, dim=-1))
+    seq_loss = -seq_adv * seq_ratio
+    if rollout_is_weights is not None:
+        log_w = torch.log(rollout_is_weights.detach().clamp(min=1e-30))
+        seq_loss = seq_loss * torch.exp(masked_mean(log_w, mask, dim=-1))
+    per_token = seq_loss.unsqueeze(-1).expand_as(log_ratio)
+    loss = _aggregate(per_token, mask, loss_agg_mode, None, kwargs)
+    took_clip = (pessimistic != log_ratio) & (mask > 0)
+    metrics = {
+        "clipfrac": _fraction(took_clip, mask),
+        "clipfrac_lower": 0.0,
+        "approx_kl": _approx_kl(log_prob, old_log_prob, mask),
     }
     return loss, metrics

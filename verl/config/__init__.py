@@ -13,6 +13,7 @@ See ``docs/config.md``.
 
 from verl.config._fields import EMBEDDED_MODEL
 from verl.config.derived import (
+    actor_loss_agg_mode,
     checkpoint_dir,
     clip_ratio_bounds,
     critic_enabled,
@@ -115,6 +116,7 @@ __all__ = [
     "SFTDataConfig",
     "TrainerConfig",
     "ValKwargsConfig",
+    "actor_loss_agg_mode",
     "apply_override",
     "checkpoint_dir",
     "clip_ratio_bounds",

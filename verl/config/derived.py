@@ -12,7 +12,7 @@ import string
 from typing import TYPE_CHECKING
 
 from verl.config.device_map import DeviceMap, resolve_device_map
-from verl.registry import ADVANTAGE_ESTIMATORS
+from verl.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
 if TYPE_CHECKING:  # schema imports the modules that import this one
     from verl.config.schema import ActorConfig, TrainerConfig
@@ -95,6 +95,15 @@ def clip_ratio_bounds(actor: ActorConfig) -> tuple[float, float]:
     low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
     return low, high
+
+
+def actor_loss_agg_mode(actor: ActorConfig) -> str:
+    """``actor.loss_agg_mode``, or when null the mode the policy loss's registry entry
+    prefers (``default_loss_agg_mode``: GSPO's is ``seq-mean-token-mean``), else
+    ``token-mean``."""
+    if actor.loss_agg_mode is not None:
+        return actor.loss_agg_mode
+    return POLICY_LOSSES.needs(actor.policy_loss, "default_loss_agg_mode", None) or "token-mean"
 
 
 def critic_model_path(cfg: TrainerConfig) -> str:

@@ -26,7 +26,7 @@ from verl.registry import (
     did_you_mean,
 )
 
-__all__ = ["KWARGS_KEYS", "REGISTRY_KEYS", "registry_problems"]
+__all__ = ["KWARGS_KEYS", "NULLABLE_KEYS", "REGISTRY_KEYS", "registry_problems"]
 
 REGISTRY_KEYS: dict[str, Registry] = {
     "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS,
@@ -39,6 +39,8 @@ REGISTRY_KEYS: dict[str, Registry] = {
     "critic.loss_agg_mode": LOSS_AGG_MODES,
     "reward_model.reward_manager": REWARD_MANAGERS,
 }
+# name keys where null is allowed (it means a default that is resolved elsewhere)
+NULLABLE_KEYS = frozenset({"actor_rollout_ref.actor.loss_agg_mode"})
 # open hyperparameter mapping -> the name key whose entry it configures
 KWARGS_KEYS: dict[str, str] = {
     "algorithm.adv_estimator_kwargs": "algorithm.adv_estimator",
@@ -57,7 +59,7 @@ def registry_problems(cfg: Any, skip: Collection[str] = ()) -> list[tuple[tuple[
         value = get_path(cfg, path)
         if registry is KL_ESTIMATORS and isinstance(value, str):
             value = value.removesuffix("+")  # the straight-through variant of an estimator
-        if value in registry:
+        if value in registry or (value is None and path in NULLABLE_KEYS):
             continue
         names = registry.names(include_aliases=True)
         close = did_you_mean(value, names)

@@ -12,7 +12,7 @@ Key names follow upstream verl where the same setting exists (``ppo_mini_batch_s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from verl.config._fields import (
     EMBEDDED_MODEL,
@@ -112,10 +112,11 @@ class ActorConfig:
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
     clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio")
     clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)")
-    loss_agg_mode: str = entry(
-        "token-mean",
+    loss_agg_mode: str | None = entry(
+        None,
         "how token losses become one scalar: token-mean, seq-mean-token-sum, "
-        "seq-mean-token-mean, seq-mean-token-sum-norm",
+        "seq-mean-token-mean, seq-mean-token-sum-norm; null = the policy loss's own "
+        "(gspo: seq-mean-token-mean), else token-mean",
     )
     loss_scale_factor: float | None = entry(
         None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"
@@ -130,6 +131,17 @@ class ActorConfig:
         None,
         "truncated importance sampling: weight each token's policy loss by "
         "min(exp(old_log_prob - rollout_log_prob), threshold); null = off",
+    )
+    rollout_is_level: Literal["token", "sequence"] = entry(
+        "token",
+        "ratio that rollout_is_threshold truncates: token (per token) or sequence (the "
+        "product over the response, one weight per sequence)",
+    )
+    rollout_rs_threshold: float | None = entry(
+        None,
+        "masked importance sampling: drop (weight 0) sequences whose geometric-mean "
+        "ratio exp(mean(old_log_prob - rollout_log_prob)) leaves [1/threshold, threshold]; "
+        "> 1; null = off",
     )
     entropy_coeff: float = entry(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = entry(False, "add KL(actor || ref) to the loss (GRPO style)")

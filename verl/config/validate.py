@@ -379,6 +379,7 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     c.at_least(f"{p}.logprob_chunk_size", a.logprob_chunk_size, 1)
     c.nonempty(f"{p}.policy_loss", a.policy_loss)
     c.above(f"{p}.rollout_is_threshold", a.rollout_is_threshold, 0)
+    c.above(f"{p}.rollout_rs_threshold", a.rollout_rs_threshold, 1)
 
     r, p = arr.rollout, "actor_rollout_ref.rollout"
     _check_sampling(c, p, r)

@@ -35,6 +35,8 @@ ADVANTAGE_ESTIMATORS: Registry = Registry(
         "needs_index": False,  # the prompt uid groups responses: rollout.n >= 2
         "needs_baseline": False,  # reward_baselines: a greedy rollout per prompt is scored
         "needs_reference": False,  # ref_log_probs: the reference policy is placed
+        # sum_pi_squared: the actor's log-prob pass also returns sum_v pi(v)^2 per token
+        "needs_sum_pi_squared": False,
     },
     inputs={
         "token_level_rewards": "the scored batch",
@@ -44,6 +46,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry(
         "reward_baselines": "the greedy baseline pass (needs_baseline)",
         "old_log_probs": "the actor's log-prob pass",
         "ref_log_probs": "the reference (needs_reference)",
+        "sum_pi_squared": "the actor's log-prob pass (needs_sum_pi_squared)",
         "gamma": "algorithm.gamma",
         "lam": "algorithm.lam",
         "norm_adv_by_std": "algorithm.norm_adv_by_std_in_grpo",
@@ -58,14 +61,24 @@ for _name, _needs in (
     ("remax", {"needs_baseline": True}),
     ("opo", {"needs_index": True}),
     ("gpg", {"needs_index": True}),
+    ("grpo_passk", {"needs_index": True}),
 ):
     ADVANTAGE_ESTIMATORS.add(_name, f"{_ALG}.advantages:compute_{_name}_advantages", **_needs)
+ADVANTAGE_ESTIMATORS.add(
+    "optimal_token_baseline",
+    f"{_ALG}.token_baseline:compute_optimal_token_baseline_advantages",
+    needs_index=True,
+    needs_sum_pi_squared=True,
+)
 
 # ---------------------------------------------------------------- policy losses
 _ACTOR = "actor_rollout_ref.actor"
 POLICY_LOSSES: Registry = Registry(
     "policy loss",
-    needs={},
+    needs={
+        # the aggregation used when actor.loss_agg_mode is null (None: token-mean)
+        "default_loss_agg_mode": None,
+    },
     inputs={
         "old_log_prob": "the actor's micro-batch",
         "log_prob": "the actor's micro-batch",
@@ -73,7 +86,7 @@ POLICY_LOSSES: Registry = Registry(
         "response_mask": "the actor's micro-batch",
         "loss_agg_mode": f"{_ACTOR}.loss_agg_mode",
         "loss_scale_factor": f"{_ACTOR}.loss_scale_factor",
-        "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold",
+        "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold / rollout_rs_threshold",
         "clip_ratio_low": f"{_ACTOR}.clip_ratio_low (or clip_ratio)",
         "clip_ratio_high": f"{_ACTOR}.clip_ratio_high (or clip_ratio)",
         "clip_ratio_c": f"{_ACTOR}.clip_ratio_c",
@@ -81,8 +94,27 @@ POLICY_LOSSES: Registry = Registry(
     },
 )
 POLICY_LOSSES.add("vanilla", f"{_ALG}.policy_loss:compute_policy_loss_vanilla", "ppo")
-POLICY_LOSSES.add("gspo", f"{_ALG}.policy_loss:compute_policy_loss_gspo")
+POLICY_LOSSES.add(
+    "gspo",
+    f"{_ALG}.policy_loss:compute_policy_loss_gspo",
+    default_loss_agg_mode="seq-mean-token-mean",  # the paper's objective
+)
 POLICY_LOSSES.add("cispo", f"{_ALG}.policy_loss:compute_policy_loss_cispo")
+POLICY_LOSSES.add("reinforce", f"{_ALG}.policy_loss:compute_policy_loss_reinforce")
+POLICY_LOSSES.add(
+    "gpg", f"{_ALG}.policy_loss:compute_policy_loss_gpg", default_loss_agg_mode="token-mean"
+)
+POLICY_LOSSES.add(
+    "sapo",
+    f"{_ALG}.policy_loss:compute_policy_loss_sapo",
+    default_loss_agg_mode="seq-mean-token-mean",
+)
+POLICY_LOSSES.add(
+    "gmpo",
+    f"{_ALG}.policy_loss:compute_policy_loss_gmpo",
+    "geo_mean",  # upstream verl's name
+    default_loss_agg_mode="seq-mean-token-mean",
+)
 POLICY_LOSSES.add("clip_cov", f"{_ALG}.cov_losses:compute_policy_loss_clip_cov")
 POLICY_LOSSES.add("kl_cov", f"{_ALG}.cov_losses:compute_policy_loss_kl_cov")
 

@@ -59,19 +59,28 @@ def compute_rollout_mismatch_metrics(batch: DataProto) -> dict[str, float]:
 
     Both are log-probs of the same sampled tokens under the same weights, so any gap is
     numerical (kernels, precision, batching). Reported over valid response tokens: mean and
-    max absolute difference, and the k3 KL estimate of KL(rollout || trainer).
+    max absolute difference, the k1 and k3 estimates of KL(rollout || trainer); over
+    non-empty responses: the smallest and largest geometric-mean ratio
+    ``exp(mean_t (old - rollout))``, the quantity ``actor.rollout_rs_threshold`` bands.
     """
     b = batch.batch
     mask = b["response_mask"].bool()
     if not mask.any():
         return {}
-    diff = (b["old_log_probs"] - b["rollout_log_probs"])[mask].float()
-    # k3 estimator with log-ratio r = log p_train - log p_rollout, samples from the rollout.
+    full_diff = torch.where(mask, b["old_log_probs"].float() - b["rollout_log_probs"].float(), 0.0)
+    diff = full_diff[mask]
+    # k1 and k3 estimators with log-ratio r = log p_train - log p_rollout, samples from the
+    # rollout: KL(rollout || train) = E[-r] = E[exp(r) - 1 - r].
     kl = torch.expm1(diff) - diff
+    nonempty = mask.any(-1)
+    geo = torch.exp(full_diff.sum(-1)[nonempty] / mask.sum(-1)[nonempty])
     return {
         "rollout/logprob_abs_diff_mean": diff.abs().mean().item(),
         "rollout/logprob_abs_diff_max": diff.abs().max().item(),
+        "rollout/kl_k1": (-diff).mean().item(),
         "rollout/kl_k3": kl.mean().item(),
+        "rollout/geo_ratio_min": geo.min().item(),
+        "rollout/geo_ratio_max": geo.max().item(),
     }
 
 

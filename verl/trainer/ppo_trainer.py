@@ -321,6 +321,7 @@ class RLTrainer:
             reward_baselines=b.get("reward_baselines"),
             old_log_probs=b.get("old_log_probs"),
             ref_log_probs=b.get("ref_log_probs"),
+            sum_pi_squared=b.get("sum_pi_squared"),
             gamma=acfg.gamma,
             lam=acfg.lam,
             norm_adv_by_std=acfg.norm_adv_by_std_in_grpo,

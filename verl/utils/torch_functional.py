@@ -156,7 +156,8 @@ def _head_logprobs(
     labels: torch.Tensor,
     temperature: float,
     calculate_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    calculate_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Apply the LM head to ``hidden (rows, H)`` and score ``labels (rows,)``."""
     # The head's output may be bf16 under autocast; the chunk is small, so upcast it whole
     # before dividing by the temperature to keep the division in float32.
@@ -166,7 +167,10 @@ def _head_logprobs(
     n_rows = logits.shape[0]
     log_probs = _ChunkedLogProb.apply(logits, labels, n_rows)
     entropy = _ChunkedEntropy.apply(logits, n_rows) if calculate_entropy else None
-    return log_probs, entropy
+    sum_pi_squared = None
+    if calculate_sum_pi_squared:
+        sum_pi_squared = torch.softmax(logits, dim=-1).square().sum(dim=-1).detach()
+    return log_probs, entropy, sum_pi_squared
 
 
 def _has_plain_head(model: nn.Module) -> bool:
@@ -187,7 +191,8 @@ def compute_response_log_probs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     calculate_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    calculate_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the response tokens under a causal LM.
 
     The sequence is ``cat(prompt, response)`` with the response in the last
@@ -210,11 +215,15 @@ def compute_response_log_probs(
         temperature: the rollout sampling temperature; log-probs are of ``softmax(logits/T)``.
         chunk_size: tokens per LM-head chunk.
         calculate_entropy: also return per-token entropies of ``softmax(logits/T)``.
+        calculate_sum_pi_squared: also return, as a third element, ``sum_v pi(v)^2`` of
+            ``softmax(logits/T)`` per token (detached; the optimal token baseline's
+            ``||grad_logits log pi(y_t)||^2 = 1 - 2 pi(y_t) + sum_v pi(v)^2`` needs it).
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
-        ``None`` unless ``calculate_entropy``. Padded response positions get finite values
-        that the caller masks with ``response_mask``.
+        ``None`` unless ``calculate_entropy``. With ``calculate_sum_pi_squared``,
+        ``(log_probs, entropy, sum_pi_squared)``. Padded response positions get finite
+        values that the caller masks with ``response_mask``.
     """
     _check_chunk_size(chunk_size)
     batch, seq_len = input_ids.shape
@@ -256,16 +265,26 @@ def compute_response_log_probs(
         head = nn.Identity()
 
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
-    log_prob_chunks, entropy_chunks = [], []
+    log_prob_chunks, entropy_chunks, sps_chunks = [], [], []
     for s, e in _row_chunks(hidden.shape[0], chunk_size):
-        args = (head, hidden[s:e], labels[s:e], temperature, calculate_entropy)
+        args = (
+            head,
+            hidden[s:e],
+            labels[s:e],
+            temperature,
+            calculate_entropy,
+            calculate_sum_pi_squared,
+        )
         if use_checkpoint:
-            lp, ent = checkpoint(_head_logprobs, *args, use_reentrant=False)
+            lp, ent, sps = checkpoint(_head_logprobs, *args, use_reentrant=False)
         else:
-            lp, ent = _head_logprobs(*args)
+            lp, ent, sps = _head_logprobs(*args)
         log_prob_chunks.append(lp)
         entropy_chunks.append(ent)
+        sps_chunks.append(sps)
 
     log_probs = torch.cat(log_prob_chunks).view(batch, response_len)
     entropy = torch.cat(entropy_chunks).view(batch, response_len) if calculate_entropy else None
+    if calculate_sum_pi_squared:
+        return log_probs, entropy, torch.cat(sps_chunks).view(batch, response_len)
     return log_probs, entropy

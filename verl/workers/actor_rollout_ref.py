@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import POLICY_LOSSES
+from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
-from verl.config import TrainerConfig, clip_ratio_bounds, engine_strategy
+from verl.config import TrainerConfig, actor_loss_agg_mode, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -221,18 +221,19 @@ class ActorRolloutRefWorker(Worker):
         data: DataProto,
         micro_batch_size: int,
         with_entropy: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         temperature = data.meta_info.get("temperature", 1.0)
         response_len = data.batch["response_mask"].shape[1]
         acfg = self.config.actor_rollout_ref.actor
-        log_probs, entropies = [], []
+        log_probs, entropies, sum_pi_squared = [], [], []
         inputs = to_device(
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
         )
         with torch.no_grad(), self.engine.autocast():
             for mb in micro_batches(inputs, response_len, micro_batch_size, acfg):
                 x = mb.data.batch
-                lp, ent = compute_response_log_probs(
+                lp, ent, *sps = compute_response_log_probs(
                     module,
                     x["input_ids"],
                     x["attention_mask"],
@@ -241,28 +242,42 @@ class ActorRolloutRefWorker(Worker):
                     temperature=temperature,
                     chunk_size=acfg.logprob_chunk_size,
                     calculate_entropy=with_entropy,
+                    calculate_sum_pi_squared=with_sum_pi_squared,
                 )
                 log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
                     entropies.append((mb, ent.float().cpu()))
+                if sps:
+                    sum_pi_squared.append((mb, sps[0].float().cpu()))
         rows = len(data)
         return (
             gather_response_outputs(log_probs, rows, response_len),
             gather_response_outputs(entropies, rows, response_len) if entropies else None,
+            gather_response_outputs(sum_pi_squared, rows, response_len) if sum_pi_squared else None,
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the current (old) policy, and entropy.
 
-        Returns ``old_log_probs`` and ``entropys``, both ``(batch, response_len)``.
+        Returns ``old_log_probs`` and ``entropys``, both ``(batch, response_len)``, and
+        ``sum_pi_squared`` (``sum_v pi(v)^2`` per token) when the advantage estimator's
+        registry entry declares ``needs_sum_pi_squared``.
         """
         rcfg = self.config.actor_rollout_ref.rollout
         mbs = rcfg.log_prob_micro_batch_size_per_device or len(data)
+        with_sps = bool(
+            ADVANTAGE_ESTIMATORS.needs(self.config.algorithm.adv_estimator, "needs_sum_pi_squared")
+        )
         with self.engine.eval_mode():
-            log_probs, entropy = self._log_probs(self.engine.module, data, mbs, True)
+            log_probs, entropy, sps = self._log_probs(
+                self.engine.module, data, mbs, True, with_sum_pi_squared=with_sps
+            )
+        tensors = {"old_log_probs": log_probs, "entropys": entropy}
+        if sps is not None:
+            tensors["sum_pi_squared"] = sps
         return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropy},
+            tensors=tensors,
             meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
         )
 
@@ -278,7 +293,7 @@ class ActorRolloutRefWorker(Worker):
         if self.ref_dynamic is not None:
             self.ref_dynamic.before_phase()
         with self.ref_engine.eval_mode():
-            log_probs, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
+            log_probs, _, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
 
     # ------------------------------------------------------------------ update
@@ -301,14 +316,16 @@ class ActorRolloutRefWorker(Worker):
         keys = [*_SEQUENCE_KEYS, "old_log_probs", "advantages"]
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")  # select() names it if the batch lacks it
-        if acfg.rollout_is_threshold is not None:
+        if acfg.rollout_is_threshold is not None or acfg.rollout_rs_threshold is not None:
             if "rollout_log_probs" in data.batch:
                 keys.append("rollout_log_probs")
             elif self._update_calls == 0:
                 logger.warning(
-                    "actor.rollout_is_threshold=%s but the batch has no rollout_log_probs "
-                    "(the rollout backend did not return them): no importance correction",
+                    "actor.rollout_is_threshold=%s, rollout_rs_threshold=%s but the batch has "
+                    "no rollout_log_probs (the rollout backend did not return them): no "
+                    "rollout correction",
                     acfg.rollout_is_threshold,
+                    acfg.rollout_rs_threshold,
                 )
         self._update_calls += 1
         acc = run_ppo_update(
@@ -316,6 +333,7 @@ class ActorRolloutRefWorker(Worker):
             data.select(batch_keys=keys),
             self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
             role_cfg=acfg,
+            loss_agg_mode=actor_loss_agg_mode(acfg),
             # ppo_mini_batch_size counts prompts over all data-parallel ranks
             mini_batch_size=acfg.ppo_mini_batch_size
             * self.config.actor_rollout_ref.rollout.n
@@ -333,6 +351,7 @@ class ActorRolloutRefWorker(Worker):
         is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
         acfg = self.config.actor_rollout_ref.actor
         clip_low, clip_high = clip_ratio_bounds(acfg)
+        loss_agg_mode = actor_loss_agg_mode(acfg)
         loss_entry = POLICY_LOSSES.entry(acfg.policy_loss)
         policy_loss_fn = loss_entry.target
         # the clip settings the loss takes, plus its hyperparameters from policy_loss_kwargs
@@ -373,7 +392,7 @@ class ActorRolloutRefWorker(Worker):
                 b["response_mask"],
                 policy_loss_fn=policy_loss_fn,
                 policy_loss_kwargs=policy_loss_kwargs,
-                loss_agg_mode=acfg.loss_agg_mode,
+                loss_agg_mode=loss_agg_mode,
                 loss_scale_factor=scale_factor,
                 entropy=entropy,
                 entropy_coeff=acfg.entropy_coeff,
@@ -382,6 +401,8 @@ class ActorRolloutRefWorker(Worker):
                 kl_loss_type=acfg.kl_loss_type,
                 rollout_log_prob=b.get("rollout_log_probs"),
                 rollout_is_threshold=acfg.rollout_is_threshold,
+                rollout_is_level=acfg.rollout_is_level,
+                rollout_rs_threshold=acfg.rollout_rs_threshold,
             )
 
         return loss_fn

@@ -81,6 +81,7 @@ def run_ppo_update(
     loss_fn: Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, Any]]],
     *,
     role_cfg: Any,
+    loss_agg_mode: str | None = None,
     mini_batch_size: int,
     seed: int,
     device: torch.device,
@@ -104,6 +105,8 @@ def run_ppo_update(
         role_cfg: the role's config section (``ppo_epochs``, ``shuffle``,
             ``ppo_micro_batch_size_per_device``, ``use_dynamic_bsz``,
             ``ppo_max_token_len_per_device``, ``loss_agg_mode``).
+        loss_agg_mode: the aggregation the loss uses, when not ``role_cfg.loss_agg_mode``
+            (the actor's null resolves to its policy loss's preference).
         mini_batch_size: samples per mini-batch on this rank.
         seed: seeds the per-epoch shuffle.
         prefix: metric name prefix (``"actor"``, ``"critic"``).
@@ -114,6 +117,8 @@ def run_ppo_update(
         (``loss_scale`` with fp16) per optimizer step. Call ``result()`` on every rank.
     """
     response_len = data.batch["response_mask"].shape[1]
+    if loss_agg_mode is None:
+        loss_agg_mode = role_cfg.loss_agg_mode
     acc = MetricsAccumulator()
     with engine.train_mode():
         for mini in iter_ppo_mini_batches(
@@ -127,7 +132,7 @@ def run_ppo_update(
             micro = micro_batches(
                 mini, response_len, role_cfg.ppo_micro_batch_size_per_device, role_cfg
             )
-            weights = micro_batch_weights([mb.data for mb in micro], role_cfg.loss_agg_mode)
+            weights = micro_batch_weights([mb.data for mb in micro], loss_agg_mode)
             on_device = [dataclasses.replace(mb, data=to_device(mb.data, device)) for mb in micro]
             for metrics in engine.forward_backward(on_device, loss_fn, weights):
                 for key, value in metrics.items():
