@@ -79,6 +79,7 @@ def wait(self, timeout=None):
         calls += 1
         # the call is submitted: the ranks are starting or running it
         if calls == nth and victim == "driver":
+            print(f"KILLED {time.time()!r}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if calls == nth and victim == "worker":
             os.kill(self._actors.pids[1], signal.SIGKILL)
@@ -210,6 +211,10 @@ def test_driver_killed_three_times_on_two_ranks_resumes_bit_identical(
             assert child.returncode == -signal.SIGKILL, f"{point}: {child.stderr[-3000:]}"
             alive = chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
             assert not alive, f"{point}: left alive {alive}"
+            # the run ends when the last process holding its stderr is gone
+            gone = time.time() - float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
+            assert gone < GONE_AFTER_DRIVER_KILL_S, f"{point}: {gone:.1f}s"
+            print(f"{point}: everything gone {gone:.2f}s after the kill")
             chaos.check_checkpoints()
         child, _ = chaos.run("none", 0, "none")
         assert child.returncode == 0, child.stderr[-3000:]
