@@ -43,16 +43,50 @@ def assert_same_metrics(
 
 
 def checkpoint_tensors(step_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a single-engine checkpoint: weights and optimizer state, all roles."""
+    """Every tensor of a checkpoint: weights and optimizer state, all roles.
+
+    A single-engine role has ``model.safetensors`` and ``optim_tensors.pt``; an FSDP2 role
+    (several ranks) has a ``torch.distributed.checkpoint`` directory ``model_optim/``, read
+    here as full (unsharded) tensors, names as the checkpoint keeps them.
+    """
     step_dir = Path(step_dir)
     out = {}
     for role in ("actor", "critic"):
-        if not (step_dir / role).is_dir():
+        role_dir = step_dir / role
+        if not role_dir.is_dir():
             continue
-        for name, t in load_file(step_dir / role / "model.safetensors").items():
+        if (role_dir / "model_optim").is_dir():
+            out |= {f"{role}/{k}": t for k, t in _dcp_tensors(role_dir / "model_optim").items()}
+            continue
+        for name, t in load_file(role_dir / "model.safetensors").items():
             out[f"{role}/model/{name}"] = t
-        optim = torch.load(step_dir / role / "optim_tensors.pt", weights_only=True)
+        optim = torch.load(role_dir / "optim_tensors.pt", weights_only=True)
         out |= {f"{role}/optim/{name}": t for name, t in optim.items()}
+    return out
+
+
+def _dcp_tensors(dcp_dir: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a distributed checkpoint, flattened to ``a/b/c`` names."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(dcp_dir, Path(tmp) / "full.pt")
+        tree = torch.load(Path(tmp) / "full.pt", weights_only=False)
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            out[prefix] = node
+        elif isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(f"{prefix}/{key}" if prefix else str(key), value)
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                walk(f"{prefix}/{i}", value)
+
+    walk("", tree)
     return out
 
 

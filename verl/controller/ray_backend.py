@@ -53,6 +53,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCras
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.controller.ray_cluster import LOOPBACK, ensure_ray
+from verl.controller.ray_failures import death_cause, node_death
 from verl.controller.ray_heartbeat import HEARTBEAT_GROUP, Heartbeat
 from verl.controller.ray_placement import PoolPlacement, acquire_placement, release_placement
 from verl.controller.resource_pool import ResourcePool
@@ -208,7 +209,9 @@ class _WorkerHost:
                 listen_fd=self._store_socket.fileno() if self._store_socket else None,
             )
         self._worker = instantiate_worker(worker_cls, info, args, kwargs)
-        return os.getpid(), ray.util.get_node_ip_address()
+        # the IP alone does not tell apart nodes sharing a machine (or an address)
+        node_id = ray.get_runtime_context().get_node_id()
+        return os.getpid(), f"{ray.util.get_node_ip_address()} id {node_id[:12]}"
 
     @ray.method(concurrency_group=HEARTBEAT_GROUP)
     def heartbeat(self) -> int:
@@ -237,7 +240,7 @@ class _Actors:
     placement: PoolPlacement | None
     handles: list[Any] = field(default_factory=list)
     pids: list[int | None] = field(default_factory=list)
-    nodes: list[str | None] = field(default_factory=list)
+    nodes: list[str | None] = field(default_factory=list)  # "<ip> id <node id>" per rank
     dead: WorkerDiedError | None = None
     closed: bool = False
     heartbeat: Heartbeat | None = None
@@ -269,15 +272,6 @@ class _Actors:
             release_placement(self.pool, self.placement)
             self.placement = None
         logger.debug("shut down %d %s actor(s)", len(self.handles), self.label)
-
-
-def _death_cause(error: RayError) -> str:
-    """Ray's explanation of why a worker process died, without its id/namespace lines."""
-    text = getattr(error, "error_msg", None) or str(error)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("\t")]
-    base = getattr(error, "BASE_ERROR_MSG", None)
-    lines = [ln for ln in lines if ln != base] or lines
-    return " ".join(lines) or type(error).__name__
 
 
 class _RayPending(PendingOutputs):
@@ -390,7 +384,8 @@ class _RayPending(PendingOutputs):
         pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
         node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
         where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
-        cause = f"({where}) {_death_cause(error)}" if where else _death_cause(error)
+        cause = f"({where}) {death_cause(error)}" if where else death_cause(error)
+        cause += node_death(node)
         died = WorkerDiedError(self._role, rank, cause, method=self._method)
         if self._actors.dead is None:
             self._actors.dead = died
@@ -516,7 +511,7 @@ class RayWorkerGroup(WorkerGroup):
             )
         started = _RayPending(actors, worker_cls.__name__, "__init__", refs).wait()
         actors.pids = [pid for pid, _ in started]
-        actors.nodes = [node_ip for _, node_ip in started]
+        actors.nodes = [node for _, node in started]
 
     # ------------------------------------------------------------------ WorkerGroup API
 
@@ -533,6 +528,11 @@ class RayWorkerGroup(WorkerGroup):
     def pids(self) -> list[int | None]:
         """The process id of each rank's actor."""
         return list(self._actors.pids)
+
+    @property
+    def nodes(self) -> list[str | None]:
+        """Each rank's node: ``"<ip> id <first 12 hex digits of the Ray node id>"``."""
+        return list(self._actors.nodes)
 
     @property
     def _label(self) -> str:
