@@ -111,28 +111,19 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, tiny_model_dir, ray_session):
-    """The uninterrupted two-rank run (on the session's cluster): its history and dir."""
-    from tests.trainer.conftest import BASE_OVERRIDES
-    from verl.config import load_config
+_STRAIGHT: dict[str, tuple[list[dict], Path]] = {}
 
-    tmp = tmp_path_factory.mktemp("straight")
-    (tmp / "reward.py").write_text(REWARD)
-    cfg = load_config(
-        overrides=[
-            f"actor_rollout_ref.model.path={tiny_model_dir}",
-            *BASE_OVERRIDES,
-            *RUN,
-            f"custom_reward_function.path={tmp / 'reward.py'}",
-            "custom_reward_function.name=varied",
-            f"trainer.default_local_dir={tmp / 'run'}",
-            f"trainer.log_dir={tmp / 'run'}",
-        ]
-    )
-    trainer = RLTrainer(cfg)
-    trainer.fit()
-    return trainer.history, tmp / "run"
+
+@pytest.fixture
+def straight_run(rl_config, tmp_path_factory, ray_session) -> tuple[list[dict], Path]:
+    """The uninterrupted two-rank run (on the session's cluster, once per module): its
+    history and directory."""
+    if "run" not in _STRAIGHT:
+        tmp = tmp_path_factory.mktemp("straight")
+        trainer = RLTrainer(_config(rl_config, tmp, tmp / "run"))
+        trainer.fit()
+        _STRAIGHT["run"] = (trainer.history, tmp / "run")
+    return _STRAIGHT["run"]
 
 
 class _Chaos:
