@@ -42,6 +42,7 @@ from verl.config.validate import (
     check_optim,
     check_registries,
     check_run_identity,
+    check_run_length_and_resume,
     report,
 )
 from verl.config.yaml_io import show
@@ -376,24 +377,7 @@ def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
 def _check_run(c: Checks, t: OfflineRunConfig) -> None:
     p = "trainer"
     check_run_identity(c, t, p)
-    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
-    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
-    c.off_or_positive(f"{p}.test_freq", t.test_freq)
-    c.off_or_positive(f"{p}.save_freq", t.save_freq)
-    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
-    c.at_least(f"{p}.num_threads", t.num_threads, 1)
-    if t.resume_mode == "resume_path":
-        if t.resume_from_path is None:
-            c.error(
-                (f"{p}.resume_mode", f"{p}.resume_from_path"),
-                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
-            )
-        else:
-            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
-    elif t.resume_from_path is not None:
-        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
-    if t.resume_force and t.resume_mode == "disable":
-        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
+    check_run_length_and_resume(c, t, p)
 
 
 # --------------------------------------------------------------------------- loading

@@ -523,6 +523,29 @@ def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
         )
 
 
+def check_run_length_and_resume(c: Checks, t: Any, p: str = "trainer") -> None:
+    """The length, frequency, retention and resume keys every trainer's ``trainer`` section
+    shares (RL and SFT/DPO alike)."""
+    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
+    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
+    c.off_or_positive(f"{p}.test_freq", t.test_freq)
+    c.off_or_positive(f"{p}.save_freq", t.save_freq)
+    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
+    c.at_least(f"{p}.num_threads", t.num_threads, 1)
+    if t.resume_mode == "resume_path":
+        if t.resume_from_path is None:
+            c.error(
+                (f"{p}.resume_mode", f"{p}.resume_from_path"),
+                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
+            )
+        else:
+            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
+    elif t.resume_from_path is not None:
+        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
+    if t.resume_force and t.resume_mode == "disable":
+        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
+
+
 def check_run_identity(c: Checks, t: Any, p: str = "trainer") -> None:
     """The keys every trainer's ``trainer`` section shares: names, directories, loggers."""
     c.nonempty(f"{p}.project_name", t.project_name)
@@ -566,21 +589,4 @@ def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
         )
     if t.backend == "ray" or (_dp_sizes(cfg) is not None and worker_backend(cfg) == "ray"):
         c.package(f"{p}.backend", "ray", "ray", "pip install 'verl[ray]' or use backend=local")
-    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
-    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
-    c.off_or_positive(f"{p}.save_freq", t.save_freq)
-    c.off_or_positive(f"{p}.test_freq", t.test_freq)
-    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
-    c.at_least(f"{p}.num_threads", t.num_threads, 1)
-    if t.resume_mode == "resume_path":
-        if t.resume_from_path is None:
-            c.error(
-                (f"{p}.resume_mode", f"{p}.resume_from_path"),
-                f"{p}.resume_mode=resume_path: {p}.resume_from_path is null; give a checkpoint",
-            )
-        else:
-            c.file(f"{p}.resume_from_path", t.resume_from_path, "checkpoint")
-    elif t.resume_from_path is not None:
-        c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
-    if t.resume_force and t.resume_mode == "disable":
-        c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
+    check_run_length_and_resume(c, t, p)
