@@ -18,7 +18,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.ppo_trainer import RLTrainer
-from verl.utils.lifetime import processes_with_env
+from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -143,15 +142,11 @@ def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
                 killed.append(point)
             else:
                 assert child.returncode == 0, f"{point}: {child.stderr.decode()[-3000:]}"
-            deadline = time.monotonic() + 10
-            while processes_with_env(MARK, mark) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert not processes_with_env(MARK, mark), f"{point}: processes left behind"
+            assert not wait_until_gone(MARK, mark, 10), f"{point}: processes left behind"
             for _, step_dir in complete_checkpoints(run_dir):
                 read_manifest(step_dir, verify=True)  # raises on a damaged file
     finally:
-        for pid in processes_with_env(MARK, mark):
-            os.kill(pid, signal.SIGKILL)
+        kill_processes_with_env(MARK, mark)
 
     assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
     final = f"global_step_{STEPS}"

@@ -9,7 +9,6 @@ re-parented.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from verl.config import to_yaml
-from verl.utils.lifetime import processes_with_env
+from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -72,19 +71,6 @@ def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, st
     return child, mark, calls
 
 
-def _wait_all_gone(mark: str, seconds: float) -> dict[int, str]:
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_env(MARK, mark)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return alive
-
-
-def _kill_marked(mark: str) -> None:
-    for pid in processes_with_env(MARK, mark):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_path):
     child, mark, _ = _start(rl_config, tmp_path)
     try:
@@ -93,12 +79,12 @@ def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_pat
         assert workers, f"expected reward worker processes beside the driver: {started}"
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
-        left = _wait_all_gone(mark, 10.0)
+        left = wait_until_gone(MARK, mark, 10.0)
         assert not left, f"still alive 10 s after the driver's SIGKILL: {left}"
     finally:
         child.kill()
         child.wait()
-        _kill_marked(mark)
+        kill_processes_with_env(MARK, mark)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -113,9 +99,9 @@ def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp
         # save_freq=100 would not have saved at step 2: this is the stop's own checkpoint.
         assert (tmp_path / "global_step_2" / "checkpoint.json").is_file()
         assert not (tmp_path / "huggingface").exists()  # no export of a stopped run
-        left = _wait_all_gone(mark, 10.0)
+        left = wait_until_gone(MARK, mark, 10.0)
         assert not left, f"still alive 10 s after the run stopped: {left}"
     finally:
         child.kill()
         child.wait()
-        _kill_marked(mark)
+        kill_processes_with_env(MARK, mark)

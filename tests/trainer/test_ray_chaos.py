@@ -16,7 +16,6 @@ step with the uninterrupted run's values.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.ppo_trainer import RLTrainer
-from verl.utils.lifetime import processes_with_env
+from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -155,19 +154,14 @@ class _Chaos:
         return child, time.monotonic() - start
 
     def left_alive_after(self, seconds: float) -> dict[int, str]:
-        deadline = time.monotonic() + seconds
-        while (alive := processes_with_env(MARK, self.mark)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return alive
+        return wait_until_gone(MARK, self.mark, seconds)
 
     def check_checkpoints(self) -> None:
         for _, step_dir in complete_checkpoints(self.run_dir):
             read_manifest(step_dir, verify=True)  # raises on a damaged file
 
     def kill_all(self) -> None:
-        for pid in processes_with_env(MARK, self.mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_processes_with_env(MARK, self.mark)
 
     def check_final(self, straight_run) -> None:
         history, straight_dir = straight_run

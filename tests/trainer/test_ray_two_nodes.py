@@ -25,7 +25,7 @@ import pytest
 from verl.config import to_yaml
 from verl.trainer.checkpoint import complete_checkpoints, read_manifest
 from verl.utils.distributed import find_free_port
-from verl.utils.lifetime import processes_with_env
+from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -220,12 +220,8 @@ def test_two_nodes_one_rank_each_and_a_killed_raylet_is_named(rl_config, tmp_pat
     finally:
         for node in reversed(nodes):
             node.stop()
-        deadline = time.monotonic() + 15
-        while processes_with_env(MARK, mark) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        for pid in processes_with_env(MARK, mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        wait_until_gone(MARK, mark, 15, poll_s=0.3)
+        kill_processes_with_env(MARK, mark)
     assert not processes_with_env(MARK, mark)
 
 

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from verl.utils.lifetime import processes_with_env
+from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wait_until_gone
 
 PARENT = """
 import multiprocessing as mp, sys, threading, time
@@ -57,12 +57,8 @@ def test_child_ends_with_its_killed_parent(how):
             assert child_pid in processes_with_env("VERL_LIFETIME_TEST", mark)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while processes_with_env("VERL_LIFETIME_TEST", mark) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not processes_with_env("VERL_LIFETIME_TEST", mark)
+        assert not wait_until_gone("VERL_LIFETIME_TEST", mark, 5, poll_s=0.05)
     finally:
         parent.kill()
         parent.wait()
-        for pid in processes_with_env("VERL_LIFETIME_TEST", mark):
-            os.kill(pid, signal.SIGKILL)
+        kill_processes_with_env("VERL_LIFETIME_TEST", mark)

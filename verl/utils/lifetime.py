@@ -15,6 +15,7 @@ never notices its closed pipe. :func:`die_with_parent`, called first thing in th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -68,4 +69,22 @@ def processes_with_env(name: str, value: str) -> dict[int, str]:
             continue
         if cmdline:  # zombies have none
             found[int(proc.name)] = cmdline.strip()
+    return found
+
+
+def wait_until_gone(name: str, value: str, seconds: float, poll_s: float = 0.2) -> dict[int, str]:
+    """Wait up to ``seconds`` for every process carrying ``name=value`` to end; returns
+    those still alive then (empty when all ended)."""
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_env(name, value)) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return alive
+
+
+def kill_processes_with_env(name: str, value: str) -> dict[int, str]:
+    """SIGKILL every process carrying ``name=value``; returns the ones it found."""
+    found = processes_with_env(name, value)
+    for pid in found:
+        with contextlib.suppress(OSError):  # already gone, or not ours
+            os.kill(pid, signal.SIGKILL)
     return found
