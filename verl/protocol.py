@@ -6,7 +6,7 @@ A ``DataProto`` holds three things:
   first dimension;
 - ``non_tensor_batch``: ``dict[str, np.ndarray]``, 1-D numpy object arrays of length
   ``batch`` holding per-sample Python values (uids, ground truths, chat messages, dicts);
-- ``meta_info``: ``dict`` of values describing the whole batch (temperature, metrics, ...).
+- ``meta_info``: ``dict`` of values describing the whole batch (temperature, do_sample, ...); metrics are return values, not meta info.
 
 Every operation keeps the rows of ``batch`` and ``non_tensor_batch`` aligned. Operations
 that return a new ``DataProto`` (``select``, slicing, ``chunk``, ``split``) share tensor

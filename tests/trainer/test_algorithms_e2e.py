@@ -141,8 +141,7 @@ def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):
         "trainer.total_training_steps=1",
     )
     trainer = RLTrainer(cfg, reward_fn=even_token_reward)
-    gen = trainer.collect_data(next(iter(trainer.train_loader)))
-    metrics = gen.meta_info["metrics"]
+    gen, metrics = trainer.collect_data(next(iter(trainer.train_loader)))
     assert gen.batch["response_mask"].sum() > 0
     assert metrics["rollout/logprob_abs_diff_max"] < 1e-5
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5

@@ -512,7 +512,7 @@ def _hf_log_probs(model_dir: Path, gen) -> torch.Tensor:
 
 def _live_outputs(trainer: RLTrainer, batch) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
     """Responses to ``batch`` and the live workers' log-probs (and critic values) of them."""
-    gen = trainer.generate_and_score(batch)
+    gen, _ = trainer.generate_and_score(batch)
     log_probs = trainer.actor_rollout_wg.compute_log_prob(gen).batch["old_log_probs"]
     values = None
     if trainer.critic_wg is not None:

@@ -57,7 +57,7 @@ class ScriptedGenerate:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, batch: DataProto) -> DataProto:
+    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         self.calls += 1
         batch.non_tensor_batch["uid"] = np.array(
             [f"call{self.calls}-{i}" for i in range(len(batch))], dtype=object
@@ -80,11 +80,11 @@ class ScriptedGenerate:
         gen.batch["token_level_scores"] = scores
         gen.non_tensor_batch["acc"] = np.array([a for a, _ in scripted], dtype=np.float64)
         gen.non_tensor_batch["score"] = np.array([s for _, s in scripted], dtype=np.float64)
-        gen.meta_info["metrics"] = {
+        metrics = {
             "timing_s/gen": 1.0,
             "reward/acc": float(np.mean([a for a, _ in scripted])),
         }
-        return gen
+        return gen, metrics
 
 
 class Loader:
@@ -103,7 +103,7 @@ def test_keeps_only_mixed_groups_and_trims_to_batch_size():
     first = prompts(["right", "wrong", "mixed", "mixed"], width=3, first_id=0)
     second = prompts(["mixed", "right", "mixed", "mixed"], width=5, first_id=4)
     loader, generate = Loader([second]), ScriptedGenerate()
-    out = collect_informative_groups(
+    out, metrics = collect_informative_groups(
         first, loader, generate, metric="acc", num_prompts=4, max_num_gen_batches=0
     )
     # 2 informative groups in batch 1, 3 in batch 2: 5 >= 4, the 5th (prompt 7) is trimmed
@@ -113,7 +113,7 @@ def test_keeps_only_mixed_groups_and_trims_to_batch_size():
     assert set(out.non_tensor_batch["kind"]) == {"mixed"}
     # every kept group has one correct and one wrong response
     assert out.non_tensor_batch["acc"].tolist() == [1.0, 0.0] * 4
-    assert out.meta_info["metrics"] == {
+    assert metrics == {
         "timing_s/gen": 2.0,  # summed over the two generation batches
         "reward/acc": (0.5 + 0.625) / 2,  # batch means: 4/8 and 5/8 correct
         "dapo/num_gen_batches": 2.0,
@@ -126,7 +126,7 @@ def test_keeps_only_mixed_groups_and_trims_to_batch_size():
 def test_prompts_of_different_widths_are_left_padded_to_the_widest():
     first = prompts(["mixed", "right"], width=2, first_id=0)
     second = prompts(["mixed", "mixed"], width=4, first_id=2)
-    out = collect_informative_groups(
+    out, _ = collect_informative_groups(
         first,
         Loader([second]),
         ScriptedGenerate(),
@@ -147,7 +147,7 @@ def test_prompts_of_different_widths_are_left_padded_to_the_widest():
 
 def test_metric_choice_decides_what_is_identical():
     batch = prompts(["penalised", "mixed"], width=2, first_id=0)
-    out = collect_informative_groups(
+    out, _ = collect_informative_groups(
         batch,
         Loader([]),
         ScriptedGenerate(),
@@ -188,7 +188,7 @@ def test_max_num_gen_batches_bounds_the_loop_with_counts():
 
 
 def test_missing_metric_is_an_error_naming_the_key():
-    gen = ScriptedGenerate()(prompts(["mixed"], width=1, first_id=0))
+    gen, _ = ScriptedGenerate()(prompts(["mixed"], width=1, first_id=0))
     gen.non_tensor_batch["acc"] = np.array([1.0, np.nan], dtype=object)
     with pytest.raises(
         ValueError, match=r"metric=acc: the reward function reported no acc for 1 of 2"

@@ -189,7 +189,7 @@ def test_reward_model_scores_replace_rules(rl_config, tmp_path):
         "trainer.val_before_train=false",
     )
     trainer = RLTrainer(cfg)
-    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
     scores = gen.batch["token_level_scores"]
     # real-valued model scores (not 0/1 rule scores), one per response on its last token
     assert (scores != 0).sum(-1).tolist() == [1] * len(gen)
@@ -212,7 +212,7 @@ def test_custom_reward_file_and_hf_rollout(rl_config, tmp_path):
         "trainer.val_before_train=false",
     )
     trainer = RLTrainer(cfg)
-    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
     texts = trainer.tokenizer.batch_decode(
         [r[m.bool()] for r, m in zip(gen.batch["responses"], gen.batch["response_mask"])],
         skip_special_tokens=True,
@@ -242,7 +242,7 @@ def test_remax_uses_a_greedy_baseline(rl_config):
         "trainer.total_training_steps=1",
     )
     trainer = RLTrainer(cfg)
-    gen = trainer.collect_data(next(iter(trainer.train_loader)))
+    gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
     baselines = gen.batch["reward_baselines"]
     assert baselines.shape == (len(gen),)
     # the n=2 responses of a prompt share their prompt's greedy baseline

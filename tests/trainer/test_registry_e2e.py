@@ -107,7 +107,7 @@ def test_remax_reward_to_go_reaches_the_estimator(rl_config):
     )
     trainer = RLTrainer(cfg, reward_fn=dense_reward)
     try:
-        gen = trainer.collect_data(next(iter(trainer.train_loader)))
+        gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
     finally:
         trainer.close()
     b = gen.batch

@@ -34,6 +34,17 @@ from verl.trainer.tracking import Tracker
 ScoreFn = Callable[..., float | dict[str, Any]]
 
 
+@dataclasses.dataclass(eq=False)
+class CollectedBatch(DataProto):
+    """What :meth:`Trainer.collect_data` returns: the batch, and its collection metrics.
+
+    ``metrics`` (rollout, reward and advantage timings and statistics) is a plain
+    attribute, never sent to a worker; slicing or joining the batch drops it.
+    """
+
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class PPOTrainer(RLTrainer):
     """:class:`RLTrainer` with TRL-style keyword arguments.
 
@@ -202,20 +213,22 @@ class Trainer(PPOTrainer):
             **kwargs,
         )
 
-    def collect_data(self, prompts: DataProto | Sequence[Any]) -> DataProto:  # type: ignore[override]
+    def collect_data(self, prompts: DataProto | Sequence[Any]) -> CollectedBatch:  # type: ignore[override]
         """Rollout + rewards + advantages for ``prompts``.
 
         ``prompts`` is a ``DataProto`` from the dataset, or a list whose items are a string,
         a list of chat messages, or a dict with ``prompt`` and optional ``ground_truth``,
-        ``data_source`` (default ``"custom"``) and ``extra_info``.
+        ``data_source`` (default ``"custom"``) and ``extra_info``. The returned batch holds
+        the collection's metrics in ``.metrics``; :meth:`update_policy` reports them.
         """
         if not isinstance(prompts, DataProto):
             prompts = self.prompts_to_batch(prompts)
-        return super().collect_data(prompts)
+        gen, metrics = super().collect_data(prompts)
+        return CollectedBatch(gen.batch, gen.non_tensor_batch, gen.meta_info, metrics=metrics)
 
     def update_policy(self, data: DataProto) -> dict[str, Any]:
         """Critic and actor updates; metrics include ``reward`` (mean sequence score)."""
-        metrics = dict(data.meta_info.get("metrics", {}))
+        metrics = dict(data.metrics) if isinstance(data, CollectedBatch) else {}
         metrics |= super().update_policy(data)
         metrics["reward"] = data.batch["token_level_scores"].sum(-1).mean().item()
         return metrics

@@ -122,21 +122,21 @@ def _first_groups(gen: DataProto, num_groups: int) -> DataProto:
 def collect_informative_groups(
     batch: DataProto,
     next_batch: Callable[[], DataProto],
-    generate_and_score: Callable[[DataProto], DataProto],
+    generate_and_score: Callable[[DataProto], tuple[DataProto, dict[str, Any]]],
     *,
     metric: str,
     num_prompts: int,
     max_num_gen_batches: int,
     pad_token_id: int = 0,
-) -> DataProto:
+) -> tuple[DataProto, dict[str, Any]]:
     """Generate from prompt batches until ``num_prompts`` informative groups are kept.
 
     Args:
         batch: the step's first prompt batch.
         next_batch: draws the next prompt batch from the data loader.
-        generate_and_score: ``prompts -> responses`` with ``token_level_scores``, the group
-            id ``non_tensor_batch["uid"]`` (and the ``acc`` / ``score`` columns for those
-            metrics) and its metrics in ``meta_info["metrics"]``.
+        generate_and_score: ``prompts -> (responses, metrics)``; the responses carry
+            ``token_level_scores``, the group id ``non_tensor_batch["uid"]`` (and the
+            ``acc`` / ``score`` columns for those metrics).
         metric: ``acc``, ``score`` or ``seq_reward`` (see :func:`filter_metric_values`).
         num_prompts: groups the step needs (``data.train_batch_size``).
         max_num_gen_batches: generation batches allowed per step; 0 = unbounded.
@@ -144,8 +144,8 @@ def collect_informative_groups(
             are concatenated.
 
     Returns:
-        The kept responses of exactly ``num_prompts`` groups, in generation order, with
-        ``meta_info["metrics"]``: the generation batches' metrics (merged with
+        ``(responses, metrics)``: the kept responses of exactly ``num_prompts`` groups, in
+        generation order, and the generation batches' metrics (merged with
         :func:`merge_step_metrics`) plus ``dapo/num_gen_batches``,
         ``dapo/prompts_generated``, ``dapo/groups_dropped`` (uninformative groups) and
         ``dapo/groups_trimmed`` (informative groups beyond ``num_prompts``).
@@ -158,8 +158,8 @@ def collect_informative_groups(
     num_kept = prompts_generated = groups_dropped = num_gen_batches = 0
     while True:
         num_gen_batches += 1
-        gen = generate_and_score(batch)
-        step_metrics.append(gen.meta_info.pop("metrics", {}))
+        gen, gen_metrics = generate_and_score(batch)
+        step_metrics.append(gen_metrics)
         uids = gen.non_tensor_batch["uid"]
         keep = informative_group_mask(filter_metric_values(gen, metric), uids).numpy()
         groups, groups_kept = len(set(uids.tolist())), len(set(uids[keep].tolist()))
@@ -188,11 +188,10 @@ def collect_informative_groups(
         "dapo/groups_dropped": float(groups_dropped),
         "dapo/groups_trimmed": float(num_kept - num_prompts),
     }
-    out.meta_info["metrics"] = metrics
     logger.debug(
         "dynamic sampling: %d generation batches, %d prompts, %d groups dropped",
         num_gen_batches,
         prompts_generated,
         groups_dropped,
     )
-    return out
+    return out, metrics

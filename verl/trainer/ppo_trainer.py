@@ -189,21 +189,23 @@ class RLTrainer:
         )
 
     # ------------------------------------------------------------------ the algorithm
-    def collect_data(self, batch: DataProto) -> DataProto:
+    def collect_data(self, batch: DataProto) -> tuple[DataProto, dict[str, Any]]:
         """Rollout, scoring and advantages for one batch of prompts.
 
-        Returns the batch of ``len(batch) * rollout.n`` responses with every tensor the
-        updates need (``old_log_probs``, ``advantages``, ``returns`` ...); the step's
-        metrics so far are in ``meta_info["metrics"]``.
+        Returns ``(responses, metrics)``: the batch of ``len(batch) * rollout.n`` responses
+        with every tensor the updates need (``old_log_probs``, ``advantages``, ``returns``
+        ...) and the metrics of these phases.
         """
-        return self.prepare_update(self.generate_and_score(batch))
+        gen, metrics = self.generate_and_score(batch)
+        gen, more = self.prepare_update(gen)
+        return gen, metrics | more
 
-    def generate_and_score(self, batch: DataProto) -> DataProto:
+    def generate_and_score(self, batch: DataProto) -> tuple[DataProto, dict[str, Any]]:
         """Sample ``rollout.n`` responses per prompt and score them.
 
-        Adds ``token_level_scores``, the group id ``uid`` (one per prompt), the scorer's
-        per-response ``score`` and ``acc`` (NaN where it reports none) and, for ReMax,
-        ``reward_baselines``; the metrics so far are in ``meta_info["metrics"]``.
+        Returns ``(responses, metrics)``. The responses gain ``token_level_scores``, the
+        group id ``uid`` (one per prompt), the scorer's per-response ``score`` and ``acc``
+        (NaN where it reports none) and, for ReMax, ``reward_baselines``.
         """
         metrics: dict[str, Any] = {}
         # One id per prompt: the n responses of a prompt share it (the GRPO group).
@@ -227,8 +229,7 @@ class RLTrainer:
                 baseline, _, _ = self._score(greedy, update_stats=False)
             n = len(gen) // len(batch)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
-        gen.meta_info["metrics"] = metrics
-        return gen
+        return gen, metrics
 
     def _generate(self, prompts: DataProto) -> DataProto:
         """The rollout of ``prompts`` with their per-sample fields joined back on.
@@ -252,14 +253,14 @@ class RLTrainer:
             gen.union(kept.repeat(n, interleave=True))
         return gen
 
-    def prepare_update(self, gen: DataProto) -> DataProto:
+    def prepare_update(self, gen: DataProto) -> tuple[DataProto, dict[str, Any]]:
         """Old and reference log-probs, values, the in-reward KL and advantages of ``gen``.
 
         ``gen`` comes from :meth:`generate_and_score` (possibly filtered by dynamic
-        sampling); its ``meta_info["metrics"]`` are extended in place.
+        sampling). Returns ``(gen with those tensors, the metrics of these phases)``.
         """
         cfg = self.config
-        metrics = gen.meta_info.setdefault("metrics", {})
+        metrics: dict[str, Any] = {}
         with timer("old_log_prob", metrics):
             gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
         if "rollout_log_probs" in gen.batch:
@@ -290,7 +291,7 @@ class RLTrainer:
         gen.batch["token_level_rewards"] = rewards
         with timer("adv", metrics):
             self._compute_advantages(gen)
-        return gen
+        return gen, metrics
 
     def _score(
         self, gen: DataProto, update_stats: bool
@@ -354,8 +355,7 @@ class RLTrainer:
         groups.
         """
         start = time.perf_counter()
-        gen = self._collect_step_data(batch, next_batch)
-        metrics = gen.meta_info.pop("metrics")
+        gen, metrics = self._collect_step_data(batch, next_batch)
         metrics |= self.update_policy(gen)
         step_seconds = time.perf_counter() - start
         metrics["timing_s/step"] = step_seconds
@@ -365,7 +365,7 @@ class RLTrainer:
 
     def _collect_step_data(
         self, batch: DataProto, next_batch: Callable[[], DataProto] | None
-    ) -> DataProto:
+    ) -> tuple[DataProto, dict[str, Any]]:
         """:meth:`collect_data`, or with dynamic sampling, only informative prompt groups."""
         fg = self.config.algorithm.filter_groups
         if not fg.enable:
@@ -375,7 +375,7 @@ class RLTrainer:
                 "algorithm.filter_groups.enable=true: train_step needs next_batch to draw "
                 "more prompt batches"
             )
-        gen = collect_informative_groups(
+        gen, metrics = collect_informative_groups(
             batch,
             next_batch,
             self.generate_and_score,
@@ -384,7 +384,8 @@ class RLTrainer:
             max_num_gen_batches=fg.max_num_gen_batches,
             pad_token_id=self.tokenizer.pad_token_id,
         )
-        return self.prepare_update(gen)
+        gen, more = self.prepare_update(gen)
+        return gen, metrics | more
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
