@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from verl.registry import PF_PPO_WEIGHTS
 from verl.rewards.placement import place_on_last_token
 from verl.trainer.ppo_trainer import RLTrainer
 
@@ -82,6 +83,10 @@ OPTION_CASES = {
         "actor_rollout_ref.actor.clip_ratio_high=0.28",
     ],
     "kl_loss": ["actor_rollout_ref.actor.use_kl_loss=true"],
+    **{
+        f"pf_ppo_{m}": ["algorithm.use_pf_ppo=true", f"algorithm.pf_ppo.reweight_method={m}"]
+        for m in ("pow", "max_min", "max_random")
+    },
     "kl_in_reward_adaptive": [
         "algorithm.use_kl_in_reward=true",
         "algorithm.kl_ctrl.type=adaptive",
@@ -96,6 +101,8 @@ def test_every_registered_estimator_and_loss_has_a_case():
     assert estimators == set(ADVANTAGE_ESTIMATORS.names())
     losses = {o.split("=")[1] for v in LOSS_CASES.values() for o in v if ".policy_loss=" in o}
     assert losses | {"vanilla"} == set(POLICY_LOSSES.names())
+    reweights = {o.split("=")[1] for v in OPTION_CASES.values() for o in v if "reweight" in o}
+    assert reweights == set(PF_PPO_WEIGHTS.names())
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -125,6 +132,8 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
             assert metrics["actor/rollout_rs_reject_frac"] == 0.0
         if case == "dapo":
             assert metrics["dapo/num_gen_batches"] >= 1
+        if case.startswith("pf_ppo"):
+            assert 0 < metrics["pf_ppo/unique_fraction"] <= 1
     before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, f"{case}: no actor weight changed"

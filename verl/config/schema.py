@@ -155,6 +155,16 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """PF-PPO: redraw the step's responses by reward (``algorithm.use_pf_ppo``)."""
+
+    reweight_method: str = entry(
+        "pow", "weights from scores: pow (|score|^weight_pow), max_min, max_random"
+    )
+    weight_pow: float = entry(2.0, "exponent of the pow method")
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation, the in-reward KL penalty and dynamic sampling."""
 
@@ -177,6 +187,10 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = entry(
         FilterGroupsConfig, "DAPO dynamic sampling of informative prompt groups"
     )
+    use_pf_ppo: bool = entry(
+        False, "PF-PPO: train on the step's responses redrawn with replacement by reward"
+    )
+    pf_ppo: PFPPOConfig = entry(PFPPOConfig, "PF-PPO reweighting")
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Registries: the one place that says which estimators, losses, KL kinds, aggregation modes,
-reward scorers, reward managers and rollout backends exist, and what each one needs.
+PF-PPO reweight methods, reward scorers, reward managers and rollout backends exist, and what each one needs.
 
 The bottom layer of the package: it imports nothing of verl (built-in entries are lazy
 ``"module:attr"`` strings), so the config layer can ask it whether ``adv_estimator=gae``
@@ -13,6 +13,7 @@ from verl.registry.builtin import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
     LOSS_AGG_MODES,
+    PF_PPO_WEIGHTS,
     POLICY_LOSSES,
     REWARD_MANAGERS,
     REWARD_SCORERS,
@@ -25,6 +26,7 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "PF_PPO_WEIGHTS",
     "POLICY_LOSSES",
     "REWARD_MANAGERS",
     "REWARD_SCORERS",

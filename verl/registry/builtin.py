@@ -19,6 +19,7 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "PF_PPO_WEIGHTS",
     "POLICY_LOSSES",
     "REWARD_MANAGERS",
     "REWARD_SCORERS",
@@ -130,6 +131,19 @@ KL_ESTIMATORS.add("k3", f"{_ALG}.kl:_k3", "low_var_kl")
 KL_CONTROLLERS: Registry = Registry("KL controller type", needs={})
 KL_CONTROLLERS.add("fixed", f"{_ALG}.kl:FixedKLController")
 KL_CONTROLLERS.add("adaptive", f"{_ALG}.kl:AdaptiveKLController")
+
+# ---------------------------------------------------------------- PF-PPO batch reweighting
+# scores -> non-negative weights; the step's responses are redrawn in proportion to them.
+PF_PPO_WEIGHTS: Registry = Registry(
+    "PF-PPO reweight method",
+    needs={},
+    inputs={
+        "scores": "the responses' summed token_level_scores",
+        "weight_pow": "algorithm.pf_ppo.weight_pow",
+    },
+)
+for _name in ("pow", "max_min", "max_random"):
+    PF_PPO_WEIGHTS.add(_name, f"{_ALG}.pf_ppo:{_name}_weights")
 
 # ---------------------------------------------------------------- loss aggregation
 # micro_batch_weight: what a micro-batch's share of the mini-batch is counted in, so that

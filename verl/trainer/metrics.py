@@ -7,10 +7,12 @@ Names follow the field's conventions (``critic/score/mean``, ``response_length/m
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
@@ -91,6 +93,21 @@ def compute_throughput_metrics(batch: DataProto, step_seconds: float) -> dict[st
         "perf/total_num_tokens": float(n_tokens),
         "perf/throughput_tokens_per_s": n_tokens / max(step_seconds, 1e-9),
     }
+
+
+def compute_validation_metrics(
+    accs: Sequence[float], scores: Sequence[float], sources: Sequence[str]
+) -> dict[str, float]:
+    """``val/acc`` and ``val/score`` over all responses, and per data source
+    (``val/acc/<data_source>``, ``val/score/<data_source>``)."""
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for i, source in enumerate(sources):
+        by_source[source].append(i)
+    out = {"val/acc": float(np.mean(accs)), "val/score": float(np.mean(scores))}
+    for source, idx in sorted(by_source.items()):
+        out[f"val/acc/{source}"] = float(np.mean([accs[i] for i in idx]))
+        out[f"val/score/{source}"] = float(np.mean([scores[i] for i in idx]))
+    return out
 
 
 @contextmanager

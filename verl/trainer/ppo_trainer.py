@@ -10,6 +10,7 @@
         gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
         gen  |= advantages(gen)                              # pure tensor functions
+        (PF-PPO: redraw the responses with replacement, weighted by score)
         critic.update_critic(gen); actor_rollout.update_actor(gen)
         log, validate, save a checkpoint every trainer.save_freq steps
 
@@ -36,7 +37,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
+from verl.algorithms.pf_ppo import pf_ppo_indices
 from verl.config import TrainerConfig, critic_enabled, ref_enabled
 from verl.config.derived import estimator_needs
 from verl.protocol import DataProto
@@ -64,6 +65,7 @@ from verl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
     compute_throughput_metrics,
+    compute_validation_metrics,
     timer,
 )
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
@@ -356,6 +358,12 @@ class RLTrainer:
         """
         start = time.perf_counter()
         gen, metrics = self._collect_step_data(batch, next_batch)
+        pf = self.config.algorithm.pf_ppo
+        if self.config.algorithm.use_pf_ppo:  # PF-PPO: redraw the responses by score
+            scores = gen.batch["token_level_scores"].sum(-1)
+            seed = self.config.trainer.seed * 1_000_003 + self.global_step
+            rows, pf_metrics = pf_ppo_indices(scores, pf.reweight_method, pf.weight_pow, seed=seed)
+            gen, metrics = gen[rows], metrics | pf_metrics
         metrics |= self.update_policy(gen)
         step_seconds = time.perf_counter() - start
         metrics["timing_s/step"] = step_seconds
@@ -422,17 +430,7 @@ class RLTrainer:
             # a scorer that reports no accuracy counts its score as the accuracy
             accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
             sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
-        by_source: dict[str, list[int]] = defaultdict(list)
-        for i, source in enumerate(sources):
-            by_source[source].append(i)
-        out: dict[str, float] = {
-            "val/acc": float(np.mean(accs)),
-            "val/score": float(np.mean(scores)),
-        }
-        for source, idx in sorted(by_source.items()):
-            out[f"val/acc/{source}"] = float(np.mean([accs[i] for i in idx]))
-            out[f"val/score/{source}"] = float(np.mean([scores[i] for i in idx]))
-        return out
+        return compute_validation_metrics(accs, scores, sources)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -591,9 +589,8 @@ class RLTrainer:
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:
     """A shallow copy of ``batch`` with extra sampling overrides in ``meta_info``."""
-    out = DataProto.from_dict(
+    return DataProto.from_dict(
         tensors=dict(batch.batch),
         non_tensors=dict(batch.non_tensor_batch),
         meta_info={**batch.meta_info, **meta},
     )
-    return out
