@@ -25,6 +25,7 @@ Trainable roles never use this: fp8 weights have no gradient path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from torch.nn import functional as F
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FP8_DTYPE", "Fp8Linear", "is_fp8_model", "quantize_model_fp8_"]
+__all__ = ["FP8_DTYPE", "Fp8Linear", "is_fp8_model", "quantize_model_fp8_", "replace_linears_"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 _FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
@@ -92,36 +93,46 @@ def _should_quantize(name: str, module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and not any(s in leaf for s in _SKIP)
 
 
-def quantize_model_fp8_(module: nn.Module) -> nn.Module:
-    """Replace the eligible ``nn.Linear`` layers of ``module`` by :class:`Fp8Linear`, in place.
+def replace_linears_(
+    module: nn.Module, make: Callable[[nn.Linear], nn.Module], label: str
+) -> nn.Module:
+    """Replace the eligible ``nn.Linear`` layers of a frozen ``module`` by ``make(linear)``.
 
-    The module must be frozen (inference only): a parameter with ``requires_grad=True`` in a
-    layer to quantize raises ``ValueError``, because its gradient would silently vanish.
-    Returns ``module``. Logs how many bytes of weights the replacement saved.
+    Eligible: every linear layer except the head, embeddings and value/score heads. A
+    parameter with ``requires_grad=True`` in a layer to replace raises ``ValueError``, because
+    its gradient would silently vanish. Logs the bytes of weights saved (``label`` names the
+    format); returns ``module``.
     """
     targets = [(n, m) for n, m in module.named_modules() if _should_quantize(n, m)]
     trainable = [n for n, m in targets if m.weight.requires_grad]
     if trainable:
         raise ValueError(
-            f"quantize_model_fp8_ is for frozen inference models, but {len(trainable)} linear "
-            f"layer(s) still require grad (e.g. {trainable[0]!r}); call "
-            "module.requires_grad_(False) first"
+            f"{label} weight-only storage is for frozen inference models, but "
+            f"{len(trainable)} linear layer(s) still require grad (e.g. {trainable[0]!r}); "
+            "call module.requires_grad_(False) first"
         )
     before = after = 0
     for name, linear in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        fp8 = Fp8Linear.from_linear(linear)
+        layer = make(linear)
         before += linear.weight.numel() * linear.weight.element_size()
-        after += fp8.qweight.numel() + fp8.scale.numel() * fp8.scale.element_size()
-        setattr(parent, leaf, fp8)
+        after += sum(b.numel() * b.element_size() for n, b in layer.named_buffers() if n != "bias")
+        setattr(parent, leaf, layer)
     logger.info(
-        "fp8 weight-only: %d linear layers, %.1f MiB -> %.1f MiB",
+        "%s weight-only: %d linear layers, %.1f MiB -> %.1f MiB",
+        label,
         len(targets),
         before / 2**20,
         after / 2**20,
     )
     return module
+
+
+def quantize_model_fp8_(module: nn.Module) -> nn.Module:
+    """Replace the eligible ``nn.Linear`` layers of ``module`` by :class:`Fp8Linear`, in place
+    (see :func:`replace_linears_`)."""
+    return replace_linears_(module, Fp8Linear.from_linear, "fp8")
 
 
 def is_fp8_model(module: nn.Module) -> bool:
