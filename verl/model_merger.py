@@ -16,7 +16,9 @@ temporary sibling directory renamed to ``--out`` when complete.
 The actor becomes an ``AutoModelForCausalLM`` directory. The critic (``--role critic``)
 becomes what ``CausalLMWithValueHead.from_pretrained`` reads: its body as an ``AutoModel``
 directory plus ``value_head.safetensors``. Weights keep the dtype they were trained in
-(fp32 master weights unless the model itself was loaded in another dtype).
+(fp32 master weights unless the model itself was loaded in another dtype). A LoRA actor
+(its checkpoint's HF directory holds ``adapter_config.json``) is exported with the adapters
+folded into the weights: a plain model, loadable without peft.
 
 Exit codes: 0 written, 2 bad input (missing / incomplete checkpoint, existing output).
 """
@@ -34,6 +36,7 @@ import torch
 
 from verl.config.roles import ROLES as ROLE_SPECS
 from verl.config.roles import TRAINABLE_ROLES
+from verl.models.lora import ADAPTER_CONFIG, adapter_scaling, merged_state_dict
 from verl.trainer.checkpoint import HF_CONFIG_DIR, CheckpointError, read_manifest
 from verl.utils.atomic_io import replace_dir_atomically
 
@@ -177,6 +180,9 @@ def merge_checkpoint(
         )
 
     state = load_role_state_dict(role_dir)
+    scaling = adapter_scaling(hf_dir)
+    if scaling is not None:  # a LoRA actor: the adapters folded into the base weights
+        state = merged_state_dict(state, scaling)
     with replace_dir_atomically(out) as tmp:
         if role == "actor":
             model = _build_actor(hf_dir, state, trust_remote_code)
@@ -184,7 +190,7 @@ def merge_checkpoint(
         else:
             _write_critic(hf_dir, state, tmp, trust_remote_code)
         for item in hf_dir.iterdir():  # tokenizer files, chat template
-            if item.is_file() and item.name not in _MODEL_FILES:
+            if item.is_file() and item.name not in _MODEL_FILES | {ADAPTER_CONFIG}:
                 shutil.copy2(item, tmp / item.name)
     logger.info(
         "exported the %s of %s (step %s, saved by %d rank(s), %s) to %s",

@@ -117,3 +117,40 @@ def test_killed_rank_fails_the_run_quickly_and_names_it(rl_config, ray_session):
     assert err.value.rank == 1
     assert "actor_rollout_ref" in str(err.value) and "rank 1" in str(err.value)
     assert elapsed < 30, f"the driver took {elapsed:.1f}s to report the dead worker"
+
+
+def _even_token_reward(batch):
+    """Fraction of even token ids in the response: nonzero advantages from the first step."""
+    from verl.rewards.placement import place_on_last_token
+
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+    score = ((responses % 2 == 0) & mask.bool()).sum(-1).float() / mask.sum(-1).clamp(min=1)
+    return place_on_last_token(score, mask), {}, {}
+
+
+def test_lora_on_two_fsdp2_ranks(rl_config, ray_session, tiny_model_dir):
+    # FSDP2 shards the base weights and the adapters together (frozen and trainable
+    # parameters in one unit); the reference is the actor with its adapters disabled.
+    cfg = rl_config(
+        *OVERRIDES,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+    )
+    trainer = RLTrainer(cfg, reward_fn=_even_token_reward)
+    assert trainer.actor_rollout_wg.world_size == 2
+    result = trainer.fit()
+    metrics = result["last_metrics"]
+    _assert_finite(metrics)
+    assert metrics["actor/grad_norm"] > 0
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    after = AutoModelForCausalLM.from_pretrained(result["hf_dir"])
+    assert not any("lora" in name for name in after.state_dict())
+    changed = [
+        name
+        for name, p in after.state_dict().items()
+        if not torch.equal(p, before.state_dict()[name])
+    ]
+    # the adapters were folded into the attention and MLP projections, nothing else moved
+    assert changed and all("proj" in name for name in changed), changed

@@ -211,3 +211,35 @@ def test_cli_subprocess_prints_config_without_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.splitlines() == ["config OK", "[]"]
+
+
+def test_sft_with_lora_trains_adapters_and_exports_merged(tmp_path: Path, tok):
+    cfg = config(
+        tmp_path,
+        "trainer.total_training_steps=6",
+        "model.lora_rank=8",
+        "model.lora_alpha=16",
+        "model.target_modules=[q_proj,v_proj,up_proj]",
+    )
+    base = build_tiny_model(tokenizer=tok)
+    base_weights = {n: p.detach().clone() for n, p in base.named_parameters()}
+    trainer = SFTTrainer(cfg, model=base, tokenizer=tok)
+    module = trainer.engine.module
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert not any("k_proj.lora" in n for n in trainable)  # only the targeted modules
+    results = trainer.train()
+    losses = [m["train/loss"] for m in results["history"]]
+    assert losses[-1] < losses[0], losses
+    # the base weights never moved; the export folds the adapters in
+    for name, p in module.get_base_model().named_parameters():
+        plain = name.replace(".base_layer.", ".")
+        if ".lora_" not in name:
+            assert torch.equal(p, base_weights[plain]), name
+    exported = load_causal_lm(results["hf_dir"])
+    ids = torch.randint(3, len(tok), (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(input_ids=ids).logits, module(input_ids=ids).logits, rtol=0, atol=1e-5
+        )
+    assert Path(results["hf_dir"], "lora_adapter", "adapter_config.json").is_file()

@@ -37,6 +37,13 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
+    lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight")
+    lora_alpha: float = entry(16.0, "LoRA scale numerator: adapters are scaled by alpha / rank")
+    lora_dropout: float = entry(0.0, "dropout on the LoRA adapters' input")
+    target_modules: list[str] = entry(
+        ["all-linear"], "LoRA: module names to adapt (all-linear = every linear but the head)"
+    )
+    exclude_modules: list[str] = entry([], "LoRA: module names never adapted")
 
 
 @dataclass

@@ -145,7 +145,8 @@ def apply_fsdp2(
     """Shard ``module`` in place with FSDP2 (see the module docstring for the unit layout).
 
     Args:
-        module: a HF causal LM / sequence classifier, or any module called through its
+        module: a HF causal LM / sequence classifier (or a peft model wrapping one: its base
+            model is sharded, adapters with their layers), or any module called through its
             forward. Parameters must already be on the mesh's device (or on ``meta``).
         mesh: 1-D data-parallel device mesh.
         reshard_after_forward: ``True`` frees gathered parameters after each unit's forward
@@ -156,6 +157,9 @@ def apply_fsdp2(
     Returns:
         The FSDP units, root last. ``module`` itself is a unit only when it is the root.
     """
+    get_base = getattr(module, "get_base_model", None)
+    if callable(get_base):  # a peft model: shard the HF model its adapters live in
+        module = get_base()
     kwargs: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy

@@ -37,6 +37,7 @@ from verl.config import DPOConfig, SFTConfig, to_dict
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
 from verl.models import enable_activation_checkpointing, load_causal_lm, load_tokenizer
+from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
 from verl.trainer.checkpoint import CheckpointError, CheckpointManager
 from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offline_checkpoint
@@ -46,7 +47,7 @@ from verl.trainer.setup import NotSupportedYet, seed_everything
 from verl.trainer.stopping import RunInterrupted, StopRequests
 from verl.trainer.tracking import Tracker
 from verl.utils.device import resolve_device
-from verl.workers.common import atomic_save_pretrained
+from verl.workers.common import save_hf_model
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,9 @@ class OfflineTrainer:
                 trust_remote_code=m.trust_remote_code,
                 override_config=m.override_config,
             )
+        lora = lora_spec_from_config(m)
+        if lora is not None:  # only the adapters train; DPO's reference is the initial model
+            model = apply_lora(model, lora)
         if m.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
         self.engine: TrainEngine = build_engine(
@@ -405,7 +409,7 @@ class OfflineTrainer:
         full = self.engine.state_dict_for_save() if self.strategy == "fsdp2" else None
         path = Path(out_dir)
         if self.rank == 0:
-            atomic_save_pretrained(self.engine.module, self.tokenizer, out_dir, state_dict=full)
+            save_hf_model(self.engine.module, self.tokenizer, out_dir, state_dict=full)
             logger.info("saved the model to %s", path)
         if self.world_size > 1:
             dist.barrier()

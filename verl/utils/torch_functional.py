@@ -235,6 +235,10 @@ def compute_response_log_probs(
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (greedy decoding uses 1.0 here)")
     labels = input_ids[:, -response_len:].reshape(-1)
+    # a peft model (LoRA) runs its adapters inside the base model's layers
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        model = get_base()
 
     if _has_plain_head(model):
         out = model.model(

@@ -13,6 +13,10 @@ the training weights in place and a second resident copy never exists. Data-para
 ranks each generate, score and update their own slice of the batch (``DP_COMPUTE``); loss
 weights are global (``verl.workers.common.micro_batch_weights``). The update's loss is the
 pure function ``verl.algorithms.actor_loss``, run by the engine's ``forward_backward``.
+
+LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftModel`` whose
+adapters alone train; the reference is that same module with its adapters disabled, so no
+reference copy is built.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from verl.models import (
     load_tokenizer,
     resolve_dtype,
 )
+from verl.models.lora import apply_lora, is_lora_model, lora_spec_from_config
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, build_rollout
 from verl.utils.device import resolve_device
@@ -49,12 +54,12 @@ from verl.workers.checkpointing import (
 )
 from verl.workers.common import (
     apply_inference_precision,
-    atomic_save_pretrained,
     dynamic_precision,
     engine_options,
     micro_batches,
     precision_options,
     run_ppo_update,
+    save_hf_model,
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
@@ -105,6 +110,7 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = None
         self.ref_engine = None
         self.ref_dynamic = None  # DynamicPrecision of the reference (dynamic_precision=true)
+        self.lora_reference = False  # LoRA: the reference is the actor, adapters disabled
         self._update_calls = 0
         self._generate_calls = 0
 
@@ -129,7 +135,11 @@ class ActorRolloutRefWorker(Worker):
             module = load_causal_lm(**load_kwargs)
         self._given_module = None
         check_vocab_covers_tokenizer(module, self.tokenizer, "actor_rollout_ref.model")
-        if self.role == "actor_rollout_ref":
+        lora = lora_spec_from_config(arr.model)
+        if lora is not None:
+            module = apply_lora(module, lora)
+        self.lora_reference = lora is not None and self.role == "actor_rollout_ref"
+        if self.role == "actor_rollout_ref" and lora is None:
             # The reference is the initial policy, frozen; copied before any update.
             ref_module = copy.deepcopy(module).eval().requires_grad_(False)
             ref_module = apply_inference_precision(self.config, "reference", ref_module)
@@ -284,12 +294,16 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the frozen reference policy."""
+        mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
+        if self.lora_reference:  # the base model: the actor with its adapters disabled
+            with self.engine.eval_mode(), self.engine.module.disable_adapter():
+                log_probs, _, _ = self._log_probs(self.engine.module, data, mbs, False)
+            return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
         if self.ref_engine is None:
             raise RuntimeError(
                 "compute_ref_log_prob called on a worker built without a reference policy "
                 "(role='actor_rollout'); enable actor.use_kl_loss or algorithm.use_kl_in_reward"
             )
-        mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
         if self.ref_dynamic is not None:
             self.ref_dynamic.before_phase()
         with self.ref_engine.eval_mode():
@@ -417,7 +431,7 @@ class ActorRolloutRefWorker(Worker):
         sharded = engine_strategy(self.config, "actor_rollout_ref") == "fsdp2"
         state = self.engine.state_dict_for_save() if sharded else None
         if self.rank == 0:
-            atomic_save_pretrained(self.engine.module, self.tokenizer, out_dir, state_dict=state)
+            save_hf_model(self.engine.module, self.tokenizer, out_dir, state_dict=state)
         return str(out_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -443,6 +457,8 @@ class ActorRolloutRefWorker(Worker):
         )
         if hf_config_dir is not None and self.rank == 0:
             save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
+            if is_lora_model(self.engine.module):  # export folds the adapters in (model_merger)
+                self.engine.module.peft_config["default"].save_pretrained(hf_config_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

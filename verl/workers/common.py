@@ -352,16 +352,50 @@ def atomic_save_pretrained(
     tokenizer: Any,
     out_dir: str | os.PathLike[str],
     state_dict: dict[str, torch.Tensor] | None = None,
+    extra: Callable[[Path], Any] | None = None,
 ) -> Path:
     """``save_pretrained`` into a temporary sibling directory, then rename into place.
 
     A crash mid-write never leaves a half-written ``out_dir``; an existing ``out_dir`` is
     replaced only after the new one is complete. ``state_dict`` (e.g. the full dict an
     FSDP2 engine gathered) replaces the module's own, whose tensors may be shards.
+    ``extra(tmp)`` writes more files into the directory before it is renamed.
     """
     out = Path(out_dir)
     with replace_dir_atomically(out) as tmp:
         module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(Path(tmp))
     return out
+
+
+def save_hf_model(
+    module: Any,
+    tokenizer: Any,
+    out_dir: str | os.PathLike[str],
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a trained model as a HF directory, atomically (:func:`atomic_save_pretrained`).
+
+    ``state_dict``: the full weights when the module holds shards (FSDP2). A LoRA module
+    (``verl.models.lora``) is written as the plain base model with its adapters folded into
+    the weights, plus the adapters alone in ``lora_adapter/`` for peft.
+    """
+    from verl.models.lora import LORA_ADAPTER_DIR, is_lora_model, merged_state_dict, write_adapter
+
+    if not is_lora_model(module):
+        return atomic_save_pretrained(module, tokenizer, out_dir, state_dict=state_dict)
+    state = state_dict if state_dict is not None else module.state_dict()
+    lora = module.peft_config["default"]
+    merged = merged_state_dict(state, lora.lora_alpha / lora.r)
+    if getattr(module.config, "tie_word_embeddings", False):
+        merged.pop("lm_head.weight", None)  # the embedding matrix, stored once
+    return atomic_save_pretrained(
+        module.get_base_model(),
+        tokenizer,
+        out_dir,
+        state_dict=merged,
+        extra=lambda tmp: write_adapter(module, state, tmp / LORA_ADAPTER_DIR),
+    )

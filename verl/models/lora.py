@@ -1,0 +1,200 @@
+"""LoRA adapters through ``peft``: wrap a causal LM, and turn its weights back into plain ones.
+
+``actor_rollout_ref.model.lora_rank > 0`` (or ``model.lora_rank`` of SFT/DPO) trains low-rank
+adapters instead of the whole model: :func:`apply_lora` wraps the loaded model in a
+``peft.PeftModel`` whose only trainable parameters are the adapters' ``lora_A`` / ``lora_B``.
+The base weights stay frozen and shared, which is what makes LoRA cheap here:
+
+- the reference policy is the same module with its adapters disabled
+  (``PeftModel.disable_adapter()``), so no second copy of the weights is loaded;
+- the optimizer holds Adam moments for the adapters only.
+
+A ``PeftModel``'s state dict names the base weights ``base_model.model.<name>.base_layer
+.weight`` and the adapters ``...<name>.lora_A.default.weight``.
+:func:`merged_state_dict` folds the adapters into the base weights
+(``W + (alpha / r) * B @ A``) under the plain HF names, for export and for engines that
+take whole weights; :func:`adapter_state_dict` keeps only the adapters, in the layout
+``PeftModel.from_pretrained`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ADAPTER_CONFIG",
+    "LORA_ADAPTER_DIR",
+    "LoraSpec",
+    "adapter_scaling",
+    "adapter_state_dict",
+    "apply_lora",
+    "is_lora_model",
+    "lora_spec_from_config",
+    "merged_state_dict",
+    "write_adapter",
+]
+
+ADAPTER_CONFIG = "adapter_config.json"
+# the subdirectory of an exported model that holds the adapters alone
+LORA_ADAPTER_DIR = "lora_adapter"
+_PREFIX = "base_model.model."
+_ADAPTER = "default"
+
+
+class LoraSpec:
+    """What :func:`apply_lora` needs: rank, alpha, dropout, target and excluded modules."""
+
+    def __init__(
+        self,
+        rank: int,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        target_modules: str | Sequence[str] = "all-linear",
+        exclude_modules: Sequence[str] | None = None,
+    ) -> None:
+        if rank < 1:
+            raise ValueError(f"lora_rank must be >= 1 to apply LoRA, got {rank}")
+        self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
+        targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        if not targets:
+            raise ValueError("LoRA target_modules is empty: name modules, or all-linear")
+        # peft spells "every linear layer but the output head" as the bare string
+        self.target_modules: str | list[str] = (
+            "all-linear" if targets == ["all-linear"] else targets
+        )
+        self.exclude_modules = list(exclude_modules) if exclude_modules else None
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def lora_spec_from_config(model_cfg: Any) -> LoraSpec | None:
+    """The :class:`LoraSpec` of a ``model`` config section, or None when ``lora_rank`` is 0."""
+    if not getattr(model_cfg, "lora_rank", 0):
+        return None
+    return LoraSpec(
+        model_cfg.lora_rank,
+        model_cfg.lora_alpha,
+        model_cfg.lora_dropout,
+        model_cfg.target_modules,
+        model_cfg.exclude_modules,
+    )
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - peft is a dependency
+        raise ImportError("LoRA (model.lora_rank > 0) needs peft: pip install peft") from exc
+    return peft
+
+
+def apply_lora(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """Wrap ``module`` in a ``PeftModel`` with fresh adapters; only the adapters train.
+
+    ``lora_B`` starts at zero (peft's default), so the wrapped model computes exactly what
+    ``module`` did until the first update.
+    """
+    peft = _peft()
+    config = peft.LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=spec.target_modules,
+        exclude_modules=spec.exclude_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        wrapped = peft.get_peft_model(module, config)
+    except ValueError as exc:
+        raise ValueError(
+            f"LoRA: target_modules={spec.target_modules!r} "
+            f"(exclude_modules={spec.exclude_modules!r}) matched no layer of "
+            f"{type(module).__name__}: {exc}"
+        ) from exc
+    return wrapped
+
+
+def is_lora_model(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (possibly wrapped by FSDP2) is a ``PeftModel`` with adapters."""
+    return any(".lora_A." in name for name, _ in module.named_parameters())
+
+
+_LORA_KEY = re.compile(r"^(?P<layer>.+)\.lora_(?P<ab>[AB])\.(?P<adapter>[^.]+)\.weight$")
+
+
+def merged_state_dict(state: Mapping[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A ``PeftModel`` state dict as the base model's, adapters folded into the weights.
+
+    ``W = W_base + scaling * (B @ A)`` for every adapted layer (computed in fp32, stored in
+    the base weight's dtype); names lose the ``base_model.model.`` prefix and the
+    ``.base_layer`` step. A state dict without adapters comes back with its names only
+    unprefixed.
+    """
+    adapters: dict[str, dict[str, torch.Tensor]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        match = _LORA_KEY.match(key)
+        if match is not None:
+            adapters.setdefault(match["layer"], {})[match["ab"]] = value
+            continue
+        out[key.removeprefix(_PREFIX).replace(".base_layer.", ".")] = value
+    for layer, ab in adapters.items():
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"LoRA layer {layer}: has lora_{''.join(ab)} without its pair")
+        name = layer.removeprefix(_PREFIX) + ".weight"
+        if name not in out:
+            raise ValueError(f"LoRA layer {layer}: no base weight {name} in the state dict")
+        base = out[name]
+        delta = ab["B"].float() @ ab["A"].float()
+        out[name] = (base.float() + scaling * delta).to(base.dtype)
+    return out
+
+
+def adapter_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of a ``PeftModel`` state dict, named as ``adapter_model.safetensors``
+    stores them (``...lora_A.weight``, without the adapter name)."""
+    out = {}
+    for key, value in state.items():
+        match = _LORA_KEY.match(key)
+        if match is not None:
+            out[f"{match['layer']}.lora_{match['ab']}.weight"] = value.contiguous()
+    if not out:
+        raise ValueError("the state dict holds no LoRA adapter weights")
+    return out
+
+
+def write_adapter(
+    module: torch.nn.Module, state: Mapping[str, torch.Tensor], out_dir: str | os.PathLike[str]
+) -> Path:
+    """Write the adapters of ``state`` and ``module``'s LoRA config to ``out_dir`` as
+    ``adapter_model.safetensors`` + ``adapter_config.json`` (what
+    ``PeftModel.from_pretrained(base, out_dir)`` loads)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(adapter_state_dict(state), out / "adapter_model.safetensors", {"format": "pt"})
+    peft_config = getattr(module, "peft_config", None)
+    if not peft_config:
+        raise ValueError(f"{type(module).__name__} is not a PeftModel: no LoRA config to write")
+    peft_config[_ADAPTER].save_pretrained(str(out))
+    return out
+
+
+def adapter_scaling(config_dir: str | os.PathLike[str]) -> float | None:
+    """``lora_alpha / r`` from an ``adapter_config.json`` in ``config_dir``, if there is one."""
+    path = Path(config_dir) / ADAPTER_CONFIG
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    return float(cfg["lora_alpha"]) / float(cfg["r"])
