@@ -31,6 +31,7 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig
+from verl.compat.aliases import translate_flat_kwargs
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.schema_roles import (
     ActorConfig,
@@ -303,6 +304,7 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
     those keys; a flat key contradicting its twin raises ``ConfigError``.
     """
+    kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
     if flat:
