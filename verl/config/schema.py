@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl.compat.aliases import translate_flat_kwargs
 from verl.config._fields import (
     ArithmeticOp,
     Backend,
@@ -31,7 +32,6 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig
-from verl.compat.aliases import translate_flat_kwargs
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.schema_roles import (
     ActorConfig,
