@@ -58,9 +58,9 @@ __all__ = [
     "load_reward_function",
     "place_on_last_token",
     "register_reward_manager",
-    "shape_model_scores",
     "register_scorer",
     "rm_scores_to_token_level",
     "safe_call",
     "sequence_scores_from_values",
+    "shape_model_scores",
 ]
