@@ -130,10 +130,16 @@ class CustomRewardFunctionConfig:
 class KLControlConfig:
     """Controller of the in-reward KL coefficient."""
 
-    type: str = entry("fixed", "fixed, or adaptive (moves the coefficient toward target_kl)")
+    type: str = entry(
+        "fixed",
+        "fixed, adaptive (moves the coefficient toward target_kl), or linear / cosine "
+        "(ramps kl_coef to final_kl_coef over schedule_steps)",
+    )
     kl_coef: float = entry(0.001, "(initial) KL coefficient")
     horizon: int = entry(10000, "adaptive controller horizon in samples")
     target_kl: float = entry(0.1, "adaptive controller target KL")
+    final_kl_coef: float | None = entry(None, "linear/cosine: the coefficient ramped to")
+    schedule_steps: int = entry(1, "linear/cosine: trainer steps of the ramp, then held")
 
 
 @dataclass
