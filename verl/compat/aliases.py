@@ -51,7 +51,7 @@ DTYPE_NAMES = {
 }
 
 _SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
-_PARALLEL_KEYS = ("type", "sharding_strategy", "cpu_offload", "mixed_precision")
+_PARALLEL_KEYS = ("type", "sharding_strategy", "cpu_offload", "offload_params", "mixed_precision")
 _TRAINABLE = {  # parallel_config location -> (section path, model path)
     ("actor_rollout_ref", "actor"): ("actor_rollout_ref.actor", "actor_rollout_ref.model"),
     ("critic",): ("critic", "critic.model"),
@@ -212,6 +212,8 @@ def _parallel_assignments(
     if key == "cpu_offload":
         on = _bool(value, alias)
         return [(f"{fsdp}.param_offload", on), (f"{fsdp}.optimizer_offload", on)]
+    if key == "offload_params":
+        return [(f"{fsdp}.param_offload", _bool(value, alias))]
     if key == "mixed_precision":
         return [(f"{fsdp}.mixed_precision", _mixed_precision(value, alias))]
     # activation_checkpointing
@@ -225,8 +227,17 @@ def _mixed_precision(value: Any, alias: str) -> Any:
         return None
     if isinstance(value, Mapping):
         return dict(value)
+    if value in ("bf16", "fp16"):
+        return {"param_dtype": value, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    if value == "fp8":
+        raise AliasError(
+            f"{alias}=fp8: fp8 training compute needs an H100-class GPU (capability 8.9+) "
+            "with transformer-engine, which this build does not use; fp8 here is weight-only "
+            "for the inference roles: trainer.model_precision_map={reference: fp8, reward: "
+            "fp8}, with bf16 for the trained roles (trainer.mixed_precision=bf16)"
+        )
     raise AliasError(
-        f"{alias}={value!r}: use true (bf16 compute), false, or a mapping "
+        f"{alias}={value!r}: use true (bf16 compute), false, bf16, fp16, or a mapping "
         "{param_dtype, reduce_dtype, buffer_dtype}"
     )
 
