@@ -207,6 +207,22 @@ def test_001_section_5_run_script_trains_with_fsdp_over_two_ranks(tiny_model, tm
     assert (tmp_path / "logs" / "metrics.jsonl").is_file()
 
 
+def test_001_section_6_1_reward_tensors_and_devices(tiny_model):
+    # "use model.device for tensors a reward function creates": here a reward function
+    # returns one number per response (a 0-d tensor on any device is read as its value), so
+    # its tensors never meet the model's; a per-batch tensor is refused with the reason
+    from transformers import AutoModelForCausalLM
+
+    from verl.rewards.isolation import coerce_result
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    reward = torch.tensor(0.5, device=model.device)
+    assert coerce_result(reward).score == 0.5
+    bad = coerce_result(torch.tensor([1.0, 0.5], device=model.device))
+    assert not bad.ok
+    assert "reward must be a number or a dict with a numeric 'score'" in bad.message
+
+
 def test_001_section_7_1_cpu_offload(tmp_path, small):
     block = ACTOR_BLOCK.replace(
         "cpu_offload: false", "cpu_offload: true\n      offload_params: true"
