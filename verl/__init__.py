@@ -22,6 +22,8 @@ _LAZY = {
     "PPOTrainer": "verl.trainer.api",
     "Trainer": "verl.trainer.api",
     "make_trainer_config": "verl.trainer.api",
+    "DataCollector": "verl.compat.collector",
+    "set_device_map": "verl.compat.device_map",
     "SFTConfig": "verl.config",
     "DPOConfig": "verl.config",
     "SFTTrainer": "verl.trainer.sft_trainer",

@@ -90,6 +90,31 @@ def test_precision_map_reaches_actor_reference_and_critic(model_dir):
     assert ceng.autocast_dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("precision, want", [("bf16", torch.bfloat16), ("none", torch.float32)])
+def test_generation_computes_in_the_training_precision(model_dir, precision, want):
+    """mixed_precision=bf16 reaches the rollout (it used to sample in fp32 silently)."""
+    from verl.protocol import DataProto
+
+    cfg = _config(model_dir, f"trainer.mixed_precision={precision}", "data.max_response_length=3")
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    actor.init_model(total_steps=2)
+    ids = _ids()
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(5).expand(2, 5).clone(),
+        }
+    )
+    out = {}
+
+    def generate():
+        out["gen"] = actor.generate_sequences(prompts)
+
+    assert _compute_dtypes(actor.engine.module, generate) == {want}
+    assert out["gen"].batch["responses"].shape[0] == 2 * cfg.actor_rollout_ref.rollout.n
+
+
 def test_fp16_training_gets_loss_scaling(model_dir):
     cfg = _config(model_dir, "trainer.mixed_precision=fp16")
     actor = ActorRolloutRefWorker(cfg, role="actor_rollout")

@@ -15,12 +15,15 @@ Appending ``+`` to a name (``k3+``) keeps that estimator's value but takes the g
 ``k2``, whose gradient is the unbiased KL gradient (a straight-through estimator).
 
 KL is used two ways: as a per-token reward penalty (:func:`apply_kl_penalty`, PPO with a
-coefficient from a :class:`FixedKLController` or :class:`AdaptiveKLController`), or as an
+coefficient from a :class:`FixedKLController`, an :class:`AdaptiveKLController` or a
+:class:`ScheduledKLController` ramping it from one value to another over steps), or as an
 actor loss term (:func:`compute_kl_loss`, GRPO).
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any
 
 import torch
@@ -33,7 +36,10 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
+    "CosineKLController",
     "FixedKLController",
+    "LinearKLController",
+    "ScheduledKLController",
     "apply_kl_penalty",
     "compute_kl_loss",
     "get_kl_controller",
@@ -152,7 +158,72 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-KLController = FixedKLController | AdaptiveKLController
+class ScheduledKLController:
+    """A coefficient ramped from ``kl_coef`` to ``final_kl_coef`` over ``schedule_steps``
+    trainer steps, then held (``kl_coef=0.01`` at first, raised to ``0.1``).
+
+    After ``t`` calls of ``update`` (one per trainer step), with ``x = min(t / T, 1)``:
+    ``value = kl_coef + (final_kl_coef - kl_coef) * shape(x)``, where ``shape(x) = x``
+    (:class:`LinearKLController`) or ``(1 - cos(pi x)) / 2`` (:class:`CosineKLController`,
+    flat at both ends). Step 0 uses ``kl_coef``; a decreasing ramp works the same way. The
+    observed KL does not move it.
+    """
+
+    shape_name = "linear"
+
+    def __init__(self, kl_coef: float, final_kl_coef: float | None, schedule_steps: int) -> None:
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef={kl_coef} must be >= 0")
+        if final_kl_coef is None or final_kl_coef < 0:
+            raise ValueError(
+                f"final_kl_coef={final_kl_coef} must be >= 0 for the {self.shape_name} KL "
+                "schedule (algorithm.kl_ctrl.final_kl_coef: the coefficient it ramps to)"
+            )
+        if schedule_steps is None or schedule_steps < 1:
+            raise ValueError(
+                f"schedule_steps={schedule_steps} must be >= 1 for the {self.shape_name} KL "
+                "schedule (algorithm.kl_ctrl.schedule_steps: trainer steps of the ramp)"
+            )
+        self.start = float(kl_coef)
+        self.end = float(final_kl_coef)
+        self.steps = int(schedule_steps)
+        self.step = 0
+        self.value = self.start
+
+    @staticmethod
+    def shape(x: float) -> float:
+        return x
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        """Advance one trainer step along the ramp (``current_kl``/``n_steps`` unused)."""
+        self.step += 1
+        x = min(self.step / self.steps, 1.0)
+        self.value = self.start + (self.end - self.start) * self.shape(x)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the position on the ramp; its ends and length stay as configured."""
+        self.step = int(state.get("step", 0))
+        self.value = float(state["value"])
+
+
+class LinearKLController(ScheduledKLController):
+    """:class:`ScheduledKLController` with a straight ramp."""
+
+
+class CosineKLController(ScheduledKLController):
+    """:class:`ScheduledKLController` with a half-cosine ramp (slow start and end)."""
+
+    shape_name = "cosine"
+
+    @staticmethod
+    def shape(x: float) -> float:
+        return (1.0 - math.cos(math.pi * x)) / 2.0
+
+
+KLController = FixedKLController | AdaptiveKLController | ScheduledKLController
 
 
 def get_kl_controller(
@@ -160,15 +231,21 @@ def get_kl_controller(
     kl_coef: float,
     target_kl: float | None = None,
     horizon: float | None = None,
+    final_kl_coef: float | None = None,
+    schedule_steps: int | None = None,
 ) -> KLController:
-    """Build the controller named ``type`` (``"fixed"`` or ``"adaptive"``).
+    """Build the controller named ``type``: ``"fixed"``, ``"adaptive"``, ``"linear"`` or
+    ``"cosine"`` (or a registered one, built from ``kl_coef`` alone).
 
-    ``target_kl`` and ``horizon`` are required (and > 0) for ``"adaptive"``, ignored for
-    ``"fixed"``.
+    ``target_kl`` and ``horizon`` are required (and > 0) for ``"adaptive"``;
+    ``final_kl_coef`` (>= 0) and ``schedule_steps`` (>= 1) for the schedules; each is
+    ignored by the others.
     """
     cls = KL_CONTROLLERS.get(type)
     if cls is AdaptiveKLController:
         return AdaptiveKLController(kl_coef, target_kl, horizon)
+    if inspect.isclass(cls) and issubclass(cls, ScheduledKLController):
+        return cls(kl_coef, final_kl_coef, schedule_steps)
     return cls(kl_coef)
 
 

@@ -7,7 +7,8 @@
 The dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is generated
 from them. The offline trainers' configs (``SFTConfig``, ``DPOConfig``, loaded with
 ``load_sft_config`` / ``load_dpo_config``) live in ``schema_offline.py``. This package
-imports nothing from the rest of verl (and never torch).
+imports nothing from the rest of verl (and never torch) but the alias tables of
+``verl.compat.aliases`` (which import nothing of verl).
 See ``docs/config.md``.
 """
 

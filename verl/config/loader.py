@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from verl.compat.aliases import AliasError, translate_tree
 from verl.config.convert import build, field_types, section_class, suggest, unwrap_optional
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema import TrainerConfig
@@ -102,7 +103,10 @@ def load_validated(
     if path is not None:
         user = read_user_yaml(Path(path), problems)
         if user is not None:
-            tree = merge(tree, user)
+            try:  # verl.compat: the tutorials' keys and torch dtypes, mapped onto the schema
+                tree = merge(tree, translate_tree(user, root.__name__))
+            except AliasError as exc:
+                problems.append(ConfigProblem("", str(exc)))
     for text in overrides:
         apply_override(tree, text, problems, root=root)
     cfg, build_problems, bad_paths = build(root, tree)

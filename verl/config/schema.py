@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl.compat.aliases import translate_flat_kwargs
 from verl.config._fields import (
     ArithmeticOp,
     Backend,
@@ -129,10 +130,16 @@ class CustomRewardFunctionConfig:
 class KLControlConfig:
     """Controller of the in-reward KL coefficient."""
 
-    type: str = entry("fixed", "fixed, or adaptive (moves the coefficient toward target_kl)")
+    type: str = entry(
+        "fixed",
+        "fixed, adaptive (moves the coefficient toward target_kl), or linear / cosine "
+        "(ramps kl_coef to final_kl_coef over schedule_steps)",
+    )
     kl_coef: float = entry(0.001, "(initial) KL coefficient")
     horizon: int = entry(10000, "adaptive controller horizon in samples")
     target_kl: float = entry(0.1, "adaptive controller target KL")
+    final_kl_coef: float | None = entry(None, "linear/cosine: the coefficient ramped to")
+    schedule_steps: int = entry(1, "linear/cosine: trainer steps of the ramp, then held")
 
 
 @dataclass
@@ -317,6 +324,7 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
     those keys; a flat key contradicting its twin raises ``ConfigError``.
     """
+    kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
     if flat:

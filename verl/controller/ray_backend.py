@@ -179,7 +179,7 @@ class _WorkerHost:
         # Ray forwards the actor's stderr to the driver, prefixed with this actor's label;
         # without a handler the workers' log records would be dropped.
         logging.basicConfig(
-            level=os.environ.get("VERL_WORKER_LOG_LEVEL", "WARNING").upper(),
+            level=os.environ.get("VERL_WORKER_LOG_LEVEL", "INFO").upper(),
             format="%(levelname)s %(name)s: %(message)s",
         )
         os.environ.update(info.to_env())

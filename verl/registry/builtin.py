@@ -131,6 +131,8 @@ KL_ESTIMATORS.add("k3", f"{_ALG}.kl:_k3", "low_var_kl")
 KL_CONTROLLERS: Registry = Registry("KL controller type", needs={})
 KL_CONTROLLERS.add("fixed", f"{_ALG}.kl:FixedKLController")
 KL_CONTROLLERS.add("adaptive", f"{_ALG}.kl:AdaptiveKLController")
+KL_CONTROLLERS.add("linear", f"{_ALG}.kl:LinearKLController")
+KL_CONTROLLERS.add("cosine", f"{_ALG}.kl:CosineKLController")
 
 # ---------------------------------------------------------------- PF-PPO batch reweighting
 # scores -> non-negative weights; the step's responses are redrawn in proportion to them.

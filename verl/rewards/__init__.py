@@ -27,6 +27,7 @@ from verl.rewards.manager import (
     RewardManager,
     get_reward_manager,
     register_reward_manager,
+    shape_model_scores,
 )
 from verl.rewards.model_reward import rm_scores_to_token_level, sequence_scores_from_values
 from verl.rewards.normalization import RunningMeanStd
@@ -61,4 +62,5 @@ __all__ = [
     "rm_scores_to_token_level",
     "safe_call",
     "sequence_scores_from_values",
+    "shape_model_scores",
 ]

@@ -528,6 +528,34 @@ class RewardManager:
 
 
 # ---------------------------------------------------------------------- registry
+def shape_model_scores(
+    manager: Any, token_scores: torch.Tensor, response_mask: torch.Tensor, update_stats: bool
+) -> tuple[torch.Tensor, dict[str, float], dict[str, Any]]:
+    """Reward-model scores shaped by ``manager`` exactly like rule-based scores: overlong
+    penalty, running normalisation, clip (``reward_model.overlong_buffer / normalize /
+    clip_range``), in that order.
+
+    Args:
+        manager: the trainer's scorer; anything but a :class:`RewardManager` (a user
+            callable) leaves the scores as they are.
+        token_scores: ``(batch, response_len)``, each sequence's model score on one token.
+        response_mask: ``(batch, response_len)``, 1 on valid response tokens.
+        update_stats: move the running mean/std (training batches only).
+
+    Returns ``(token_level_scores, metrics, extras)``: the shaped sequence score on each
+    response's last valid token, the shaping metrics, and ``{"score": raw model score}``.
+    """
+    if not isinstance(manager, RewardManager):
+        return token_scores, {}, {}
+    mask = response_mask.cpu()
+    raw = token_scores.detach().cpu().double().sum(-1).numpy()
+    lengths = (mask != 0).sum(dim=-1).numpy()
+    shaped, metrics = manager._shape(raw, lengths, mask.shape[-1], update_stats)
+    metrics |= _stats("reward/model_score", raw)
+    shaped_tokens = place_on_last_token(torch.from_numpy(shaped).float(), mask)
+    return shaped_tokens, (metrics if update_stats else {}), {"score": raw}
+
+
 def register_reward_manager(name: str, *, override: bool = False) -> Callable[[type], type]:
     """Class decorator registering a reward manager under `name` (config `reward_manager`).
 

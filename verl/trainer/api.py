@@ -17,6 +17,7 @@ once per response. It runs isolated (timeout, failures score 0 and are counted).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.config import TrainerConfig
+from verl.compat.device_map import apply_pending_device_map
+from verl.config import TrainerConfig, dp_size
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.tracking import Tracker
+
+logger = logging.getLogger(__name__)
 
 ScoreFn = Callable[..., float | dict[str, Any]]
 
@@ -68,6 +72,7 @@ class PPOTrainer(RLTrainer):
         **kwargs: Any,
     ) -> None:
         config = dataclasses.replace(config)  # never mutate the caller's object
+        config = apply_pending_device_map(config)  # set_device_map(dp_config) called alone
         config.reward_model = dataclasses.replace(config.reward_model)
         config.trainer = dataclasses.replace(config.trainer)
         if reward_normalization is not None:
@@ -106,6 +111,7 @@ def make_trainer_config(
     temperature: float | None = None,
     total_training_steps: int | None = None,
     seed: int | None = None,
+    rollouts_per_device: int | None = None,
     overrides: Sequence[str] = (),
     **flat_keys: Any,
 ) -> TrainerConfig:
@@ -120,6 +126,9 @@ def make_trainer_config(
     (``["trainer.logger=[jsonl]"]``); every argument left ``None`` keeps the schema default.
     ``flat_keys`` are the flat keys of ``TrainerConfig(...)`` (``mixed_precision="bf16"``,
     ``max_grad_norm=1.0`` ..., see docs/precision.md), applied after the overrides.
+    ``rollouts_per_device`` (tutorial 002's spelling) is the responses each actor device
+    generates per step: it sets ``data.train_batch_size`` to
+    ``rollouts_per_device * actor devices / rollout.n`` prompts (which must divide).
     """
     from verl.config import load_config
 
@@ -161,12 +170,40 @@ def make_trainer_config(
     put("trainer.total_training_steps", total_training_steps)
     put("trainer.seed", seed)
     cfg = load_config(overrides=[*o, *overrides])
+    if rollouts_per_device is not None:
+        prompts = _prompts_for(cfg, rollouts_per_device, train_batch_size)
+        cfg = load_config(overrides=[*o, *overrides, f"data.train_batch_size={prompts}"])
     if flat_keys:
         from verl.config.flat_keys import apply_flat_keys
 
         apply_flat_keys(cfg, flat_keys)
         cfg.validate()
     return cfg
+
+
+def _prompts_for(cfg: TrainerConfig, rollouts_per_device: int, given: int | None) -> int:
+    """``data.train_batch_size`` giving ``rollouts_per_device`` responses per actor device."""
+    n = cfg.actor_rollout_ref.rollout.n
+    devices = dp_size(cfg, "actor_rollout_ref")
+    prompts, rest = divmod(rollouts_per_device * devices, n)
+    if rollouts_per_device < 1 or rest or prompts == 0:
+        raise ValueError(
+            f"rollouts_per_device={rollouts_per_device} x {devices} actor device(s) is not a "
+            f"multiple of rollout.n={n}; the native key is data.train_batch_size (prompts per "
+            "step; each yields rollout.n responses)"
+        )
+    if given is not None and given != prompts:
+        raise ValueError(
+            f"rollouts_per_device={rollouts_per_device} means train_batch_size={prompts} "
+            f"(x rollout.n={n} / {devices} device(s)), but train_batch_size={given} is given; "
+            "give one of them"
+        )
+    logger.info(
+        "rollouts_per_device=%d -> data.train_batch_size=%d (the native key)",
+        rollouts_per_device,
+        prompts,
+    )
+    return prompts
 
 
 def _yaml_value(value: Any) -> str:

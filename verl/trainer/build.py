@@ -151,7 +151,12 @@ def build_kl_controller(cfg: TrainerConfig) -> Any:
     """The in-reward KL coefficient controller of ``algorithm.kl_ctrl``."""
     akl = cfg.algorithm.kl_ctrl
     return get_kl_controller(
-        akl.type, kl_coef=akl.kl_coef, target_kl=akl.target_kl, horizon=akl.horizon
+        akl.type,
+        kl_coef=akl.kl_coef,
+        target_kl=akl.target_kl,
+        horizon=akl.horizon,
+        final_kl_coef=akl.final_kl_coef,
+        schedule_steps=akl.schedule_steps,
     )
 
 

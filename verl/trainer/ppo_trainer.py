@@ -50,7 +50,7 @@ from verl.algorithms.pf_ppo import pf_ppo_indices
 from verl.config import TrainerConfig, critic_enabled, ref_enabled
 from verl.config.derived import estimator_needs
 from verl.protocol import DataProto
-from verl.rewards import RewardManager
+from verl.rewards import RewardManager, shape_model_scores
 from verl.trainer.build import (
     build_data,
     build_kl_controller,
@@ -304,9 +304,9 @@ class RLTrainer:
         ``update_stats=False`` scores without moving running reward statistics (used for
         baselines, which must not count as training samples).
         """
-        if self.rm_wg is not None:
-            # A reward model replaces the rule-based scores for training.
-            return self.rm_wg.compute_rm_score(gen).batch["rm_scores"], {}, {}
+        if self.rm_wg is not None:  # the model's scores replace the rules', shaped alike
+            rm = self.rm_wg.compute_rm_score(gen).batch["rm_scores"]
+            return shape_model_scores(self.reward_fn, rm, gen.batch["response_mask"], update_stats)
         if isinstance(self.reward_fn, RewardManager):
             scores, metrics, extras = self.reward_fn(gen, update_stats=update_stats)
         else:

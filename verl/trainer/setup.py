@@ -102,12 +102,5 @@ def check_supported(cfg: TrainerConfig) -> None:
                 "not implemented (a checkpoint always holds model, optimizer and extra state, "
                 "which exact resume needs); leave it [model, optimizer, extra]"
             )
-    rm = cfg.reward_model
-    if rm.enable and (rm.normalize or rm.clip_range or rm.overlong_buffer.enable):
-        problems.append(
-            "reward_model.normalize / clip_range / overlong_buffer shape rule-based scores "
-            "and are not applied to reward-model scores yet; unset them with "
-            "reward_model.enable=true"
-        )
     if problems:
         raise NotSupportedYet("; ".join(problems))

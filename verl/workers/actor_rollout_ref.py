@@ -218,7 +218,9 @@ class ActorRolloutRefWorker(Worker):
             # change which samples training sees.
             self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
-        with self.engine.gathered_params():
+        # Sampling computes in the training precision (mixed_precision=bf16 -> bf16 autocast),
+        # as the log-prob passes that score these samples do.
+        with self.engine.gathered_params(), self.engine.autocast():
             out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
