@@ -123,11 +123,18 @@ def test_001_section_3_3_fsdp_init(tmp_path, small):
     assert off.actor_rollout_ref.actor.strategy == "single"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: LoRA (lora_rank, FSDP ignore_modules)")
 def test_001_section_3_3_lora_ignore_modules(small):
-    # the tip: LoRA adapter layers must be in FSDP's ignore_modules
+    # The tip: LoRA adapter layers must be kept out of FSDP's sharding (ignore_modules).
+    # Here FSDP2 shards each adapter with the layer it belongs to (frozen and trainable
+    # parameters in one unit), so no ignore list is needed; LoRA is model.lora_rank.
+    from verl.models import build_tiny_model
+    from verl.models.lora import apply_lora, lora_spec_from_config
+
     cfg = load_config(overrides=small("actor_rollout_ref.model.lora_rank=8"))
     assert cfg.actor_rollout_ref.model.lora_rank == 8
+    model = apply_lora(build_tiny_model(), lora_spec_from_config(cfg.actor_rollout_ref.model))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
 
 
 def test_001_section_4_1_train_dataloader(tmp_path, small, caplog):
