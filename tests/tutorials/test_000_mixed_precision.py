@@ -188,7 +188,7 @@ def test_000_section_6_3_reward_normalization_and_clip(small, tiny_reward_model)
         reward_clip_range=(-5.0, 5.0),
     )
     try:
-        gen = trainer.collect_data(next(iter(trainer.train_loader)))
+        gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
         raw = gen.non_tensor_batch["score"].astype(np.float64)  # the fp8 model's scores
         shaped = gen.batch["token_level_scores"].sum(-1).double().numpy()
         want = np.clip((raw - raw.mean()) / (raw.std() + 1e-8), -5.0, 5.0)
@@ -200,10 +200,10 @@ def test_000_section_6_3_reward_normalization_and_clip(small, tiny_reward_model)
     # a tighter range clips
     trainer = PPOTrainer(config=config, reward_normalization=True, reward_clip_range=(-0.5, 0.5))
     try:
-        gen = trainer.collect_data(next(iter(trainer.train_loader)))
+        gen, metrics = trainer.collect_data(next(iter(trainer.train_loader)))
         shaped = gen.batch["token_level_scores"].sum(-1)
         assert shaped.abs().max().item() == pytest.approx(0.5)
-        assert gen.meta_info["metrics"]["reward/clip_ratio"] > 0
+        assert metrics["reward/clip_ratio"] > 0
     finally:
         trainer.close()
 
