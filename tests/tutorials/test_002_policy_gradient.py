@@ -146,7 +146,7 @@ def test_002_section_5_3_kl_coefficient_ramp(tiny_model, tmp_path):
         coefs = []
         for _ in range(3):
             data = trainer.collect_data(PROMPTS)
-            coefs.append(data.meta_info["metrics"]["actor/reward_kl_penalty_coeff"])
+            coefs.append(data.metrics["actor/reward_kl_penalty_coeff"])
             trainer.update_policy(data)
         assert coefs == pytest.approx([0.01, 0.055, 0.1])
     finally:
