@@ -66,6 +66,7 @@ from verl.trainer.metrics import (
     compute_throughput_metrics,
     timer,
 )
+from verl.trainer.progress import advance
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
@@ -546,10 +547,7 @@ class RLTrainer:
                 self.validation_history.append({"step": self.global_step, **val})
             self.tracker.log(metrics, step=self.global_step)
             self.history.append(metrics)
-            progress.update(1)
-            progress.set_postfix(
-                reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
-            )
+            advance(progress, metrics)
             broken = loss_not_finite(metrics)  # never checkpointed; the end if final
             if broken and last:
                 raise diverged_error(self.global_step, metrics, self.last_checkpoint)
