@@ -69,6 +69,7 @@ from verl.trainer.metrics import (
 from verl.trainer.progress import advance
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
+from verl.trainer.samples import generation_samples
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
 from verl.trainer.stopping import (
     RunInterrupted,
@@ -392,7 +393,7 @@ class RLTrainer:
         """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``.
 
         Returns ``val/acc/<data_source>``, ``val/score/<data_source>`` and overall
-        ``val/acc`` / ``val/score``.
+        ``val/acc`` / ``val/score``; the first ``trainer.log_val_generations`` rows: a table.
         """
         if self.val_dataset is None:
             return {}
@@ -402,6 +403,7 @@ class RLTrainer:
         scores: list[float] = []
         accs: list[float] = []
         sources: list[str] = []
+        table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
         for start in range(0, len(self.val_dataset), bs):
             items = [
                 self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
@@ -418,6 +420,8 @@ class RLTrainer:
             _, _, extras = self.val_reward_fn(gen)
             batch_scores = [float(x) for x in extras["score"]]
             batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
+            want = cfg.trainer.log_val_generations - len(table)
+            table += generation_samples(gen, batch_scores, self.tokenizer, want)
             scores.extend(batch_scores)
             # a scorer that reports no accuracy counts its score as the accuracy
             accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
@@ -432,6 +436,7 @@ class RLTrainer:
         for source, idx in sorted(by_source.items()):
             out[f"val/acc/{source}"] = float(np.mean([accs[i] for i in idx]))
             out[f"val/score/{source}"] = float(np.mean([scores[i] for i in idx]))
+        self.tracker.log_generations(table, step=self.global_step)
         return out
 
     # ------------------------------------------------------------------ the loop
@@ -588,9 +593,8 @@ class RLTrainer:
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:
     """A shallow copy of ``batch`` with extra sampling overrides in ``meta_info``."""
-    out = DataProto.from_dict(
+    return DataProto.from_dict(
         tensors=dict(batch.batch),
         non_tensors=dict(batch.non_tensor_batch),
         meta_info={**batch.meta_info, **meta},
     )
-    return out
