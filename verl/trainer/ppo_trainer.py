@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
-from verl.config import TrainerConfig, critic_enabled, ref_enabled
+from verl.config import TrainerConfig, critic_enabled, ref_enabled, to_dict
 from verl.config.derived import estimator_needs
 from verl.protocol import DataProto
 from verl.rewards import RewardManager
@@ -71,12 +71,7 @@ from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.samples import generation_samples
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
-from verl.trainer.stopping import (
-    RunInterrupted,
-    StopRequests,
-    diverged_error,
-    loss_not_finite,
-)
+from verl.trainer.stopping import RunInterrupted, StopRequests, diverged_error, loss_not_finite
 from verl.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -155,6 +150,7 @@ class RLTrainer:
             log_dir=self.run_dir,
             project=cfg.trainer.project_name,
             experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
         )
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
