@@ -82,9 +82,9 @@ def read_run(run: str | os.PathLike[str], label: str | None = None) -> Run:
             out.skipped_lines += 1
             continue
         for key, value in row.items():
-            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-                if math.isfinite(value):
-                    out.series.setdefault(key, {})[step] = float(value)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key != "step" and number and math.isfinite(value):
+                out.series.setdefault(key, {})[step] = float(value)
     if out.skipped_lines:
         logger.warning("%s: skipped %d unreadable line(s)", path, out.skipped_lines)
     return out
@@ -99,7 +99,9 @@ def _labels(paths: Sequence[Path]) -> list[str]:
     names = [_default_label(p) for p in paths]
     if len(set(names)) == len(names):
         return names
-    return [f"{p.parent.parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
+    return [
+        f"{p.parent.parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)
+    ]
 
 
 def plot_runs(
