@@ -41,7 +41,7 @@ def add_rollout_args(parser: argparse.ArgumentParser, data_required: bool = True
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        help="tokens per response at most (data.max_response_length; default from the config, 64)",
+        help="tokens per response at most (data.max_response_length; default: the config's)",
     )
     parser.add_argument(
         "--max-prompt-length", type=int, help="prompt tokens at most (data.max_prompt_length)"
