@@ -151,7 +151,7 @@ def test_type_errors_name_key_value_and_fix():
             "data.max_prompt_length=1.5: expected int, got a float (use a whole number, e.g. 8 not 8.0)",
             "data.shuffle=yes: expected bool, got a string (use true or false)",
             "trainer.device=gpu: must be one of auto, cpu, cuda; did you mean cpu?",
-            "trainer.logger[1]=tb: must be one of console, jsonl, tensorboard, wandb",
+            "trainer.logger[1]=tb: must be one of console, jsonl, tensorboard, wandb, mlflow",
             "critic.optim=3: expected a mapping of keys (a section)",
             "data.prompt_key=null: not allowed; expected str",
         ]

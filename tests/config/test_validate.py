@@ -240,7 +240,7 @@ def test_python_objects_are_type_checked():
         "data.train_batch_size='8': expected int, got a string (write the number without quotes)",
         "actor_rollout_ref.rollout.n=2.0: expected int, got a float (use a whole number, e.g. 8 not 8.0)",
         "critic={enable: true}: expected a CriticConfig instance (a section)",
-        'trainer.logger=console: expected list["console" | "jsonl" | "tensorboard" | "wandb"], got a string',
+        'trainer.logger=console: expected list["console" | "jsonl" | "tensorboard" | "wandb" | "mlflow"], got a string',
     ]
 
 

@@ -206,7 +206,9 @@ class RunConfig:
 
     project_name: str = entry("verl", "project name (trackers, default directories)")
     experiment_name: str = entry("default", "run name (trackers, default directories)")
-    logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
+    logger: list[Logger] = entry(
+        ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
+    )
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
     )
@@ -230,6 +232,9 @@ class RunConfig:
     save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
     test_freq: int = entry(-1, "validate every N steps; -1 = never")
     val_before_train: bool = entry(True, "validate once before the first step")
+    log_val_generations: int = entry(
+        0, "validation samples (prompt, response, score) logged as a table per validation"
+    )
     default_local_dir: str = entry(
         "checkpoints/{project_name}/{experiment_name}",
         "checkpoint directory (global_step_N/ subdirectories; the final HF model in huggingface/)",

@@ -180,7 +180,9 @@ class OfflineRunConfig:
 
     project_name: str = entry("verl", "project name (trackers, default directories)")
     experiment_name: str = entry("offline", "run name (trackers, default directories)")
-    logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
+    logger: list[Logger] = entry(
+        ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
+    )
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
     )

@@ -562,9 +562,9 @@ def check_run_identity(c: Checks, t: Any, p: str = "trainer") -> None:
                 f"{p}.{name}={show(template)}: unknown field {unknown[0]}; only "
                 "{project_name} and {experiment_name} are filled in",
             )
-    for name in ("tensorboard", "wandb"):
+    for name, extra in (("tensorboard", "tracking"), ("wandb", "tracking"), ("mlflow", "mlflow")):
         if name in t.logger:
-            c.package(f"{p}.logger", name, name, "pip install 'verl[tracking]' or drop it")
+            c.package(f"{p}.logger", name, name, f"pip install 'verl[{extra}]' or drop it")
 
 
 def _check_precision(c: Checks, cfg: TrainerConfig) -> None:
@@ -582,6 +582,7 @@ def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
     check_run_identity(c, t, p)
     c.at_least(f"{p}.nnodes", t.nnodes, 1)
     c.at_least(f"{p}.n_gpus_per_node", t.n_gpus_per_node, 1)
+    c.at_least(f"{p}.log_val_generations", t.log_val_generations, 0)
     if t.nnodes > 1 and t.backend == "local":
         c.error(
             (f"{p}.nnodes", f"{p}.backend"),

@@ -220,9 +220,9 @@ def write_arithmetic_dataset(
     return train_path, val_path
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m verl.data.arithmetic",
+        prog=prog,
         description="Generate verifiable arithmetic prompt datasets in verl's format.",
     )
     p.add_argument("--out", required=True, help="output directory")
@@ -236,8 +236,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.arithmetic") -> int:
+    parser = _build_parser(prog)
     args = parser.parse_args(argv)
     if args.digits < 1:
         parser.error(f"--digits {args.digits}: must be >= 1")

@@ -102,9 +102,9 @@ def convert_gsm8k(
     return len(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.gsm8k") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m verl.data.gsm8k",
+        prog=prog,
         description="Convert a GSM8K .jsonl file (question, answer) into verl's format.",
     )
     parser.add_argument("--input", required=True, help="GSM8K .jsonl file")

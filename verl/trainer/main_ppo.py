@@ -53,15 +53,22 @@ def config_from_argv(
 def run_ppo(cfg: TrainerConfig) -> dict:
     """Run the training loop on a validated config (imports the torch-heavy modules).
 
-    Returns the trainer's results (validation before/after, last metrics, saved model dir).
+    Returns the trainer's results (validation before/after, last metrics, saved model dir,
+    and ``plot``: the run's ``metrics.png`` when it logged jsonl and matplotlib is there).
     """
     import transformers
 
+    from verl.trainer.plot import plot_after_run
     from verl.trainer.ppo_trainer import RLTrainer
 
     # One progress bar (the trainer's) rather than one per weight load and save.
     transformers.utils.logging.disable_progress_bar()
-    return RLTrainer(cfg).fit()
+    trainer = RLTrainer(cfg)
+    results = trainer.fit()
+    plot = plot_after_run(trainer.tracker.jsonl_path)
+    if plot is not None:
+        results["plot"] = str(plot)
+    return results
 
 
 def format_results(results: dict, seconds: float) -> str:
@@ -78,6 +85,8 @@ def format_results(results: dict, seconds: float) -> str:
             b_text = f"{b:8.3f}" if b is not None else f"{'-':>8}"
             lines.append(f"{key:<{width}}  {b_text}  {after[key]:8.3f}")
     lines.append(f"wall time: {seconds / 60:.1f} min; actor saved to {results.get('hf_dir')}")
+    if results.get("plot"):
+        lines.append(f"metrics plotted to {results['plot']} (verl plot RUN_DIR draws any run)")
     return "\n".join(lines)
 
 

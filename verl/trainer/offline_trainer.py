@@ -41,6 +41,7 @@ from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
 from verl.trainer.checkpoint import CheckpointError, CheckpointManager
 from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offline_checkpoint
+from verl.trainer.progress import advance
 from verl.trainer.resume import resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import NotSupportedYet, seed_everything
@@ -335,8 +336,7 @@ class OfflineTrainer:
                     metrics |= self._validate(log=False)
                 self.log(metrics, self.global_step)
                 self.history.append(metrics)
-                progress.update(1)
-                progress.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4f}")
+                advance(progress, metrics)
                 stop = self._stop.requested
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stop):
                     self.save_checkpoint()

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
 from verl.algorithms.pf_ppo import pf_ppo_indices
-from verl.config import TrainerConfig, critic_enabled, ref_enabled
+from verl.config import TrainerConfig, critic_enabled, ref_enabled, to_dict
 from verl.config.derived import estimator_needs
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
@@ -68,15 +68,12 @@ from verl.trainer.metrics import (
     compute_validation_metrics,
     timer,
 )
+from verl.trainer.progress import advance
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
+from verl.trainer.samples import generation_samples
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
-from verl.trainer.stopping import (
-    RunInterrupted,
-    StopRequests,
-    diverged_error,
-    loss_not_finite,
-)
+from verl.trainer.stopping import RunInterrupted, StopRequests, diverged_error, loss_not_finite
 from verl.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -155,6 +152,7 @@ class RLTrainer:
             log_dir=self.run_dir,
             project=cfg.trainer.project_name,
             experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
         )
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
@@ -400,7 +398,7 @@ class RLTrainer:
         """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``.
 
         Returns ``val/acc/<data_source>``, ``val/score/<data_source>`` and overall
-        ``val/acc`` / ``val/score``.
+        ``val/acc`` / ``val/score``; the first ``trainer.log_val_generations`` rows: a table.
         """
         if self.val_dataset is None:
             return {}
@@ -410,6 +408,7 @@ class RLTrainer:
         scores: list[float] = []
         accs: list[float] = []
         sources: list[str] = []
+        table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
         for start in range(0, len(self.val_dataset), bs):
             items = [
                 self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
@@ -426,10 +425,13 @@ class RLTrainer:
             _, _, extras = self.val_reward_fn(gen)
             batch_scores = [float(x) for x in extras["score"]]
             batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
+            want = cfg.trainer.log_val_generations - len(table)
+            table += generation_samples(gen, batch_scores, self.tokenizer, want)
             scores.extend(batch_scores)
             # a scorer that reports no accuracy counts its score as the accuracy
             accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
             sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
+        self.tracker.log_generations(table, step=self.global_step)
         return compute_validation_metrics(accs, scores, sources)
 
     # ------------------------------------------------------------------ the loop
@@ -545,10 +547,7 @@ class RLTrainer:
                 self.validation_history.append({"step": self.global_step, **val})
             self.tracker.log(metrics, step=self.global_step)
             self.history.append(metrics)
-            progress.update(1)
-            progress.set_postfix(
-                reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}", refresh=False
-            )
+            advance(progress, metrics)
             broken = loss_not_finite(metrics)  # never checkpointed; the end if final
             if broken and last:
                 raise diverged_error(self.global_step, metrics, self.last_checkpoint)

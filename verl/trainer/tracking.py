@@ -1,9 +1,20 @@
-"""Metric trackers: console, jsonl file, tensorboard and wandb behind one `Tracker`.
+"""Metric trackers: console, jsonl file, tensorboard, wandb and mlflow behind one `Tracker`.
 
 The trainer calls ``tracker.log(metrics, step)`` once per step; each backend decides how to
 show it. Console output goes through ``logging`` (one compact line per step); the jsonl
-backend appends one JSON object per step, which is what tests and scripts read back.
-TensorBoard and wandb are optional extras, imported only when asked for.
+backend appends one JSON object per step to ``metrics.jsonl``, which is what tests, scripts
+and ``verl plot`` read back. TensorBoard, wandb and mlflow are optional extras, imported only
+when asked for; a missing one names the extra that installs it.
+
+``tracker.log_generations(samples, step)`` records validation samples (prompt, response,
+score, ...) as a table: ``generations.jsonl`` lines, a tensorboard text table, a wandb
+``Table``, an mlflow JSON artifact ``val_generations/step_N.json``.
+
+mlflow writes to ``MLFLOW_TRACKING_URI`` when set, else to a local file store
+``{log_dir}/mlruns`` (read it with ``mlflow ui --backend-store-uri {log_dir}/mlruns`` and
+``MLFLOW_ALLOW_FILE_STORE=true``, which mlflow 3 asks for before it opens a file store).
+On a file store ``/`` in a metric name becomes ``.`` (``critic.score.mean``): that store keeps
+each name as a file path, where ``val/acc`` and ``val/acc/arith`` cannot both exist.
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ import json
 import logging
 import math
 import os
+import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +63,9 @@ class _Console:
         shown += [f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("val/") and "acc" in k]
         self._log.info("step %d | %s", step, " ".join(shown))
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        pass  # a table does not fit a log line; the other backends keep it
+
     def close(self) -> None:
         pass
 
@@ -64,6 +80,10 @@ class _Jsonl:
         record = {"step": step, **{k: _to_jsonable(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        for sample in samples:
+            self.log(sample, step)
 
     def rewind(self, step: int) -> None:
         """Drop the rows of steps after ``step`` (and a row a kill cut short), atomically."""
@@ -105,6 +125,10 @@ class _TensorBoard:
                 self._writer.add_scalar(key, value, step)
         self._writer.flush()
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        self._writer.add_text("val/generations", markdown_table(samples), step)
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -123,21 +147,124 @@ class _Wandb:
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self._run.log({k: _to_jsonable(v) for k, v in metrics.items()}, step=step)
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        import wandb
+
+        columns = _columns(samples)
+        rows = [[_to_jsonable(s.get(c)) for c in columns] for s in samples]
+        self._run.log({"val/generations": wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self) -> None:
         self._run.finish()
+
+
+_MLFLOW_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+class _Mlflow:
+    """One mlflow run (experiment = project, run name = experiment) through ``MlflowClient``:
+    no process-global active run, so two trackers never write into each other's run."""
+
+    def __init__(
+        self, log_dir: Path, project: str, name: str, config: dict[str, Any] | None
+    ) -> None:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (log_dir / "mlruns").resolve().as_uri()
+        self.file_store = uri.startswith("file:") or "://" not in uri
+        if self.file_store:
+            # mlflow 3 keeps the file store behind this switch; the default here is one
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.logger includes 'mlflow' but mlflow is not installed: "
+                "pip install 'verl[mlflow]' (mlflow-skinny) or pip install mlflow"
+            ) from exc
+        self.tracking_uri = uri
+        self._client = MlflowClient(tracking_uri=uri)
+        experiment = self._client.get_experiment_by_name(project)
+        experiment_id = (
+            experiment.experiment_id if experiment else self._client.create_experiment(project)
+        )
+        self.run_id = self._client.create_run(experiment_id, run_name=name).info.run_id
+        if config:
+            from mlflow.entities import Param
+
+            params = [Param(k, str(v)[:500]) for k, v in _flatten(config).items()]
+            for start in range(0, len(params), 100):  # mlflow's limit per batch
+                self._client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = []
+        for key, value in metrics.items():
+            value = _to_jsonable(value)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                batch.append(Metric(self.metric_name(key), float(value), now, step))
+        for start in range(0, len(batch), 1000):  # mlflow's limit per batch
+            self._client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+
+    def metric_name(self, key: str) -> str:
+        """``key`` as mlflow accepts it: characters mlflow rejects become ``_``; on a file
+        store ``/`` becomes ``.`` (it keeps each name as a path, so ``val/acc`` and
+        ``val/acc/arith`` would be a file and a directory of one name)."""
+        key = _MLFLOW_KEY_BAD.sub("_", key)
+        return key.replace("/", ".") if self.file_store else key
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        columns = _columns(samples)
+        table = {
+            "columns": columns,
+            "data": [[_to_jsonable(s.get(c)) for c in columns] for s in samples],
+        }
+        self._client.log_dict(self.run_id, table, f"val_generations/step_{step:06d}.json")
+
+    def close(self) -> None:
+        self._client.set_terminated(self.run_id)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out |= _flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _columns(samples: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The union of the samples' keys, in first-seen order."""
+    return list(dict.fromkeys(k for s in samples for k in s))
+
+
+def markdown_table(samples: Sequence[Mapping[str, Any]]) -> str:
+    """``samples`` as a Markdown table (one row each; ``|`` and newlines escaped)."""
+    columns = _columns(samples)
+
+    def cell(value: Any) -> str:
+        text = str(_to_jsonable(value))
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(s.get(c, "")) for c in columns) + " |" for s in samples]
+    return "\n".join(lines)
 
 
 class Tracker:
     """Fan-out of metrics to the configured backends.
 
     Args:
-        backends: names among ``console``, ``jsonl``, ``tensorboard``, ``wandb``.
-        log_dir: directory for the jsonl file (``metrics.jsonl``) and tensorboard events.
-        project / experiment: names used by wandb.
-        config: the resolved config as a plain dict (sent to wandb).
+        backends: names among ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``.
+        log_dir: directory for the jsonl files (``metrics.jsonl``, ``generations.jsonl``),
+            tensorboard events and the default mlflow store (``mlruns/``).
+        project / experiment: names used by wandb and mlflow (project = mlflow experiment).
+        config: the resolved config as a plain dict (sent to wandb, mlflow parameters).
     """
 
-    KNOWN = ("console", "jsonl", "tensorboard", "wandb")
+    KNOWN = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
     def __init__(
         self,
@@ -152,30 +279,51 @@ class Tracker:
             raise ValueError(f"unknown logger(s) {unknown}; choose from {list(self.KNOWN)}")
         log_dir = Path(log_dir)
         self.jsonl_path: Path | None = None
+        self.mlflow_run_id: str | None = None
+        self.mlflow_tracking_uri: str | None = None
         self._backends: list[Any] = []
+        self._generation_backends: list[Any] = []
         for name in backends:
             if name == "console":
                 self._backends.append(_Console())
             elif name == "jsonl":
                 self.jsonl_path = log_dir / "metrics.jsonl"
                 self._backends.append(_Jsonl(self.jsonl_path))
+                # generations in their own file: metrics.jsonl stays one row per step
+                self._generation_backends.append(_Jsonl(log_dir / "generations.jsonl"))
             elif name == "tensorboard":
                 self._backends.append(_TensorBoard(log_dir / "tensorboard"))
             elif name == "wandb":
                 self._backends.append(_Wandb(project, experiment, config))
+            elif name == "mlflow":
+                run = _Mlflow(log_dir, project, experiment, config)
+                self.mlflow_run_id, self.mlflow_tracking_uri = run.run_id, run.tracking_uri
+                self._backends.append(run)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         for backend in self._backends:
             backend.log(metrics, step)
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Record validation ``samples`` (dicts such as prompt / response / score) of ``step``
+        as a table in every backend that keeps tables (see the module docstring)."""
+        if not samples:
+            return
+        for backend in self._backends:
+            if not isinstance(backend, _Jsonl):
+                backend.log_generations(samples, step)
+        for backend in self._generation_backends:
+            backend.log_generations(samples, step)
+
     def rewind(self, step: int) -> None:
         """Forget what was logged after ``step`` where a backend can (the jsonl file): a run
         resumed from the checkpoint of ``step`` logs the later steps again."""
-        for backend in self._backends:
+        for backend in self._backends + self._generation_backends:
             if hasattr(backend, "rewind"):
                 backend.rewind(step)
 
     def close(self) -> None:
-        for backend in self._backends:
+        for backend in self._backends + self._generation_backends:
             backend.close()
         self._backends = []
+        self._generation_backends = []

@@ -1,0 +1,181 @@
+"""`verl generate` and `verl eval` on a tiny model, and the pass@k / mean@n arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow.parquet as pq
+import pytest
+
+from verl import cli
+from verl.rewards.scorers import default_compute_score
+from verl.trainer.evaluation import default_ks, evaluate_rows, pass_at_k
+
+COLUMNS = {
+    "data_source",
+    "prompt",
+    "prompt_text",
+    "ground_truth",
+    "extra_info",
+    "index",
+    "responses",
+    "response_lengths",
+    "response_log_probs",
+    "response_token_log_probs",
+    "scores",
+    "accs",
+}
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 2, 3) == 1.0  # fewer than 3 wrong: any 3 hold a right one
+    assert pass_at_k(5, 0, 5) == 0.0
+    with pytest.raises(ValueError, match=r"k=5.*1 <= k <= n"):
+        pass_at_k(4, 1, 5)
+    assert default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
+
+
+def test_evaluate_rows_per_source_and_overall():
+    rows = [
+        {"data_source": "a", "accs": [1.0, 0.0, 0.0, 0.0], "scores": [1.0, 0.0, 0.0, 0.0]},
+        {"data_source": "a", "accs": [1.0, 1.0, 1.0, 1.0], "scores": [1.0, 1.0, 1.0, 0.5]},
+        {"data_source": "b", "accs": [0.0, 0.0, 0.0, 0.0], "scores": [0.0, 0.0, 0.0, 0.0]},
+    ]
+    report = evaluate_rows(rows, ks=[1, 2, 4])
+    a = report["by_source"]["a"]
+    assert (a["prompts"], a["n"]) == (2, 4)
+    assert a["acc/mean@4"] == pytest.approx(5 / 8)
+    assert a["score/mean@4"] == pytest.approx(4.5 / 8)
+    assert a["pass@1"] == pytest.approx((0.25 + 1.0) / 2)
+    assert a["pass@2"] == pytest.approx((0.5 + 1.0) / 2)
+    assert a["pass@4"] == 1.0
+    assert report["by_source"]["b"]["pass@4"] == 0.0
+    overall = report["overall"]
+    assert overall["prompts"] == 3 and overall["pass@2"] == pytest.approx(1.5 / 3)
+    assert overall["acc/mean@4"] == pytest.approx(5 / 12)
+
+
+def test_evaluate_rows_bad_input():
+    with pytest.raises(ValueError, match="no generations"):
+        evaluate_rows([])
+    rows = [{"data_source": "a", "accs": [1.0, 0.0], "scores": [1.0, 0.0]}]
+    with pytest.raises(ValueError, match=r"k=4: .* n=2"):
+        evaluate_rows(rows, ks=[1, 4])
+
+
+def test_generate_writes_n_scored_responses_per_prompt(
+    tiny_model_dir, arith_file, tmp_path, capsys
+):
+    out = tmp_path / "gens.parquet"
+    args = ["generate", "--model", str(tiny_model_dir), "--data", str(arith_file)]
+    args += ["--n", "3", "--max-new-tokens", "5", "--batch-size", "2", "--seed", "7"]
+    assert cli.main([*args, "-o", str(out)]) == 0
+    assert f"wrote 5 prompts x 3 = 15 responses to {out}" in capsys.readouterr().out
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 5
+    for row in rows:
+        assert set(row) == COLUMNS
+        assert row["data_source"] == "arithmetic"
+        assert (
+            row["prompt"][0]["role"] == "user" and row["prompt"][0]["content"] in row["prompt_text"]
+        )
+        for key in ("responses", "response_lengths", "response_log_probs", "scores", "accs"):
+            assert len(row[key]) == 3, key
+        for tokens, total, length in zip(
+            row["response_token_log_probs"], row["response_log_probs"], row["response_lengths"]
+        ):
+            assert 1 <= length <= 5 and len(tokens) == length
+            assert total == pytest.approx(sum(tokens), abs=1e-4)
+            assert all(lp <= 0 for lp in tokens)
+        # the reward manager's scores are the data source's scorer on the response text
+        for response, score in zip(row["responses"], row["scores"]):
+            expected = default_compute_score("arithmetic", response, row["ground_truth"])
+            expected = expected["score"] if isinstance(expected, dict) else expected
+            assert score == pytest.approx(float(expected))
+    # a fixed seed gives the same samples
+    again = tmp_path / "again.parquet"
+    assert cli.main([*args, "-o", str(again)]) == 0
+    assert pq.read_table(again).to_pylist() == rows
+
+
+def test_generate_bad_input(tiny_model_dir, arith_file, tmp_path, capsys):
+    base = ["generate", "--model", str(tiny_model_dir)]
+    missing = tmp_path / "missing.parquet"
+    assert cli.main([*base, "--data", str(missing), "-o", str(tmp_path / "o.parquet")]) == 2
+    assert f"--data {str(missing)!r}: no such file" in capsys.readouterr().err
+    assert cli.main([*base, "--data", str(arith_file), "-o", str(tmp_path / "o.csv")]) == 2
+    assert "must end with .parquet or .jsonl" in capsys.readouterr().err
+    assert cli.main([*base, "--data", str(arith_file), "--n", "0", "-o", "o.parquet"]) == 2
+    assert "--n 0: must be >= 1" in capsys.readouterr().err
+    assert (
+        cli.main([*base, "--data", str(arith_file), "-o", "o.parquet", "data.max_prompt_lenth=9"])
+        == 2
+    )
+    assert "did you mean data.max_prompt_length" in capsys.readouterr().err
+
+
+def test_eval_of_a_model_equals_eval_of_its_generations(
+    tiny_model_dir, arith_file, tmp_path, capsys
+):
+    sampling = ["--n", "4", "--max-new-tokens", "4", "--seed", "3", "--batch-size", "8"]
+    gens = tmp_path / "gens.parquet"
+    data = ["--model", str(tiny_model_dir), "--data", str(arith_file)]
+    assert cli.main(["generate", *data, *sampling, "-o", str(gens)]) == 0
+    capsys.readouterr()
+    from_model, from_file = tmp_path / "model.json", tmp_path / "file.json"
+    assert cli.main(["eval", *data, *sampling, "--json", str(from_model)]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == [
+        "data_source",
+        "prompts",
+        "n",
+        "acc/mean@4",
+        "score/mean@4",
+        "pass@1",
+        "pass@2",
+        "pass@4",
+    ]
+    assert table.splitlines()[1].split()[:3] == ["arithmetic", "5", "4"]
+    assert cli.main(["eval", "--generations", str(gens), "--json", str(from_file)]) == 0
+    report = json.loads(from_model.read_text())
+    assert report == json.loads(from_file.read_text())
+    rows = pq.read_table(gens).to_pylist()
+    accs = [a for row in rows for a in row["accs"]]
+    assert report["overall"]["acc/mean@4"] == pytest.approx(sum(accs) / len(accs))
+    assert set(report["by_source"]) == {"arithmetic"}
+
+
+def test_eval_scores_a_generations_file_without_scores(tmp_path, capsys):
+    path = tmp_path / "gens.jsonl"
+    rows = [
+        {"data_source": "arithmetic", "ground_truth": "7", "responses": ["7", "It is 7", "8"]},
+        {"data_source": "arithmetic", "ground_truth": "4", "responses": ["5", "6", "3"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "m.json"
+    assert cli.main(["eval", "--generations", str(path), "--k", "1", "3", "--json", str(out)]) == 0
+    overall = json.loads(out.read_text())["overall"]
+    assert overall["acc/mean@3"] == pytest.approx(2 / 6)
+    assert overall["pass@1"] == pytest.approx((2 / 3 + 0) / 2)
+    assert overall["pass@3"] == pytest.approx(0.5)
+    assert not math.isnan(overall["score/mean@3"])
+
+
+def test_eval_bad_input(arith_file, tmp_path, capsys):
+    assert cli.main(["eval"]) == 2
+    assert "either --data (with --model) or --generations" in capsys.readouterr().err
+    assert cli.main(["eval", "--generations", str(tmp_path / "none.parquet")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"data_source": "arithmetic", "answer": "x"}) + "\n")
+    assert cli.main(["eval", "--generations", str(bad)]) == 2
+    assert "missing column(s) ['responses']" in capsys.readouterr().err
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(
+        json.dumps({"data_source": "a", "responses": ["1"], "scores": [1.0], "accs": [1.0]}) + "\n"
+    )
+    assert cli.main(["eval", "--generations", str(ok), "--k", "2"]) == 2
+    assert "k=2: pass@k needs 1 <= k <= n, and n=1" in capsys.readouterr().err
