@@ -348,3 +348,40 @@ def test_local_backend_refuses_a_multi_process_map():
 def test_validate_rejects_what_is_not_a_trainer_config(bad: object):
     with pytest.raises(TypeError, match="validate\\(\\) takes a TrainerConfig"):
         validate(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.train_batch_size=0", "data.train_batch_size=0: must be >= 1"),
+        ("actor_rollout_ref.actor.clip_ratio_c=1.0", "clip_ratio_c=1.0: must be > 1"),
+        ("algorithm.lam=-0.5", "algorithm.lam=-0.5: must be in [0, 1]"),
+        ("actor_rollout_ref.rollout.top_p=1.5", "rollout.top_p=1.5: must be in (0, 1]"),
+        ("trainer.test_freq=-2", "trainer.test_freq=-2: must be -1 (off) or >= 1"),
+        ("trainer.project_name=' '", "trainer.project_name=' ': must not be empty"),
+        ("reward_model.val_max_failure_rate=2", "val_max_failure_rate=2.0: must be in [0.0, 1.0]"),
+    ],
+)
+def test_declared_bounds_are_checked_with_key_value_and_range(override: str, expected: str):
+    (msg,) = messages([override])
+    assert msg.endswith(expected)
+
+
+def test_bounds_of_an_inactive_section_are_not_checked():
+    # no critic (grpo) and no built-in data: their sections' bounds do not apply
+    cfg = TrainerConfig()
+    cfg.critic.loss_coef = 0.0
+    cfg.data.train_files, cfg.data.arithmetic.digits = [__file__], 0
+    validate(cfg)
+    cfg.critic.enable = True
+    with pytest.raises(ConfigError, match=r"critic.loss_coef=0.0: must be > 0"):
+        validate(cfg)
+
+
+def test_offline_bounds_are_declared_on_the_offline_schema():
+    from verl.config import DPOConfig
+
+    cfg = DPOConfig()
+    cfg.algorithm.label_smoothing = 0.5
+    with pytest.raises(ConfigError, match=r"label_smoothing=0.5: must be in \[0, 0.5\)"):
+        cfg.validate()

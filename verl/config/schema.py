@@ -85,10 +85,10 @@ __all__ = [
 class ArithmeticConfig:
     """The built-in arithmetic task: "a op b" questions with integer answers."""
 
-    digits: int = entry(1, "digits per operand")
+    digits: int = entry(1, "digits per operand", ge=1)
     ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
-    train_size: int = entry(1024, "generated training prompts")
-    val_size: int = entry(64, "generated validation prompts")
+    train_size: int = entry(1024, "generated training prompts", ge=1)
+    val_size: int = entry(64, "generated validation prompts", ge=0)
 
 
 @dataclass
@@ -97,11 +97,15 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
-    prompt_key: str = entry("prompt", "column holding the prompt (text or chat messages)")
-    max_prompt_length: int = entry(128, "max prompt tokens (see truncation)")
-    max_response_length: int = entry(64, "max generated tokens per response")
-    train_batch_size: int = entry(8, "prompts per training step")
-    val_batch_size: int | None = entry(None, "prompts per validation batch; null = all at once")
+    prompt_key: str = entry(
+        "prompt", "column holding the prompt (text or chat messages)", nonempty=True
+    )
+    max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
+    max_response_length: int = entry(64, "max generated tokens per response", ge=1)
+    train_batch_size: int = entry(8, "prompts per training step", ge=1)
+    val_batch_size: int | None = entry(
+        None, "prompts per validation batch; null = all at once", ge=1
+    )
     truncation: Truncation = entry(
         "error",
         "prompt longer than max_prompt_length: error, drop it, or keep its end (truncate; "
@@ -130,9 +134,9 @@ class KLControlConfig:
     """Controller of the in-reward KL coefficient."""
 
     type: str = entry("fixed", "fixed, or adaptive (moves the coefficient toward target_kl)")
-    kl_coef: float = entry(0.001, "(initial) KL coefficient")
-    horizon: int = entry(10000, "adaptive controller horizon in samples")
-    target_kl: float = entry(0.1, "adaptive controller target KL")
+    kl_coef: float = entry(0.001, "(initial) KL coefficient", ge=0)
+    horizon: int = entry(10000, "adaptive controller horizon in samples", ge=1)
+    target_kl: float = entry(0.1, "adaptive controller target KL", gt=0)
 
 
 @dataclass
@@ -150,7 +154,7 @@ class FilterGroupsConfig:
         "scorer score) or seq_reward (sum of the shaped token-level scores)",
     )
     max_num_gen_batches: int = entry(
-        10, "generation batches one step may draw before failing; 0 = unbounded"
+        10, "generation batches one step may draw before failing; 0 = unbounded", ge=0
     )
 
 
@@ -158,10 +162,12 @@ class FilterGroupsConfig:
 class AlgorithmConfig:
     """Advantage estimation, the in-reward KL penalty and dynamic sampling."""
 
-    gamma: float = entry(1.0, "discount factor")
-    lam: float = entry(1.0, "GAE lambda")
+    gamma: float = entry(1.0, "discount factor", ge=0, le=1)
+    lam: float = entry(1.0, "GAE lambda", ge=0, le=1)
     adv_estimator: str = entry(
-        "grpo", "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)"
+        "grpo",
+        "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)",
+        nonempty=True,
     )
     adv_estimator_kwargs: dict[str, Any] = entry(
         {},
@@ -183,14 +189,16 @@ class AlgorithmConfig:
 class RunConfig:
     """The ``trainer:`` section: run identity, resources, schedule, logging, checkpoints."""
 
-    project_name: str = entry("verl", "project name (trackers, default directories)")
-    experiment_name: str = entry("default", "run name (trackers, default directories)")
+    project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
+    experiment_name: str = entry(
+        "default", "run name (trackers, default directories)", nonempty=True
+    )
     logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
     )
-    nnodes: int = entry(1, "machines")
-    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine")
+    nnodes: int = entry(1, "machines", ge=1)
+    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine", ge=1)
     device: Device = entry("auto", "auto = cuda when available, else cpu")
     backend: Backend = entry(
         "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
@@ -204,10 +212,12 @@ class RunConfig:
         "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
         "the run fails naming its role and rank; null = no heartbeat",
     )
-    total_epochs: int = entry(1, "passes over the training prompts")
-    total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
-    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
-    test_freq: int = entry(-1, "validate every N steps; -1 = never")
+    total_epochs: int = entry(1, "passes over the training prompts", ge=1)
+    total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch", ge=1)
+    save_freq: int = entry(
+        -1, "checkpoint every N steps and after the last step; -1 = never", ge=1, off=-1
+    )
+    test_freq: int = entry(-1, "validate every N steps; -1 = never", ge=1, off=-1)
     val_before_train: bool = entry(True, "validate once before the first step")
     default_local_dir: str = entry(
         "checkpoints/{project_name}/{experiment_name}",
@@ -227,10 +237,10 @@ class RunConfig:
         "differ from this config (docs/checkpoints.md lists the keys)",
     )
     max_ckpt_to_keep: int | None = entry(
-        None, "keep only the newest N complete checkpoints; null = keep all"
+        None, "keep only the newest N complete checkpoints; null = keep all", ge=1
     )
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
-    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default", ge=1)
     mixed_precision: Precision = entry(
         "none",
         "default compute precision of every role: none (the model dtype, no autocast), fp32, "

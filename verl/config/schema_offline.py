@@ -41,8 +41,7 @@ from verl.config.validate import (
     Checks,
     check_optim,
     check_registries,
-    check_run_identity,
-    check_run_length_and_resume,
+    check_run,
     report,
 )
 from verl.config.yaml_io import show
@@ -80,14 +79,16 @@ class SFTDataConfig:
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files (validation loss); empty = none")
     messages_key: str = entry(
-        "messages", "column of chat messages; rows without it use prompt_key + response_key"
+        "messages",
+        "column of chat messages; rows without it use prompt_key + response_key",
+        nonempty=True,
     )
-    prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)")
-    response_key: str = entry("response", "column of the response text")
+    prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)", nonempty=True)
+    response_key: str = entry("response", "column of the response text", nonempty=True)
     apply_chat_template: bool = entry(
         True, "render with the tokenizer's chat template; false = prompt + response + eos"
     )
-    max_length: int = entry(512, "max tokens per sample (and per packed sequence)")
+    max_length: int = entry(512, "max tokens per sample (and per packed sequence)", ge=2)
     truncation: SFTTruncation = entry(
         "error",
         "sample longer than max_length: error (list the rows), truncate (keep its first "
@@ -96,8 +97,10 @@ class SFTDataConfig:
     packing: bool = entry(
         False, "pack several samples into each sequence of up to max_length tokens"
     )
-    train_batch_size: int = entry(8, "sequences per optimizer step (packed sequences when packing)")
-    micro_batch_size_per_device: int = entry(4, "sequences per forward/backward")
+    train_batch_size: int = entry(
+        8, "sequences per optimizer step (packed sequences when packing)", ge=1
+    )
+    micro_batch_size_per_device: int = entry(4, "sequences per forward/backward", ge=1)
     shuffle: bool = entry(True, "shuffle training sequences each epoch")
     seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
     builtin: OfflineBuiltin | None = entry(
@@ -120,18 +123,18 @@ class PreferenceDataConfig:
     apply_chat_template: bool = entry(
         True, "render with the tokenizer's chat template; false = plain text + eos"
     )
-    max_prompt_length: int = entry(256, "max prompt tokens (see truncation)")
-    max_length: int = entry(512, "max prompt + completion tokens (see truncation)")
+    max_prompt_length: int = entry(256, "max prompt tokens (see truncation)", ge=1)
+    max_length: int = entry(512, "max prompt + completion tokens (see truncation)", ge=2)
     truncation: PreferenceTruncation = entry(
         "error",
         "row over a limit: error (list the rows), truncate (keep the prompt's end and the "
         "completion's start) or drop it",
     )
     train_batch_size: int = entry(
-        8, "rows per optimizer step: pairs (dpo, ipo) or labelled completions (kto)"
+        8, "rows per optimizer step: pairs (dpo, ipo) or labelled completions (kto)", ge=1
     )
     micro_batch_size_per_device: int = entry(
-        4, "rows per forward/backward (a pair is two sequences)"
+        4, "rows per forward/backward (a pair is two sequences)", ge=1
     )
     shuffle: bool = entry(True, "shuffle training rows each epoch")
     seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
@@ -155,9 +158,9 @@ class OfflineEngineConfig:
         "train engine: single (one process), fsdp2 (sharded; needed with "
         "trainer.n_gpus_per_node > 1) or auto (fsdp2 on several devices, else single)",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm")
+    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     logprob_chunk_size: int = entry(
-        512, "tokens whose float32 logits exist at once when computing log-probs"
+        512, "tokens whose float32 logits exist at once when computing log-probs", ge=1
     )
 
 
@@ -165,21 +168,28 @@ class OfflineEngineConfig:
 class PreferenceLossConfig:
     """Which preference loss, and its coefficients."""
 
-    loss_type: str = entry("dpo", "loss name in the verl.algorithms registry: dpo, ipo, kto")
-    beta: float = entry(0.1, "reward scale beta (> 0); for ipo the regularisation strength")
-    label_smoothing: float = entry(
-        0.0, "dpo only: assumed probability that a pair's labels are flipped, in [0, 0.5)"
+    loss_type: str = entry(
+        "dpo", "loss name in the verl.algorithms registry: dpo, ipo, kto", nonempty=True
     )
-    desirable_weight: float = entry(1.0, "kto: weight of desirable rows' losses")
-    undesirable_weight: float = entry(1.0, "kto: weight of undesirable rows' losses")
+    beta: float = entry(0.1, "reward scale beta (> 0); for ipo the regularisation strength", gt=0)
+    label_smoothing: float = entry(
+        0.0,
+        "dpo only: assumed probability that a pair's labels are flipped, in [0, 0.5)",
+        ge=0,
+        lt=0.5,
+    )
+    desirable_weight: float = entry(1.0, "kto: weight of desirable rows' losses", gt=0)
+    undesirable_weight: float = entry(1.0, "kto: weight of undesirable rows' losses", gt=0)
 
 
 @dataclass
 class OfflineRunConfig:
     """The ``trainer:`` section of an offline run: identity, schedule, logging, output."""
 
-    project_name: str = entry("verl", "project name (trackers, default directories)")
-    experiment_name: str = entry("offline", "run name (trackers, default directories)")
+    project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
+    experiment_name: str = entry(
+        "offline", "run name (trackers, default directories)", nonempty=True
+    )
     logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
@@ -193,10 +203,13 @@ class OfflineRunConfig:
         1,
         "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
         "on Ray workers",
+        ge=1,
     )
-    total_epochs: int = entry(1, "passes over the training data")
-    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
-    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
+    total_epochs: int = entry(1, "passes over the training data", ge=1)
+    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
+    save_freq: int = entry(
+        -1, "checkpoint every N steps and after the last step; -1 = never", ge=1, off=-1
+    )
     resume_mode: ResumeMode = entry(
         "auto",
         "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
@@ -211,12 +224,12 @@ class OfflineRunConfig:
         "from this config (docs/checkpoints.md lists the keys)",
     )
     max_ckpt_to_keep: int | None = entry(
-        None, "keep only the newest N complete checkpoints; null = keep all"
+        None, "keep only the newest N complete checkpoints; null = keep all", ge=1
     )
-    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end")
+    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
     val_before_train: bool = entry(True, "validation loss once before the first step")
     seed: int = entry(42, "global seed (model init, dropout)")
-    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default", ge=1)
 
 
 @dataclass
@@ -279,30 +292,27 @@ def offline_problems(
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Every semantic check of a well-typed offline config: ``(problems, warnings)``."""
     c = Checks(skip_paths)
-    _check_data(c, cfg)
+    builtin = not cfg.data.train_files and cfg.data.builtin == "arithmetic"
+    c.fields(cfg, inactive=() if builtin else ("data.arithmetic",))
+    _check_data(c, cfg, builtin)
     c.model("model.path", cfg.model.path)
     c.model("model.tokenizer_path", cfg.model.tokenizer_path)
     check_optim(c, "optim", cfg.optim)
-    c.above("engine.grad_clip", cfg.engine.grad_clip, 0)
-    c.at_least("engine.logprob_chunk_size", cfg.engine.logprob_chunk_size, 1)
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)
-    _check_run(c, cfg.trainer)
+    check_run(c, cfg.trainer)
     _check_ranks(c, cfg)
     check_registries(c, cfg, registries)
     return c.problems, c.warnings
 
 
-def _check_data(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
+def _check_data(c: Checks, cfg: SFTConfig | DPOConfig, builtin: bool) -> None:
     d = cfg.data
-    c.at_least("data.train_batch_size", d.train_batch_size, 1)
-    c.at_least("data.micro_batch_size_per_device", d.micro_batch_size_per_device, 1)
     if d.micro_batch_size_per_device > d.train_batch_size >= 1:
         c.warn(
             f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} is larger than "
             f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
         )
-    c.at_least("data.max_length", d.max_length, 2)
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         for f in files:
             c.file(key, f)
@@ -312,48 +322,28 @@ def _check_data(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
             "data.train_files=[]: no training data; set data.train_files=[file, ...] "
             "or data.builtin=arithmetic",
         )
-    if not d.train_files and d.builtin == "arithmetic":
-        a = d.arithmetic
-        c.at_least("data.arithmetic.digits", a.digits, 1)
-        c.at_least("data.arithmetic.train_size", a.train_size, 1)
-        c.at_least("data.arithmetic.val_size", a.val_size, 0)
-        if not a.ops:
-            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
-    if isinstance(d, SFTDataConfig):
-        for name in ("messages_key", "prompt_key", "response_key"):
-            c.nonempty(f"data.{name}", getattr(d, name))
-    else:
-        c.at_least("data.max_prompt_length", d.max_prompt_length, 1)
-        if d.max_prompt_length >= d.max_length >= 2:
-            c.error(
-                ("data.max_prompt_length", "data.max_length"),
-                f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
-                f"completion within data.max_length={d.max_length}; make it smaller",
-            )
+    if builtin and not d.arithmetic.ops:
+        c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+    if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
+        c.error(
+            ("data.max_prompt_length", "data.max_length"),
+            f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
+            f"completion within data.max_length={d.max_length}; make it smaller",
+        )
 
 
 def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
     a, p = cfg.algorithm, "algorithm"
-    c.nonempty(f"{p}.loss_type", a.loss_type)
-    c.above(f"{p}.beta", a.beta, 0)
-    if not 0 <= a.label_smoothing < 0.5:
-        c.error(
-            f"{p}.label_smoothing",
-            f"{p}.label_smoothing={show(a.label_smoothing)}: must be in [0, 0.5)",
-        )
-    elif a.label_smoothing > 0 and a.loss_type not in ("dpo", "sigmoid"):
+    if 0 < a.label_smoothing < 0.5 and a.loss_type not in ("dpo", "sigmoid"):
         c.error(
             (f"{p}.label_smoothing", f"{p}.loss_type"),
             f"{p}.label_smoothing={show(a.label_smoothing)}: only the dpo loss uses it, but "
             f"{p}.loss_type={a.loss_type}; set it to 0",
         )
-    c.above(f"{p}.desirable_weight", a.desirable_weight, 0)
-    c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
 
 
 def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
     ranks, d = cfg.trainer.n_gpus_per_node, cfg.data
-    c.at_least("trainer.n_gpus_per_node", ranks, 1)
     if ranks <= 1:
         return
     if cfg.engine.strategy == "single":
@@ -372,12 +362,6 @@ def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
             f"{micro_batches} micro-batches per step, which trainer.n_gpus_per_node={ranks} "
             f"ranks cannot share equally; make it a multiple of {ranks}",
         )
-
-
-def _check_run(c: Checks, t: OfflineRunConfig) -> None:
-    p = "trainer"
-    check_run_identity(c, t, p)
-    check_run_length_and_resume(c, t, p)
 
 
 # --------------------------------------------------------------------------- loading
