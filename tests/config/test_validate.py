@@ -13,17 +13,8 @@ from verl.config import (
     DataConfig,
     SFTConfig,
     TrainerConfig,
-    checkpoint_dir,
-    clip_ratio_bounds,
-    critic_enabled,
-    critic_model_path,
     load_config,
-    log_dir,
-    ref_enabled,
-    rollout_seed,
-    tokenizer_path,
     validate,
-    world_size,
 )
 
 
@@ -152,7 +143,7 @@ def test_missing_files_are_each_reported(tmp_path: Path, monkeypatch: pytest.Mon
             "custom_reward_function.path=my_reward.py",
         ]
     )
-    assert critic_model_path(cfg) == "models/tiny" == tokenizer_path(cfg)
+    assert cfg.critic_model_path == "models/tiny" == cfg.tokenizer_path
 
 
 def test_no_training_data():
@@ -283,17 +274,17 @@ def test_derived_values():
             "trainer.n_gpus_per_node=2",
         ]
     )
-    assert world_size(cfg) == 2
-    assert clip_ratio_bounds(cfg.actor_rollout_ref.actor) == (0.2, 0.28)
-    assert checkpoint_dir(cfg) == "checkpoints/p/e"
-    assert log_dir(cfg) == "runs/p/e"
-    assert critic_enabled(cfg) is False and ref_enabled(cfg) is False
-    assert rollout_seed(cfg) == 42
+    assert cfg.world_size == 2
+    assert cfg.actor_rollout_ref.actor.clip_ratio_bounds == (0.2, 0.28)
+    assert cfg.checkpoint_dir == "checkpoints/p/e"
+    assert cfg.log_dir == "runs/p/e"
+    assert cfg.critic_enabled is False and cfg.ref_enabled is False
+    assert cfg.rollout_seed == 42
     cfg.algorithm.adv_estimator = "gae"
     cfg.actor_rollout_ref.actor.use_kl_loss = True
-    assert critic_enabled(cfg) is True and ref_enabled(cfg) is True
+    assert cfg.critic_enabled is True and cfg.ref_enabled is True
     cfg.critic.enable = False
-    assert critic_enabled(cfg) is False
+    assert cfg.critic_enabled is False
 
 
 def test_device_map_problems_name_the_keys():

@@ -18,6 +18,8 @@ from typing import Any, Literal
 # The model shipped with the package (SmolLM2-135M-Instruct, see verl/models). A model path
 # equal to this name is not looked up on disk.
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+# Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
+PATH_FIELDS = ("project_name", "experiment_name")
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 # Compute precision of a role (trainer.mixed_precision / trainer.model_precision_map):

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.config.convert import get_path
-from verl.config.derived import critic_enabled, dp_size
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema_roles import MixedPrecisionConfig
 
@@ -159,7 +158,7 @@ def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
     n = cfg.actor_rollout_ref.rollout.n
     out = []
     roles = [(_ACTOR, cfg.actor_rollout_ref.actor, _ARR)]
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         roles.append((_CRITIC, cfg.critic, "critic"))
     for prefix, section, role in roles:
         if section.use_dynamic_bsz:
@@ -168,12 +167,12 @@ def _accumulation_assignments(cfg: Any, steps: int) -> list[tuple[str, Any]]:
                 "of accumulation steps is not fixed; drop one of them"
             )
         samples = section.ppo_mini_batch_size * n
-        per_rank, rest = divmod(samples, dp_size(cfg, role))
+        per_rank, rest = divmod(samples, cfg.dp_size(role))
         micro, rest2 = divmod(per_rank, steps)
         if rest or rest2 or micro == 0:
             raise ValueError(
                 f"{prefix}: ppo_mini_batch_size * rollout.n = {samples} samples over "
-                f"{dp_size(cfg, role)} rank(s) do not split into {steps} equal micro-batches"
+                f"{cfg.dp_size(role)} rank(s) do not split into {steps} equal micro-batches"
             )
         out.append((f"{prefix}.ppo_micro_batch_size_per_device", micro))
     return out

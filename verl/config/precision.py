@@ -25,7 +25,6 @@ import functools
 import logging
 from typing import Any
 
-from verl.config.derived import critic_enabled, engine_strategy, ref_enabled
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 
@@ -40,9 +39,9 @@ MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
 def active_roles(cfg: Any) -> list[str]:
     """Roles this run builds a model for."""
     roles = ["actor"]
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         roles.append("critic")
-    if ref_enabled(cfg):
+    if cfg.ref_enabled:
         roles.append("reference")
     if cfg.reward_model.enable:
         roles.append("reward")
@@ -194,7 +193,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
                     )
                 )
 
-    if resolved.get("reference") == "fp8" and engine_strategy(cfg, "actor_rollout_ref") == "fsdp2":
+    if resolved.get("reference") == "fp8" and cfg.engine_strategy("actor_rollout_ref") == "fsdp2":
         problems.append(
             (
                 keys,
@@ -222,7 +221,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         prefix = "actor_rollout_ref" if role == "actor" else "critic"
         section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
         model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
-        strategy = engine_strategy(cfg, prefix)
+        strategy = cfg.engine_strategy(prefix)
         if prec == "fp16" and strategy == "fsdp2":
             problems.append(
                 (

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.config._fields import (
+    PATH_FIELDS,
     ArithmeticOp,
     Backend,
     BuiltinDataset,
@@ -30,7 +31,7 @@ from verl.config._fields import (
     Truncation,
     entry,
 )
-from verl.config.device_map import DataParallelConfig
+from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.schema_roles import (
     ActorConfig,
@@ -51,6 +52,7 @@ from verl.config.schema_roles import (
     ValKwargsConfig,
 )
 from verl.config.validate import validate
+from verl.registry import ADVANTAGE_ESTIMATORS
 
 __all__ = [
     "ActorConfig",
@@ -301,6 +303,95 @@ class TrainerConfig:
         Returns the warnings (also logged). See :func:`verl.config.validate.validate`.
         """
         return validate(self, registries=registries)
+
+    # Derived values: the one place each "null means ..." default is resolved (what an
+    # algorithm needs is asked of its registry entry, never of a list of names).
+
+    def estimator_needs(self, what: str) -> bool:
+        """Whether ``algorithm.adv_estimator``'s registry entry declares ``what``
+        (``needs_critic``, ``needs_index``, ``needs_baseline``, ``needs_reference``); False
+        for an unregistered name, which ``validate`` reports."""
+        return bool(ADVANTAGE_ESTIMATORS.needs(self.algorithm.adv_estimator, what))
+
+    @property
+    def critic_enabled(self) -> bool:
+        """``critic.enable``, or when null, whether the estimator needs values."""
+        enable = self.critic.enable
+        return self.estimator_needs("needs_critic") if enable is None else enable
+
+    @property
+    def ref_enabled(self) -> bool:
+        """A reference policy is needed: a KL term is on (loss or reward) or the estimator
+        needs reference log-probs."""
+        kl = self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        return kl or self.estimator_needs("needs_reference")
+
+    @property
+    def placed_roles(self) -> list[str]:
+        """The worker groups this run places on devices, in placement order."""
+        optional = {"critic": self.critic_enabled, "reward_model": self.reward_model.enable}
+        return ["actor_rollout_ref"] + [g for g, on in optional.items() if on]
+
+    @property
+    def world_size(self) -> int:
+        """Devices in the cluster: ``nnodes * n_gpus_per_node``."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def device_map(self) -> DeviceMap:
+        """The placement of the placed roles (``resource_pool`` over the cluster); raises
+        ``DeviceMapError`` for a map that cannot be placed."""
+        t = self.trainer
+        return resolve_device_map(
+            self.resource_pool, t.nnodes, t.n_gpus_per_node, self.placed_roles
+        )
+
+    def dp_size(self, group: str) -> int:
+        """Data-parallel ranks of a worker group (``actor_rollout_ref``, ``critic``, ...)."""
+        return self.device_map.dp_size(group)
+
+    def engine_strategy(self, group: str) -> str:
+        """The train engine of ``actor_rollout_ref`` or ``critic``: auto = fsdp2 iff > 1 rank."""
+        section = self.actor_rollout_ref.actor if group == "actor_rollout_ref" else self.critic
+        if section.strategy != "auto":
+            return section.strategy
+        return "fsdp2" if self.dp_size(group) > 1 else "single"
+
+    @property
+    def worker_backend(self) -> str:
+        """``trainer.backend``, with auto = ray iff the roles need more than one process."""
+        if self.trainer.backend != "auto":
+            return self.trainer.backend
+        return "ray" if self.device_map.processes > 1 else "local"
+
+    @property
+    def critic_model_path(self) -> str:
+        """``critic.model.path``, or the actor's model path when null."""
+        return self.critic.model.path or self.actor_rollout_ref.model.path
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The policy tokenizer: ``model.tokenizer_path`` or ``model.path``."""
+        return self.actor_rollout_ref.model.tokenizer_path or self.actor_rollout_ref.model.path
+
+    @property
+    def rollout_seed(self) -> int:
+        """``rollout.seed``, or ``trainer.seed`` when null."""
+        seed = self.actor_rollout_ref.rollout.seed
+        return self.trainer.seed if seed is None else seed
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """``trainer.default_local_dir`` with its ``{...}`` fields filled in."""
+        return self.trainer.default_local_dir.format(**self._path_fields())
+
+    @property
+    def log_dir(self) -> str:
+        """``trainer.log_dir`` with its ``{...}`` fields filled in."""
+        return self.trainer.log_dir.format(**self._path_fields())
+
+    def _path_fields(self) -> dict[str, str]:
+        return {name: getattr(self.trainer, name) for name in PATH_FIELDS}
 
 
 _dataclass_init = TrainerConfig.__init__

@@ -22,6 +22,7 @@ from verl.config._fields import (
     WarmupStyle,
     entry,
 )
+from verl.registry import POLICY_LOSSES
 
 
 @dataclass
@@ -168,6 +169,20 @@ class ActorConfig:
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
+
+    @property
+    def clip_ratio_bounds(self) -> tuple[float, float]:
+        """``(eps_low, eps_high)``: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``."""
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        return (self.clip_ratio if low is None else low, self.clip_ratio if high is None else high)
+
+    @property
+    def resolved_loss_agg_mode(self) -> str:
+        """``loss_agg_mode``, or when null the policy loss's registry default
+        (``default_loss_agg_mode``: GSPO's is ``seq-mean-token-mean``), else ``token-mean``."""
+        if self.loss_agg_mode is not None:
+            return self.loss_agg_mode
+        return POLICY_LOSSES.needs(self.policy_loss, "default_loss_agg_mode", None) or "token-mean"
 
 
 @dataclass

@@ -14,19 +14,12 @@ import difflib
 import importlib.util
 import logging
 import os
+import string
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from verl.config._fields import EMBEDDED_MODEL
+from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
 from verl.config.convert import build, get_path
-from verl.config.derived import (
-    PATH_FIELDS,
-    critic_enabled,
-    estimator_needs,
-    placed_roles,
-    template_fields,
-    worker_backend,
-)
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.precision import precision_problems, precision_warnings
@@ -91,7 +84,7 @@ def semantic_problems(
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Run every check on a well-typed tree; skip checks that involve ``skip_paths``."""
     checks = Checks(skip_paths)
-    inactive = [] if critic_enabled(cfg) else ["critic"]
+    inactive = [] if cfg.critic_enabled else ["critic"]
     if cfg.data.train_files or cfg.data.builtin != "arithmetic":
         inactive.append("data.arithmetic")
     checks.fields(cfg, inactive=inactive)
@@ -225,7 +218,7 @@ def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         return None
-    roles = placed_roles(cfg)
+    roles = cfg.placed_roles
     if device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles):
         return None
     placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
@@ -245,7 +238,7 @@ def _check_device_map(c: Checks, cfg: TrainerConfig) -> None:
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         return  # reported by _check_trainer
-    roles = placed_roles(cfg)
+    roles = cfg.placed_roles
     problems = device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
     for keys, message in problems:
         c.error(keys, message)
@@ -383,7 +376,7 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
 
 
 def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
-    est, needs_critic = cfg.algorithm.adv_estimator, estimator_needs(cfg, "needs_critic")
+    est, needs_critic = cfg.algorithm.adv_estimator, cfg.estimator_needs("needs_critic")
     if cfg.critic.enable is False and needs_critic:
         c.error(
             ("critic.enable", "algorithm.adv_estimator"),
@@ -392,7 +385,7 @@ def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
         )
     if cfg.critic.enable and not needs_critic and est in ADVANTAGE_ESTIMATORS:
         c.warn(f"critic.enable=true but algorithm.adv_estimator={est} does not use values")
-    if not critic_enabled(cfg):
+    if not cfg.critic_enabled:
         return
     cr = cfg.critic
     c.model("critic.model.path", cr.model.path)
@@ -437,7 +430,7 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
 def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
     al = cfg.algorithm
     n = cfg.actor_rollout_ref.rollout.n
-    if estimator_needs(cfg, "needs_index") and n == 1:
+    if cfg.estimator_needs("needs_index") and n == 1:
         c.warn(
             f"algorithm.adv_estimator={al.adv_estimator} with actor_rollout_ref.rollout.n=1: a "
             "group of one response has zero advantage, nothing is learned; set rollout.n >= 2"
@@ -456,7 +449,7 @@ def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
     if not fg.enable:
         return
     est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if est in ADVANTAGE_ESTIMATORS and not estimator_needs(cfg, "needs_index"):
+    if est in ADVANTAGE_ESTIMATORS and not cfg.estimator_needs("needs_index"):
         groups = [e for e in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.info(e)["needs_index"]]
         c.error(
             (f"{p}.enable", "algorithm.adv_estimator"),
@@ -496,7 +489,8 @@ def check_run(c: Checks, t: Any, p: str = "trainer") -> None:
     for name in ("log_dir", "default_local_dir"):
         template = getattr(t, name)
         try:
-            unknown = [f for f in template_fields(template) if f not in PATH_FIELDS]
+            names = [n for _, n, _, _ in string.Formatter().parse(template) if n is not None]
+            unknown = [n for n in names if n not in PATH_FIELDS]
         except ValueError as exc:
             unknown = [f"(malformed: {exc})"]
         if unknown:
@@ -528,5 +522,5 @@ def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
             (f"{p}.nnodes", f"{p}.backend"),
             f"{p}.nnodes={t.nnodes}: several machines need {p}.backend=ray (or auto)",
         )
-    if t.backend == "ray" or (_dp_sizes(cfg) is not None and worker_backend(cfg) == "ray"):
+    if t.backend == "ray" or (_dp_sizes(cfg) is not None and cfg.worker_backend == "ray"):
         c.package(f"{p}.backend", "ray", "ray", "pip install 'verl[ray]' or use backend=local")
