@@ -12,8 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from verl.config.convert import get_path
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.load import ConfigError, ConfigProblem, get_path
 from verl.config.schema_roles import MixedPrecisionConfig
 
 _ARR = "actor_rollout_ref"

@@ -13,6 +13,7 @@ validate it: call ``cfg.validate()`` (``load_config`` does).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,54 +34,14 @@ from verl.config._fields import (
 )
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
+from verl.config.load import from_mapping, load_validated
 from verl.config.schema_roles import (
-    ActorConfig,
     ActorRolloutRefConfig,
-    CheckpointConfig,
     CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    MixedPrecisionConfig,
-    ModelConfig,
-    OptimConfig,
-    OverlongBufferConfig,
-    RefConfig,
-    RefFSDPConfig,
     RewardModelConfig,
-    RewardModelModelConfig,
-    RolloutConfig,
-    ValKwargsConfig,
 )
-from verl.config.validate import validate
+from verl.config.validate import semantic_problems, validate
 from verl.registry import ADVANTAGE_ESTIMATORS
-
-__all__ = [
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "AlgorithmConfig",
-    "ArithmeticConfig",
-    "CheckpointConfig",
-    "CriticConfig",
-    "CriticModelConfig",
-    "CustomRewardFunctionConfig",
-    "DataConfig",
-    "DataParallelConfig",
-    "FSDPConfig",
-    "FilterGroupsConfig",
-    "KLControlConfig",
-    "MixedPrecisionConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "OverlongBufferConfig",
-    "RefConfig",
-    "RefFSDPConfig",
-    "RewardModelConfig",
-    "RewardModelModelConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "TrainerConfig",
-    "ValKwargsConfig",
-]
 
 
 @dataclass
@@ -411,3 +372,27 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
 
 
 TrainerConfig.__init__ = _init_with_flat_keys
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+) -> TrainerConfig:
+    """The defaults, a user YAML file ``path`` (a partial tree) and dotted ``overrides``
+    (``["actor_rollout_ref.actor.optim.lr=1e-6"]``), validated; ``registries`` adds
+    ``{key path: allowed names}`` checks. Raises ``ConfigError`` listing every problem."""
+    return load_validated(
+        TrainerConfig,
+        path,
+        overrides,
+        lambda cfg, bad_paths: semantic_problems(cfg, registries=registries, skip_paths=bad_paths),
+    )
+
+
+def from_dict(data: Mapping[str, Any], cls: type = TrainerConfig) -> Any:
+    """Build a config (``TrainerConfig`` by default) from nested dicts, a partial tree being
+    fine; checks types only (raises ``ConfigError``). ``load_config`` / ``cfg.validate()``
+    run the full validation."""
+    return from_mapping(cls, data)

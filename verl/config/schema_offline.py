@@ -5,12 +5,12 @@ They follow the PPO schema's conventions: every key is a dataclass field declare
 ``entry(default, help)``; sections shared with PPO (``ModelConfig``, ``OptimConfig``,
 ``ArithmeticConfig``) are reused; the YAML defaults beside the entry points
 (``verl/trainer/config/sft_trainer.yaml`` / ``dpo_trainer.yaml``) and the key tables of
-``docs/sft_dpo.md`` are generated from the dataclasses (``tests/config`` checks they are
-current)::
+``docs/sft_dpo.md`` are generated from the dataclasses by ``verl.config.gen`` (the tests
+check they are current)::
 
     python -m verl.trainer.main_sft --print-defaults > verl/trainer/config/sft_trainer.yaml
     python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
-    python -c "import verl.config.schema_offline as s; s.write_doc_tables('docs/sft_dpo.md')"
+    python -m verl.config.gen docs docs/sft_dpo.md
 
 ``load_sft_config`` / ``load_dpo_config`` take the dataclass defaults (the YAML files are
 not read back), a user YAML file (a partial tree) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
@@ -27,14 +27,10 @@ import logging
 import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, TypeVar
 
 from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
-from verl.config.convert import build
-from verl.config.errors import ConfigProblem
-from verl.config.gen import to_yaml, with_config_table
-from verl.config.loader import load_validated
+from verl.config.load import ConfigProblem, build, load_validated, report, show
 from verl.config.schema import ArithmeticConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
@@ -42,9 +38,7 @@ from verl.config.validate import (
     check_optim,
     check_registries,
     check_run,
-    report,
 )
-from verl.config.yaml_io import show
 
 __all__ = [
     "DPOConfig",
@@ -402,49 +396,3 @@ def load_dpo_config(
 ) -> DPOConfig:
     """Load and validate a :class:`DPOConfig` ."""
     return load_offline_config(DPOConfig, path, overrides, registries=registries)
-
-
-# --------------------------------------------------------------------------- generation
-
-_KINDS: dict[str, tuple[type, str]] = {
-    "sft": (SFTConfig, "python -m verl.trainer.main_sft optim.lr=2e-5"),
-    "dpo": (DPOConfig, "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
-}
-_HEADER = """\
-# Defaults of every {title} setting, one comment per key.
-# GENERATED from verl/config/schema_offline.py by
-# `python -m verl.trainer.main_{kind} --print-defaults`: edit the schema, not this file.
-# Override keys with a YAML file (--config) or on the command line:
-#   {example}
-# Directory templates fill in {{project_name}} and {{experiment_name}} from the trainer section.
-"""
-_TITLES = {"sft": "SFT", "dpo": "DPO / IPO / KTO"}
-
-
-def default_yaml(kind: str) -> str:
-    """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: sft or dpo)."""
-    cls, example = _KINDS[kind]
-    header = _HEADER.format(title=_TITLES[kind], kind=kind, example=example)
-    return header + "\n" + to_yaml(cls(), comments=True)
-
-
-def table_markers(kind: str) -> tuple[str, str]:
-    """The markers around the generated key table of ``kind`` in ``docs/sft_dpo.md``."""
-    return (
-        f"<!-- BEGIN GENERATED {kind.upper()} CONFIG TABLE "
-        "(verl.config.schema_offline.write_doc_tables) -->",
-        f"<!-- END GENERATED {kind.upper()} CONFIG TABLE -->",
-    )
-
-
-def with_tables(doc: str) -> str:
-    """``doc`` with the SFT and DPO key tables between their markers regenerated."""
-    for kind, (cls, _) in _KINDS.items():
-        doc = with_config_table(doc, cls, *table_markers(kind))
-    return doc
-
-
-def write_doc_tables(path: str | os.PathLike[str]) -> None:
-    """Rewrite the generated key tables of the markdown file at ``path`` in place."""
-    path = Path(path)
-    path.write_text(with_tables(path.read_text()))

@@ -12,25 +12,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import logging
 import os
 import string
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
-from verl.config.convert import build, get_path
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
-from verl.config.yaml_io import show
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
     from verl.config.schema import OptimConfig, TrainerConfig
-
-logger = logging.getLogger(__name__)
 
 
 def validate(
@@ -50,15 +45,6 @@ def validate(
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
     return report(problems + more, warnings)
-
-
-def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
-    """Raise ``ConfigError`` listing ``problems`` if there are any; else log ``warnings``."""
-    if problems:
-        raise ConfigError(problems)
-    for warning in warnings:
-        logger.warning(warning)
-    return warnings
 
 
 def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]] | None) -> None:

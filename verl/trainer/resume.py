@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from verl.config import TrainerConfig, to_yaml
-from verl.config.convert import iter_schema, section_class
-from verl.config.yaml_io import load_yaml_text
+from verl.config.load import iter_schema, load_yaml_text, section_class
 from verl.trainer.checkpoint import (
     CONFIG_FILE,
     FORMAT_VERSION,
