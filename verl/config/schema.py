@@ -149,8 +149,9 @@ class AlgorithmConfig:
 
 
 @dataclass
-class RunConfig:
-    """The ``trainer:`` section: run identity, resources, schedule, logging, checkpoints."""
+class RunSectionConfig:
+    """The keys every trainer's ``trainer:`` section shares (RL, SFT, DPO): run identity,
+    logging, schedule, checkpoints and resuming."""
 
     project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
     experiment_name: str = entry(
@@ -160,23 +161,9 @@ class RunConfig:
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
     )
-    nnodes: int = entry(1, "machines", ge=1)
-    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine", ge=1)
     device: Device = entry("auto", "auto = cuda when available, else cpu")
-    backend: Backend = entry(
-        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
-    )
-    ray_address: str | None = entry(
-        None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
-    )
-    ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
-    worker_heartbeat_timeout: float | None = entry(
-        60.0,
-        "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
-        "the run fails naming its role and rank; null = no heartbeat",
-    )
-    total_epochs: int = entry(1, "passes over the training prompts", ge=1)
-    total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch", ge=1)
+    total_epochs: int = entry(1, "passes over the training data", ge=1)
+    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
     save_freq: int = entry(
         -1, "checkpoint every N steps and after the last step; -1 = never", ge=1, off=-1
     )
@@ -196,14 +183,34 @@ class RunConfig:
     )
     resume_force: bool = entry(
         False,
-        "resume even though the checkpoint's model, tokenizer or training data settings "
-        "differ from this config (docs/checkpoints.md lists the keys)",
+        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
+        "from this config (docs/checkpoints.md lists the keys)",
     )
     max_ckpt_to_keep: int | None = entry(
         None, "keep only the newest N complete checkpoints; null = keep all", ge=1
     )
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
     num_threads: int | None = entry(None, "torch intra-op threads; null = torch default", ge=1)
+
+
+@dataclass
+class RunConfig(RunSectionConfig):
+    """The ``trainer:`` section of an RL run: the shared keys, resources and precision."""
+
+    nnodes: int = entry(1, "machines", ge=1)
+    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine", ge=1)
+    backend: Backend = entry(
+        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
+    )
+    ray_address: str | None = entry(
+        None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
+    )
+    ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
+    worker_heartbeat_timeout: float | None = entry(
+        60.0,
+        "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
+        "the run fails naming its role and rank; null = no heartbeat",
+    )
     mixed_precision: Precision = entry(
         "none",
         "default compute precision of every role: none (the model dtype, no autocast), fp32, "

@@ -29,9 +29,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
+from verl.config._fields import Strategy, entry
 from verl.config.load import ConfigProblem, build, load_validated, report, show
-from verl.config.schema import ArithmeticConfig
+from verl.config.schema import ArithmeticConfig, RunSectionConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
     Checks,
@@ -177,53 +177,19 @@ class PreferenceLossConfig:
 
 
 @dataclass
-class OfflineRunConfig:
-    """The ``trainer:`` section of an offline run: identity, schedule, logging, output."""
+class OfflineRunConfig(RunSectionConfig):
+    """The ``trainer:`` section of an offline run: the shared keys and the devices."""
 
-    project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
     experiment_name: str = entry(
         "offline", "run name (trackers, default directories)", nonempty=True
     )
-    logger: list[Logger] = entry(["console"], "metric sinks: console, jsonl, tensorboard, wandb")
-    log_dir: str = entry(
-        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
-    )
-    default_local_dir: str = entry(
-        "checkpoints/{project_name}/{experiment_name}",
-        "output directory: global_step_N/ checkpoints; the final model goes to <dir>/huggingface",
-    )
-    device: Device = entry("auto", "auto = cuda when available, else cpu")
+    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
     n_gpus_per_node: int = entry(
         1,
         "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
         "on Ray workers",
         ge=1,
     )
-    total_epochs: int = entry(1, "passes over the training data", ge=1)
-    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
-    save_freq: int = entry(
-        -1, "checkpoint every N steps and after the last step; -1 = never", ge=1, off=-1
-    )
-    resume_mode: ResumeMode = entry(
-        "auto",
-        "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
-        "fresh; resume_path = trainer.resume_from_path",
-    )
-    resume_from_path: str | None = entry(
-        None, "checkpoint (a global_step_N directory) to resume when resume_mode=resume_path"
-    )
-    resume_force: bool = entry(
-        False,
-        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
-        "from this config (docs/checkpoints.md lists the keys)",
-    )
-    max_ckpt_to_keep: int | None = entry(
-        None, "keep only the newest N complete checkpoints; null = keep all", ge=1
-    )
-    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
-    val_before_train: bool = entry(True, "validation loss once before the first step")
-    seed: int = entry(42, "global seed (model init, dropout)")
-    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default", ge=1)
 
 
 @dataclass
