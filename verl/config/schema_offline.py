@@ -23,7 +23,6 @@ imports torch.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from verl.config.schema import ArithmeticConfig, RunSectionConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
     Checks,
+    check_data_source,
     check_optim,
     check_registries,
     check_run,
@@ -59,8 +59,6 @@ OfflineBuiltin = Literal["arithmetic"]
 
 
 C = TypeVar("C")
-
-logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- sections
@@ -273,17 +271,7 @@ def _check_data(c: Checks, cfg: SFTConfig | DPOConfig, builtin: bool) -> None:
             f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} is larger than "
             f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
         )
-    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
-        for f in files:
-            c.file(key, f)
-    if not d.train_files and d.builtin is None:
-        c.error(
-            ("data.train_files", "data.builtin"),
-            "data.train_files=[]: no training data; set data.train_files=[file, ...] "
-            "or data.builtin=arithmetic",
-        )
-    if builtin and not d.arithmetic.ops:
-        c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+    check_data_source(c, d, builtin)
     if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
         c.error(
             ("data.max_prompt_length", "data.max_length"),

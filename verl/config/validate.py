@@ -172,8 +172,8 @@ class Checks:
             self.error(path, f"{path}={show(value)}: needs the '{module}' package; {install}")
 
 
-def _check_data(c: Checks, cfg: TrainerConfig) -> None:
-    d = cfg.data
+def check_data_source(c: Checks, d: Any, builtin: bool) -> None:
+    """Training/validation files exist, or the built-in data (every trainer's ``data``)."""
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         for f in files:
             c.file(key, f)
@@ -183,11 +183,16 @@ def _check_data(c: Checks, cfg: TrainerConfig) -> None:
             "data.train_files=[]: no training data; set data.train_files=[file, ...] "
             "or data.builtin=arithmetic",
         )
+    if builtin and not d.arithmetic.ops:
+        c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+
+
+def _check_data(c: Checks, cfg: TrainerConfig) -> None:
+    d = cfg.data
     uses_builtin = not d.train_files and d.builtin == "arithmetic"
+    check_data_source(c, d, uses_builtin)
     if uses_builtin:
         a = d.arithmetic
-        if not a.ops:
-            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
         if a.train_size < d.train_batch_size:
             c.error(
                 ("data.arithmetic.train_size", "data.train_batch_size"),
