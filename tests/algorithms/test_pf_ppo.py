@@ -11,8 +11,7 @@ from verl.algorithms.pf_ppo import (
     pf_ppo_indices,
     pow_weights,
 )
-from verl.config import load_config
-from verl.config.errors import ConfigError
+from verl.config import ConfigError, load_config
 from verl.registry import PF_PPO_WEIGHTS, UnknownNameError
 
 SCORES = torch.tensor([1.0, -2.0, 0.0, 3.0], dtype=torch.float64)

@@ -14,7 +14,7 @@ import torch
 
 from verl.algorithms.advantages import get_advantage_estimator
 from verl.algorithms.policy_loss import get_policy_loss
-from verl.config import actor_loss_agg_mode, load_config
+from verl.config import load_config
 
 
 def _t(x):
@@ -144,4 +144,4 @@ def test_gspo_aggregates_with_the_configured_mode():
 )
 def test_null_loss_agg_mode_takes_the_policy_loss_preference(overrides, mode):
     cfg = load_config(overrides=overrides)
-    assert actor_loss_agg_mode(cfg.actor_rollout_ref.actor) == mode
+    assert cfg.actor_rollout_ref.actor.resolved_loss_agg_mode == mode

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from verl import cli
-from verl.config.convert import get_path
 from verl.config.gen import default_yaml, iter_rows
+from verl.config.load import get_path
 from verl.config.schema import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]

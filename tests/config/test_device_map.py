@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from verl.config import TrainerConfig
-from verl.config.derived import device_map, engine_strategy, worker_backend
 from verl.config.device_map import (
     DataParallelConfig,
     DeviceMapError,
@@ -79,14 +78,14 @@ def test_set_device_map_short_form_matches_the_config_section():
 
 def test_backend_and_strategy_auto_follow_the_map():
     cfg = TrainerConfig()
-    assert worker_backend(cfg) == "local"
-    assert engine_strategy(cfg, "actor_rollout_ref") == "single"
+    assert cfg.worker_backend == "local"
+    assert cfg.engine_strategy("actor_rollout_ref") == "single"
     cfg.trainer.n_gpus_per_node = 2
-    assert worker_backend(cfg) == "ray"
-    assert engine_strategy(cfg, "actor_rollout_ref") == "fsdp2"
+    assert cfg.worker_backend == "ray"
+    assert cfg.engine_strategy("actor_rollout_ref") == "fsdp2"
     # critic alone on one device: its own process, single engine
     cfg.algorithm.adv_estimator = "gae"
     cfg.resource_pool = DataParallelConfig(actor_devices=[0], critic_devices=[1])
-    assert device_map(cfg).processes == 2
-    assert engine_strategy(cfg, "critic") == "single"
-    assert worker_backend(cfg) == "ray"
+    assert cfg.device_map.processes == 2
+    assert cfg.engine_strategy("critic") == "single"
+    assert cfg.worker_backend == "ray"

@@ -10,7 +10,7 @@ import pytest
 
 from verl import cli
 from verl.config import TrainerConfig, from_dict
-from verl.config.yaml_io import load_yaml_text
+from verl.config.load import load_yaml_text
 from verl.trainer import main_ppo
 
 HEAVY = ("torch", "transformers", "ray", "numpy", "pyarrow")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from verl.config import precision as P
-from verl.config.errors import ConfigError
-from verl.config.flat_keys import FLAT_KEYS
-from verl.config.schema import (
+from verl.config import (
     ActorConfig,
     ActorRolloutRefConfig,
+    ConfigError,
     MixedPrecisionConfig,
     RunConfig,
     TrainerConfig,
 )
+from verl.config import precision as P
+from verl.config.flat_keys import FLAT_KEYS
 
 
 def _errors(cfg: TrainerConfig) -> str:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from verl.config import ConfigError, critic_enabled, load_config, placed_roles, ref_enabled
+from verl.config import ConfigError, load_config
 from verl.config.registry_keys import NULLABLE_KEYS, REGISTRY_KEYS
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
 
@@ -81,8 +81,8 @@ def test_a_registered_rollout_backend_is_accepted_and_its_needs_are_checked(regi
 def test_a_registered_estimator_decides_critic_reference_and_groups(registered):
     registered(ADVANTAGE_ESTIMATORS, "my_td", "x:y", needs_critic=True, needs_reference=True)
     cfg = load_config(overrides=["algorithm.adv_estimator=my_td"])
-    assert critic_enabled(cfg) and ref_enabled(cfg)
-    assert placed_roles(cfg) == ["actor_rollout_ref", "critic"]
+    assert cfg.critic_enabled and cfg.ref_enabled
+    assert cfg.placed_roles == ["actor_rollout_ref", "critic"]
     # a non-group estimator rejects dynamic sampling, naming the group estimators
     (msg,) = messages(["algorithm.adv_estimator=my_td", "algorithm.filter_groups.enable=true"])
     groups = [

@@ -24,10 +24,8 @@ from verl.config import (
     to_dict,
     to_yaml,
 )
-from verl.config.convert import iter_schema, section_class
-from verl.config.gen import default_yaml, with_table
-from verl.config.loader import default_config_text
-from verl.config.yaml_io import load_yaml_text
+from verl.config.gen import default_yaml, with_tables
+from verl.config.load import iter_schema, load_yaml_text, section_class
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "config.md"
@@ -47,6 +45,10 @@ def test_defaults_load_and_equal_schema():
     assert cfg.trainer.default_local_dir == "checkpoints/{project_name}/{experiment_name}"
 
 
+def default_config_text() -> str:
+    return (Path(__file__).parents[2] / "verl/trainer/config/ppo_trainer.yaml").read_text()
+
+
 def test_committed_yaml_is_generated_from_schema():
     committed = default_config_text()
     assert committed == default_yaml(), (
@@ -58,7 +60,7 @@ def test_committed_yaml_is_generated_from_schema():
 
 def test_docs_table_is_generated_from_schema():
     doc = DOCS.read_text()
-    assert doc == with_table(doc), "run python -m verl.config.gen docs docs/config.md"
+    assert doc == with_tables(doc), "run python -m verl.config.gen docs docs/config.md"
 
 
 def test_every_leaf_is_documented_and_commented():
@@ -156,3 +158,18 @@ def test_yaml_has_no_stray_keys():
 @pytest.mark.parametrize("name", ["TrainerConfig", "load_config"])
 def test_lazy_public_names(name: str):
     assert getattr(verl, name) is getattr(verl.config, name)
+
+
+def test_gen_runs_as_a_module_without_a_runpy_warning():
+    """verl.config does not import gen, so ``python -m verl.config.gen`` runs it fresh."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "verl.config.gen", "yaml", "sft"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == default_yaml("sft")

@@ -13,17 +13,8 @@ from verl.config import (
     DataConfig,
     SFTConfig,
     TrainerConfig,
-    checkpoint_dir,
-    clip_ratio_bounds,
-    critic_enabled,
-    critic_model_path,
     load_config,
-    log_dir,
-    ref_enabled,
-    rollout_seed,
-    tokenizer_path,
     validate,
-    world_size,
 )
 
 
@@ -152,7 +143,7 @@ def test_missing_files_are_each_reported(tmp_path: Path, monkeypatch: pytest.Mon
             "custom_reward_function.path=my_reward.py",
         ]
     )
-    assert critic_model_path(cfg) == "models/tiny" == tokenizer_path(cfg)
+    assert cfg.critic_model_path == "models/tiny" == cfg.tokenizer_path
 
 
 def test_no_training_data():
@@ -283,17 +274,17 @@ def test_derived_values():
             "trainer.n_gpus_per_node=2",
         ]
     )
-    assert world_size(cfg) == 2
-    assert clip_ratio_bounds(cfg.actor_rollout_ref.actor) == (0.2, 0.28)
-    assert checkpoint_dir(cfg) == "checkpoints/p/e"
-    assert log_dir(cfg) == "runs/p/e"
-    assert critic_enabled(cfg) is False and ref_enabled(cfg) is False
-    assert rollout_seed(cfg) == 42
+    assert cfg.world_size == 2
+    assert cfg.actor_rollout_ref.actor.clip_ratio_bounds == (0.2, 0.28)
+    assert cfg.checkpoint_dir == "checkpoints/p/e"
+    assert cfg.log_dir == "runs/p/e"
+    assert cfg.critic_enabled is False and cfg.ref_enabled is False
+    assert cfg.rollout_seed == 42
     cfg.algorithm.adv_estimator = "gae"
     cfg.actor_rollout_ref.actor.use_kl_loss = True
-    assert critic_enabled(cfg) is True and ref_enabled(cfg) is True
+    assert cfg.critic_enabled is True and cfg.ref_enabled is True
     cfg.critic.enable = False
-    assert critic_enabled(cfg) is False
+    assert cfg.critic_enabled is False
 
 
 def test_device_map_problems_name_the_keys():
@@ -348,3 +339,40 @@ def test_local_backend_refuses_a_multi_process_map():
 def test_validate_rejects_what_is_not_a_trainer_config(bad: object):
     with pytest.raises(TypeError, match="validate\\(\\) takes a TrainerConfig"):
         validate(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.train_batch_size=0", "data.train_batch_size=0: must be >= 1"),
+        ("actor_rollout_ref.actor.clip_ratio_c=1.0", "clip_ratio_c=1.0: must be > 1"),
+        ("algorithm.lam=-0.5", "algorithm.lam=-0.5: must be in [0, 1]"),
+        ("actor_rollout_ref.rollout.top_p=1.5", "rollout.top_p=1.5: must be in (0, 1]"),
+        ("trainer.test_freq=-2", "trainer.test_freq=-2: must be -1 (off) or >= 1"),
+        ("trainer.project_name=' '", "trainer.project_name=' ': must not be empty"),
+        ("reward_model.val_max_failure_rate=2", "val_max_failure_rate=2.0: must be in [0.0, 1.0]"),
+    ],
+)
+def test_declared_bounds_are_checked_with_key_value_and_range(override: str, expected: str):
+    (msg,) = messages([override])
+    assert msg.endswith(expected)
+
+
+def test_bounds_of_an_inactive_section_are_not_checked():
+    # no critic (grpo) and no built-in data: their sections' bounds do not apply
+    cfg = TrainerConfig()
+    cfg.critic.loss_coef = 0.0
+    cfg.data.train_files, cfg.data.arithmetic.digits = [__file__], 0
+    validate(cfg)
+    cfg.critic.enable = True
+    with pytest.raises(ConfigError, match=r"critic.loss_coef=0.0: must be > 0"):
+        validate(cfg)
+
+
+def test_offline_bounds_are_declared_on_the_offline_schema():
+    from verl.config import DPOConfig
+
+    cfg = DPOConfig()
+    cfg.algorithm.label_smoothing = 0.5
+    with pytest.raises(ConfigError, match=r"label_smoothing=0.5: must be in \[0, 0.5\)"):
+        cfg.validate()

@@ -227,8 +227,7 @@ def test_sigterm_during_an_inline_builtin_scorer_stops_scoring(tokenizer):
 
 
 def test_config_keys_are_validated():
-    from verl.config import load_config
-    from verl.config.errors import ConfigError
+    from verl.config import ConfigError, load_config
 
     cfg = load_config(overrides=[])
     assert (cfg.reward_model.max_abs_reward, cfg.reward_model.max_failure_rate) == (1e6, 0.5)

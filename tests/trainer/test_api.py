@@ -133,3 +133,44 @@ def test_grpo_learns_dense_reward_on_tiny_model(tmp_path):
         rewards.append(trainer.update_policy(trainer.collect_data(prompts))["reward"])
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, rewards
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_every_make_trainer_config_knob_sets_its_keys(algo):
+    cfg = make_trainer_config(
+        algo,
+        model="smollm2-135m-instruct",
+        train_batch_size=4,
+        n=2,
+        max_prompt_length=32,
+        max_response_length=8,
+        lr=2e-6,
+        critic_lr=3e-5,
+        actor_micro_batch_size=2,
+        critic_micro_batch_size=1,
+        ppo_mini_batch_size=2,
+        ppo_epochs=2,
+        clip_eps=0.25,
+        vf_coef=0.5,
+        kl_coef=0.02,
+        entropy_coeff=0.01,
+        temperature=0.7,
+        total_training_steps=3,
+        seed=5,
+    )
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length) == (4, 32)
+    assert (cfg.data.max_response_length, arr.rollout.n, arr.rollout.temperature) == (8, 2, 0.7)
+    assert (arr.actor.optim.lr, critic.optim.lr) == (2e-6, 3e-5)
+    assert arr.actor.ppo_micro_batch_size_per_device == 2
+    assert critic.ppo_micro_batch_size_per_device == 1
+    assert arr.actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 2
+    assert arr.actor.ppo_epochs == critic.ppo_epochs == 2
+    assert (arr.actor.clip_ratio, critic.loss_coef, arr.actor.entropy_coeff) == (0.25, 0.5, 0.01)
+    assert (cfg.trainer.total_training_steps, cfg.trainer.seed) == (3, 5)
+    if algo == "ppo":  # the KL penalty goes into the reward
+        assert cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_ctrl.kl_coef == 0.02
+        assert not arr.actor.use_kl_loss
+    else:  # the KL term goes into the actor loss
+        assert arr.actor.use_kl_loss and arr.actor.kl_loss_coef == 0.02
+        assert not cfg.algorithm.use_kl_in_reward

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from verl.config import ConfigError, DPOConfig, load_dpo_config
-from verl.config.schema_offline import default_yaml
+from verl.config.gen import default_yaml
 from verl.data.io import write_records
 from verl.data.preference_dataset import collate_preference
 from verl.models import load_causal_lm

@@ -60,7 +60,7 @@ def test_nonfinite_guard_stops_the_run_with_a_clear_error(rl_config, monkeypatch
 
 
 def test_make_trainer_config_takes_the_flat_keys():
-    from verl.config.errors import ConfigError
+    from verl.config import ConfigError
     from verl.trainer.api import make_trainer_config
 
     cfg = make_trainer_config("ppo", mixed_precision="bf16", max_grad_norm=0.3)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from verl.config import ConfigError, SFTConfig, load_sft_config
-from verl.config.schema_offline import default_yaml, with_tables
-from verl.config.yaml_io import load_yaml_text
+from verl.config.gen import default_yaml, with_tables
+from verl.config.load import load_yaml_text
 from verl.data.io import write_records
 from verl.models import load_causal_lm
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
@@ -196,8 +196,7 @@ def test_committed_defaults_and_docs_are_generated_from_the_schema():
     assert load_sft_config() == SFTConfig()
     doc = (ROOT / "docs/sft_dpo.md").read_text()
     assert doc == with_tables(doc), (
-        'docs/sft_dpo.md tables are stale: python -c "import verl.config.schema_offline as s; '
-        "s.write_doc_tables('docs/sft_dpo.md')\""
+        "docs/sft_dpo.md tables are stale: python -m verl.config.gen docs docs/sft_dpo.md"
     )
 
 

@@ -15,7 +15,7 @@ module, which imports nothing of verl and never torch):
 * :func:`translate_flat_kwargs` — keyword arguments of ``TrainerConfig(...)``
   (called from ``verl/config/schema.py``, ``_init_with_flat_keys``);
 * :func:`translate_tree` — the user YAML tree of ``load_config(path)`` (called from
-  ``verl/config/loader.py``, ``load_validated``).
+  ``verl/config/load.py``, ``load_validated``).
 
 The user-facing tables are ``docs/tutorials/000_mixed_precision.md`` and
 ``docs/tutorials/001_fsdp.md``.

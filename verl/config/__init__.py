@@ -4,32 +4,15 @@
     cfg = load_config("my.yaml", ["data.train_batch_size=16", "actor_rollout_ref.rollout.n=4"])
     cfg = TrainerConfig(); cfg.actor_rollout_ref.rollout.n = 4; cfg.validate()
 
-The dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is generated
-from them. The offline trainers' configs (``SFTConfig``, ``DPOConfig``, loaded with
-``load_sft_config`` / ``load_dpo_config``) live in ``schema_offline.py``. This package
-imports nothing from the rest of verl (and never torch) but the alias tables of
-``verl.compat.aliases`` (which import nothing of verl).
-See ``docs/config.md``.
+The dataclasses hold every default (``verl/trainer/config/*.yaml`` and the key tables of the
+docs are generated from them by ``python -m verl.config.gen``). The offline trainers'
+configs (``SFTConfig``, ``DPOConfig``, loaded with ``load_sft_config`` /
+``load_dpo_config``) live in ``schema_offline.py``. This package imports nothing from the
+rest of verl but ``verl.registry`` and the alias tables of ``verl.compat.aliases`` (which
+import nothing of verl), and never torch at import. See ``docs/config.md``.
 """
 
 from verl.config._fields import EMBEDDED_MODEL
-from verl.config.derived import (
-    actor_loss_agg_mode,
-    checkpoint_dir,
-    clip_ratio_bounds,
-    critic_enabled,
-    critic_model_path,
-    device_map,
-    dp_size,
-    engine_strategy,
-    log_dir,
-    placed_roles,
-    ref_enabled,
-    rollout_seed,
-    tokenizer_path,
-    worker_backend,
-    world_size,
-)
 from verl.config.device_map import (
     DataParallelConfig,
     DeviceMap,
@@ -37,34 +20,18 @@ from verl.config.device_map import (
     resolve_device_map,
     set_device_map,
 )
-from verl.config.errors import ConfigError, ConfigProblem
-from verl.config.gen import to_yaml
-from verl.config.loader import apply_override, from_dict, load_config, to_dict
+from verl.config.load import ConfigError, ConfigProblem, apply_override, to_dict, to_yaml
 from verl.config.schema import (
-    ActorConfig,
-    ActorRolloutRefConfig,
     AlgorithmConfig,
     ArithmeticConfig,
-    CheckpointConfig,
-    CriticConfig,
-    CriticModelConfig,
     CustomRewardFunctionConfig,
     DataConfig,
     FilterGroupsConfig,
-    FSDPConfig,
     KLControlConfig,
-    MixedPrecisionConfig,
-    ModelConfig,
-    OptimConfig,
-    OverlongBufferConfig,
-    RefConfig,
-    RefFSDPConfig,
-    RewardModelConfig,
-    RewardModelModelConfig,
-    RolloutConfig,
     RunConfig,
     TrainerConfig,
-    ValKwargsConfig,
+    from_dict,
+    load_config,
 )
 from verl.config.schema_offline import (
     DPOConfig,
@@ -76,6 +43,24 @@ from verl.config.schema_offline import (
     SFTDataConfig,
     load_dpo_config,
     load_sft_config,
+)
+from verl.config.schema_roles import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    CheckpointConfig,
+    CriticConfig,
+    CriticModelConfig,
+    FSDPConfig,
+    MixedPrecisionConfig,
+    ModelConfig,
+    OptimConfig,
+    OverlongBufferConfig,
+    RefConfig,
+    RefFSDPConfig,
+    RewardModelConfig,
+    RewardModelModelConfig,
+    RolloutConfig,
+    ValKwargsConfig,
 )
 from verl.config.validate import validate
 
@@ -117,29 +102,14 @@ __all__ = [
     "SFTDataConfig",
     "TrainerConfig",
     "ValKwargsConfig",
-    "actor_loss_agg_mode",
     "apply_override",
-    "checkpoint_dir",
-    "clip_ratio_bounds",
-    "critic_enabled",
-    "critic_model_path",
-    "device_map",
-    "dp_size",
-    "engine_strategy",
     "from_dict",
     "load_config",
     "load_dpo_config",
     "load_sft_config",
-    "log_dir",
-    "placed_roles",
-    "ref_enabled",
     "resolve_device_map",
-    "rollout_seed",
     "set_device_map",
     "to_dict",
     "to_yaml",
-    "tokenizer_path",
     "validate",
-    "worker_backend",
-    "world_size",
 ]

@@ -18,6 +18,8 @@ from typing import Any, Literal
 # The model shipped with the package (SmolLM2-135M-Instruct, see verl/models). A model path
 # equal to this name is not looked up on disk.
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+# Fields a directory template may name, e.g. "checkpoints/{project_name}/{experiment_name}".
+PATH_FIELDS = ("project_name", "experiment_name")
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 # Compute precision of a role (trainer.mixed_precision / trainer.model_precision_map):
@@ -38,13 +40,28 @@ BuiltinDataset = Literal["arithmetic"]
 FilterGroupsMetric = Literal["acc", "score", "seq_reward"]
 
 
-def entry(default: Any, help: str) -> Any:
-    """A dataclass field with ``default`` and a one-line ``help`` text.
+def entry(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    off: int | None = None,
+    nonempty: bool = False,
+) -> Any:
+    """A dataclass field with ``default``, a one-line ``help`` text and its allowed values.
 
-    Mutable defaults (lists, dicts, dataclass instances) and nested section classes get a
-    ``default_factory`` so that every config owns fresh copies.
+    ``ge``/``gt``/``le``/``lt`` bound a number, ``off`` is a sentinel allowed besides the
+    bounds (``-1`` = off), ``nonempty`` refuses a blank string; ``verl.config.validate``
+    checks them all in one walk (null values pass). Mutable defaults (lists, dicts,
+    dataclass instances) and nested section classes get a ``default_factory``.
     """
-    metadata = {"help": help}
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "off": off}
+    metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
+    if nonempty:
+        metadata["nonempty"] = True
     if isinstance(default, type) and dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=default, metadata=metadata)
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):

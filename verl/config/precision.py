@@ -25,7 +25,6 @@ import functools
 import logging
 from typing import Any
 
-from verl.config.derived import critic_enabled, engine_strategy, ref_enabled
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 
@@ -40,9 +39,9 @@ MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
 def active_roles(cfg: Any) -> list[str]:
     """Roles this run builds a model for."""
     roles = ["actor"]
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         roles.append("critic")
-    if ref_enabled(cfg):
+    if cfg.ref_enabled:
         roles.append("reference")
     if cfg.reward_model.enable:
         roles.append("reward")
@@ -142,144 +141,113 @@ def _cuda_name(device: str) -> str:
 
 def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     """Every precision problem of ``cfg`` as ``(key paths, message)``; empty when valid."""
-    t, p = cfg.trainer, "trainer"
-    problems: list[tuple[tuple[str, ...], str]] = []
-    map_key, mp_key = f"{p}.model_precision_map", f"{p}.mixed_precision"
-
+    t, out = cfg.trainer, []
+    map_key, mp_key = "trainer.model_precision_map", "trainer.mixed_precision"
     for role, value in t.model_precision_map.items():
         if role not in ROLES:
-            problems.append(
-                ((map_key,), f"{map_key} has unknown role {role!r}; use {', '.join(ROLES)}")
-            )
+            out.append(((map_key,), f"{map_key} has unknown role {role!r}; use {', '.join(ROLES)}"))
         elif value not in PRECISIONS:
-            problems.append(
-                (
-                    (map_key,),
-                    f"{map_key}.{role}={value!r} is not a precision; use one of "
-                    f"{', '.join(PRECISIONS)}",
-                )
+            message = (
+                f"{map_key}.{role}={value!r} is not a precision; use one of {', '.join(PRECISIONS)}"
             )
+            out.append(((map_key,), message))
         elif role in TRAINABLE_ROLES and value == "fp8":
-            problems.append(
-                (
-                    (map_key,),
-                    f"{map_key}.{role}=fp8: fp8 is weight-only storage for inference roles "
-                    "(reference, reward); a trainable role cannot train in it. Use bf16",
-                )
+            message = (
+                f"{map_key}.{role}=fp8: fp8 is weight-only storage for inference roles "
+                "(reference, reward); a trainable role cannot train in it. Use bf16"
             )
-    if problems:
-        return problems
+            out.append(((map_key,), message))
+    if out:
+        return out
 
-    roles = active_roles(cfg)
-    resolved = {role: role_precision(cfg, role) for role in roles}
+    resolved = {role: role_precision(cfg, role) for role in active_roles(cfg)}
     keys = (mp_key, map_key)
-
     # Only a reduced precision needs a look at the device (and so an import of torch).
-    if any(prec in MIN_CAPABILITY for prec in resolved.values()):
-        device = run_device(cfg)
-    else:
-        device = "cpu"
-    if device.startswith("cuda"):
-        cap = _cuda_capability(device)
-        for role, prec in resolved.items():
-            need = MIN_CAPABILITY.get(prec)
-            if need is not None and cap < need:
-                alt = "bf16" if prec == "fp8" and cap >= MIN_CAPABILITY["bf16"] else "fp16"
-                problems.append(
-                    (
-                        keys,
-                        f"{role} precision {prec} needs a GPU of compute capability "
-                        f">= {need[0]}.{need[1]}, but {_cuda_name(device)} has "
-                        f"{cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)",
-                    )
-                )
-
-    if resolved.get("reference") == "fp8" and engine_strategy(cfg, "actor_rollout_ref") == "fsdp2":
-        problems.append(
-            (
-                keys,
-                "reference precision fp8 with strategy=fsdp2: fp8 weight-only layers keep their "
-                "weights as unsharded buffers, which FSDP2 would copy whole to every rank; use "
-                "bf16 for the reference, or strategy=single",
+    device = run_device(cfg) if any(v in MIN_CAPABILITY for v in resolved.values()) else "cpu"
+    cap = _cuda_capability(device) if device.startswith("cuda") else None
+    for role, prec in resolved.items():
+        need = MIN_CAPABILITY.get(prec)
+        if cap is not None and need is not None and cap < need:
+            alt = "bf16" if prec == "fp8" and cap >= MIN_CAPABILITY["bf16"] else "fp16"
+            message = (
+                f"{role} precision {prec} needs a GPU of compute capability >= {need[0]}.{need[1]}, "
+                f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)"
             )
+            out.append((keys, message))
+    if resolved.get("reference") == "fp8" and cfg.engine_strategy("actor_rollout_ref") == "fsdp2":
+        message = (
+            "reference precision fp8 with strategy=fsdp2: fp8 weight-only layers keep their "
+            "weights as unsharded buffers, which FSDP2 would copy whole to every rank; use "
+            "bf16 for the reference, or strategy=single"
         )
+        out.append((keys, message))
 
     trained = {r: resolved[r] for r in TRAINABLE_ROLES if r in resolved}
     half = {r: v for r, v in trained.items() if v in ("bf16", "fp16")}
     if len(set(half.values())) > 1:
-        problems.append(
-            (
-                keys,
-                "trainable roles mix bf16 and fp16 ("
-                + ", ".join(f"{r}={v}" for r, v in half.items())
-                + "): they exchange tensors (values, log-probs, advantages) and share one "
-                "loss-scaling policy, and fp16 overflows where bf16 does not; use one of them "
-                "for every trainable role",
-            )
+        message = (
+            f"trainable roles mix bf16 and fp16 ({', '.join(f'{r}={v}' for r, v in half.items())}): "
+            "they exchange tensors (values, log-probs, advantages) and share one loss-scaling "
+            "policy, and fp16 overflows where bf16 does not; use one of them for every "
+            "trainable role"
         )
-
+        out.append((keys, message))
     for role, prec in trained.items():
-        prefix = "actor_rollout_ref" if role == "actor" else "critic"
-        section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
-        model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
-        strategy = engine_strategy(cfg, prefix)
-        if prec == "fp16" and strategy == "fsdp2":
-            problems.append(
-                (
-                    keys,
-                    f"{role} precision fp16 with strategy=fsdp2: fp16 training needs dynamic "
-                    "loss scaling, which the fsdp2 engine does not have (a sharded inf check); "
-                    "use bf16, or strategy=single",
-                )
-            )
-        if prec in ("fp32", "bf16", "fp16") and model.dtype != "fp32":
-            problems.append(
-                (
-                    (*keys, f"{prefix}.model.dtype"),
-                    f"{role} precision {prec} keeps fp32 master weights "
-                    f"(gradient_precision=fp32), but {prefix}.model.dtype={model.dtype}; set "
-                    f"{prefix}.model.dtype=fp32 (the compute dtype comes from the precision)",
-                )
-            )
-        mp = section.fsdp_config.mixed_precision
-        fsdp_key = f"{prefix}.{'actor.' if role == 'actor' else ''}fsdp_config.mixed_precision"
-        if mp is not None and prec in ("fp32", "bf16", "fp16") and mp.param_dtype != prec:
-            problems.append(
-                (
-                    (*keys, fsdp_key),
-                    f"{fsdp_key}.param_dtype={mp.param_dtype} contradicts {role} precision "
-                    f"{prec}; set one of them (they are the same setting)",
-                )
-            )
-        if mp is not None and mp.reduce_dtype != t.gradient_precision:
-            problems.append(
-                (
-                    (f"{p}.gradient_precision", fsdp_key),
-                    f"{fsdp_key}.reduce_dtype={mp.reduce_dtype} contradicts "
-                    f"{p}.gradient_precision={t.gradient_precision}; gradients are reduced "
-                    "and kept in fp32",
-                )
-            )
+        out += _trained_role_problems(cfg, role, prec, keys)
 
-    scaling = t.use_gradient_scaling
-    if scaling and "fp16" not in trained.values():
-        problems.append(
-            (
-                (f"{p}.use_gradient_scaling", mp_key),
-                f"{p}.use_gradient_scaling=true but no trainable role computes in fp16 "
-                f"({', '.join(f'{r}={v}' for r, v in trained.items())}); loss scaling is for "
-                "fp16 only: drop it or use null",
-            )
+    if t.use_gradient_scaling and "fp16" not in trained.values():
+        message = (
+            "trainer.use_gradient_scaling=true but no trainable role computes in fp16 "
+            f"({', '.join(f'{r}={v}' for r, v in trained.items())}); loss scaling is for fp16 "
+            "only: drop it or use null"
         )
+        out.append((("trainer.use_gradient_scaling", mp_key), message))
     if t.max_consecutive_nonfinite_steps < 0:
-        problems.append(
-            (
-                (f"{p}.max_consecutive_nonfinite_steps",),
-                f"{p}.max_consecutive_nonfinite_steps={t.max_consecutive_nonfinite_steps} "
-                "must be >= 0 (0 = never stop)",
-            )
+        message = (
+            f"trainer.max_consecutive_nonfinite_steps={t.max_consecutive_nonfinite_steps} "
+            "must be >= 0 (0 = never stop)"
         )
-    return problems
+        out.append((("trainer.max_consecutive_nonfinite_steps",), message))
+    return out
+
+
+def _trained_role_problems(
+    cfg: Any, role: str, prec: str, keys: tuple[str, ...]
+) -> list[tuple[tuple[str, ...], str]]:
+    """A trainable role's precision against its engine, model dtype and FSDP2 settings."""
+    prefix = "actor_rollout_ref" if role == "actor" else "critic"
+    section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
+    model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
+    fsdp_key = f"{prefix}.{'actor.' if role == 'actor' else ''}fsdp_config.mixed_precision"
+    mp, out = section.fsdp_config.mixed_precision, []
+    if prec == "fp16" and cfg.engine_strategy(prefix) == "fsdp2":
+        message = (
+            f"{role} precision fp16 with strategy=fsdp2: fp16 training needs dynamic loss "
+            "scaling, which the fsdp2 engine does not have (a sharded inf check); use bf16, "
+            "or strategy=single"
+        )
+        out.append((keys, message))
+    if prec in ("fp32", "bf16", "fp16") and model.dtype != "fp32":
+        message = (
+            f"{role} precision {prec} keeps fp32 master weights (gradient_precision=fp32), but "
+            f"{prefix}.model.dtype={model.dtype}; set {prefix}.model.dtype=fp32 (the compute "
+            "dtype comes from the precision)"
+        )
+        out.append(((*keys, f"{prefix}.model.dtype"), message))
+    if mp is not None and prec in ("fp32", "bf16", "fp16") and mp.param_dtype != prec:
+        message = (
+            f"{fsdp_key}.param_dtype={mp.param_dtype} contradicts {role} precision {prec}; "
+            "set one of them (they are the same setting)"
+        )
+        out.append(((*keys, fsdp_key), message))
+    gradient = cfg.trainer.gradient_precision
+    if mp is not None and mp.reduce_dtype != gradient:
+        message = (
+            f"{fsdp_key}.reduce_dtype={mp.reduce_dtype} contradicts trainer.gradient_precision="
+            f"{gradient}; gradients are reduced and kept in fp32"
+        )
+        out.append((("trainer.gradient_precision", fsdp_key), message))
+    return out
 
 
 def precision_warnings(cfg: Any) -> list[str]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from verl.config.convert import get_path
-from verl.config.yaml_io import show
+from verl.config.load import get_path, show
 from verl.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,

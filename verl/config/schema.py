@@ -13,12 +13,14 @@ validate it: call ``cfg.validate()`` (``load_config`` does).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from verl.compat.aliases import translate_flat_kwargs
 from verl.config._fields import (
+    PATH_FIELDS,
     ArithmeticOp,
     Backend,
     BuiltinDataset,
@@ -31,65 +33,26 @@ from verl.config._fields import (
     Truncation,
     entry,
 )
-from verl.config.device_map import DataParallelConfig
+from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
+from verl.config.load import from_mapping, load_validated
 from verl.config.schema_roles import (
-    ActorConfig,
     ActorRolloutRefConfig,
-    CheckpointConfig,
     CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    MixedPrecisionConfig,
-    ModelConfig,
-    OptimConfig,
-    OverlongBufferConfig,
-    RefConfig,
-    RefFSDPConfig,
     RewardModelConfig,
-    RewardModelModelConfig,
-    RolloutConfig,
-    ValKwargsConfig,
 )
-from verl.config.validate import validate
-
-__all__ = [
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "AlgorithmConfig",
-    "ArithmeticConfig",
-    "CheckpointConfig",
-    "CriticConfig",
-    "CriticModelConfig",
-    "CustomRewardFunctionConfig",
-    "DataConfig",
-    "DataParallelConfig",
-    "FSDPConfig",
-    "FilterGroupsConfig",
-    "KLControlConfig",
-    "MixedPrecisionConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "OverlongBufferConfig",
-    "RefConfig",
-    "RefFSDPConfig",
-    "RewardModelConfig",
-    "RewardModelModelConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "TrainerConfig",
-    "ValKwargsConfig",
-]
+from verl.config.validate import semantic_problems, validate
+from verl.registry import ADVANTAGE_ESTIMATORS
 
 
 @dataclass
 class ArithmeticConfig:
     """The built-in arithmetic task: "a op b" questions with integer answers."""
 
-    digits: int = entry(1, "digits per operand")
+    digits: int = entry(1, "digits per operand", ge=1)
     ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
-    train_size: int = entry(1024, "generated training prompts")
-    val_size: int = entry(64, "generated validation prompts")
+    train_size: int = entry(1024, "generated training prompts", ge=1)
+    val_size: int = entry(64, "generated validation prompts", ge=0)
 
 
 @dataclass
@@ -98,11 +61,15 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
-    prompt_key: str = entry("prompt", "column holding the prompt (text or chat messages)")
-    max_prompt_length: int = entry(128, "max prompt tokens (see truncation)")
-    max_response_length: int = entry(64, "max generated tokens per response")
-    train_batch_size: int = entry(8, "prompts per training step")
-    val_batch_size: int | None = entry(None, "prompts per validation batch; null = all at once")
+    prompt_key: str = entry(
+        "prompt", "column holding the prompt (text or chat messages)", nonempty=True
+    )
+    max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
+    max_response_length: int = entry(64, "max generated tokens per response", ge=1)
+    train_batch_size: int = entry(8, "prompts per training step", ge=1)
+    val_batch_size: int | None = entry(
+        None, "prompts per validation batch; null = all at once", ge=1
+    )
     truncation: Truncation = entry(
         "error",
         "prompt longer than max_prompt_length: error, drop it, or keep its end (truncate; "
@@ -135,11 +102,11 @@ class KLControlConfig:
         "fixed, adaptive (moves the coefficient toward target_kl), or linear / cosine "
         "(ramps kl_coef to final_kl_coef over schedule_steps)",
     )
-    kl_coef: float = entry(0.001, "(initial) KL coefficient")
-    horizon: int = entry(10000, "adaptive controller horizon in samples")
-    target_kl: float = entry(0.1, "adaptive controller target KL")
-    final_kl_coef: float | None = entry(None, "linear/cosine: the coefficient ramped to")
-    schedule_steps: int = entry(1, "linear/cosine: trainer steps of the ramp, then held")
+    kl_coef: float = entry(0.001, "(initial) KL coefficient", ge=0)
+    horizon: int = entry(10000, "adaptive controller horizon in samples", ge=1)
+    target_kl: float = entry(0.1, "adaptive controller target KL", gt=0)
+    final_kl_coef: float | None = entry(None, "linear/cosine: the coefficient ramped to", ge=0)
+    schedule_steps: int = entry(1, "linear/cosine: trainer steps of the ramp, then held", ge=1)
 
 
 @dataclass
@@ -157,7 +124,7 @@ class FilterGroupsConfig:
         "scorer score) or seq_reward (sum of the shaped token-level scores)",
     )
     max_num_gen_batches: int = entry(
-        10, "generation batches one step may draw before failing; 0 = unbounded"
+        10, "generation batches one step may draw before failing; 0 = unbounded", ge=0
     )
 
 
@@ -168,17 +135,19 @@ class PFPPOConfig:
     reweight_method: str = entry(
         "pow", "weights from scores: pow (|score|^weight_pow), max_min, max_random"
     )
-    weight_pow: float = entry(2.0, "exponent of the pow method")
+    weight_pow: float = entry(2.0, "exponent of the pow method", ge=0)
 
 
 @dataclass
 class AlgorithmConfig:
     """Advantage estimation, the in-reward KL penalty and dynamic sampling."""
 
-    gamma: float = entry(1.0, "discount factor")
-    lam: float = entry(1.0, "GAE lambda")
+    gamma: float = entry(1.0, "discount factor", ge=0, le=1)
+    lam: float = entry(1.0, "GAE lambda", ge=0, le=1)
     adv_estimator: str = entry(
-        "grpo", "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)"
+        "grpo",
+        "advantage-estimator name in the verl.algorithms registry (gae, grpo, ...)",
+        nonempty=True,
     )
     adv_estimator_kwargs: dict[str, Any] = entry(
         {},
@@ -201,40 +170,28 @@ class AlgorithmConfig:
 
 
 @dataclass
-class RunConfig:
-    """The ``trainer:`` section: run identity, resources, schedule, logging, checkpoints."""
+class RunSectionConfig:
+    """The keys every trainer's ``trainer:`` section shares (RL, SFT, DPO): run identity,
+    logging, schedule, checkpoints and resuming."""
 
-    project_name: str = entry("verl", "project name (trackers, default directories)")
-    experiment_name: str = entry("default", "run name (trackers, default directories)")
+    project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
+    experiment_name: str = entry(
+        "default", "run name (trackers, default directories)", nonempty=True
+    )
     logger: list[Logger] = entry(
         ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
     )
     log_dir: str = entry(
         "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
     )
-    nnodes: int = entry(1, "machines")
-    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine")
     device: Device = entry("auto", "auto = cuda when available, else cpu")
-    backend: Backend = entry(
-        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
+    total_epochs: int = entry(1, "passes over the training data", ge=1)
+    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
+    save_freq: int = entry(
+        -1, "checkpoint every N steps and after the last step; -1 = never", ge=1, off=-1
     )
-    ray_address: str | None = entry(
-        None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
-    )
-    ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
-    worker_heartbeat_timeout: float | None = entry(
-        60.0,
-        "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
-        "the run fails naming its role and rank; null = no heartbeat",
-    )
-    total_epochs: int = entry(1, "passes over the training prompts")
-    total_training_steps: int | None = entry(None, "null = total_epochs x batches per epoch")
-    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
-    test_freq: int = entry(-1, "validate every N steps; -1 = never")
+    test_freq: int = entry(-1, "validate every N steps; -1 = never", ge=1, off=-1)
     val_before_train: bool = entry(True, "validate once before the first step")
-    log_val_generations: int = entry(
-        0, "validation samples (prompt, response, score) logged as a table per validation"
-    )
     default_local_dir: str = entry(
         "checkpoints/{project_name}/{experiment_name}",
         "checkpoint directory (global_step_N/ subdirectories; the final HF model in huggingface/)",
@@ -249,14 +206,37 @@ class RunConfig:
     )
     resume_force: bool = entry(
         False,
-        "resume even though the checkpoint's model, tokenizer or training data settings "
-        "differ from this config (docs/checkpoints.md lists the keys)",
+        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
+        "from this config (docs/checkpoints.md lists the keys)",
     )
     max_ckpt_to_keep: int | None = entry(
-        None, "keep only the newest N complete checkpoints; null = keep all"
+        None, "keep only the newest N complete checkpoints; null = keep all", ge=1
     )
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
-    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
+    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default", ge=1)
+
+
+@dataclass
+class RunConfig(RunSectionConfig):
+    """The ``trainer:`` section of an RL run: the shared keys, resources and precision."""
+
+    nnodes: int = entry(1, "machines", ge=1)
+    n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine", ge=1)
+    backend: Backend = entry(
+        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
+    )
+    ray_address: str | None = entry(
+        None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
+    )
+    ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
+    worker_heartbeat_timeout: float | None = entry(
+        60.0,
+        "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
+        "the run fails naming its role and rank; null = no heartbeat",
+    )
+    log_val_generations: int = entry(
+        0, "validation samples (prompt, response, score) logged as a table per validation", ge=0
+    )
     mixed_precision: Precision = entry(
         "none",
         "default compute precision of every role: none (the model dtype, no autocast), fp32, "
@@ -318,6 +298,95 @@ class TrainerConfig:
         """
         return validate(self, registries=registries)
 
+    # Derived values: the one place each "null means ..." default is resolved (what an
+    # algorithm needs is asked of its registry entry, never of a list of names).
+
+    def estimator_needs(self, what: str) -> bool:
+        """Whether ``algorithm.adv_estimator``'s registry entry declares ``what``
+        (``needs_critic``, ``needs_index``, ``needs_baseline``, ``needs_reference``); False
+        for an unregistered name, which ``validate`` reports."""
+        return bool(ADVANTAGE_ESTIMATORS.needs(self.algorithm.adv_estimator, what))
+
+    @property
+    def critic_enabled(self) -> bool:
+        """``critic.enable``, or when null, whether the estimator needs values."""
+        enable = self.critic.enable
+        return self.estimator_needs("needs_critic") if enable is None else enable
+
+    @property
+    def ref_enabled(self) -> bool:
+        """A reference policy is needed: a KL term is on (loss or reward) or the estimator
+        needs reference log-probs."""
+        kl = self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        return kl or self.estimator_needs("needs_reference")
+
+    @property
+    def placed_roles(self) -> list[str]:
+        """The worker groups this run places on devices, in placement order."""
+        optional = {"critic": self.critic_enabled, "reward_model": self.reward_model.enable}
+        return ["actor_rollout_ref"] + [g for g, on in optional.items() if on]
+
+    @property
+    def world_size(self) -> int:
+        """Devices in the cluster: ``nnodes * n_gpus_per_node``."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def device_map(self) -> DeviceMap:
+        """The placement of the placed roles (``resource_pool`` over the cluster); raises
+        ``DeviceMapError`` for a map that cannot be placed."""
+        t = self.trainer
+        return resolve_device_map(
+            self.resource_pool, t.nnodes, t.n_gpus_per_node, self.placed_roles
+        )
+
+    def dp_size(self, group: str) -> int:
+        """Data-parallel ranks of a worker group (``actor_rollout_ref``, ``critic``, ...)."""
+        return self.device_map.dp_size(group)
+
+    def engine_strategy(self, group: str) -> str:
+        """The train engine of ``actor_rollout_ref`` or ``critic``: auto = fsdp2 iff > 1 rank."""
+        section = self.actor_rollout_ref.actor if group == "actor_rollout_ref" else self.critic
+        if section.strategy != "auto":
+            return section.strategy
+        return "fsdp2" if self.dp_size(group) > 1 else "single"
+
+    @property
+    def worker_backend(self) -> str:
+        """``trainer.backend``, with auto = ray iff the roles need more than one process."""
+        if self.trainer.backend != "auto":
+            return self.trainer.backend
+        return "ray" if self.device_map.processes > 1 else "local"
+
+    @property
+    def critic_model_path(self) -> str:
+        """``critic.model.path``, or the actor's model path when null."""
+        return self.critic.model.path or self.actor_rollout_ref.model.path
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The policy tokenizer: ``model.tokenizer_path`` or ``model.path``."""
+        return self.actor_rollout_ref.model.tokenizer_path or self.actor_rollout_ref.model.path
+
+    @property
+    def rollout_seed(self) -> int:
+        """``rollout.seed``, or ``trainer.seed`` when null."""
+        seed = self.actor_rollout_ref.rollout.seed
+        return self.trainer.seed if seed is None else seed
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """``trainer.default_local_dir`` with its ``{...}`` fields filled in."""
+        return self.trainer.default_local_dir.format(**self._path_fields())
+
+    @property
+    def log_dir(self) -> str:
+        """``trainer.log_dir`` with its ``{...}`` fields filled in."""
+        return self.trainer.log_dir.format(**self._path_fields())
+
+    def _path_fields(self) -> dict[str, str]:
+        return {name: getattr(self.trainer, name) for name in PATH_FIELDS}
+
 
 _dataclass_init = TrainerConfig.__init__
 
@@ -337,3 +406,27 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
 
 
 TrainerConfig.__init__ = _init_with_flat_keys
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    registries: Mapping[str, Iterable[str]] | None = None,
+) -> TrainerConfig:
+    """The defaults, a user YAML file ``path`` (a partial tree) and dotted ``overrides``
+    (``["actor_rollout_ref.actor.optim.lr=1e-6"]``), validated; ``registries`` adds
+    ``{key path: allowed names}`` checks. Raises ``ConfigError`` listing every problem."""
+    return load_validated(
+        TrainerConfig,
+        path,
+        overrides,
+        lambda cfg, bad_paths: semantic_problems(cfg, registries=registries, skip_paths=bad_paths),
+    )
+
+
+def from_dict(data: Mapping[str, Any], cls: type = TrainerConfig) -> Any:
+    """Build a config (``TrainerConfig`` by default) from nested dicts, a partial tree being
+    fine; checks types only (raises ``ConfigError``). ``load_config`` / ``cfg.validate()``
+    run the full validation."""
+    return from_mapping(cls, data)

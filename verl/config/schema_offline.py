@@ -5,12 +5,12 @@ They follow the PPO schema's conventions: every key is a dataclass field declare
 ``entry(default, help)``; sections shared with PPO (``ModelConfig``, ``OptimConfig``,
 ``ArithmeticConfig``) are reused; the YAML defaults beside the entry points
 (``verl/trainer/config/sft_trainer.yaml`` / ``dpo_trainer.yaml``) and the key tables of
-``docs/sft_dpo.md`` are generated from the dataclasses (``tests/config`` checks they are
-current)::
+``docs/sft_dpo.md`` are generated from the dataclasses by ``verl.config.gen`` (the tests
+check they are current)::
 
     python -m verl.trainer.main_sft --print-defaults > verl/trainer/config/sft_trainer.yaml
     python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
-    python -c "import verl.config.schema_offline as s; s.write_doc_tables('docs/sft_dpo.md')"
+    python -m verl.config.gen docs docs/sft_dpo.md
 
 ``load_sft_config`` / ``load_dpo_config`` take the dataclass defaults (the YAML files are
 not read back), a user YAML file (a partial tree) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
@@ -23,29 +23,22 @@ imports torch.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, TypeVar
 
-from verl.config._fields import Device, Logger, ResumeMode, Strategy, entry
-from verl.config.convert import build
-from verl.config.errors import ConfigProblem
-from verl.config.gen import to_yaml, with_config_table
-from verl.config.loader import load_validated
-from verl.config.schema import ArithmeticConfig
+from verl.config._fields import Strategy, entry
+from verl.config.load import ConfigProblem, build, load_validated, report, show
+from verl.config.schema import ArithmeticConfig, RunSectionConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
     Checks,
+    check_data_source,
     check_optim,
     check_registries,
-    check_run_identity,
-    check_run_length_and_resume,
-    report,
+    check_run,
 )
-from verl.config.yaml_io import show
 
 __all__ = [
     "DPOConfig",
@@ -67,8 +60,6 @@ OfflineBuiltin = Literal["arithmetic"]
 
 C = TypeVar("C")
 
-logger = logging.getLogger(__name__)
-
 
 # --------------------------------------------------------------------------- sections
 
@@ -80,14 +71,16 @@ class SFTDataConfig:
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files (validation loss); empty = none")
     messages_key: str = entry(
-        "messages", "column of chat messages; rows without it use prompt_key + response_key"
+        "messages",
+        "column of chat messages; rows without it use prompt_key + response_key",
+        nonempty=True,
     )
-    prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)")
-    response_key: str = entry("response", "column of the response text")
+    prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)", nonempty=True)
+    response_key: str = entry("response", "column of the response text", nonempty=True)
     apply_chat_template: bool = entry(
         True, "render with the tokenizer's chat template; false = prompt + response + eos"
     )
-    max_length: int = entry(512, "max tokens per sample (and per packed sequence)")
+    max_length: int = entry(512, "max tokens per sample (and per packed sequence)", ge=2)
     truncation: SFTTruncation = entry(
         "error",
         "sample longer than max_length: error (list the rows), truncate (keep its first "
@@ -96,8 +89,10 @@ class SFTDataConfig:
     packing: bool = entry(
         False, "pack several samples into each sequence of up to max_length tokens"
     )
-    train_batch_size: int = entry(8, "sequences per optimizer step (packed sequences when packing)")
-    micro_batch_size_per_device: int = entry(4, "sequences per forward/backward")
+    train_batch_size: int = entry(
+        8, "sequences per optimizer step (packed sequences when packing)", ge=1
+    )
+    micro_batch_size_per_device: int = entry(4, "sequences per forward/backward", ge=1)
     shuffle: bool = entry(True, "shuffle training sequences each epoch")
     seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
     builtin: OfflineBuiltin | None = entry(
@@ -120,18 +115,18 @@ class PreferenceDataConfig:
     apply_chat_template: bool = entry(
         True, "render with the tokenizer's chat template; false = plain text + eos"
     )
-    max_prompt_length: int = entry(256, "max prompt tokens (see truncation)")
-    max_length: int = entry(512, "max prompt + completion tokens (see truncation)")
+    max_prompt_length: int = entry(256, "max prompt tokens (see truncation)", ge=1)
+    max_length: int = entry(512, "max prompt + completion tokens (see truncation)", ge=2)
     truncation: PreferenceTruncation = entry(
         "error",
         "row over a limit: error (list the rows), truncate (keep the prompt's end and the "
         "completion's start) or drop it",
     )
     train_batch_size: int = entry(
-        8, "rows per optimizer step: pairs (dpo, ipo) or labelled completions (kto)"
+        8, "rows per optimizer step: pairs (dpo, ipo) or labelled completions (kto)", ge=1
     )
     micro_batch_size_per_device: int = entry(
-        4, "rows per forward/backward (a pair is two sequences)"
+        4, "rows per forward/backward (a pair is two sequences)", ge=1
     )
     shuffle: bool = entry(True, "shuffle training rows each epoch")
     seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
@@ -155,9 +150,9 @@ class OfflineEngineConfig:
         "train engine: single (one process), fsdp2 (sharded; needed with "
         "trainer.n_gpus_per_node > 1) or auto (fsdp2 on several devices, else single)",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm")
+    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     logprob_chunk_size: int = entry(
-        512, "tokens whose float32 logits exist at once when computing log-probs"
+        512, "tokens whose float32 logits exist at once when computing log-probs", ge=1
     )
 
 
@@ -165,60 +160,34 @@ class OfflineEngineConfig:
 class PreferenceLossConfig:
     """Which preference loss, and its coefficients."""
 
-    loss_type: str = entry("dpo", "loss name in the verl.algorithms registry: dpo, ipo, kto")
-    beta: float = entry(0.1, "reward scale beta (> 0); for ipo the regularisation strength")
-    label_smoothing: float = entry(
-        0.0, "dpo only: assumed probability that a pair's labels are flipped, in [0, 0.5)"
+    loss_type: str = entry(
+        "dpo", "loss name in the verl.algorithms registry: dpo, ipo, kto", nonempty=True
     )
-    desirable_weight: float = entry(1.0, "kto: weight of desirable rows' losses")
-    undesirable_weight: float = entry(1.0, "kto: weight of undesirable rows' losses")
+    beta: float = entry(0.1, "reward scale beta (> 0); for ipo the regularisation strength", gt=0)
+    label_smoothing: float = entry(
+        0.0,
+        "dpo only: assumed probability that a pair's labels are flipped, in [0, 0.5)",
+        ge=0,
+        lt=0.5,
+    )
+    desirable_weight: float = entry(1.0, "kto: weight of desirable rows' losses", gt=0)
+    undesirable_weight: float = entry(1.0, "kto: weight of undesirable rows' losses", gt=0)
 
 
 @dataclass
-class OfflineRunConfig:
-    """The ``trainer:`` section of an offline run: identity, schedule, logging, output."""
+class OfflineRunConfig(RunSectionConfig):
+    """The ``trainer:`` section of an offline run: the shared keys and the devices."""
 
-    project_name: str = entry("verl", "project name (trackers, default directories)")
-    experiment_name: str = entry("offline", "run name (trackers, default directories)")
-    logger: list[Logger] = entry(
-        ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
+    experiment_name: str = entry(
+        "offline", "run name (trackers, default directories)", nonempty=True
     )
-    log_dir: str = entry(
-        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
-    )
-    default_local_dir: str = entry(
-        "checkpoints/{project_name}/{experiment_name}",
-        "output directory: global_step_N/ checkpoints; the final model goes to <dir>/huggingface",
-    )
-    device: Device = entry("auto", "auto = cuda when available, else cpu")
+    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
     n_gpus_per_node: int = entry(
         1,
         "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
         "on Ray workers",
+        ge=1,
     )
-    total_epochs: int = entry(1, "passes over the training data")
-    total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch")
-    save_freq: int = entry(-1, "checkpoint every N steps and after the last step; -1 = never")
-    resume_mode: ResumeMode = entry(
-        "auto",
-        "auto = the newest complete checkpoint in default_local_dir, if any; disable = start "
-        "fresh; resume_path = trainer.resume_from_path",
-    )
-    resume_from_path: str | None = entry(
-        None, "checkpoint (a global_step_N directory) to resume when resume_mode=resume_path"
-    )
-    resume_force: bool = entry(
-        False,
-        "resume even though the checkpoint's model, tokenizer, data or loss settings differ "
-        "from this config (docs/checkpoints.md lists the keys)",
-    )
-    max_ckpt_to_keep: int | None = entry(
-        None, "keep only the newest N complete checkpoints; null = keep all"
-    )
-    test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end")
-    val_before_train: bool = entry(True, "validation loss once before the first step")
-    seed: int = entry(42, "global seed (model init, dropout)")
-    num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
 
 
 @dataclass
@@ -281,81 +250,48 @@ def offline_problems(
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Every semantic check of a well-typed offline config: ``(problems, warnings)``."""
     c = Checks(skip_paths)
-    _check_data(c, cfg)
+    builtin = not cfg.data.train_files and cfg.data.builtin == "arithmetic"
+    c.fields(cfg, inactive=() if builtin else ("data.arithmetic",))
+    _check_data(c, cfg, builtin)
     c.model("model.path", cfg.model.path)
     c.model("model.tokenizer_path", cfg.model.tokenizer_path)
     check_optim(c, "optim", cfg.optim)
-    c.above("engine.grad_clip", cfg.engine.grad_clip, 0)
-    c.at_least("engine.logprob_chunk_size", cfg.engine.logprob_chunk_size, 1)
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)
-    _check_run(c, cfg.trainer)
+    check_run(c, cfg.trainer)
     _check_ranks(c, cfg)
     check_registries(c, cfg, registries)
     return c.problems, c.warnings
 
 
-def _check_data(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
+def _check_data(c: Checks, cfg: SFTConfig | DPOConfig, builtin: bool) -> None:
     d = cfg.data
-    c.at_least("data.train_batch_size", d.train_batch_size, 1)
-    c.at_least("data.micro_batch_size_per_device", d.micro_batch_size_per_device, 1)
     if d.micro_batch_size_per_device > d.train_batch_size >= 1:
         c.warn(
             f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} is larger than "
             f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
         )
-    c.at_least("data.max_length", d.max_length, 2)
-    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
-        for f in files:
-            c.file(key, f)
-    if not d.train_files and d.builtin is None:
+    check_data_source(c, d, builtin)
+    if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
         c.error(
-            ("data.train_files", "data.builtin"),
-            "data.train_files=[]: no training data; set data.train_files=[file, ...] "
-            "or data.builtin=arithmetic",
+            ("data.max_prompt_length", "data.max_length"),
+            f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
+            f"completion within data.max_length={d.max_length}; make it smaller",
         )
-    if not d.train_files and d.builtin == "arithmetic":
-        a = d.arithmetic
-        c.at_least("data.arithmetic.digits", a.digits, 1)
-        c.at_least("data.arithmetic.train_size", a.train_size, 1)
-        c.at_least("data.arithmetic.val_size", a.val_size, 0)
-        if not a.ops:
-            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
-    if isinstance(d, SFTDataConfig):
-        for name in ("messages_key", "prompt_key", "response_key"):
-            c.nonempty(f"data.{name}", getattr(d, name))
-    else:
-        c.at_least("data.max_prompt_length", d.max_prompt_length, 1)
-        if d.max_prompt_length >= d.max_length >= 2:
-            c.error(
-                ("data.max_prompt_length", "data.max_length"),
-                f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
-                f"completion within data.max_length={d.max_length}; make it smaller",
-            )
 
 
 def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
     a, p = cfg.algorithm, "algorithm"
-    c.nonempty(f"{p}.loss_type", a.loss_type)
-    c.above(f"{p}.beta", a.beta, 0)
-    if not 0 <= a.label_smoothing < 0.5:
-        c.error(
-            f"{p}.label_smoothing",
-            f"{p}.label_smoothing={show(a.label_smoothing)}: must be in [0, 0.5)",
-        )
-    elif a.label_smoothing > 0 and a.loss_type not in ("dpo", "sigmoid"):
+    if 0 < a.label_smoothing < 0.5 and a.loss_type not in ("dpo", "sigmoid"):
         c.error(
             (f"{p}.label_smoothing", f"{p}.loss_type"),
             f"{p}.label_smoothing={show(a.label_smoothing)}: only the dpo loss uses it, but "
             f"{p}.loss_type={a.loss_type}; set it to 0",
         )
-    c.above(f"{p}.desirable_weight", a.desirable_weight, 0)
-    c.above(f"{p}.undesirable_weight", a.undesirable_weight, 0)
 
 
 def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
     ranks, d = cfg.trainer.n_gpus_per_node, cfg.data
-    c.at_least("trainer.n_gpus_per_node", ranks, 1)
     if ranks <= 1:
         return
     if cfg.engine.strategy == "single":
@@ -374,12 +310,6 @@ def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
             f"{micro_batches} micro-batches per step, which trainer.n_gpus_per_node={ranks} "
             f"ranks cannot share equally; make it a multiple of {ranks}",
         )
-
-
-def _check_run(c: Checks, t: OfflineRunConfig) -> None:
-    p = "trainer"
-    check_run_identity(c, t, p)
-    check_run_length_and_resume(c, t, p)
 
 
 # --------------------------------------------------------------------------- loading
@@ -420,49 +350,3 @@ def load_dpo_config(
 ) -> DPOConfig:
     """Load and validate a :class:`DPOConfig` ."""
     return load_offline_config(DPOConfig, path, overrides, registries=registries)
-
-
-# --------------------------------------------------------------------------- generation
-
-_KINDS: dict[str, tuple[type, str]] = {
-    "sft": (SFTConfig, "python -m verl.trainer.main_sft optim.lr=2e-5"),
-    "dpo": (DPOConfig, "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
-}
-_HEADER = """\
-# Defaults of every {title} setting, one comment per key.
-# GENERATED from verl/config/schema_offline.py by
-# `python -m verl.trainer.main_{kind} --print-defaults`: edit the schema, not this file.
-# Override keys with a YAML file (--config) or on the command line:
-#   {example}
-# Directory templates fill in {{project_name}} and {{experiment_name}} from the trainer section.
-"""
-_TITLES = {"sft": "SFT", "dpo": "DPO / IPO / KTO"}
-
-
-def default_yaml(kind: str) -> str:
-    """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: sft or dpo)."""
-    cls, example = _KINDS[kind]
-    header = _HEADER.format(title=_TITLES[kind], kind=kind, example=example)
-    return header + "\n" + to_yaml(cls(), comments=True)
-
-
-def table_markers(kind: str) -> tuple[str, str]:
-    """The markers around the generated key table of ``kind`` in ``docs/sft_dpo.md``."""
-    return (
-        f"<!-- BEGIN GENERATED {kind.upper()} CONFIG TABLE "
-        "(verl.config.schema_offline.write_doc_tables) -->",
-        f"<!-- END GENERATED {kind.upper()} CONFIG TABLE -->",
-    )
-
-
-def with_tables(doc: str) -> str:
-    """``doc`` with the SFT and DPO key tables between their markers regenerated."""
-    for kind, (cls, _) in _KINDS.items():
-        doc = with_config_table(doc, cls, *table_markers(kind))
-    return doc
-
-
-def write_doc_tables(path: str | os.PathLike[str]) -> None:
-    """Rewrite the generated key tables of the markdown file at ``path`` in place."""
-    path = Path(path)
-    path.write_text(with_tables(path.read_text()))

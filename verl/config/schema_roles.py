@@ -22,6 +22,7 @@ from verl.config._fields import (
     WarmupStyle,
     entry,
 )
+from verl.registry import POLICY_LOSSES
 
 
 @dataclass
@@ -50,15 +51,19 @@ class ModelConfig:
 class OptimConfig:
     """AdamW with a warmup then constant/cosine learning-rate schedule."""
 
-    lr: float = entry(1e-6, "peak learning rate")
+    lr: float = entry(1e-6, "peak learning rate", ge=0)
     betas: list[float] = entry([0.9, 0.999], "AdamW betas [beta1, beta2]")
-    weight_decay: float = entry(0.01, "AdamW decoupled weight decay")
-    eps: float = entry(1e-8, "AdamW epsilon")
-    lr_warmup_steps: int = entry(-1, "linear warmup steps; -1 = use lr_warmup_steps_ratio")
-    lr_warmup_steps_ratio: float = entry(0.0, "warmup steps as a fraction of total steps")
+    weight_decay: float = entry(0.01, "AdamW decoupled weight decay", ge=0)
+    eps: float = entry(1e-8, "AdamW epsilon", gt=0)
+    lr_warmup_steps: int = entry(-1, "linear warmup steps; -1 = use lr_warmup_steps_ratio", ge=-1)
+    lr_warmup_steps_ratio: float = entry(
+        0.0, "warmup steps as a fraction of total steps", ge=0, le=1
+    )
     warmup_style: WarmupStyle = entry("constant", "schedule after warmup")
-    min_lr_ratio: float = entry(0.0, "cosine schedule floor, as a fraction of lr")
-    total_training_steps: int = entry(-1, "schedule length; -1 = filled in by the trainer")
+    min_lr_ratio: float = entry(0.0, "cosine schedule floor, as a fraction of lr", ge=0, le=1)
+    total_training_steps: int = entry(
+        -1, "schedule length; -1 = filled in by the trainer", ge=1, off=-1
+    )
 
 
 @dataclass
@@ -102,9 +107,9 @@ class ActorConfig:
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
     )
     ppo_mini_batch_size: int = entry(
-        4, "prompts per optimizer step (multiplied by rollout.n into samples)"
+        4, "prompts per optimizer step (multiplied by rollout.n into samples)", ge=1
     )
-    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device")
+    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device", ge=1)
     use_dynamic_bsz: bool = entry(
         False,
         "pack micro-batches by a token budget instead of a row count (the update and the "
@@ -113,12 +118,12 @@ class ActorConfig:
     ppo_max_token_len_per_device: int = entry(
         16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
     )
-    ppo_epochs: int = entry(1, "passes over each step's batch")
+    ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
     shuffle: bool = entry(True, "shuffle samples between mini-batches")
-    clip_ratio: float = entry(0.2, "PPO clip epsilon")
+    clip_ratio: float = entry(0.2, "PPO clip epsilon", gt=0)
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
-    clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio")
-    clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)")
+    clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio", gt=0)
+    clip_ratio_c: float = entry(3.0, "dual-clip bound for negative advantages (> 1)", gt=1)
     loss_agg_mode: str | None = entry(
         None,
         "how token losses become one scalar: token-mean, seq-mean-token-sum, "
@@ -126,9 +131,11 @@ class ActorConfig:
         "(gspo: seq-mean-token-mean), else token-mean",
     )
     loss_scale_factor: float | None = entry(
-        None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length"
+        None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length", gt=0
     )
-    policy_loss: str = entry("vanilla", "policy-loss name in the verl.algorithms registry")
+    policy_loss: str = entry(
+        "vanilla", "policy-loss name in the verl.algorithms registry", nonempty=True
+    )
     policy_loss_kwargs: dict[str, Any] = entry(
         {},
         "hyperparameters of the policy loss by name, e.g. clip_cov_ratio, kl_cov_ratio, "
@@ -138,6 +145,7 @@ class ActorConfig:
         None,
         "truncated importance sampling: weight each token's policy loss by "
         "min(exp(old_log_prob - rollout_log_prob), threshold); null = off",
+        gt=0,
     )
     rollout_is_level: Literal["token", "sequence"] = entry(
         "token",
@@ -149,32 +157,49 @@ class ActorConfig:
         "masked importance sampling: drop (weight 0) sequences whose geometric-mean "
         "ratio exp(mean(old_log_prob - rollout_log_prob)) leaves [1/threshold, threshold]; "
         "> 1; null = off",
+        gt=1,
     )
     entropy_coeff: float = entry(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = entry(False, "add KL(actor || ref) to the loss (GRPO style)")
-    kl_loss_coef: float = entry(0.001, "coefficient of the KL loss")
+    kl_loss_coef: float = entry(0.001, "coefficient of the KL loss", ge=0)
     kl_loss_type: str = entry(
         "low_var_kl",
         "KL estimator of the KL loss: k1 (kl), abs, k2 (mse), k3 (low_var_kl); suffix + "
         "for k2's gradient",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm")
+    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     logprob_chunk_size: int = entry(
-        512, "tokens whose float32 logits exist at once when computing log-probs (bounds memory)"
+        512,
+        "tokens whose float32 logits exist at once when computing log-probs (bounds memory)",
+        ge=1,
     )
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
+
+    @property
+    def clip_ratio_bounds(self) -> tuple[float, float]:
+        """``(eps_low, eps_high)``: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``."""
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        return (self.clip_ratio if low is None else low, self.clip_ratio if high is None else high)
+
+    @property
+    def resolved_loss_agg_mode(self) -> str:
+        """``loss_agg_mode``, or when null the policy loss's registry default
+        (``default_loss_agg_mode``: GSPO's is ``seq-mean-token-mean``), else ``token-mean``."""
+        if self.loss_agg_mode is not None:
+            return self.loss_agg_mode
+        return POLICY_LOSSES.needs(self.policy_loss, "default_loss_agg_mode", None) or "token-mean"
 
 
 @dataclass
 class ValKwargsConfig:
     """Sampling settings used for validation (greedy by default)."""
 
-    n: int = entry(1, "responses per validation prompt")
-    temperature: float = entry(0.0, "sampling temperature")
-    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
-    top_k: int = entry(-1, "top-k sampling; -1 = off")
+    n: int = entry(1, "responses per validation prompt", ge=1)
+    temperature: float = entry(0.0, "sampling temperature", ge=0)
+    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]", gt=0, le=1)
+    top_k: int = entry(-1, "top-k sampling; -1 = off", ge=1, off=-1)
     do_sample: bool = entry(False, "sample; false = greedy")
 
 
@@ -183,14 +208,14 @@ class RolloutConfig:
     """Response generation. Response length is data.max_response_length."""
 
     name: str = entry("native", "rollout backend: native, hf, vllm, sglang")
-    n: int = entry(4, "responses sampled per prompt (GRPO-style estimators need >= 2)")
-    temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)")
-    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]")
-    top_k: int = entry(-1, "top-k sampling; -1 = off")
+    n: int = entry(4, "responses sampled per prompt (GRPO-style estimators need >= 2)", ge=1)
+    temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)", ge=0)
+    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]", gt=0, le=1)
+    top_k: int = entry(-1, "top-k sampling; -1 = off", ge=1, off=-1)
     do_sample: bool = entry(True, "sample; false = greedy")
     stop: list[str] = entry([], "extra stop strings (EOS always stops)")
     log_prob_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when recomputing old log-probs"
+        8, "samples per forward when recomputing old log-probs", ge=1
     )
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
@@ -209,7 +234,7 @@ class RefConfig:
     """The frozen reference policy (used when a KL term is on)."""
 
     log_prob_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when computing reference log-probs"
+        8, "samples per forward when computing reference log-probs", ge=1
     )
     fsdp_config: RefFSDPConfig = entry(RefFSDPConfig, "reference FSDP2 wrapping")
 
@@ -246,11 +271,11 @@ class CriticConfig:
     model: CriticModelConfig = entry(CriticModelConfig, "value model")
     optim: OptimConfig = entry(OptimConfig(lr=1e-5), "critic optimizer")
     ppo_mini_batch_size: int = entry(
-        4, "prompts per optimizer step (multiplied by rollout.n into samples)"
+        4, "prompts per optimizer step (multiplied by rollout.n into samples)", ge=1
     )
-    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device")
+    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device", ge=1)
     forward_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when computing values (no gradient)"
+        8, "samples per forward when computing values (no gradient)", ge=1
     )
     use_dynamic_bsz: bool = entry(
         False,
@@ -260,16 +285,16 @@ class CriticConfig:
     ppo_max_token_len_per_device: int = entry(
         16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
     )
-    ppo_epochs: int = entry(1, "passes over each step's batch")
+    ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
     shuffle: bool = entry(True, "shuffle samples between mini-batches")
-    cliprange_value: float = entry(0.5, "value clip range around the old values")
-    loss_coef: float = entry(1.0, "multiplier of the value loss")
+    cliprange_value: float = entry(0.5, "value clip range around the old values", gt=0)
+    loss_coef: float = entry(1.0, "multiplier of the value loss", gt=0)
     loss_agg_mode: str = entry(
         "token-mean",
         "how token losses become one scalar: token-mean, seq-mean-token-sum, "
         "seq-mean-token-mean, seq-mean-token-sum-norm",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm")
+    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")
 
@@ -290,7 +315,7 @@ class OverlongBufferConfig:
 
     enable: bool = entry(False, "penalise responses that enter the buffer")
     len: int = entry(0, "buffer length in tokens at the end of max_response_length")
-    penalty_factor: float = entry(1.0, "penalty at the very end of the buffer")
+    penalty_factor: float = entry(1.0, "penalty at the very end of the buffer", ge=0)
 
 
 @dataclass
@@ -301,8 +326,10 @@ class RewardModelConfig:
         False, "score training responses with a reward model instead of the rule scorers"
     )
     model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
-    micro_batch_size_per_device: int = entry(8, "samples per reward-model forward")
-    reward_manager: str = entry("naive", "reward-manager name in the verl.rewards registry")
+    micro_batch_size_per_device: int = entry(8, "samples per reward-model forward", ge=1)
+    reward_manager: str = entry(
+        "naive", "reward-manager name in the verl.rewards registry", nonempty=True
+    )
     normalize: bool = entry(
         False, "normalise training scores by their running mean/std across batches"
     )
@@ -310,16 +337,22 @@ class RewardModelConfig:
     timeout_s: float | None = entry(
         None,
         "per-sample scoring timeout in seconds; null = none for built-in scorers, 30 s for a custom reward function (always run in a worker process)",
+        gt=0,
     )
     overlong_buffer: OverlongBufferConfig = entry(OverlongBufferConfig, "overlong penalty")
     max_abs_reward: float = entry(
-        1e6, "a score with |r| above this is a failure (reward/out_of_bound), scored 0"
+        1e6, "a score with |r| above this is a failure (reward/out_of_bound), scored 0", gt=0
     )
     max_failure_rate: float | None = entry(
         0.5,
         "stop the run when more than this fraction of a training step's reward calls fail "
         "(1.0 = only when all fail; null = never)",
+        ge=0.0,
+        le=1.0,
     )
     val_max_failure_rate: float | None = entry(
-        1.0, "the same for each validation batch (1.0 = stop only when every call failed)"
+        1.0,
+        "the same for each validation batch (1.0 = stop only when every call failed)",
+        ge=0.0,
+        le=1.0,
     )

@@ -12,32 +12,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import logging
 import os
+import string
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from verl.config._fields import EMBEDDED_MODEL
-from verl.config.convert import build, get_path
-from verl.config.derived import (
-    PATH_FIELDS,
-    critic_enabled,
-    estimator_needs,
-    placed_roles,
-    template_fields,
-    worker_backend,
-)
+from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
-from verl.config.yaml_io import show
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
     from verl.config.schema import OptimConfig, TrainerConfig
-
-logger = logging.getLogger(__name__)
 
 
 def validate(
@@ -57,15 +45,6 @@ def validate(
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
     more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
     return report(problems + more, warnings)
-
-
-def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
-    """Raise ``ConfigError`` listing ``problems`` if there are any; else log ``warnings``."""
-    if problems:
-        raise ConfigError(problems)
-    for warning in warnings:
-        logger.warning(warning)
-    return warnings
 
 
 def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]] | None) -> None:
@@ -91,6 +70,10 @@ def semantic_problems(
 ) -> tuple[list[ConfigProblem], list[str]]:
     """Run every check on a well-typed tree; skip checks that involve ``skip_paths``."""
     checks = Checks(skip_paths)
+    inactive = [] if cfg.critic_enabled else ["critic"]
+    if cfg.data.train_files or cfg.data.builtin != "arithmetic":
+        inactive.append("data.arithmetic")
+    checks.fields(cfg, inactive=inactive)
     for check in (
         _check_device_map,
         _check_data,
@@ -131,26 +114,36 @@ class Checks:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
 
-    def at_least(self, path: str, value: float | None, lo: float) -> None:
-        if value is not None and value < lo:
-            self.error(path, f"{path}={show(value)}: must be >= {lo}")
+    def fields(self, obj: Any, prefix: str = "", inactive: Collection[str] = ()) -> None:
+        """Check every field of the dataclass tree ``obj`` against the bounds declared with
+        ``entry(..., ge=, gt=, le=, lt=, off=, nonempty=)``; ``inactive`` sections are skipped."""
+        for f in dataclasses.fields(obj):
+            path, value = f"{prefix}{f.name}", getattr(obj, f.name)
+            if path in inactive or value is None:
+                continue
+            if dataclasses.is_dataclass(value):
+                self.fields(value, path + ".", inactive)
+            elif f.metadata.get("nonempty") and isinstance(value, str) and not value.strip():
+                self.error(path, f"{path}={show(value)}: must not be empty")
+            elif isinstance(value, (int, float)) and value != f.metadata.get("off", value + 1):
+                self._bounds(path, value, f.metadata)
 
-    def above(self, path: str, value: float | None, lo: float) -> None:
-        if value is not None and value <= lo:
-            self.error(path, f"{path}={show(value)}: must be > {lo}")
-
-    def between(self, path: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
-        if value < lo or value > hi or (lo_open and value == lo):
-            left = "(" if lo_open else "["
-            self.error(path, f"{path}={show(value)}: must be in {left}{lo}, {hi}]")
-
-    def off_or_positive(self, path: str, value: int) -> None:
-        if value != -1 and value < 1:
-            self.error(path, f"{path}={show(value)}: must be -1 (off) or >= 1")
-
-    def nonempty(self, path: str, value: str) -> None:
-        if not value.strip():
-            self.error(path, f"{path}={show(value)}: must not be empty")
+    def _bounds(self, path: str, value: float, m: Mapping[str, Any]) -> None:
+        lo, hi = m.get("ge", m.get("gt")), m.get("le", m.get("lt"))
+        above = lo is None or value > lo or (value == lo and "ge" in m)
+        below = hi is None or value < hi or (value == hi and "le" in m)
+        if above and below:
+            return
+        if "off" in m:
+            rule = f"must be {m['off']} (off) or >= {lo}"
+        elif lo is not None and hi is not None:
+            left, right = "[" if "ge" in m else "(", "]" if "le" in m else ")"
+            rule = f"must be in {left}{lo}, {hi}{right}"
+        elif lo is not None:
+            rule = f"must be {'>=' if 'ge' in m else '>'} {lo}"
+        else:
+            rule = f"must be {'<=' if 'le' in m else '<'} {hi}"
+        self.error(path, f"{path}={show(value)}: {rule}")
 
     def one_of(self, path: str, value: str, names: list[str]) -> None:
         if value not in names:
@@ -179,12 +172,8 @@ class Checks:
             self.error(path, f"{path}={show(value)}: needs the '{module}' package; {install}")
 
 
-def _check_data(c: Checks, cfg: TrainerConfig) -> None:
-    d = cfg.data
-    for name in ("train_batch_size", "max_prompt_length", "max_response_length"):
-        c.at_least(f"data.{name}", getattr(d, name), 1)
-    c.at_least("data.val_batch_size", d.val_batch_size, 1)
-    c.nonempty("data.prompt_key", d.prompt_key)
+def check_data_source(c: Checks, d: Any, builtin: bool) -> None:
+    """Training/validation files exist, or the built-in data (every trainer's ``data``)."""
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         for f in files:
             c.file(key, f)
@@ -194,13 +183,16 @@ def _check_data(c: Checks, cfg: TrainerConfig) -> None:
             "data.train_files=[]: no training data; set data.train_files=[file, ...] "
             "or data.builtin=arithmetic",
         )
+    if builtin and not d.arithmetic.ops:
+        c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+
+
+def _check_data(c: Checks, cfg: TrainerConfig) -> None:
+    d = cfg.data
     uses_builtin = not d.train_files and d.builtin == "arithmetic"
+    check_data_source(c, d, uses_builtin)
     if uses_builtin:
         a = d.arithmetic
-        c.at_least("data.arithmetic.digits", a.digits, 1)
-        c.at_least("data.arithmetic.val_size", a.val_size, 0)
-        if not a.ops:
-            c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
         if a.train_size < d.train_batch_size:
             c.error(
                 ("data.arithmetic.train_size", "data.train_batch_size"),
@@ -217,7 +209,7 @@ def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         return None
-    roles = placed_roles(cfg)
+    roles = cfg.placed_roles
     if device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles):
         return None
     placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
@@ -237,7 +229,7 @@ def _check_device_map(c: Checks, cfg: TrainerConfig) -> None:
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         return  # reported by _check_trainer
-    roles = placed_roles(cfg)
+    roles = cfg.placed_roles
     problems = device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
     for keys, message in problems:
         c.error(keys, message)
@@ -274,9 +266,6 @@ def _check_ppo_batches(
         f"{prefix}.ppo_mini_batch_size",
         f"{prefix}.ppo_micro_batch_size_per_device",
     )
-    c.at_least(mini_key, mini, 1)
-    c.at_least(micro_key, micro, 1)
-    c.at_least(f"{prefix}.ppo_epochs", role.ppo_epochs, 1)
     n, batch = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
     sizes = _dp_sizes(cfg)
     if mini < 1 or micro < 1 or n < 1 or batch < 1 or sizes is None:
@@ -320,15 +309,8 @@ def _check_ppo_batches(
 
 
 def check_optim(c: Checks, prefix: str, o: OptimConfig) -> None:
-    c.at_least(f"{prefix}.lr", o.lr, 0)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         c.error(f"{prefix}.betas", f"{prefix}.betas={show(o.betas)}: must be two numbers in [0, 1)")
-    c.at_least(f"{prefix}.weight_decay", o.weight_decay, 0)
-    c.above(f"{prefix}.eps", o.eps, 0)
-    c.at_least(f"{prefix}.lr_warmup_steps", o.lr_warmup_steps, -1)
-    c.between(f"{prefix}.lr_warmup_steps_ratio", o.lr_warmup_steps_ratio, 0, 1)
-    c.between(f"{prefix}.min_lr_ratio", o.min_lr_ratio, 0, 1)
-    c.off_or_positive(f"{prefix}.total_training_steps", o.total_training_steps)
 
 
 def _check_engine(c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str) -> None:
@@ -342,16 +324,10 @@ def _check_engine(c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_na
         )
     if role.strategy == "single" and role.fsdp_config.mixed_precision is not None:
         c.warn(f"{prefix}.fsdp_config.mixed_precision is ignored by strategy=single")
-    c.above(f"{prefix}.grad_clip", role.grad_clip, 0)
     check_optim(c, f"{prefix}.optim", role.optim)
 
 
 def _check_sampling(c: Checks, prefix: str, s: Any) -> None:
-    c.at_least(f"{prefix}.n", s.n, 1)
-    c.at_least(f"{prefix}.temperature", s.temperature, 0)
-    c.between(f"{prefix}.top_p", s.top_p, 0, 1, lo_open=True)
-    if s.top_k != -1 and s.top_k < 1:
-        c.error(f"{prefix}.top_k", f"{prefix}.top_k={s.top_k}: must be -1 (off) or >= 1")
     if s.do_sample and s.temperature == 0:
         c.error(
             (f"{prefix}.temperature", f"{prefix}.do_sample"),
@@ -367,26 +343,14 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     a, p = arr.actor, "actor_rollout_ref.actor"
     _check_ppo_batches(c, cfg, p, a, "actor_rollout_ref")
     _check_engine(c, cfg, p, a, "actor_rollout_ref")
-    c.above(f"{p}.clip_ratio", a.clip_ratio, 0)
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     if not 0 < low < 1:
         key = f"{p}.clip_ratio_low" if a.clip_ratio_low is not None else f"{p}.clip_ratio"
         c.error(key, f"{key}={show(low)}: the lower clip epsilon must be in (0, 1)")
-    c.above(f"{p}.clip_ratio_high", a.clip_ratio_high, 0)
-    c.above(f"{p}.clip_ratio_c", a.clip_ratio_c, 1)
-    c.above(f"{p}.loss_scale_factor", a.loss_scale_factor, 0)
-    c.at_least(f"{p}.kl_loss_coef", a.kl_loss_coef, 0)
-    c.at_least(f"{p}.logprob_chunk_size", a.logprob_chunk_size, 1)
-    c.nonempty(f"{p}.policy_loss", a.policy_loss)
-    c.above(f"{p}.rollout_is_threshold", a.rollout_is_threshold, 0)
-    c.above(f"{p}.rollout_rs_threshold", a.rollout_rs_threshold, 1)
 
     r, p = arr.rollout, "actor_rollout_ref.rollout"
     _check_sampling(c, p, r)
     _check_sampling(c, f"{p}.val_kwargs", r.val_kwargs)
-    c.at_least(
-        f"{p}.log_prob_micro_batch_size_per_device", r.log_prob_micro_batch_size_per_device, 1
-    )
     if any(not s for s in r.stop):
         c.error(f"{p}.stop", f"{p}.stop={show(r.stop)}: stop strings must not be empty")
     backend = ROLLOUT_BACKENDS.info(r.name) if r.name in ROLLOUT_BACKENDS else {}
@@ -398,17 +362,12 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     if backend.get("package"):
         package = backend["package"]
         c.package(f"{p}.name", r.name, package, f"pip install {package}, or use native or hf")
-    c.at_least(
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_device",
-        arr.ref.log_prob_micro_batch_size_per_device,
-        1,
-    )
     if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
 
 
 def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
-    est, needs_critic = cfg.algorithm.adv_estimator, estimator_needs(cfg, "needs_critic")
+    est, needs_critic = cfg.algorithm.adv_estimator, cfg.estimator_needs("needs_critic")
     if cfg.critic.enable is False and needs_critic:
         c.error(
             ("critic.enable", "algorithm.adv_estimator"),
@@ -417,31 +376,19 @@ def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
         )
     if cfg.critic.enable and not needs_critic and est in ADVANTAGE_ESTIMATORS:
         c.warn(f"critic.enable=true but algorithm.adv_estimator={est} does not use values")
-    if not critic_enabled(cfg):
+    if not cfg.critic_enabled:
         return
     cr = cfg.critic
     c.model("critic.model.path", cr.model.path)
     c.model("critic.model.tokenizer_path", cr.model.tokenizer_path)
     _check_ppo_batches(c, cfg, "critic", cr, "critic")
     _check_engine(c, cfg, "critic", cr, "critic")
-    c.above("critic.cliprange_value", cr.cliprange_value, 0)
-    c.above("critic.loss_coef", cr.loss_coef, 0)
-    c.at_least(
-        "critic.forward_micro_batch_size_per_device", cr.forward_micro_batch_size_per_device, 1
-    )
 
 
 def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
     rm, p = cfg.reward_model, "reward_model"
-    c.at_least(f"{p}.micro_batch_size_per_device", rm.micro_batch_size_per_device, 1)
-    c.nonempty(f"{p}.reward_manager", rm.reward_manager)
-    c.above(f"{p}.timeout_s", rm.timeout_s, 0)
-    c.above(f"{p}.max_abs_reward", rm.max_abs_reward, 0)
     if rm.max_abs_reward == float("inf"):
         c.error(f"{p}.max_abs_reward", f"{p}.max_abs_reward=inf: must be a finite bound")
-    for key in ("max_failure_rate", "val_max_failure_rate"):
-        if getattr(rm, key) is not None:
-            c.between(f"{p}.{key}", getattr(rm, key), 0.0, 1.0)
     if rm.clip_range is not None and (
         len(rm.clip_range) != 2 or rm.clip_range[0] >= rm.clip_range[1]
     ):
@@ -464,7 +411,6 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
             f"{p}.overlong_buffer.len={ob.len}: must be in [1, data.max_response_length="
             f"{cfg.data.max_response_length}] when the overlong buffer is enabled",
         )
-    c.at_least(f"{p}.overlong_buffer.penalty_factor", ob.penalty_factor, 0)
     fn, p = cfg.custom_reward_function, "custom_reward_function"
     if fn.path is not None:
         c.file(f"{p}.path", fn.path, "reward function file")
@@ -473,12 +419,9 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
 
 
 def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
-    al, p = cfg.algorithm, "algorithm"
-    c.between(f"{p}.gamma", al.gamma, 0, 1)
-    c.between(f"{p}.lam", al.lam, 0, 1)
-    c.nonempty(f"{p}.adv_estimator", al.adv_estimator)
+    al = cfg.algorithm
     n = cfg.actor_rollout_ref.rollout.n
-    if estimator_needs(cfg, "needs_index") and n == 1:
+    if cfg.estimator_needs("needs_index") and n == 1:
         c.warn(
             f"algorithm.adv_estimator={al.adv_estimator} with actor_rollout_ref.rollout.n=1: a "
             "group of one response has zero advantage, nothing is learned; set rollout.n >= 2"
@@ -488,20 +431,16 @@ def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
             "algorithm.use_kl_in_reward=true and actor_rollout_ref.actor.use_kl_loss=true: "
             "the KL to the reference is penalised twice"
         )
-    c.at_least(f"{p}.kl_ctrl.kl_coef", al.kl_ctrl.kl_coef, 0)
-    c.at_least(f"{p}.kl_ctrl.horizon", al.kl_ctrl.horizon, 1)
-    c.above(f"{p}.kl_ctrl.target_kl", al.kl_ctrl.target_kl, 0)
     _check_filter_groups(c, cfg)
 
 
 def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
     """DAPO dynamic sampling compares the responses of a group: it needs groups."""
     fg, p = cfg.algorithm.filter_groups, "algorithm.filter_groups"
-    c.at_least(f"{p}.max_num_gen_batches", fg.max_num_gen_batches, 0)
     if not fg.enable:
         return
     est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if est in ADVANTAGE_ESTIMATORS and not estimator_needs(cfg, "needs_index"):
+    if est in ADVANTAGE_ESTIMATORS and not cfg.estimator_needs("needs_index"):
         groups = [e for e in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.info(e)["needs_index"]]
         c.error(
             (f"{p}.enable", "algorithm.adv_estimator"),
@@ -523,15 +462,9 @@ def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:
         )
 
 
-def check_run_length_and_resume(c: Checks, t: Any, p: str = "trainer") -> None:
-    """The length, frequency, retention and resume keys every trainer's ``trainer`` section
-    shares (RL and SFT/DPO alike)."""
-    c.at_least(f"{p}.total_epochs", t.total_epochs, 1)
-    c.at_least(f"{p}.total_training_steps", t.total_training_steps, 1)
-    c.off_or_positive(f"{p}.test_freq", t.test_freq)
-    c.off_or_positive(f"{p}.save_freq", t.save_freq)
-    c.at_least(f"{p}.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
-    c.at_least(f"{p}.num_threads", t.num_threads, 1)
+def check_run(c: Checks, t: Any, p: str = "trainer") -> None:
+    """The resume keys, directory templates and loggers of every trainer's ``trainer``
+    section (RL and SFT/DPO alike)."""
     if t.resume_mode == "resume_path":
         if t.resume_from_path is None:
             c.error(
@@ -544,16 +477,11 @@ def check_run_length_and_resume(c: Checks, t: Any, p: str = "trainer") -> None:
         c.warn(f"{p}.resume_from_path is ignored unless {p}.resume_mode=resume_path")
     if t.resume_force and t.resume_mode == "disable":
         c.warn(f"{p}.resume_force is ignored with {p}.resume_mode=disable")
-
-
-def check_run_identity(c: Checks, t: Any, p: str = "trainer") -> None:
-    """The keys every trainer's ``trainer`` section shares: names, directories, loggers."""
-    c.nonempty(f"{p}.project_name", t.project_name)
-    c.nonempty(f"{p}.experiment_name", t.experiment_name)
     for name in ("log_dir", "default_local_dir"):
         template = getattr(t, name)
         try:
-            unknown = [f for f in template_fields(template) if f not in PATH_FIELDS]
+            names = [n for _, n, _, _ in string.Formatter().parse(template) if n is not None]
+            unknown = [n for n in names if n not in PATH_FIELDS]
         except ValueError as exc:
             unknown = [f"(malformed: {exc})"]
         if unknown:
@@ -579,15 +507,11 @@ def _check_precision(c: Checks, cfg: TrainerConfig) -> None:
 
 def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
     t, p = cfg.trainer, "trainer"
-    check_run_identity(c, t, p)
-    c.at_least(f"{p}.nnodes", t.nnodes, 1)
-    c.at_least(f"{p}.n_gpus_per_node", t.n_gpus_per_node, 1)
-    c.at_least(f"{p}.log_val_generations", t.log_val_generations, 0)
+    check_run(c, t, p)
     if t.nnodes > 1 and t.backend == "local":
         c.error(
             (f"{p}.nnodes", f"{p}.backend"),
             f"{p}.nnodes={t.nnodes}: several machines need {p}.backend=ray (or auto)",
         )
-    if t.backend == "ray" or (_dp_sizes(cfg) is not None and worker_backend(cfg) == "ray"):
+    if t.backend == "ray" or (_dp_sizes(cfg) is not None and cfg.worker_backend == "ray"):
         c.package(f"{p}.backend", "ray", "ray", "pip install 'verl[ray]' or use backend=local")
-    check_run_length_and_resume(c, t, p)

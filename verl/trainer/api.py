@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from verl.compat.device_map import apply_pending_device_map
-from verl.config import TrainerConfig, dp_size
+from verl.config import TrainerConfig
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
@@ -134,41 +134,17 @@ def make_trainer_config(
 
     if algo not in ("ppo", "grpo"):
         raise ValueError(f"algo={algo!r}; expected 'ppo' or 'grpo'")
-    o: list[str] = []
-
-    def put(key: str, value: Any) -> None:
-        if value is not None:
-            o.append(f"{key}={_yaml_value(value)}")
-
+    knobs = {name: value for name, value in locals().items() if name in _KNOBS}  # the arguments
     if algo == "ppo":
-        o += ["algorithm.adv_estimator=gae", "critic.enable=true"]
+        o = ["algorithm.adv_estimator=gae", "critic.enable=true"]
+        kl_keys = ("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef")
     else:
-        o += ["algorithm.adv_estimator=grpo"]
-        if kl_coef is not None:
-            o += ["actor_rollout_ref.actor.use_kl_loss=true"]
-            put("actor_rollout_ref.actor.kl_loss_coef", kl_coef)
-    if algo == "ppo" and kl_coef is not None:
-        o += ["algorithm.use_kl_in_reward=true"]
-        put("algorithm.kl_ctrl.kl_coef", kl_coef)
-    put("actor_rollout_ref.model.path", model)
-    put("data.train_batch_size", train_batch_size)
-    put("data.max_prompt_length", max_prompt_length)
-    put("data.max_response_length", max_response_length)
-    put("actor_rollout_ref.rollout.n", n)
-    put("actor_rollout_ref.rollout.temperature", temperature)
-    put("actor_rollout_ref.actor.optim.lr", lr)
-    put("critic.optim.lr", critic_lr)
-    put("actor_rollout_ref.actor.ppo_micro_batch_size_per_device", actor_micro_batch_size)
-    put("critic.ppo_micro_batch_size_per_device", critic_micro_batch_size)
-    put("actor_rollout_ref.actor.ppo_mini_batch_size", ppo_mini_batch_size)
-    put("critic.ppo_mini_batch_size", ppo_mini_batch_size)
-    put("actor_rollout_ref.actor.ppo_epochs", ppo_epochs)
-    put("critic.ppo_epochs", ppo_epochs)
-    put("actor_rollout_ref.actor.clip_ratio", clip_eps)
-    put("critic.loss_coef", vf_coef)
-    put("actor_rollout_ref.actor.entropy_coeff", entropy_coeff)
-    put("trainer.total_training_steps", total_training_steps)
-    put("trainer.seed", seed)
+        o = ["algorithm.adv_estimator=grpo"]
+        kl_keys = ("actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef")
+    if kl_coef is not None:
+        o += [f"{kl_keys[0]}=true", f"{kl_keys[1]}={_yaml_value(kl_coef)}"]
+    for name, value in knobs.items():
+        o += [f"{path}={_yaml_value(value)}" for path in _KNOBS[name] if value is not None]
     cfg = load_config(overrides=[*o, *overrides])
     if rollouts_per_device is not None:
         prompts = _prompts_for(cfg, rollouts_per_device, train_batch_size)
@@ -181,10 +157,33 @@ def make_trainer_config(
     return cfg
 
 
+_ARR = "actor_rollout_ref"
+# make_trainer_config's knobs -> the config keys each one sets
+_KNOBS: dict[str, tuple[str, ...]] = {
+    "model": (f"{_ARR}.model.path",),
+    "train_batch_size": ("data.train_batch_size",),
+    "max_prompt_length": ("data.max_prompt_length",),
+    "max_response_length": ("data.max_response_length",),
+    "n": (f"{_ARR}.rollout.n",),
+    "temperature": (f"{_ARR}.rollout.temperature",),
+    "lr": (f"{_ARR}.actor.optim.lr",),
+    "critic_lr": ("critic.optim.lr",),
+    "actor_micro_batch_size": (f"{_ARR}.actor.ppo_micro_batch_size_per_device",),
+    "critic_micro_batch_size": ("critic.ppo_micro_batch_size_per_device",),
+    "ppo_mini_batch_size": (f"{_ARR}.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"),
+    "ppo_epochs": (f"{_ARR}.actor.ppo_epochs", "critic.ppo_epochs"),
+    "clip_eps": (f"{_ARR}.actor.clip_ratio",),
+    "vf_coef": ("critic.loss_coef",),
+    "entropy_coeff": (f"{_ARR}.actor.entropy_coeff",),
+    "total_training_steps": ("trainer.total_training_steps",),
+    "seed": ("trainer.seed",),
+}
+
+
 def _prompts_for(cfg: TrainerConfig, rollouts_per_device: int, given: int | None) -> int:
     """``data.train_batch_size`` giving ``rollouts_per_device`` responses per actor device."""
     n = cfg.actor_rollout_ref.rollout.n
-    devices = dp_size(cfg, "actor_rollout_ref")
+    devices = cfg.dp_size("actor_rollout_ref")
     prompts, rest = divmod(rollouts_per_device * devices, n)
     if rollouts_per_device < 1 or rest or prompts == 0:
         raise ValueError(

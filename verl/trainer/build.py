@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import get_kl_controller
-from verl.config import TrainerConfig, tokenizer_path
+from verl.config import TrainerConfig
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.models import load_tokenizer
@@ -44,7 +44,7 @@ def build_tokenizer(cfg: TrainerConfig, tokenizer: Any = None) -> Any:
     """``tokenizer`` (or the one at the model's tokenizer path), left-padding."""
     if tokenizer is None:
         tokenizer = load_tokenizer(
-            tokenizer_path(cfg), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
+            cfg.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
         )
     tokenizer.padding_side = "left"
     return tokenizer

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.config import TrainerConfig, device_map, worker_backend
+from verl.config import TrainerConfig
 from verl.controller import (
     ClassWithInitArgs,
     ResourcePool,
@@ -55,8 +55,8 @@ def place_roles(cfg: TrainerConfig, specs: Mapping[str, ClassWithInitArgs]) -> P
 
     Roles follow ``cfg.resource_pool``; roles that share a device list share processes.
     """
-    placed = device_map(cfg)
-    backend = worker_backend(cfg)
+    placed = cfg.device_map
+    backend = cfg.worker_backend
     device_type = resolve_device(cfg.trainer.device).type
     placement = Placement(roles={}, backend=backend)
     options: dict[str, Any] = {}

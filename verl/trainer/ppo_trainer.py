@@ -47,8 +47,7 @@ from tqdm.auto import tqdm
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
 from verl.algorithms.pf_ppo import pf_ppo_indices
-from verl.config import TrainerConfig, critic_enabled, ref_enabled, to_dict
-from verl.config.derived import estimator_needs
+from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
 from verl.trainer.build import (
@@ -121,8 +120,8 @@ class RLTrainer:
         self._stop = StopRequests()
         self.run_lock.check()
 
-        self.use_critic = critic_enabled(cfg)  # critic.enable, or the estimator's needs_critic
-        self.use_reference = ref_enabled(cfg)
+        self.use_critic = cfg.critic_enabled  # critic.enable, or the estimator's needs_critic
+        self.use_reference = cfg.ref_enabled
 
         # The parts of the run (verl.trainer.build), built in this order.
         self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer)
@@ -221,7 +220,7 @@ class RLTrainer:
             for key in ("score", "acc"):
                 values = extras.get(key, np.full(len(gen), np.nan))
                 gen.non_tensor_batch[key] = np.asarray(values, dtype=np.float64)
-        if estimator_needs(self.config, "needs_baseline"):
+        if self.config.estimator_needs("needs_baseline"):
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
             with timer("gen_greedy_baseline", metrics):

@@ -28,9 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from verl.config import TrainerConfig, engine_strategy, to_yaml
-from verl.config.convert import iter_schema, section_class
-from verl.config.yaml_io import load_yaml_text
+from verl.config import TrainerConfig, to_yaml
+from verl.config.load import iter_schema, load_yaml_text, section_class
 from verl.trainer.checkpoint import (
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -243,7 +242,7 @@ class RunCheckpointer:
                 roles[role] = {
                     "dir": ROLE_DIRS[role],
                     "world_size": group.world_size,
-                    "strategy": engine_strategy(cfg, role),
+                    "strategy": cfg.engine_strategy(role),
                 }
             # Wait for every role before reporting a failure, so that none is still writing
             # into the temporary directory when it is removed.
@@ -298,7 +297,7 @@ class RunCheckpointer:
                     f"checkpoint {path} has no {role} state but this run uses a {role}; start "
                     f"fresh, or set trainer.resume_force=true to start the {role} from scratch"
                 )
-            was, now = saved[role], engine_strategy(self.config, role)
+            was, now = saved[role], self.config.engine_strategy(role)
             size, new_size = was["world_size"], group.world_size
             if was["strategy"] == "single" and now == "fsdp2":
                 raise CheckpointError(

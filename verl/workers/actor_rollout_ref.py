@@ -30,7 +30,7 @@ import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
-from verl.config import TrainerConfig, actor_loss_agg_mode, clip_ratio_bounds, engine_strategy
+from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -119,7 +119,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int) -> None:
         """Load the policy, build its train engine, rollout engine and reference copy."""
         arr = self.config.actor_rollout_ref
-        strategy = engine_strategy(self.config, "actor_rollout_ref")
+        strategy = self.config.engine_strategy("actor_rollout_ref")
         module = self._given_module
         given = module is not None
         load_kwargs = dict(
@@ -349,7 +349,7 @@ class ActorRolloutRefWorker(Worker):
             data.select(batch_keys=keys),
             self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
             role_cfg=acfg,
-            loss_agg_mode=actor_loss_agg_mode(acfg),
+            loss_agg_mode=acfg.resolved_loss_agg_mode,
             # ppo_mini_batch_size counts prompts over all data-parallel ranks
             mini_batch_size=acfg.ppo_mini_batch_size
             * self.config.actor_rollout_ref.rollout.n
@@ -366,8 +366,8 @@ class ActorRolloutRefWorker(Worker):
         """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it
         is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
         acfg = self.config.actor_rollout_ref.actor
-        clip_low, clip_high = clip_ratio_bounds(acfg)
-        loss_agg_mode = actor_loss_agg_mode(acfg)
+        clip_low, clip_high = acfg.clip_ratio_bounds
+        loss_agg_mode = acfg.resolved_loss_agg_mode
         loss_entry = POLICY_LOSSES.entry(acfg.policy_loss)
         policy_loss_fn = loss_entry.target
         # the clip settings the loss takes, plus its hyperparameters from policy_loss_kwargs
@@ -430,7 +430,7 @@ class ActorRolloutRefWorker(Worker):
 
         A collective under FSDP2 (the full state dict is gathered); rank 0 writes.
         """
-        sharded = engine_strategy(self.config, "actor_rollout_ref") == "fsdp2"
+        sharded = self.config.engine_strategy("actor_rollout_ref") == "fsdp2"
         state = self.engine.state_dict_for_save() if sharded else None
         if self.rank == 0:
             save_hf_model(self.engine.module, self.tokenizer, out_dir, state_dict=state)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from verl.algorithms.losses import critic_loss
-from verl.config import TrainerConfig, engine_strategy
+from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
 from verl.models import (
@@ -95,7 +95,7 @@ class CriticWorker(Worker):
         check_vocab_covers_tokenizer(module, self.tokenizer, "critic.model")
         if ccfg.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
-        strategy = engine_strategy(self.config, "critic")
+        strategy = self.config.engine_strategy("critic")
         self.engine = build_engine(
             strategy,
             module=module,

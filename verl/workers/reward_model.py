@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from verl.config import TrainerConfig
-from verl.config.derived import tokenizer_path as actor_tokenizer_path
 from verl.config.precision import role_precision
 from verl.controller import Dispatch, Worker, register
 from verl.models import load_reward_model, load_tokenizer, resolve_dtype
@@ -162,7 +161,7 @@ class RewardModelWorker(Worker):
         if self.actor_tokenizer is None:
             arm = self.config.actor_rollout_ref.model
             self.actor_tokenizer = load_tokenizer(
-                actor_tokenizer_path(self.config), trust_remote_code=arm.trust_remote_code
+                self.config.tokenizer_path, trust_remote_code=arm.trust_remote_code
             )
         if self.retokenize is None:
             same = vocab_fingerprint(self.tokenizer) == vocab_fingerprint(self.actor_tokenizer)

@@ -1,0 +1,562 @@
+"""Loading a config: YAML + dotted overrides + a strict typed build with "did you mean".
+
+``load_validated(root, path, overrides, check)`` is the whole path: the defaults of the
+dataclasses, then the user's YAML file (a partial tree), then the overrides in order (later
+wins), built into ``root`` by :func:`build_tree` (the one function where a raw mapping
+enters the typed build) and checked. The packaged ``verl/trainer/config/*.yaml`` files are
+generated for reading and never read back.
+
+YAML follows 1.2 for scalars (PyYAML is 1.1): ``1e-6`` is a float and only ``true``/``false``
+are booleans, in files and in override values alike. Override syntax is Hydra's:
+``a.b.c=value``; keys must exist in the schema (``+a.b=value`` is accepted only for an existing
+key, where it is a plain override; ``~a.b`` is rejected).
+
+Conversion (``build``): in "load" mode ints are accepted for floats, numbers for strings
+(``experiment_name=2024``) and a single string for a list of strings; nothing else is
+coerced (``"8"`` is not an int, ``1.0`` is not an int, ``yes`` is not a bool). "Check" mode
+(``strict=True``, used by ``validate`` on objects built in Python) only accepts ints for
+floats and requires nested sections to be their dataclass instances. Every problem is
+collected and raised together as one ``ConfigError``; a leaf that fails keeps its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import logging
+import os
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+from verl.compat.aliases import AliasError, translate_tree
+
+logger = logging.getLogger(__name__)
+
+C = TypeVar("C")
+_INVALID = object()
+
+# --------------------------------------------------------------------------- problems
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem: the key path it is about, and a message naming the value and the fix.
+
+    ``keys`` lists every key path the problem involves (``path`` included); a check that
+    involves a key whose value already failed its type check is not reported.
+    """
+
+    path: str
+    message: str
+    keys: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(ValueError):
+    """The config is invalid; ``.problems`` holds every problem, ``str()`` lists them."""
+
+    def __init__(self, problems: Iterable[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        if n == 1:
+            return f"invalid config: {self.problems[0].message}"
+        lines = [f"invalid config ({n} problems):"]
+        lines += [f"  - {p.message}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- YAML
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+# Floats with an exponent and no dot (``1e-6``, ``5E3``); dotted forms are resolved by PyYAML.
+_EXP_FLOAT_RE = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
+def _use_yaml12_scalars(cls: type) -> None:
+    resolvers = {
+        first: [(tag, regexp) for tag, regexp in entries if tag != _BOOL_TAG]
+        for first, entries in cls.yaml_implicit_resolvers.items()
+    }
+    cls.yaml_implicit_resolvers = resolvers
+    cls.add_implicit_resolver(_BOOL_TAG, _BOOL_RE, list("tTfF"))
+    cls.add_implicit_resolver(_FLOAT_TAG, _EXP_FLOAT_RE, list("-+0123456789"))
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """Safe loader with YAML 1.2 booleans and exponent floats."""
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """Safe dumper that quotes exactly the strings ``ConfigLoader`` would not read back."""
+
+
+_use_yaml12_scalars(ConfigLoader)
+_use_yaml12_scalars(ConfigDumper)
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML text (raises ``yaml.YAMLError`` on syntax errors)."""
+    return yaml.load(text, Loader=ConfigLoader)  # ConfigLoader is a SafeLoader
+
+
+def parse_value(text: str) -> Any:
+    """Parse one command-line override value the way YAML reads a scalar/flow value.
+
+    ``1e-6`` -> float, ``8`` -> int, ``true`` -> bool, ``null`` -> None, ``[1,2]`` -> list,
+    ``"8"`` -> str. An empty value is the empty string (as in Hydra), not null.
+    """
+    if text == "":
+        return ""
+    return load_yaml_text(text)
+
+
+def show(value: Any) -> str:
+    """A value as the user would write it on the command line / in YAML flow style."""
+    dumped = yaml.dump(
+        [value], Dumper=ConfigDumper, default_flow_style=True, width=10**9, sort_keys=False
+    ).strip()
+    # Dumping inside a one-element list forces flow style; strip that list's brackets.
+    return dumped[1:-1]
+
+
+def to_yaml(cfg: Any, *, comments: bool = False) -> str:
+    """The config as block YAML that ``load_config``/``from_dict`` read back to an equal config.
+
+    With ``comments=True`` every key is preceded by its help text.
+    """
+    lines: list[str] = []
+    _emit(cfg, 0, lines, comments)
+    return "\n".join(lines) + "\n"
+
+
+def _emit(obj: Any, depth: int, lines: list[str], comments: bool) -> None:
+    pad = "  " * depth
+    hints = field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if comments and depth == 0 and lines:
+            lines.append("")
+        if comments:
+            lines.append(f"{pad}# {f.metadata['help']}")
+        if section_class(hints[f.name]) is not None and dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:")
+            _emit(value, depth + 1, lines, comments)
+        else:
+            lines.append(f"{pad}{f.name}: {show(value)}")
+
+
+# --------------------------------------------------------------------------- typed build
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass's fields."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)``; any other type -> ``(tp, False)``."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) < len(typing.get_args(tp)):
+            inner = args[0] if len(args) == 1 else Union[tuple(args)]  # noqa: UP007
+            return inner, True
+    return tp, False
+
+
+def section_class(tp: Any) -> type | None:
+    """The dataclass a field holds (through ``| None``), or None for a leaf."""
+    inner, _ = unwrap_optional(tp)
+    return inner if isinstance(inner, type) and dataclasses.is_dataclass(inner) else None
+
+
+def iter_schema(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """Every field of the tree, depth first: ``(dotted path, field, type)``; sections too."""
+    hints = field_types(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        yield path, f, hints[f.name]
+        sub = section_class(hints[f.name])
+        if sub is not None:
+            yield from iter_schema(sub, path + ".")
+
+
+def get_path(obj: Any, path: str) -> Any:
+    """The value at dotted ``path`` of a config object."""
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def describe_type(tp: Any) -> str:
+    """A short human name of a schema type: ``int``, ``list[str]``, ``"a" | "b"``, ..."""
+    inner, nullable = unwrap_optional(tp)
+    origin = typing.get_origin(inner)
+    if origin is Literal:
+        text = " | ".join(f'"{a}"' for a in typing.get_args(inner))
+    elif origin is list:
+        text = f"list[{describe_type(typing.get_args(inner)[0])}]"
+    elif origin is dict:
+        text = "mapping"
+    elif section_class(inner) is not None:
+        text = "section"
+    elif inner is Any:
+        text = "any"
+    else:
+        text = getattr(inner, "__name__", str(inner))
+    return f"{text} | null" if nullable else text
+
+
+def suggest(key: str, cls: type, root: type, prefix: str = "") -> str:
+    """A "did you mean ...?" hint for an unknown ``key`` met in section ``cls`` at ``prefix``.
+
+    A key of that exact name elsewhere in the tree wins (the user put it in the wrong
+    section), then the closest key of the same section, then the closest key anywhere.
+    """
+    everywhere = [(p, p.rsplit(".", 1)[-1]) for p, _, _ in iter_schema(root)]
+    same = [p for p, name in everywhere if name == key]
+    if not same:
+        local = difflib.get_close_matches(key, list(field_types(cls)), n=1, cutoff=0.6)
+        same = [f"{prefix}{name}" for name in local]
+    if not same:
+        close = set(difflib.get_close_matches(key, [n for _, n in everywhere], n=2, cutoff=0.8))
+        same = [p for p, name in everywhere if name in close]
+    if same:
+        return "; did you mean " + " or ".join(same[:3]) + "?"
+    return "; valid keys here: " + ", ".join(field_types(cls))
+
+
+class _Builder:
+    """Collects problems while converting one tree."""
+
+    def __init__(self, root: type, strict: bool) -> None:
+        self.root = root
+        self.strict = strict
+        self.problems: list[ConfigProblem] = []
+        self.bad_paths: set[str] = set()
+
+    def fail(self, path: str, message: str) -> object:
+        self.problems.append(ConfigProblem(path, message, (path,)))
+        self.bad_paths.add(path)
+        return _INVALID
+
+    def section(self, cls: type, value: Any, path: str, base: Any = None) -> Any:
+        """Build an instance of dataclass ``cls`` from a mapping or an instance.
+
+        Keys a mapping leaves out take their values from ``base`` (the parent field's default,
+        e.g. ``critic.optim`` has ``lr=1e-5``), or from ``cls()``.
+        """
+        prefix = f"{path}." if path else ""
+        if isinstance(value, cls):
+            items = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+        elif isinstance(value, Mapping) and not self.strict:
+            items = dict(value)
+            for key in items:
+                if key not in field_types(cls):
+                    where = path or "the top level"
+                    self.problems.append(
+                        ConfigProblem(
+                            f"{prefix}{key}",
+                            f"{prefix}{key}: unknown key in {where}"
+                            + suggest(str(key), cls, self.root, prefix),
+                            (f"{prefix}{key}",),
+                        )
+                    )
+        else:
+            expected = f"a {cls.__name__} instance" if self.strict else "a mapping of keys"
+            self.fail(path, f"{path or 'config'}={show(value)}: expected {expected} (a section)")
+            return cls()
+        defaults = base if isinstance(base, cls) else cls()
+        kwargs = {}
+        for name, tp in field_types(cls).items():
+            if name in items:
+                converted = self.convert(items[name], tp, prefix + name, getattr(defaults, name))
+                if converted is not _INVALID:
+                    kwargs[name] = converted
+        return dataclasses.replace(defaults, **kwargs)
+
+    def convert(self, value: Any, tp: Any, path: str, default: Any = None) -> Any:
+        inner, nullable = unwrap_optional(tp)
+        if value is None:
+            if nullable or inner is Any:
+                return None
+            return self.fail(path, f"{path}=null: not allowed; expected {describe_type(tp)}")
+        if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+            return self.fail(
+                path,
+                f"{path}={show(value)}: ${{...}} interpolation is not supported (verl reads "
+                "YAML without OmegaConf, see docs/config.md); write the value itself",
+            )
+        if section_class(inner) is not None:
+            return self.section(inner, value, path, default)
+        origin = typing.get_origin(inner)
+        if origin is Literal:
+            return self._literal(value, inner, path)
+        if origin is list:
+            return self._list(value, inner, path)
+        if origin is dict:
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                return self.fail(path, f"{path}={show(value)}: expected a mapping with string keys")
+            value_tp = typing.get_args(inner)[1]
+            out = {k: self.convert(v, value_tp, f"{path}.{k}") for k, v in value.items()}
+            return _INVALID if _INVALID in out.values() else out
+        return self._scalar(value, inner, path)
+
+    def _scalar(self, value: Any, tp: Any, path: str) -> Any:
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if tp is Any:
+            return value
+        if tp is bool and isinstance(value, bool):
+            return value
+        if tp is int and is_number and isinstance(value, int):
+            return value
+        if tp is float and is_number:
+            return value if self.strict else float(value)
+        if tp is str and isinstance(value, str):
+            return value
+        if tp is str and is_number and not self.strict:
+            return str(value)
+        hint = ""
+        if isinstance(value, str) and tp in (int, float) and _is_number(value):
+            hint = " (write the number without quotes)"
+        elif tp is bool:
+            hint = " (use true or false)"
+        elif tp is int and isinstance(value, float):
+            hint = " (use a whole number, e.g. 8 not 8.0)"
+        return self.fail(
+            path, f"{path}={show(value)}: expected {describe_type(tp)}, got {_kind(value)}{hint}"
+        )
+
+    def _literal(self, value: Any, tp: Any, path: str) -> Any:
+        choices = typing.get_args(tp)
+        if isinstance(value, str) and value in choices:
+            return value
+        names = ", ".join(choices)
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return self.fail(path, f"{path}={show(value)}: must be one of {names}{hint}")
+
+    def _list(self, value: Any, tp: Any, path: str) -> Any:
+        elem_tp = typing.get_args(tp)[0]
+        if isinstance(value, str) and elem_tp is str and not self.strict:
+            value = [value]
+        ok_types = list if self.strict else (list, tuple)
+        if not isinstance(value, ok_types):
+            return self.fail(
+                path, f"{path}={show(value)}: expected {describe_type(tp)}, got {_kind(value)}"
+            )
+        out = [self.convert(v, elem_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        if _INVALID in out:
+            self.bad_paths.add(path)
+            return _INVALID
+        return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return names.get(type(value), type(value).__name__)
+
+
+def build(
+    cls: type[C], data: Any, *, strict: bool = False
+) -> tuple[C, list[ConfigProblem], set[str]]:
+    """Convert ``data`` into ``cls``; return the tree, the problems, and the failed paths.
+
+    Missing keys take their defaults (those of the dataclasses: nothing is read from the
+    generated YAML files). Leaves that fail keep their defaults.
+    """
+    builder = _Builder(cls, strict)
+    obj = builder.section(cls, data, "")
+    return obj, builder.problems, builder.bad_paths
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load_validated(
+    root: type[C],
+    path: str | os.PathLike[str] | None,
+    overrides: Iterable[str],
+    check: Callable[[C, set[str]], tuple[list[ConfigProblem], list[str]]],
+) -> C:
+    """``root``'s defaults + YAML file ``path`` + ``overrides`` -> ``root``.
+
+    ``check(cfg, bad_paths)`` returns the semantic problems and warnings of the built config
+    (``bad_paths``: keys that failed to convert, to skip). Every problem is raised together
+    as one ``ConfigError``; warnings are logged.
+    """
+    problems: list[ConfigProblem] = []
+    tree = (read_user_yaml(Path(path), problems) if path is not None else None) or {}
+    try:  # verl.compat: the tutorials' keys and torch dtypes, mapped onto the schema
+        tree = translate_tree(tree, root.__name__)
+    except AliasError as exc:
+        problems.append(ConfigProblem("", str(exc)))
+    for text in overrides:
+        apply_override(tree, text, problems, root=root)
+    cfg, build_problems, bad_paths = build_tree(root, tree)
+    checked, warnings = check(cfg, bad_paths)
+    report(problems + build_problems + checked, warnings)
+    return cfg
+
+
+def build_tree(root: type[C], tree: Mapping[str, Any]) -> tuple[C, list[ConfigProblem], set[str]]:
+    """The one place a raw user mapping (a YAML file with its overrides applied, or the dict
+    given to ``from_dict``) enters the typed build of ``root``: returns the config, the
+    problems and the key paths that failed to convert."""
+    return build(root, tree)
+
+
+def from_mapping(root: type[C], data: Mapping[str, Any]) -> C:
+    """Build ``root`` from nested dicts (missing keys take their defaults); checks types
+    only and raises ``ConfigError`` listing every unknown key and wrongly typed value."""
+    obj, problems, _ = build_tree(root, data)
+    if problems:
+        raise ConfigError(problems)
+    return obj
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as nested plain dicts/lists (deep copy); ``from_dict`` inverts it."""
+    return dataclasses.asdict(cfg)
+
+
+def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
+    """Raise ``ConfigError`` listing ``problems`` if there are any; else log ``warnings``."""
+    if problems:
+        raise ConfigError(problems)
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
+
+
+def read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
+    """The mapping in the YAML file ``path``, or ``None`` with a problem recorded."""
+    if not path.is_file():
+        problems.append(ConfigProblem("", f"config file {str(path)!r} does not exist"))
+        return None
+    try:
+        data = load_yaml_text(path.read_text())
+    except yaml.YAMLError as exc:
+        problems.append(ConfigProblem("", f"config file {str(path)!r} is not valid YAML: {exc}"))
+        return None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(
+            ConfigProblem("", f"config file {str(path)!r} must hold a mapping of sections")
+        )
+        return None
+    return data
+
+
+def apply_override(
+    tree: dict[str, Any], text: str, problems: list[ConfigProblem], root: type
+) -> None:
+    """Apply one ``key=value`` override to the dict ``tree`` (of schema ``root``) in place, or
+    record a problem.
+
+    The key path is checked against the schema as it is walked, so a typo is reported with
+    the override that contained it and a did-you-mean. A section that is null (e.g.
+    ``fsdp_config.mixed_precision``) is created with its defaults when a key inside it is set.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if key.startswith("~"):
+        problems.append(
+            ConfigProblem(
+                key[1:],
+                f"override {text!r}: deleting keys is not supported; set the key to its "
+                "default or to null instead",
+            )
+        )
+        return
+    if not sep or not key:
+        problems.append(ConfigProblem("", f"override {text!r}: expected key=value"))
+        return
+    plus = key.startswith("+")
+    key = key.lstrip("+")
+    try:
+        value = parse_value(raw)
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0]
+        problems.append(
+            ConfigProblem(key, f"override {text!r}: value is not valid YAML ({first_line})")
+        )
+        return
+
+    parts = key.split(".")
+    node: dict[str, Any] = tree
+    tp: Any = root
+    for i, part in enumerate(parts):
+        cls = section_class(tp)
+        if cls is not None:
+            if part not in field_types(cls):
+                problems.append(
+                    _unknown(text, ".".join(parts[: i + 1]), part, cls, root, plus, parts[:i])
+                )
+                return
+            tp = field_types(cls)[part]
+        elif tp is not Any:  # a free-form mapping such as model.override_config
+            tp = typing.get_args(unwrap_optional(tp)[0])[1]
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        if not _is_mapping_type(tp):
+            here = ".".join(parts[: i + 1])
+            problems.append(
+                ConfigProblem(
+                    here,
+                    f"override {text!r}: {here} is a value, not a section; set it with {here}=...",
+                    (here,),
+                )
+            )
+            return
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+
+
+def _is_mapping_type(tp: Any) -> bool:
+    inner = unwrap_optional(tp)[0]
+    return section_class(inner) is not None or typing.get_origin(inner) is dict or inner is Any
+
+
+def _unknown(
+    text: str, path: str, key: str, cls: type, root: type, plus: bool, parents: list[str]
+) -> ConfigProblem:
+    prefix = "".join(f"{p}." for p in parents)
+    message = f"{path}: unknown key (override {text!r})" + suggest(key, cls, root, prefix)
+    if plus:
+        message += (
+            "; '+' cannot add keys: the schema is fixed, and '+key=value' on an existing key "
+            "is just a plain override"
+        )
+    return ConfigProblem(path, message, (path,))
