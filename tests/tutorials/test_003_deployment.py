@@ -71,7 +71,6 @@ def test_003_section_3_3_set_device_map_keeps_the_map_for_later_trainers(
 ):
     from verl import DataParallelConfig
     from verl.compat import apply_pending_device_map
-    from verl.config import device_map
     from verl.utils import set_device_map
 
     # 定义并行配置
@@ -99,7 +98,7 @@ def test_003_section_3_3_set_device_map_keeps_the_map_for_later_trainers(
     placed_cfg = apply_pending_device_map(cfg)
     assert cfg.resource_pool == DataParallelConfig()  # the caller's config is not changed
     assert placed_cfg.trainer.n_gpus_per_node == 4
-    placed = device_map(placed_cfg)
+    placed = placed_cfg.device_map
     assert placed.devices("actor_rollout_ref") == (0, 1)
     assert placed.devices("critic") == (2,)
     assert placed.devices("reward_model") == (3,)

@@ -60,11 +60,10 @@ def reference(trainer: str, fmt: str) -> str:
     from verl.config.gen import config_table, default_yaml
     from verl.config.schema import TrainerConfig
     from verl.config.schema_offline import DPOConfig, SFTConfig
-    from verl.config.schema_offline import default_yaml as offline_yaml
 
     if fmt == "table":
         return config_table({"ppo": TrainerConfig, "sft": SFTConfig, "dpo": DPOConfig}[trainer])
-    return default_yaml() if trainer == "ppo" else offline_yaml(trainer)
+    return default_yaml(trainer)
 
 
 def main(argv: list[str] | None = None, prog: str = "verl config") -> int:
