@@ -42,6 +42,11 @@ step (verl's ``timing_s/step``; TRL's ``on_step_begin``..``on_step_end``).
     python bench/bench_vs_trl.py                 # W1-W3, both settings (~35 min on 2 cores)
     python bench/bench_vs_trl.py --quick         # W1 only, 2 measured steps (~2 min)
     python bench/bench_vs_trl.py --workloads W1 W2 --settings identical
+    python bench/bench_vs_trl.py --threads 1     # OMP_NUM_THREADS=1 on both sides
+
+On a machine other jobs share, use ``--threads 1``: two torch threads on two busy cores
+wait on each other at every parallel region, and a tiny-model step measured 20 s instead of
+0.5 s (under load 8); one thread per side degrades with the load instead of collapsing.
 """
 
 from __future__ import annotations
