@@ -122,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verl-python", default=sys.executable, help="python that runs verl")
     parser.add_argument("--workdir", type=Path, default=None, help="keep data, logs, models here")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
     parser.add_argument(
         "--threads",
         type=int,
@@ -390,6 +391,27 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(results: list[dict]) -> str:
+    """The same numbers as a markdown table (the README's performance section)."""
+    lines = [
+        "| workload | setting | verl step | TRL step | verl / TRL samples/s "
+        "| verl / TRL gen tokens/s | verl peak MiB | TRL peak MiB | verl / TRL peak "
+        "| verl gen / old log-prob / update |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        v, t, q = r["verl"], r["trl"], r["ratios"]
+        st = v.get("stages_s", {})
+        stages = " / ".join(f"{st[k]:.2f}" for k in STAGES if k in st)
+        lines.append(
+            f"| {r['workload']} | {r['setting']} | {v['step_s']:.2f} s | {t['step_s']:.2f} s "
+            f"| {q['samples_per_s']:.2f}x | {q['gen_tokens_per_s']:.2f}x "
+            f"| {v['peak_rss_mib']:.0f} | {t['peak_rss_mib']:.0f} | {q['peak_rss']:.2f}x "
+            f"| {stages} s |"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -498,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
         args.json_out.write_text(text + "\n")
     print()
     print(format_table(summary["results"]))
+    if args.markdown:
+        print()
+        print(format_markdown(summary["results"]))
 
 
 def _cpu_model() -> str:

@@ -195,6 +195,23 @@ def test_summaries_ratios_and_table_on_fake_records(bench):
     assert row.split("|")[1].split() == ["1.50", "4.00"]
     assert row.split("|")[4].split() == ["500", "1000"]
     assert row.split("|")[5].split() == ["2.67x", "5.33x", "0.50x"]
+    markdown = bench.format_markdown(
+        [{"workload": "W1", "setting": "identical", "verl": verl, "trl": trl, "ratios": q}]
+    ).splitlines()
+    assert len(markdown) == 3
+    cells = [c.strip() for c in markdown[2].strip("|").split("|")]
+    assert cells == [
+        "W1",
+        "identical",
+        "1.50 s",
+        "4.00 s",
+        "2.67x",
+        "5.33x",
+        "500",
+        "1000",
+        "0.50x",
+        "0.75 / 0.15 / 0.45 s",
+    ]
     stage_row = lines[-1]
     assert "gen=0.75" in stage_row and "update_actor=0.45" in stage_row
     assert "other=0.15" in stage_row
