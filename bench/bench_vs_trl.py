@@ -124,6 +124,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
     parser.add_argument(
+        "--from-json", type=Path, default=None, help="print the tables of a saved run and exit"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -470,6 +473,13 @@ def run_trl(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())["results"]
+        print(format_table(results))
+        if args.markdown:
+            print()
+            print(format_markdown(results))
+        return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
     workdir.mkdir(parents=True, exist_ok=True)
     trl_python = ensure_trl_venv(args.trl_venv)

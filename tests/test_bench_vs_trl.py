@@ -257,3 +257,26 @@ def test_tree_peaks_count_a_forked_child_once(tmp_path):
     assert peaks.root_rss > 64 * MiB
     assert peaks.root_rss + 28 * MiB < peaks.tree < peaks.root_rss + 60 * MiB
     assert peaks.rss_sum > peaks.tree + 50 * MiB
+
+
+def test_from_json_prints_the_tables_of_a_saved_run(bench, tmp_path, capsys):
+    verl = bench.side_summary(
+        bench.verl_steps_from_metrics(_fake_verl_metrics([3.0, 2.0, 2.0], 10.0), 32),
+        32,
+        bench.TreePeaks(tree=700 * MiB),
+    )
+    trl = bench.side_summary(
+        bench.trl_steps_from_result(
+            {"steps": [{"step_s": 4.0, "mean_completion_len": 10.0}] * 3}, 32
+        ),
+        32,
+        bench.TreePeaks(tree=1400 * MiB),
+    )
+    record = {"workload": "W3", "setting": "recommended", "verl": verl, "trl": trl}
+    record["ratios"] = bench.ratios(verl, trl)
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"results": [record]}))
+    bench.main(["--from-json", str(saved), "--markdown"])
+    out = capsys.readouterr().out
+    assert "| W3 | recommended | 2.00 s | 4.00 s | 2.00x | 2.00x | 700 | 1400 | 0.50x |" in out
+    assert "W3       recommended |   2.00   4.00 |" in out
