@@ -22,7 +22,8 @@ Two settings per workload:
 
 - ``identical``: fp32, no activation checkpointing, the same loss (token-mean PPO clip 0.2,
   group-normalised advantages), the same batch (the whole step's samples in one
-  forward/backward on both sides), AdamW lr 1e-6, grad clip 1.0;
+  forward/backward on both sides), AdamW lr 1e-6, grad clip 1.0 (verl's log-probs are
+  chunked here too, as by default: chunking changes memory, not the numbers);
 - ``recommended``: the fastest settings each side documents as safe. verl: bf16 autocast
   (``trainer.mixed_precision=bf16``, fp32 master weights), activation checkpointing and
   chunked log-probs (``actor.logprob_chunk_size=512``). TRL: ``bf16=True`` and
@@ -39,7 +40,7 @@ then the verl/TRL ratios and verl's per-stage breakdown (``timing_s/gen``,
 of the step: reward, advantages). Step time is each side's own clock around one training
 step (verl's ``timing_s/step``; TRL's ``on_step_begin``..``on_step_end``).
 
-    python bench/bench_vs_trl.py                 # W1-W3, both settings (~35 min on 2 cores)
+    python bench/bench_vs_trl.py                 # W1-W3, both settings (~30 min on a quiet 2-core CPU)
     python bench/bench_vs_trl.py --quick         # W1 only, 2 measured steps (~2 min)
     python bench/bench_vs_trl.py --workloads W1 W2 --settings identical
     python bench/bench_vs_trl.py --threads 1     # OMP_NUM_THREADS=1 on both sides
@@ -56,6 +57,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -275,7 +277,7 @@ def ensure_trl_venv(venv: Path) -> Path:
         return python
     print(f"[bench] building the TRL venv in {venv} ({wanted}) ...", file=sys.stderr, flush=True)
     tmp = venv.with_name(venv.name + ".tmp")
-    subprocess.run(["rm", "-rf", str(tmp)], check=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", str(tmp)], check=True)
@@ -289,7 +291,7 @@ def ensure_trl_venv(venv: Path) -> Path:
          f"transformers=={wanted['transformers']}"],
         check=True,
     )  # fmt: skip
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    shutil.rmtree(venv, ignore_errors=True)
     tmp.rename(venv)  # bin/python links to the base interpreter, so a renamed venv works
     found = trl_venv_versions(python)
     if found != wanted:
