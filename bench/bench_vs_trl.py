@@ -366,6 +366,13 @@ def ratios(verl: dict, trl: dict) -> dict:
     }
 
 
+def _failures(record: dict) -> str:
+    return "; ".join(
+        f"{side}: {record[side]['error']}" if "error" in record[side] else f"{side}: ok"
+        for side in SIDES
+    )
+
+
 def format_table(results: list[dict]) -> str:
     """The human table: one row per (workload, setting) with both sides and the ratios,
     then verl's per-stage breakdown."""
@@ -380,6 +387,9 @@ def format_table(results: list[dict]) -> str:
     )
     lines = [head, sub, "-" * len(head)]
     for r in results:
+        if "ratios" not in r:
+            lines.append(f"{r['workload']:8} {r['setting']:11} | {_failures(r)}")
+            continue
         v, t, q = r["verl"], r["trl"], r["ratios"]
         lines.append(
             f"{r['workload']:8} {r['setting']:11} | {v['step_s']:6.2f} {t['step_s']:6.2f} | "
@@ -405,6 +415,9 @@ def format_markdown(results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if "ratios" not in r:
+            lines.append(f"| {r['workload']} | {r['setting']} | {_failures(r)} |" + " |" * 7)
+            continue
         v, t, q = r["verl"], r["trl"], r["ratios"]
         st = v.get("stages_s", {})
         stages = " / ".join(f"{st[k]:.2f}" for k in STAGES if k in st)
@@ -418,6 +431,10 @@ def format_markdown(results: list[dict]) -> str:
 
 
 # --------------------------------------------------------------------------- running
+
+
+class SideFailed(RuntimeError):
+    """One side's run exited non-zero (a crash, or killed: -9 is often the OOM killer)."""
 
 
 def _side_env(side: str, threads: int | None) -> dict[str, str]:
@@ -466,7 +483,7 @@ def run_trl(
     cmd += ["--seed", str(SEED)]
     code, peak, wall = run_tree_measured(cmd, _side_env("trl", args.threads), out / "run.log")
     if code != 0:
-        raise RuntimeError(f"TRL {workload.name} {setting} failed ({code}); log: {out / 'run.log'}")
+        raise SideFailed(f"TRL {workload.name} {setting} failed ({code}); log: {out / 'run.log'}")
     result = json.loads((out / "result.json").read_text())
     steps = trl_steps_from_result(result, workload.samples)
     summary = side_summary(steps, workload.samples, peak)
@@ -517,13 +534,20 @@ def main(argv: list[str] | None = None) -> None:
         for side in order:
             out = workdir / f"{name}_{setting}_{side}"
             print(f"[bench] {name} {setting} {side} ...", file=sys.stderr, flush=True)
-            if side == "verl":
-                record["verl"] = run_verl(args, w, setting, data_paths[name], models[w.model], out)
-            else:
-                record["trl"] = run_trl(
-                    args, trl_python, w, setting, data_paths[name], models[w.model], out
-                )
-        record["ratios"] = ratios(record["verl"], record["trl"])
+            try:
+                if side == "verl":
+                    record[side] = run_verl(
+                        args, w, setting, data_paths[name], models[w.model], out
+                    )
+                else:
+                    record[side] = run_trl(
+                        args, trl_python, w, setting, data_paths[name], models[w.model], out
+                    )
+            except SideFailed as err:  # keep the other runs' numbers; the log says why
+                print(f"[bench] {err}", file=sys.stderr, flush=True)
+                record[side] = {"error": str(err)}
+        if "error" not in record["verl"] and "error" not in record["trl"]:
+            record["ratios"] = ratios(record["verl"], record["trl"])
         summary["results"].append(record)
     summary["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     text = json.dumps(summary)

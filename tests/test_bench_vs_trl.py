@@ -280,3 +280,20 @@ def test_from_json_prints_the_tables_of_a_saved_run(bench, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| W3 | recommended | 2.00 s | 4.00 s | 2.00x | 2.00x | 700 | 1400 | 0.50x |" in out
     assert "W3       recommended |   2.00   4.00 |" in out
+
+
+def test_a_failed_side_is_reported_and_the_other_kept(bench):
+    verl = bench.side_summary(
+        bench.verl_steps_from_metrics(_fake_verl_metrics([3.0, 2.0], 10.0), 32),
+        32,
+        bench.TreePeaks(tree=700 * MiB),
+    )
+    failed = {"error": "TRL W3 identical failed (-9); log: x/run.log"}
+    record = {"workload": "W3", "setting": "identical", "verl": verl, "trl": failed}
+    table = bench.format_table([record])
+    assert "W3       identical   | verl: ok; trl: TRL W3 identical failed (-9)" in table
+    assert "gen=1.00" in table  # verl's stages still listed
+    row = bench.format_markdown([record]).splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 10 and cells[:2] == ["W3", "identical"]
+    assert cells[2].startswith("verl: ok; trl: TRL W3 identical failed (-9)")
