@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -119,3 +120,108 @@ def prompt_batch(tokenizer, count: int):
             "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
         }
     )
+
+
+# --------------------------------------------------------------------------- process trees
+
+
+def _children_map() -> dict[int, list[int]]:
+    """``ppid -> [pid, ...]`` for every process visible in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # the process ended while we looked
+            continue
+        # the command name may hold spaces and parentheses: fields start after the last ')'
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of every live descendant of ``root`` (not ``root`` itself)."""
+    children = _children_map()
+    found, stack = [], list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def pid_rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+    except OSError:  # gone
+        return 0
+
+
+def pid_private_bytes(pid: int) -> int:
+    """Pages only ``pid`` maps (its USS). For a forked child this excludes the pages it
+    still shares copy-on-write with its parent, which summed RSS would count twice."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+@dataclass
+class TreePeaks:
+    """Peaks over a process tree's run, in bytes. ``tree`` is the root's RSS plus the
+    private memory (USS) of its descendants: what the tree really holds, counting each
+    shared page once. ``rss_sum`` adds the descendants' full RSS instead (overcounts forked
+    children); ``root_rss`` is the root process alone."""
+
+    tree: int = 0
+    rss_sum: int = 0
+    root_rss: int = 0
+
+
+def run_tree_measured(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    interval_s: float = 0.1,
+    descendants_interval_s: float = 1.0,
+) -> tuple[int, TreePeaks, float]:
+    """Run ``cmd`` with stdout and stderr to ``log_path`` and measure its process tree's
+    memory. Returns ``(exit code, peaks, wall s)``; the peaks cover the whole run (imports
+    and model loading included).
+
+    The root's RSS is read every ``interval_s`` (cheap); descendants are found and their
+    private memory read every ``descendants_interval_s``, because reading it walks their
+    page tables (~10 ms per GiB mapped), which would otherwise take CPU from the run."""
+    start = time.perf_counter()
+    peaks = TreePeaks()
+    desc_private = desc_rss = 0
+    next_desc = 0.0
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                now = time.perf_counter()
+                if now >= next_desc:
+                    pids = descendants(proc.pid)
+                    desc_private = sum(pid_private_bytes(p) for p in pids)
+                    desc_rss = sum(pid_rss_bytes(p) for p in pids)
+                    next_desc = now + descendants_interval_s
+                root = pid_rss_bytes(proc.pid)
+                peaks.root_rss = max(peaks.root_rss, root)
+                peaks.tree = max(peaks.tree, root + desc_private)
+                peaks.rss_sum = max(peaks.rss_sum, root + desc_rss)
+                time.sleep(interval_s)
+        finally:
+            if proc.poll() is None:  # interrupted: leave no process behind
+                proc.kill()
+                proc.wait()
+    return proc.returncode, peaks, time.perf_counter() - start
