@@ -24,6 +24,8 @@ ALLOWED = {
     "rollout": {"protocol", "utils"},
     "rewards": {"protocol", "utils", "algorithms"},
     "controller": {"protocol", "utils"},
+    # tools for multi-turn rollouts; the python tool reuses the code-reward sandbox
+    "tools": {"utils", "rewards"},
     "workers": {
         "config",
         "protocol",
@@ -34,6 +36,7 @@ ALLOWED = {
         "rollout",
         "rewards",
         "controller",
+        "tools",
     },
     "trainer": {
         "config",
@@ -47,6 +50,7 @@ ALLOWED = {
         "rewards",
         "controller",
         "workers",
+        "tools",
     },
 }
 
