@@ -7,7 +7,8 @@ Built-in tools (``multi_turn.tools: [{path: builtin, name: calculator}]``): ``ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from verl.tools.base import Tool, load_tool, tool_from_function
 from verl.tools.calculator import calculator_tool
@@ -24,4 +25,15 @@ BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {
     "python": _python_tool,
 }
 
-__all__ = ["BUILTIN_TOOLS", "Tool", "load_tool", "tool_from_function"]
+
+def load_tools(specs: Iterable[Any]) -> list[Tool]:
+    """The tools of ``multi_turn.tools`` (items with ``path`` and ``name``), in order."""
+    return [load_tool(spec.path, spec.name) for spec in specs]
+
+
+def tool_schemas(specs: Iterable[Any]) -> list[dict[str, Any]]:
+    """The OpenAI function schemas of ``multi_turn.tools``, for the prompts' chat template."""
+    return [tool.schema for tool in load_tools(specs)]
+
+
+__all__ = ["BUILTIN_TOOLS", "Tool", "load_tool", "load_tools", "tool_from_function", "tool_schemas"]
