@@ -46,7 +46,10 @@ class ScriptedGenerator:
             self.contexts[i].append(list(context))
             text = self.scripts[i][turn]
             ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if "</tool_call>" not in text:
+            if "</tool_call>" not in text or text.endswith("<|im_end|>"):
+                ids = self.tokenizer.encode(
+                    text.removesuffix("<|im_end|>"), add_special_tokens=False
+                )
                 ids.append(self.eos)
             ids = ids[:budget]
             outs.append(TurnOutput(ids, [-0.01 * (k + 1) for k in range(len(ids))]))
@@ -111,6 +114,18 @@ def test_masks_split_model_and_tool_tokens(tokenizer):
     assert bool((lp[real][~mask.bool()] == 0).all()) and bool((lp[real][mask.bool()] < 0).all())
     assert int(out.batch["attention_mask"][0, -width:].sum()) == len(ids)
     assert int(out.batch["response_mask"][0].sum()) == int(mask.sum())
+
+
+def test_a_turn_closed_by_the_model_is_not_closed_twice(tokenizer):
+    """Qwen style: the model ends its tool-call turn with <|im_end|> itself; the appended
+    delta then holds only the rest of the template's closer."""
+    scripts = [[call("calculator", expression="6*7") + "<|im_end|>", "42"]]
+    out, _, _ = run_loop(tokenizer, ["6*7?"], scripts, [calculator_tool()])
+    ids, mask = real_ids(out, 0)
+    tool_text = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+    assert tool_text == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    text = tokenizer.decode(ids)
+    assert text.count("<|im_end|>") == 3  # model turn, tool message, final turn
 
 
 def test_failing_tools_become_error_messages_and_metrics(tokenizer):

@@ -243,13 +243,11 @@ class AgentLoop:
             for sample, out in zip(active, outs):
                 calls = self._take_turn(sample, out, budget)
                 if calls:
-                    calling.append(
-                        (sample, calls, bool(out.ids) and out.ids[-1] in self.eos_token_ids)
-                    )
+                    calling.append((sample, calls, out.ids[-1]))
             results = self._run_tools([c for _, calls, _ in calling for c in calls])
-            for sample, calls, ended_with_eos in calling:
+            for sample, calls, last_token in calling:
                 mine, results = results[: len(calls)], results[len(calls) :]
-                self._append_results(sample, calls, mine, ended_with_eos, budget)
+                self._append_results(sample, calls, mine, last_token, budget)
             rounds += 1
         return self._assemble(prompts, params, samples, position_ids)
 
@@ -279,7 +277,7 @@ class AgentLoop:
         sample: _Sample,
         calls: list[ToolCall],
         results: list[_ToolResult],
-        ended_with_eos: bool,
+        last_token: int,
         budget: int,
     ) -> None:
         sample.tool_calls += len(calls)
@@ -289,7 +287,7 @@ class AgentLoop:
             {"role": "tool", "name": c.name or "invalid", "content": self._cut(r.text)}
             for c, r in zip(calls, results)
         ]
-        delta = self.renderer.delta_ids(messages, ended_with_eos)
+        delta = self.renderer.delta_ids(messages, last_token)
         sample.messages.extend(messages)
         if len(sample.ids) + len(delta) >= budget:  # no room left for the model to answer
             sample.done = True

@@ -106,12 +106,13 @@ class ChatDeltaRenderer:
             raise ValueError("the chat template drops the assistant message's content")
         # What the template writes after an assistant message, e.g. "<|im_end|>\n".
         self.turn_closer = body[body.index(_MARK) + len(_MARK) :]
-        eos_texts = [tokenizer.decode([i]) for i in sorted(self.eos_token_ids)]
-        self._closer_after_eos = self.turn_closer
-        for text in eos_texts:
+        # What is left of the closer after each end-of-turn id, when the closer starts with
+        # that token's text (ChatML: "<|im_end|>" leaves "\n"; another eos leaves it all).
+        self._closer_after: dict[int, str] = {}
+        for token in self.eos_token_ids:
+            text = tokenizer.decode([token])
             if text and self.turn_closer.startswith(text):
-                self._closer_after_eos = self.turn_closer[len(text) :]
-                break
+                self._closer_after[token] = self.turn_closer[len(text) :]
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -121,13 +122,14 @@ class ChatDeltaRenderer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def delta_text(self, messages: list[dict[str, Any]], turn_ended_with_eos: bool) -> str:
-        """The text appended after a model turn: the rest of the turn's closer, then
-        ``messages`` (tool results or a user turn), then the next generation prompt."""
+    def delta_text(self, messages: list[dict[str, Any]], last_token: int | None) -> str:
+        """The text appended after a model turn whose last id is ``last_token``: the rest of
+        the turn's closer, then ``messages`` (tool results or a user turn), then the next
+        generation prompt."""
         full = self._render([*self._with_assistant, *messages], add_generation_prompt=True)
-        closer = self._closer_after_eos if turn_ended_with_eos else self.turn_closer
+        closer = self._closer_after.get(last_token, self.turn_closer)
         return closer + _suffix(full, self._assistant_text, "tool messages")
 
-    def delta_ids(self, messages: list[dict[str, Any]], turn_ended_with_eos: bool) -> list[int]:
+    def delta_ids(self, messages: list[dict[str, Any]], last_token: int | None) -> list[int]:
         """:meth:`delta_text` as token ids (no special tokens added)."""
-        return self.encode(self.delta_text(messages, turn_ended_with_eos))
+        return self.encode(self.delta_text(messages, last_token))
