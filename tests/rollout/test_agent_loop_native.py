@@ -1,4 +1,4 @@
-"""The agent loop on the real native engine, with a tiny model taught (a few seconds of
+"""The agent loop on the real native engine (and the hf backend), with a tiny model taught (a few seconds of
 training on two transcripts) to call the calculator: the rollout's log-probs equal the
 trainer's recomputation over the whole multi-turn sequence, and the loss ignores tool
 tokens (perturbing their advantages or old log-probs changes no gradient)."""
@@ -61,15 +61,19 @@ def train_tool_model(tokenizer):
     return model.eval()
 
 
-def rollout(tokenizer, model, **loop_kwargs):
-    engine = build_rollout("native", model, tokenizer)
+def rollout(tokenizer, model, engine_name="native", do_sample=True, **loop_kwargs):
+    engine = build_rollout(engine_name, model, tokenizer)
     loop = AgentLoop(EngineTurnGenerator(engine), tokenizer, [calculator_tool()], **loop_kwargs)
     batch = make_batch(tokenizer, [prompt_text(tokenizer, q) for q in QUESTIONS])
-    return loop.run(batch, SamplingParams(n=2, max_new_tokens=96, temperature=1.0, seed=3))
+    params = SamplingParams(n=2, max_new_tokens=96, temperature=1.0, seed=3, do_sample=do_sample)
+    return loop.run(batch, params)
 
 
-def test_native_engine_calls_the_calculator(tokenizer, tool_model):
-    out = rollout(tokenizer, tool_model)
+@pytest.mark.parametrize("engine_name", ["native", "hf"])
+def test_engine_calls_the_calculator(tokenizer, tool_model, engine_name):
+    # The native engine samples; the hf backend's sampler draws differently, so it runs
+    # greedy to make every sample call the tool.
+    out = rollout(tokenizer, tool_model, engine_name, do_sample=engine_name == "native")
     assert out.non_tensor_batch["num_turns"].tolist() == [2, 2, 2, 2]
     assert out.non_tensor_batch["num_tool_errors"].tolist() == [0, 0, 0, 0]
     for messages in out.non_tensor_batch["messages"]:
