@@ -257,6 +257,7 @@ def test_budget_and_tool_response_limits(tokenizer):
     )  # fmt: skip
     ids, mask = real_ids(out, 0)
     assert len(gen.contexts[0]) == 1 and len(ids) == first and bool(mask.all())
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0]] == ["assistant"]
 
     # max_turns: the last turn's call is not run.
     out, gen, _ = run_loop(

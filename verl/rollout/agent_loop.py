@@ -288,10 +288,10 @@ class AgentLoop:
             for c, r in zip(calls, results)
         ]
         delta = self.renderer.delta_ids(messages, last_token)
-        sample.messages.extend(messages)
         if len(sample.ids) + len(delta) >= budget:  # no room left for the model to answer
-            sample.done = True
+            sample.done = True  # and the conversation ends with the call, as the ids do
             return
+        sample.messages.extend(messages)
         sample.append(delta, False)
 
     def _cut(self, text: str) -> str:
