@@ -27,6 +27,8 @@ ALLOWED = {
     "rollout": {"protocol", "utils"},
     "rewards": {"protocol", "utils", "algorithms"},
     "controller": {"protocol", "utils"},
+    # tools for multi-turn rollouts; the python tool reuses the code-reward sandbox
+    "tools": {"utils", "rewards"},
     "workers": {
         "config",
         "protocol",
@@ -37,6 +39,7 @@ ALLOWED = {
         "rollout",
         "rewards",
         "controller",
+        "tools",
     },
     "trainer": {
         "compat",
@@ -51,6 +54,7 @@ ALLOWED = {
         "rewards",
         "controller",
         "workers",
+        "tools",
     },
 }
 

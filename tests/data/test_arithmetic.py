@@ -55,6 +55,23 @@ def test_hand_checked_examples_and_plain_style():
         assert row["prompt"][0]["content"] == f"{a} * {b} ="
         assert row["reward_model"]["ground_truth"] == str(a * b)
     assert problem_space_size(1, ["+", "-", "*"]) == 100 + 55 + 100
+
+
+def test_tool_style_multiplies_three_digit_numbers_with_the_calculator():
+    from verl.rewards.scorers.arithmetic import compute_score
+    from verl.tools.calculator import calculate
+
+    rows = make_arithmetic_rows(20, digits=3, ops=["*"], seed=0, prompt_style="tool")
+    for row in rows:
+        info = row["extra_info"]
+        assert 100 <= info["a"] <= 999 and 100 <= info["b"] <= 999
+        content = row["prompt"][0]["content"]
+        assert content.startswith(f"What is {info['a']} * {info['b']}?")
+        assert "calculator" in content
+        truth = row["reward_model"]["ground_truth"]
+        # What the tool returns for the expression is the ground truth, and scores 1.
+        assert calculate(info["expression"]) == truth == str(info["a"] * info["b"])
+        assert compute_score(f"The answer is {truth}", truth)["acc"] == 1.0
     assert problem_space_size(2, ["-"]) == 90 * 91 // 2
 
 

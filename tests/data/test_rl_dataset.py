@@ -328,3 +328,39 @@ def test_validation_error_pickles():
     copy = pickle.loads(pickle.dumps(err))
     assert copy.problems == ["a", "b", "c"] and str(copy) == str(err)
     assert str(err).splitlines()[1:] == ["  - a", "  ... and 2 more"]
+
+
+# ----------------------------------------------------------------------------- tools
+
+
+def test_tools_go_to_the_template_or_the_system_prompt(tmp_path, tokenizer, make_row):
+    from verl.data.base import tools_system_prompt
+    from verl.tools.calculator import CALCULATOR_SCHEMA
+
+    rows = [make_row("What is 1 + 2?", "3"), make_row("What is 7 * 6?", "42")]
+    rows[1]["prompt"].insert(0, {"role": "system", "content": "Be brief."})
+    path = write_records(rows, tmp_path / "train.jsonl")
+    tools = [CALCULATOR_SCHEMA]
+    # The tiny ChatML template ignores tools=: they are described in the system message,
+    # merged into the row's own system message when it has one.
+    ds = RLHFDataset(path, tokenizer, tools=tools)
+    listing = tools_system_prompt(tools)
+    assert '"name": "calculator"' in listing and "<tool_call>" in listing
+    assert ds[0]["input_ids"].tolist() == chat_ids(
+        tokenizer, [{"role": "system", "content": listing}, *rows[0]["prompt"]]
+    )
+    assert ds[1]["input_ids"].tolist() == chat_ids(
+        tokenizer,
+        [{"role": "system", "content": "Be brief.\n\n" + listing}, *rows[1]["prompt"][1:]],
+    )
+    assert ds[0]["raw_prompt"] == rows[0]["prompt"]  # the row itself is unchanged
+
+    # A template that renders tools itself gets them through tools=.
+    tokenizer_with_tools = build_tiny_tokenizer()
+    tokenizer_with_tools.chat_template = (
+        "{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['name'] }};{% endfor %}"
+        "{% endif %}" + tokenizer.chat_template
+    )
+    ds = RLHFDataset(path, tokenizer_with_tools, tools=tools)
+    text = tokenizer_with_tools.decode(ds[0]["input_ids"])
+    assert text.startswith("TOOLS:calculator;") and "<tools>" not in text

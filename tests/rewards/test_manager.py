@@ -310,3 +310,42 @@ def test_registry_and_argument_validation(tokenizer):
         RewardManager(tokenizer, isolation="thread")
     with pytest.raises(ValueError, match="timeout_s=0"):
         RewardManager(tokenizer, timeout_s=0)
+
+
+def test_multi_turn_conversation_reaches_extra_info(tokenizer):
+    """A batch from the agent loop (non-tensor `messages`): the reward function sees the
+    prompt's messages, then the turns, in extra_info, beside the row's own extra_info."""
+    seen = []
+
+    def spy(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info)
+        return 1.0
+
+    turns = [
+        {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+        {"role": "tool", "name": "calculator", "content": "7"},
+        {"role": "assistant", "content": "7"},
+    ]
+    messages = np.empty(2, dtype=object)
+    messages[0], messages[1] = turns, turns[-1:]
+    raw_prompt = np.empty(2, dtype=object)
+    raw_prompt[0], raw_prompt[1] = [{"role": "user", "content": "3+4"}], "plain text prompt"
+    batch = make_batch(
+        tokenizer,
+        ["7", "7"],
+        ["arithmetic"] * 2,
+        ["7", "7"],
+        messages=messages,
+        raw_prompt=raw_prompt,
+        num_turns=np.array([2, 1], dtype=object),
+        extra_info=np.array([{"split": "train"}, None], dtype=object),
+    )
+    with RewardManager(tokenizer, compute_score=spy, isolation="inline") as manager:
+        manager(batch)
+    assert seen[0] == {
+        "split": "train",
+        "messages": [{"role": "user", "content": "3+4"}, *turns],
+        "num_turns": 2,
+    }
+    assert seen[1]["messages"] == [{"role": "user", "content": "plain text prompt"}, turns[-1]]
+    assert seen[1]["num_turns"] == 1

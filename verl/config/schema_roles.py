@@ -204,6 +204,25 @@ class ValKwargsConfig:
 
 
 @dataclass
+class ToolConfig:
+    """One tool of multi-turn rollouts: a function (or ``verl.tools.Tool``) in a file."""
+
+    path: str = entry("builtin", "Python file defining the tool; builtin = verl's own tools")
+    name: str = entry("calculator", "the function's name (builtin: calculator, python)")
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (the agent loop, docs/multiturn.md)."""
+
+    enable: bool = entry(False, "generate with the agent loop: model turns and tool results")
+    max_turns: int = entry(4, "model turns per response (tool results come between them)")
+    max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut")
+    tools: list[ToolConfig] = entry([], "tools the model may call: a list of {path, name}")
+    tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error")
+
+
+@dataclass
 class RolloutConfig:
     """Response generation. Response length is data.max_response_length."""
 
@@ -219,6 +238,7 @@ class RolloutConfig:
     )
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
+    multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
 
 
 @dataclass

@@ -14,6 +14,9 @@ writes `train.parquet` and `test.parquet` (or `.jsonl`). Each row:
 Operands have exactly `digits` digits (0-9 for one digit). Subtraction puts the larger
 operand first, so every answer is a non-negative integer. `prompt_style="plain"` gives a
 completion prompt ("3 + 4 =") for base models (use it with `apply_chat_template=False`).
+`prompt_style="tool"` asks the model to use the calculator tool, for multi-turn rollouts
+(`actor_rollout_ref.rollout.multi_turn`, docs/multiturn.md): multiplying 3- or 4-digit
+numbers (`--digits 3 --ops '*'`) is hard for a small model alone and easy with the tool.
 
 Train and validation come from disjoint seeds (`2 * seed` and `2 * seed + 1`). The
 validation set is drawn first and its problems are excluded from train, so no problem is in
@@ -40,7 +43,7 @@ from verl.data.io import write_records
 logger = logging.getLogger(__name__)
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-PROMPT_STYLES = ("chat", "plain")
+PROMPT_STYLES = ("chat", "plain", "tool")
 FORMATS = ("parquet", "jsonl")
 DATA_SOURCE = "arithmetic"
 
@@ -150,6 +153,11 @@ def arithmetic_row(
     answer = OPERATORS[op](a, b)
     if prompt_style == "chat":
         content = f"What is {expression}? Answer with just the number."
+    elif prompt_style == "tool":
+        content = (
+            f"What is {expression}? Call the calculator tool to compute it, then answer "
+            "with just the number."
+        )
     else:
         content = f"{expression} ="
     return {

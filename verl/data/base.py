@@ -28,6 +28,7 @@ the length limit.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +48,7 @@ __all__ = [
     "render_chat",
     "resolve_truncation",
     "shown",
+    "tools_system_prompt",
     "validate_messages",
 ]
 
@@ -142,10 +144,48 @@ def join_contents(value: Any) -> str:
     return "\n".join(m["content"] for m in value)
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    """The chat template's text for ``messages`` (not tokenised)."""
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The chat template's text for ``messages`` (not tokenised).
+
+    ``tools`` (OpenAI function schemas, for multi-turn rollouts) go to the template's
+    ``tools=`` argument when the template uses it; a template that ignores it gets them
+    described in the system message instead (:func:`tools_system_prompt`).
+    """
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    if not tools:
+        return text
+    with_tools = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    if with_tools != text:
+        return with_tools
+    prompt = tools_system_prompt(tools)
+    if messages and messages[0]["role"] == "system":
+        system = {"role": "system", "content": messages[0]["content"] + "\n\n" + prompt}
+        messages = [system, *messages[1:]]
+    else:
+        messages = [{"role": "system", "content": prompt}, *messages]
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """A system-message description of ``tools`` and of the call format the rollout parses
+    (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the Qwen / Hermes one)."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "You may call one or more functions to help with the user's request. The functions "
+        f"are described in JSON below.\n<tools>\n{listing}\n</tools>\nTo call a function, "
+        'write <tool_call>{"name": <function name>, "arguments": <arguments object>}'
+        "</tool_call>; its result comes back in the next message."
     )
 
 

@@ -127,6 +127,8 @@ class RLHFDataset(RowDataset, Dataset):
             contents with newlines (False).
         max_reported_problems: how many problems the validation error lists.
         prompt_key: the column holding the chat messages.
+        tools: OpenAI function schemas for multi-turn rollouts, given to the chat
+            template (or described in the system message; `verl.data.base.render_chat`).
 
     Item `i` is a dict: `input_ids` (prompt_len,) int64 unpadded, `raw_prompt` (the
     messages), `data_source`, `ground_truth` (as stored), `extra_info` (dict, {} when
@@ -147,10 +149,12 @@ class RLHFDataset(RowDataset, Dataset):
         apply_chat_template: bool = True,
         max_reported_problems: int = 20,
         prompt_key: str = "prompt",
+        tools: list[dict[str, Any]] | None = None,
     ):
         if max_prompt_length is not None and max_prompt_length < 1:
             raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1 (or None)")
         self.prompt_key = prompt_key
+        self.tools = list(tools) if tools else None
         self.max_prompt_length = max_prompt_length
         self._setup(data_files, tokenizer, truncation, apply_chat_template)
         rows = self._read_rows(
@@ -216,7 +220,9 @@ class RLHFDataset(RowDataset, Dataset):
         messages = row[self.prompt_key]
         if not self.apply_chat_template:
             return join_contents(messages)
-        return render_chat(self.tokenizer, list(messages), add_generation_prompt=True)
+        return render_chat(
+            self.tokenizer, list(messages), add_generation_prompt=True, tools=self.tools
+        )
 
     def _keep_end(self, row: Row) -> bool:
         # the end of the prompt holds the question and the generation prompt

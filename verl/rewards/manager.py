@@ -31,6 +31,11 @@ Batch contract (`DataProto`): tensors `responses` (batch, response_len) and
 `response_mask` (batch, response_len) (falls back to the last response_len columns of
 `attention_mask`); non-tensors `data_source`, `ground_truth` (or verl-style
 `reward_model={"ground_truth": ...}`) and optional `extra_info`.
+
+Multi-turn rollouts (`rollout.multi_turn`, non-tensor `messages`): `solution_str` is the
+model's own tokens of every turn (tool results are masked out, so a tool cannot write the
+answer for it), and `extra_info` gains `messages`, the whole conversation (the prompt's
+messages, then each assistant turn and tool result), and `num_turns`.
 """
 
 from __future__ import annotations
@@ -120,6 +125,23 @@ def _column(non_tensor: Mapping[str, Any], key: str, size: int) -> list[Any] | N
     if len(values) != size:
         raise ValueError(f"non_tensor_batch[{key!r}] has {len(values)} rows, batch has {size}")
     return values
+
+
+def _with_conversation(
+    extra_infos: list[Any], non_tensor: Mapping[str, Any], size: int
+) -> list[dict[str, Any]]:
+    """``extra_info`` of multi-turn rollouts plus ``messages`` (the prompt's messages, then
+    the model's turns and the tool results) and ``num_turns``."""
+    prompts = _column(non_tensor, "raw_prompt", size) or [[] for _ in range(size)]
+    turns = _column(non_tensor, "num_turns", size) or [None] * size
+    out = []
+    for info, prompt, messages, n in zip(
+        extra_infos, prompts, _column(non_tensor, "messages", size), turns
+    ):
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        conversation = [*(dict(m) for m in prompt), *messages]
+        out.append({**(info or {}), "messages": conversation, "num_turns": n})
+    return out
 
 
 def check_signature(fn: Callable[..., Any]) -> None:
@@ -358,6 +380,8 @@ class RewardManager:
                 f"'ground_truth'; the batch has {sorted(non_tensor)}"
             )
         extra_infos = _column(non_tensor, "extra_info", size) or [None] * size
+        if "messages" in non_tensor:  # a multi-turn rollout: the scorer sees the conversation
+            extra_infos = _with_conversation(extra_infos, non_tensor, size)
         texts = self._decode(responses, mask)
         kwargs_list = [
             {"data_source": s, "solution_str": t, "ground_truth": g, "extra_info": e}

@@ -24,6 +24,7 @@ from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.models import load_tokenizer
 from verl.protocol import DataProto
 from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
+from verl.tools import tool_schemas
 from verl.trainer.placement import Placement, place_roles
 from verl.trainer.setup import prepare_data_files
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -85,6 +86,9 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
         apply_chat_template=dcfg.apply_chat_template,
         prompt_key=dcfg.prompt_key,
     )
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.enable and multi_turn.tools:
+        ds_kwargs["tools"] = tool_schemas(multi_turn.tools)  # the prompts list the tools
     train_dataset = RLHFDataset(train_files, **ds_kwargs)
     val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
     collate = _Collate(tokenizer.pad_token_id)

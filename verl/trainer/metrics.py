@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.rollout.agent_loop import multi_turn_metrics
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -46,13 +47,16 @@ def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str
     if "entropys" in b:
         # Entropy of the sampling policy (computed with the old log-probs), per valid token.
         metrics["actor/entropy"] = b["entropys"][mask].float().mean().item() if mask.any() else 0.0
-    response_length = mask.sum(-1).float()
+    # Every token of the response, tool results of multi-turn rollouts included (they are
+    # attended to but masked out of response_mask); the same as response_mask otherwise.
+    response_length = b["attention_mask"][:, -mask.shape[1] :].sum(-1).float()
     metrics |= _stats("response_length", response_length)
     metrics["response_length/clip_ratio"] = (
         (response_length >= max_response_length).float().mean().item()
     )
     prompt_length = b["attention_mask"][:, : b["prompts"].shape[1]].sum(-1).float()
     metrics |= _stats("prompt_length", prompt_length)
+    metrics |= multi_turn_metrics(batch.non_tensor_batch)  # empty unless multi_turn.enable
     return metrics
 
 

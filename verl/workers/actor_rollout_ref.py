@@ -63,6 +63,7 @@ from verl.workers.common import (
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
+from verl.workers.multi_turn import build_agent_loop
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class ActorRolloutRefWorker(Worker):
         self.device = resolve_device(config.trainer.device, self.local_rank or 0)
         self.engine = None
         self.rollout = None
+        self.agent_loop = None
         self.ref_engine = None
         self.ref_dynamic = None  # DynamicPrecision of the reference (dynamic_precision=true)
         self.lora_reference = False  # LoRA: the reference is the actor, adapters disabled
@@ -178,6 +180,8 @@ class ActorRolloutRefWorker(Worker):
             ),
         )
         self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
+        # multi_turn.enable: generate through the agent loop (tools) over the same engine
+        self.agent_loop = build_agent_loop(self.config, self.rollout, self.tokenizer)
 
     # ------------------------------------------------------------------ rollout
     def _sampling_params(self, meta_info: dict[str, Any]) -> SamplingParams:
@@ -218,10 +222,11 @@ class ActorRolloutRefWorker(Worker):
             # change which samples training sees.
             self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
+        generate = self.agent_loop.run if self.agent_loop is not None else self.rollout.generate
         # Sampling computes in the training precision (mixed_precision=bf16 -> bf16 autocast),
         # as the log-prob passes that score these samples do.
         with self.engine.gathered_params(), self.engine.autocast():
-            out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
+            out = generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
         return out

@@ -1,0 +1,408 @@
+"""The agent loop: multi-turn rollouts in which the model calls tools.
+
+For each sample: generate until a tool call, the end of the turn or the token budget;
+parse the ``<tool_call>`` blocks of the turn (``verl.rollout.tool_calls``); run the tools;
+append their results as ``tool`` messages; continue, up to ``max_turns`` model turns and
+``params.max_new_tokens`` response tokens in all (model and tool tokens together).
+
+**Exact ids.** The context of a turn is the prompt's ids followed by every id produced so
+far, model and tool alike; nothing is decoded and re-encoded. Tool messages are appended
+as the chat template's delta (:class:`~verl.rollout.tool_calls.ChatDeltaRenderer`).
+
+**Masks.** The output has the layout of ``verl.rollout.base`` with one difference that
+the trainer already honours: ``response_mask`` is 1 on the model's tokens only (0 on tool
+and template tokens), while the response part of ``attention_mask`` is 1 on every real
+token. ``rollout_log_probs`` holds the model tokens' log-probs (0 elsewhere). The losses
+read ``response_mask``; the forward passes read ``attention_mask``. A trajectory always
+ends with model tokens: when a tool result would not leave room for one more model token,
+the sample ends before it.
+
+**Concurrency.** The loop runs in rounds: one batched ``generate_turns`` call for every
+sample still running, then every tool call of the round at once, each in a daemon thread
+bounded by ``tool_timeout``. A finished sample leaves the batch, so a batch where one
+sample takes 5 turns and the others 1 costs one full round and four rounds of one sample.
+Rounds keep rollouts reproducible for a fixed seed whatever the tools' timing; continuous
+batching belongs to asynchronous backends.
+
+**Failures never end the step.** A malformed call, an unknown tool, a tool that raises,
+runs past ``tool_timeout`` or returns something other than text gives the model an
+``Error: ...`` message as the tool's result, and is counted (``num_tool_errors``,
+``num_tool_timeouts`` per sample; :func:`multi_turn_metrics`). A thread cannot be killed:
+a timed-out Python tool keeps running in the background until it returns, so tools that
+may hang for good should bound themselves (the built-in ``python`` tool runs a subprocess
+with its own limits).
+
+The loop drives any backend through :class:`TurnGenerator` (a context of ids in, the new
+ids and their log-probs out); :class:`EngineTurnGenerator` adapts every
+:class:`~verl.rollout.base.RolloutEngine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from verl.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout_output,
+    validate_prompts,
+)
+from verl.rollout.tool_calls import TOOL_CALL_END, ChatDeltaRenderer, ToolCall, parse_tool_calls
+
+__all__ = [
+    "AgentLoop",
+    "EngineTurnGenerator",
+    "TurnGenerator",
+    "TurnOutput",
+    "multi_turn_metrics",
+]
+
+# Per-sample columns of the output's non_tensor_batch.
+TRAJECTORY_KEYS = (
+    "messages",
+    "num_turns",
+    "num_tool_calls",
+    "num_tool_errors",
+    "num_tool_timeouts",
+)
+
+
+@dataclass
+class TurnOutput:
+    """One model turn: the new ids (stop token included) and each one's log-prob."""
+
+    ids: list[int]
+    log_probs: list[float]
+
+
+class TurnGenerator(Protocol):
+    """What the agent loop needs from a rollout backend."""
+
+    def generate_turns(
+        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
+    ) -> list[TurnOutput]:
+        """Continue each context (unpadded ids) by at most its budget of new tokens,
+        stopping at an eos id, a stop string of ``params`` or ``</tool_call>``."""
+
+
+class EngineTurnGenerator:
+    """A :class:`TurnGenerator` over any :class:`RolloutEngine` (``native``, ``hf`` ...).
+
+    Each call is one batched ``engine.generate`` of the left-padded contexts with ``n=1``,
+    ``max_new_tokens`` the largest budget and ``</tool_call>`` added to the stop strings;
+    a row is then cut to its own budget (as if it had been stopped there).
+    """
+
+    def __init__(self, engine: RolloutEngine, stop_strings: Sequence[str] = (TOOL_CALL_END,)):
+        self.engine = engine
+        self.stop_strings = list(stop_strings)
+
+    def generate_turns(
+        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
+    ) -> list[TurnOutput]:
+        from verl.protocol import DataProto
+
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.engine.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for row, context in enumerate(contexts):
+            ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+            mask[row, width - len(context) :] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+        stops = list(params.stop_strings) + [
+            s for s in self.stop_strings if s not in params.stop_strings
+        ]
+        turn_params = dataclasses.replace(
+            params, n=1, max_new_tokens=max(budgets), stop_strings=stops
+        )
+        batch = DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
+        )
+        out = self.engine.generate(batch, turn_params).to("cpu")
+        lengths = out.batch["response_mask"].sum(-1).tolist()
+        responses = out.batch["responses"].tolist()
+        log_probs = out.batch["rollout_log_probs"].tolist()
+        return [
+            TurnOutput(responses[r][: min(n, b)], log_probs[r][: min(n, b)])
+            for r, (n, b) in enumerate(zip(lengths, budgets))
+        ]
+
+
+@dataclass
+class _ToolResult:
+    text: str
+    error: bool = False
+    timed_out: bool = False
+
+
+@dataclass
+class _Sample:
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    done: bool = False
+
+    def append(self, ids: list[int], model: bool, log_probs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.mask += [int(model)] * len(ids)
+        self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+
+
+class AgentLoop:
+    """Multi-turn rollouts with tools (see the module docstring).
+
+    Args:
+        generator: the backend (:class:`TurnGenerator`).
+        tokenizer: decodes model turns and renders tool messages with its chat template.
+        tools: objects with ``name`` and ``__call__(**arguments) -> str``
+            (:class:`verl.tools.Tool`); names must be unique.
+        max_turns: model turns per sample, >= 1 (the last one gets no tool results).
+        max_tool_response_tokens: a tool result longer than this is cut (token count of
+            the result text, before the template wraps it).
+        tool_timeout: seconds a round's tool calls may run.
+        eos_token_ids: end-of-turn ids (default: the generator's engine's, else the
+            tokenizer's eos).
+    """
+
+    def __init__(
+        self,
+        generator: TurnGenerator,
+        tokenizer: Any,
+        tools: Sequence[Any],
+        *,
+        max_turns: int = 4,
+        max_tool_response_tokens: int = 256,
+        tool_timeout: float = 10.0,
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"multi_turn.max_turns={max_turns} must be >= 1")
+        if max_tool_response_tokens < 1:
+            raise ValueError(
+                f"multi_turn.max_tool_response_tokens={max_tool_response_tokens} must be >= 1"
+            )
+        if not tool_timeout > 0:
+            raise ValueError(f"multi_turn.tool_timeout={tool_timeout} must be > 0 seconds")
+        self.tools = {}
+        for tool in tools:
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+            self.tools[tool.name] = tool
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.max_tool_response_tokens = max_tool_response_tokens
+        self.tool_timeout = tool_timeout
+        if eos_token_ids is None:
+            engine = getattr(generator, "engine", None)
+            eos_token_ids = list(getattr(engine, "eos_token_ids", None) or [])
+            if not eos_token_ids and tokenizer.eos_token_id is not None:
+                eos_token_ids = [tokenizer.eos_token_id]
+        self.eos_token_ids = set(eos_token_ids)
+        self.renderer = ChatDeltaRenderer(tokenizer, list(self.eos_token_ids))
+
+    # ------------------------------------------------------------------ public
+    def run(self, prompts: Any, params: SamplingParams) -> Any:
+        """``params.n`` multi-turn trajectories per prompt; the layout of
+        ``verl.rollout.base`` (masks: module docstring) plus the per-sample
+        ``non_tensor_batch`` columns of ``TRAJECTORY_KEYS``."""
+        input_ids, attention_mask, position_ids = validate_prompts(prompts)
+        budget = params.max_new_tokens
+        samples = [
+            _Sample(prompt=ids[mask.bool()].tolist())
+            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())
+            for _ in range(params.n)
+        ]
+        rounds = 0
+        while active := [s for s in samples if not s.done]:
+            seed = None if params.seed is None else params.seed + rounds
+            outs = self.generator.generate_turns(
+                [s.prompt + s.ids for s in active],
+                [budget - len(s.ids) for s in active],
+                dataclasses.replace(params, n=1, seed=seed),
+            )
+            if len(outs) != len(active):
+                raise RuntimeError(
+                    f"generate_turns returned {len(outs)} turns for {len(active)} contexts"
+                )
+            calling = []
+            for sample, out in zip(active, outs):
+                calls = self._take_turn(sample, out, budget)
+                if calls:
+                    calling.append((sample, calls, out.ids[-1]))
+            results = self._run_tools([c for _, calls, _ in calling for c in calls])
+            for sample, calls, last_token in calling:
+                mine, results = results[: len(calls)], results[len(calls) :]
+                self._append_results(sample, calls, mine, last_token, budget)
+            rounds += 1
+        return self._assemble(prompts, params, samples, position_ids)
+
+    # ------------------------------------------------------------------ turns
+    def _take_turn(self, sample: _Sample, out: TurnOutput, budget: int) -> list[ToolCall]:
+        """Append a model turn; the calls to run, or [] when the sample is finished."""
+        if len(out.log_probs) != len(out.ids):
+            raise RuntimeError(f"turn has {len(out.ids)} ids but {len(out.log_probs)} log-probs")
+        sample.append(list(out.ids), True, [float(x) for x in out.log_probs])
+        sample.turns += 1
+        text = self.tokenizer.decode(out.ids, skip_special_tokens=True)
+        calls = parse_tool_calls(text)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls
+            ]
+        sample.messages.append(message)
+        if not calls or sample.turns >= self.max_turns or len(sample.ids) >= budget:
+            sample.done = True
+            return []
+        return calls
+
+    def _append_results(
+        self,
+        sample: _Sample,
+        calls: list[ToolCall],
+        results: list[_ToolResult],
+        last_token: int,
+        budget: int,
+    ) -> None:
+        sample.tool_calls += len(calls)
+        sample.tool_errors += sum(r.error for r in results)
+        sample.tool_timeouts += sum(r.timed_out for r in results)
+        messages = [
+            {"role": "tool", "name": c.name or "invalid", "content": self._cut(r.text)}
+            for c, r in zip(calls, results)
+        ]
+        delta = self.renderer.delta_ids(messages, last_token)
+        if len(sample.ids) + len(delta) >= budget:  # no room left for the model to answer
+            sample.done = True  # and the conversation ends with the call, as the ids do
+            return
+        sample.messages.extend(messages)
+        sample.append(delta, False)
+
+    def _cut(self, text: str) -> str:
+        ids = self.renderer.encode(text)
+        if len(ids) <= self.max_tool_response_tokens:
+            return text
+        kept = self.tokenizer.decode(ids[: self.max_tool_response_tokens])
+        return kept + "...(truncated)"
+
+    # ------------------------------------------------------------------ tools
+    def _call(self, call: ToolCall) -> _ToolResult:
+        if call.error is not None:
+            return _ToolResult(f"Error: {call.error}", error=True)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return _ToolResult(
+                f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}", error=True
+            )
+        try:
+            value = tool(**call.arguments)
+        except Exception as exc:  # a tool's failure is the model's information, not a crash
+            return _ToolResult(f"Error: {type(exc).__name__}: {exc}", error=True)
+        if not isinstance(value, str):
+            return _ToolResult(
+                f"Error: tool {call.name!r} returned {type(value).__name__}, not text",
+                error=True,
+            )
+        return _ToolResult(value)
+
+    def _run_tools(self, calls: list[ToolCall]) -> list[_ToolResult]:
+        """Run every call at once, each in a daemon thread; wait at most ``tool_timeout``."""
+        slots: list[_ToolResult | None] = [None] * len(calls)
+
+        def work(i: int) -> None:
+            slots[i] = self._call(calls[i])
+
+        threads = [
+            threading.Thread(target=work, args=(i,), daemon=True, name=f"verl-tool-{i}")
+            for i in range(len(calls))
+        ]
+        deadline = time.monotonic() + self.tool_timeout
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        results = []
+        for call, slot in zip(calls, slots):
+            if slot is None:
+                slot = _ToolResult(
+                    f"Error: tool {call.name!r} timed out after {self.tool_timeout:g} s",
+                    error=True,
+                    timed_out=True,
+                )
+            results.append(slot)
+        return results
+
+    # ------------------------------------------------------------------ output
+    def _assemble(
+        self,
+        prompts: Any,
+        params: SamplingParams,
+        samples: list[_Sample],
+        position_ids: torch.Tensor,
+    ) -> Any:
+        rows, width = len(samples), params.max_new_tokens
+        pad = getattr(getattr(self.generator, "engine", None), "pad_token_id", None)
+        if pad is None:
+            pad = self.tokenizer.pad_token_id or 0
+        responses = torch.full((rows, width), int(pad), dtype=torch.long)
+        response_mask = torch.zeros((rows, width), dtype=torch.long)
+        real = torch.zeros((rows, width), dtype=torch.long)
+        log_probs = torch.zeros((rows, width), dtype=torch.float32)
+        for r, s in enumerate(samples):
+            n = len(s.ids)
+            responses[r, :n] = torch.tensor(s.ids, dtype=torch.long)
+            response_mask[r, :n] = torch.tensor(s.mask, dtype=torch.long)
+            real[r, :n] = 1
+            log_probs[r, :n] = torch.tensor(s.log_probs, dtype=torch.float32)
+        out = assemble_rollout_output(
+            prompts, params, responses, response_mask, log_probs, position_ids=position_ids
+        )
+        attention = out.batch["attention_mask"]
+        attention[:, -width:] = real.to(attention.dtype)
+        columns = {
+            "messages": [s.messages for s in samples],
+            "num_turns": [s.turns for s in samples],
+            "num_tool_calls": [s.tool_calls for s in samples],
+            "num_tool_errors": [s.tool_errors for s in samples],
+            "num_tool_timeouts": [s.tool_timeouts for s in samples],
+        }
+        for key, values in columns.items():
+            column = np.empty(rows, dtype=object)  # element-wise: a list stays one object
+            for r, value in enumerate(values):
+                column[r] = value
+            out.non_tensor_batch[key] = column
+        return out
+
+
+def multi_turn_metrics(non_tensor: Any) -> dict[str, float]:
+    """``multi_turn/*`` metrics of a batch from the agent loop (empty for other batches)."""
+    if "num_turns" not in non_tensor:
+        return {}
+    turns = np.asarray(non_tensor["num_turns"], dtype=np.float64)
+    calls = np.asarray(non_tensor["num_tool_calls"], dtype=np.float64)
+    errors = np.asarray(non_tensor["num_tool_errors"], dtype=np.float64)
+    timeouts = np.asarray(non_tensor["num_tool_timeouts"], dtype=np.float64)
+    return {
+        "multi_turn/turns_mean": float(turns.mean()),
+        "multi_turn/turns_max": float(turns.max()),
+        "multi_turn/tool_calls": float(calls.sum()),
+        "multi_turn/tool_calls_mean": float(calls.mean()),
+        "multi_turn/tool_errors": float(errors.sum()),
+        "multi_turn/tool_timeouts": float(timeouts.sum()),
+    }

@@ -1,0 +1,134 @@
+"""Tools the model can call in a multi-turn rollout: a Python function plus its JSON schema.
+
+A tool is a :class:`Tool`: a ``name``, an OpenAI function-calling ``schema``
+(``{"type": "function", "function": {"name", "description", "parameters"}}``) and a
+function called with the call's ``arguments`` as keyword arguments, returning text.
+
+:func:`tool_from_function` builds one from a plain function: the schema is the function's
+``schema`` attribute when it has one, else it is derived from its type hints and its
+Google-style docstring (``transformers.utils.get_json_schema``). :func:`load_tool` does the
+same for ``name`` in a Python file (``multi_turn.tools: [{path, name}]`` in the config),
+importing the file as a fresh module, like custom reward functions.
+
+The agent loop (``verl.rollout.agent_loop``) runs tools with a timeout and turns anything
+that goes wrong (an exception, a timeout, a result that is not text) into an error message
+for the model; tools need not guard themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Tool", "load_tool", "tool_from_function"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable tool: ``fn(**arguments) -> str`` described by ``schema``."""
+
+    name: str
+    schema: dict[str, Any]
+    fn: Callable[..., Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tool name={self.name!r} must be a non-empty string")
+        function = self.schema.get("function") if isinstance(self.schema, dict) else None
+        if self.schema.get("type") != "function" or not isinstance(function, dict):
+            raise ValueError(
+                f"tool {self.name!r}: schema must be {{'type': 'function', 'function': "
+                f"{{'name', 'description', 'parameters'}}}} (OpenAI style), got {self.schema!r}"
+            )
+        if function.get("name") != self.name:
+            raise ValueError(
+                f"tool {self.name!r}: schema names the function {function.get('name')!r}; "
+                "the two names must agree (the model calls the schema's name)"
+            )
+
+    def __call__(self, **arguments: Any) -> Any:
+        return self.fn(**arguments)
+
+
+def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:
+    """A :class:`Tool` of ``fn``; ``name`` defaults to ``fn.__name__``.
+
+    The schema is ``fn.schema`` when set (an OpenAI function schema, dict), else derived
+    from the type hints and docstring; a function whose docstring does not describe every
+    argument raises ``ValueError`` naming the function and the fix.
+    """
+    schema = getattr(fn, "schema", None)
+    if schema is None:
+        from transformers.utils import get_json_schema
+
+        try:
+            schema = get_json_schema(fn)
+        except Exception as exc:  # transformers raises its own DocstringParsingException
+            raise ValueError(
+                f"cannot derive a JSON schema for tool {getattr(fn, '__name__', fn)!r}: {exc}. "
+                "Give every argument a type hint and an 'Args:' docstring line, or set "
+                "fn.schema to an OpenAI function schema"
+            ) from exc
+        schema["function"].pop("return", None)
+    name = name or schema.get("function", {}).get("name") or fn.__name__
+    return Tool(name=name, schema=schema, fn=fn)
+
+
+def _module_name(path: str) -> str:
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
+    return f"_verl_tool_{stem}_{digest}"
+
+
+def load_tool(path: str, name: str) -> Tool:
+    """The tool ``name`` of the Python file ``path`` (a function, or a ready :class:`Tool`).
+
+    ``path`` may be ``builtin`` for the tools shipped with verl (``calculator``,
+    ``python``). Raises ``FileNotFoundError``, ``ImportError`` or ``AttributeError`` naming
+    the file and what it defines.
+    """
+    if path == "builtin":
+        from verl.tools import BUILTIN_TOOLS
+
+        if name not in BUILTIN_TOOLS:
+            raise AttributeError(
+                f"no built-in tool {name!r}; built-in tools: {sorted(BUILTIN_TOOLS)}"
+            )
+        return BUILTIN_TOOLS[name]()
+    abs_path = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(abs_path):
+        raise FileNotFoundError(
+            f"tool file not found: {path!r} (resolved to {abs_path!r}); set "
+            "multi_turn.tools[].path to an existing .py file, or 'builtin'"
+        )
+    module_name = _module_name(abs_path)
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, abs_path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import tool file {abs_path!r} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise ImportError(
+                f"importing tool file {abs_path!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not hasattr(module, name):
+        defined = sorted(
+            a for a, v in vars(module).items() if callable(v) and not a.startswith("_")
+        )
+        raise AttributeError(f"tool file {abs_path!r} defines no {name!r}; it defines {defined}")
+    obj = getattr(module, name)
+    if isinstance(obj, Tool):
+        return obj
+    if not callable(obj):
+        raise TypeError(f"{name!r} in tool file {abs_path!r} is a {type(obj).__name__}")
+    return tool_from_function(obj, name)

@@ -1,0 +1,45 @@
+"""The actor / rollout worker's multi-turn mode: the agent loop over its rollout engine.
+
+With ``actor_rollout_ref.rollout.multi_turn.enable``, ``generate_sequences`` runs
+:class:`verl.rollout.agent_loop.AgentLoop` over the worker's rollout engine (any backend)
+with the configured tools; the output keeps the single-turn layout, with
+``response_mask`` 0 on tool tokens, and adds the per-sample ``messages`` and tool counts
+(``verl.rollout.agent_loop.TRAJECTORY_KEYS``). See ``docs/multiturn.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.config import TrainerConfig
+from verl.rollout import RolloutEngine
+from verl.rollout.agent_loop import AgentLoop, EngineTurnGenerator
+from verl.tools import load_tools
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_agent_loop"]
+
+
+def build_agent_loop(
+    config: TrainerConfig, rollout: RolloutEngine, tokenizer: Any
+) -> AgentLoop | None:
+    """The agent loop of ``rollout.multi_turn`` over ``rollout``, or None when it is off."""
+    mt_cfg = config.actor_rollout_ref.rollout.multi_turn
+    if not mt_cfg.enable:
+        return None
+    tools = load_tools(mt_cfg.tools)
+    if not tools:
+        logger.warning(
+            "actor_rollout_ref.rollout.multi_turn.enable=true with no tools: every "
+            "response is one turn; add tools, e.g. [{path: builtin, name: calculator}]"
+        )
+    return AgentLoop(
+        EngineTurnGenerator(rollout),
+        tokenizer,
+        tools,
+        max_turns=mt_cfg.max_turns,
+        max_tool_response_tokens=mt_cfg.max_tool_response_tokens,
+        tool_timeout=mt_cfg.tool_timeout,
+    )
