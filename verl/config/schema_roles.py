@@ -172,6 +172,23 @@ class ValKwargsConfig:
 
 
 @dataclass
+class VLLMRolloutConfig:
+    """The vllm rollout backend's engine (read only when rollout.name=vllm)."""
+
+    max_model_len: int | None = entry(
+        None,
+        "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
+    )
+    kv_cache_gib: float = entry(1.0, "KV-cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = entry(0.5, "fraction of GPU memory vLLM may use (CUDA)")
+    enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
+    weight_sync_bucket_mb: float = entry(256.0, "MiB per bucket of the weight push after updates")
+    weight_sync_timeout_s: float = entry(
+        120.0, "seconds the engine may take per bucket before the sync fails with an error"
+    )
+
+
+@dataclass
 class RolloutConfig:
     """Response generation. Response length is data.max_response_length."""
 
@@ -187,6 +204,7 @@ class RolloutConfig:
     )
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
+    vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")
 
 
 @dataclass

@@ -100,6 +100,30 @@ class VLLMRollout(RolloutEngine):
 
     owns_weights = True
 
+    @classmethod
+    def config_options(cls, config: Any) -> dict[str, Any]:
+        """Keywords from ``actor_rollout_ref.rollout.vllm`` and the data lengths."""
+        rollout_cfg = config.actor_rollout_ref.rollout
+        vcfg = rollout_cfg.vllm
+        needed = config.data.max_prompt_length + config.data.max_response_length
+        max_model_len = vcfg.max_model_len if vcfg.max_model_len is not None else needed
+        if max_model_len < needed:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.vllm.max_model_len={max_model_len} is below "
+                f"data.max_prompt_length + data.max_response_length = {needed}; raise it or "
+                "set it to null"
+            )
+        seed = rollout_cfg.seed if rollout_cfg.seed is not None else config.trainer.seed
+        return {
+            "max_model_len": max_model_len,
+            "kv_cache_gib": vcfg.kv_cache_gib,
+            "gpu_memory_utilization": vcfg.gpu_memory_utilization,
+            "enforce_eager": vcfg.enforce_eager,
+            "seed": seed,
+            "weight_sync_bucket_mb": vcfg.weight_sync_bucket_mb,
+            "weight_sync_timeout_s": vcfg.weight_sync_timeout_s,
+        }
+
     def __init__(
         self,
         module: torch.nn.Module,
