@@ -95,7 +95,7 @@ def push_weights(
         raise ValueError(f"timeout_s={timeout_s!r} must be > 0")
     buckets = list(iter_buckets(named_tensors, bucket_bytes))
     start = time.perf_counter()
-    handoff: queue.Queue = queue.Queue(maxsize=1)
+    handoff: queue.Queue = queue.Queue()  # one bucket at a time: each waits for the last
     consumed = threading.Semaphore(0)
     failure: list[BaseException] = []
 
@@ -137,6 +137,7 @@ def push_weights(
         while not done(_POLL_S):
             fail_if_loader_died(what)
             if time.monotonic() >= deadline:
+                handoff.put(_END)  # a loader that wakes up later ends instead of blocking
                 raise WeightSyncTimeout(
                     f"{role}: weight sync to the {engine} rollout engine timed out after "
                     f"{timeout_s:g} s waiting for {what} ({timeout_key}={timeout_s:g}); the "
