@@ -179,7 +179,7 @@ class VLLMRolloutConfig:
         None,
         "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
     )
-    kv_cache_gib: float = entry(1.0, "KV-cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     gpu_memory_utilization: float = entry(0.5, "fraction of GPU memory vLLM may use (CUDA)")
     enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
     weight_sync_bucket_mb: float = entry(256.0, "MiB per bucket of the weight push after updates")

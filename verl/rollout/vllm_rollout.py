@@ -89,7 +89,7 @@ class VLLMRollout(RolloutEngine):
         tokenizer: saved beside the config for vLLM (stop strings, eos ids); required.
         pad_token_id / eos_token_ids: as for ``NativeRollout``.
         max_model_len: longest prompt + response in tokens (default: the model's maximum).
-        kv_cache_gib: KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``, if not already set).
+        kv_cache_gib: KV-cache size on CPU in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, unless set).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (CUDA only).
         enforce_eager: no graph capture (capture costs ~100 s at start-up on CPU, no speed).
         seed: vLLM's sampling seed (set once, see the module docstring).
@@ -133,7 +133,7 @@ class VLLMRollout(RolloutEngine):
         eos_token_ids: list[int] | None = None,
         stop_string_window: int | None = None,
         max_model_len: int | None = None,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
         seed: int = 0,
@@ -153,6 +153,11 @@ class VLLMRollout(RolloutEngine):
         dtype = next(module.parameters()).dtype
         if dtype not in _DTYPES:
             raise ValueError(f"rollout.name=vllm: model dtype {dtype} is not one of {_DTYPES}")
+        if isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, int) or kv_cache_gib < 1:
+            raise ValueError(
+                f"rollout.vllm.kv_cache_gib={kv_cache_gib!r} must be a whole number of GiB >= 1 "
+                "(vLLM's VLLM_CPU_KVCACHE_SPACE takes an integer)"
+            )
         if not weight_sync_bucket_mb > 0 or not weight_sync_timeout_s > 0:
             raise ValueError(
                 f"weight_sync_bucket_mb={weight_sync_bucket_mb} and weight_sync_timeout_s="
@@ -166,7 +171,7 @@ class VLLMRollout(RolloutEngine):
         self._warned_seed = False
         self._broken: str | None = None
         self._asleep = False
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         vllm = import_vllm()
         self._vllm = vllm
         self.sleep_supported = _sleep_mode_available()
