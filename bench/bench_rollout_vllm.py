@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_rollout import _prompts  # noqa: E402  (same prompt texts as bench_rollout)
+from bench_rollout import _prompts  # the same prompt texts as bench_rollout
 
 WORKLOADS = {
     "W2": {"model": "tiny", "prompts": 32, "n": 8, "max_new_tokens": 32},
