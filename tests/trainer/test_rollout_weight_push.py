@@ -108,3 +108,13 @@ def test_resumed_run_pushes_the_loaded_weights_before_sampling(rl_config, own_co
     actor = trainer.actor_rollout_wg.workers[0].engine.module
     for name, tensor in actor.state_dict().items():
         assert torch.equal(engine.pushes[-1][name], tensor), name
+
+
+def test_own_copy_engine_with_several_actor_ranks_is_refused_at_start(rl_config, own_copy_backend):
+    from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    cfg = rl_config("actor_rollout_ref.rollout.name=test_own_copy")
+    worker = ActorRolloutRefWorker(cfg, rank=0, world_size=2)
+    with pytest.raises(NotImplementedError, match="pushing them from 2 data-parallel ranks"):
+        worker.init_model(total_steps=2)
+    assert worker.engine is None and ENGINES == []  # refused before loading anything
