@@ -80,6 +80,7 @@ def test_weight_sync_is_real_and_a_stalled_engine_times_out(tmp_path):
     assert "actor_rollout_ref.rollout.vllm.weight_sync_timeout_s=1" in result["stall_error"]
     assert 1.0 <= result["stall_seconds"] < 10
     assert "vLLM rollout engine is unusable" in result["after_stall_error"]
+    assert result["model_dir_had_config"] and result["model_dir_removed_by_close"]
 
 
 def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):

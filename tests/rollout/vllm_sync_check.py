@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -139,6 +140,10 @@ def main() -> None:
         result["after_stall_error"] = None
     except RuntimeError as exc:
         result["after_stall_error"] = str(exc)
+    model_dir = Path(engine._model_dir)
+    result["model_dir_had_config"] = (model_dir / "config.json").is_file()
+    engine.close()
+    result["model_dir_removed_by_close"] = not model_dir.exists()
     print(json.dumps(result))
 
 

@@ -33,6 +33,7 @@ import random
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -176,6 +177,8 @@ class VLLMRollout(RolloutEngine):
         self._vllm = vllm
         self.sleep_supported = _sleep_mode_available()
         self._model_dir = tempfile.mkdtemp(prefix="verl-vllm-model-")
+        # Removed with the engine object, or at interpreter exit.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._model_dir, True)
         try:
             module.config.save_pretrained(self._model_dir)
             tokenizer.save_pretrained(self._model_dir)
@@ -197,7 +200,7 @@ class VLLMRollout(RolloutEngine):
             random.setstate(states[0])
             np.random.set_state(states[1])
         except BaseException:
-            shutil.rmtree(self._model_dir, ignore_errors=True)
+            self._cleanup()
             raise
         self.startup_seconds = time.perf_counter() - start
         logger.info("%s: vLLM engine started in %.1f s", role, self.startup_seconds)
@@ -263,7 +266,7 @@ class VLLMRollout(RolloutEngine):
     def close(self) -> None:
         """Drop the engine and its temporary model directory."""
         self.__dict__.pop("llm", None)
-        shutil.rmtree(self._model_dir, ignore_errors=True)
+        self._cleanup()
 
     # ------------------------------------------------------------------ sampling
     def _sampling_params(self, params: SamplingParams, stop_ids: list[int]) -> Any:
