@@ -37,6 +37,9 @@ def test_vllm_without_the_package_names_the_extras(monkeypatch, model, tokenizer
     cls = get_rollout_engine("vllm")  # resolving the name imports nothing heavy
     assert cls.owns_weights is True
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed
+    # the backend sets these defaults for vLLM; keep the test process's environment as it was
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     with pytest.raises(ImportError) as info:
         cls(model, tokenizer)
     message = str(info.value)
