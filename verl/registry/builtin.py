@@ -176,7 +176,7 @@ ROLLOUT_BACKENDS: Registry = Registry(
 )
 ROLLOUT_BACKENDS.add("native", "verl.rollout.native:NativeRollout")
 ROLLOUT_BACKENDS.add("hf", "verl.rollout.hf:HFRollout")
-ROLLOUT_BACKENDS.add("vllm", "verl.rollout.external:VLLMRollout", needs_cuda=True, package="vllm")
+ROLLOUT_BACKENDS.add("vllm", "verl.rollout.vllm_rollout:VLLMRollout", package="vllm")
 ROLLOUT_BACKENDS.add(
     "sglang", "verl.rollout.external:SGLangRollout", needs_cuda=True, package="sglang"
 )

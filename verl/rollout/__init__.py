@@ -2,8 +2,10 @@
 
 ``build_rollout("native", model, tokenizer).generate(prompts, SamplingParams(n=4))``.
 Backends: ``native`` (our batched KV-cache sampler over the training module's weights),
-``hf`` (transformers ``generate``), ``vllm`` / ``sglang`` (GPU-only, not built yet). The
-output layout and log-prob convention are documented in ``verl.rollout.base``.
+``hf`` (transformers ``generate``), ``vllm`` (vLLM's engine with its own copy of the weights,
+pushed after each update; ``verl.rollout.vllm_rollout``) and ``sglang`` (not built yet).
+The output layout and log-prob convention are documented in ``verl.rollout.base``;
+installing and choosing a backend: ``docs/rollout.md``.
 """
 
 from verl.rollout.base import RolloutEngine, SamplingParams

@@ -1,6 +1,6 @@
 """The rollout interface: sampling parameters, the engine base class and the output layout.
 
-Every backend (``native``, ``hf``, later ``vllm`` / ``sglang``) implements
+Every backend (``native``, ``hf``, ``vllm``, later ``sglang``) implements
 ``RolloutEngine.generate(prompts, params) -> DataProto`` with the same contract:
 
 Input ``prompts`` (``B`` rows): ``input_ids`` (B, P) LEFT-padded, ``attention_mask`` (B, P),
@@ -169,9 +169,27 @@ class RolloutEngine(abc.ABC):
         )
         self.stop_string_window = stop_string_window
 
+    #: False: the engine samples from ``module`` in place (``native``, ``hf``). True: it
+    #: keeps its own copy (``vllm``) and the worker sends it the actor's weights with
+    #: ``update_weights(named_tensors)`` before generating whenever they changed.
+    owns_weights: bool = False
+
+    @classmethod
+    def config_options(cls, config: Any) -> dict[str, Any]:
+        """Constructor keywords this backend reads from the trainer config (none by default)."""
+        return {}
+
     @abc.abstractmethod
     def generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:
         """Sample ``params.n`` responses per prompt; returns ``B * n`` rows."""
+
+    def sleep(self) -> None:
+        """Free generation-only memory (KV cache) while the actor trains; no-op by default."""
+        return None
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` before generating; no-op by default."""
+        return None
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""Placeholders for the GPU serving-engine backends (``vllm``, ``sglang``).
+"""Placeholder for the GPU serving-engine backend ``sglang`` (``vllm`` is real:
+``verl.rollout.vllm_rollout``).
 
-They are registered so that ``rollout.name=vllm`` is a known name with a clear message,
+It is registered so that ``rollout.name=sglang`` is a known name with a clear message,
 instead of an unknown-name error or an import failure deep in a worker. Constructing one
 checks, in order: the package is installed, a CUDA device exists, and then reports that the
 adapter (weight sync from the training module, DataProto conversion) is not built yet.
@@ -15,7 +16,7 @@ import torch
 
 from verl.rollout.base import RolloutEngine, SamplingParams
 
-__all__ = ["SGLangRollout", "VLLMRollout"]
+__all__ = ["SGLangRollout"]
 
 
 class _ExternalRollout(RolloutEngine):
@@ -39,12 +40,6 @@ class _ExternalRollout(RolloutEngine):
 
     def generate(self, prompts: Any, params: SamplingParams) -> Any:  # pragma: no cover
         raise NotImplementedError(f"{self.package} rollout is not implemented")
-
-
-class VLLMRollout(_ExternalRollout):
-    """vLLM backend placeholder (GPU only)."""
-
-    package = "vllm"
 
 
 class SGLangRollout(_ExternalRollout):

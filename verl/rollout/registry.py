@@ -1,4 +1,4 @@
-"""Rollout backends by name: ``native``, ``hf``, and the GPU-only ``vllm`` / ``sglang`` stubs.
+"""Rollout backends by name: ``native``, ``hf``, ``vllm``, and the GPU-only ``sglang`` stub.
 
 The backends are entries of :data:`verl.registry.ROLLOUT_BACKENDS`, declared as import paths
 and imported on first use, so ``import verl.rollout`` never pulls in a backend's

