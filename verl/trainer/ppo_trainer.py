@@ -6,7 +6,7 @@
         gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
         gen  |= reward(gen)                                  # rules / reward model
         (DAPO: drop groups with equal rewards, generate from more batches until full)
-        gen  |= actor_rollout.compute_log_prob(gen)          # old policy (+ entropy)
+        gen  |= actor_rollout.compute_log_prob(gen)          # old policy, unless skipped
         gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
         gen  |= advantages(gen)                              # pure tensor functions
@@ -66,6 +66,7 @@ from verl.trainer.metrics import (
     compute_throughput_metrics,
     timer,
 )
+from verl.trainer.passes import old_log_prob_pass
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
@@ -124,6 +125,7 @@ class RLTrainer:
 
         self.use_critic = critic_enabled(cfg)  # critic.enable, or the estimator's needs_critic
         self.use_reference = ref_enabled(cfg)
+        self.old_log_prob_pass = old_log_prob_pass(cfg)
 
         # The parts of the run (verl.trainer.build), built in this order.
         self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer)
@@ -260,10 +262,11 @@ class RLTrainer:
         """
         cfg = self.config
         metrics = gen.meta_info.setdefault("metrics", {})
-        with timer("old_log_prob", metrics):
-            gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
-        if "rollout_log_probs" in gen.batch:
-            metrics |= compute_rollout_mismatch_metrics(gen)
+        if self.old_log_prob_pass:  # else the update's log-probs are the old ones (passes.py)
+            with timer("old_log_prob", metrics):
+                gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
+            if "rollout_log_probs" in gen.batch:
+                metrics |= compute_rollout_mismatch_metrics(gen)
         # Reference log-probs and values only read `gen`: submitted together, they run at
         # the same time when the critic has a pool of its own.
         with timer("ref_and_values", metrics):
@@ -590,9 +593,8 @@ class RLTrainer:
 
 def _with_meta(batch: DataProto, **meta: Any) -> DataProto:
     """A shallow copy of ``batch`` with extra sampling overrides in ``meta_info``."""
-    out = DataProto.from_dict(
+    return DataProto.from_dict(
         tensors=dict(batch.batch),
         non_tensors=dict(batch.non_tensor_batch),
         meta_info={**batch.meta_info, **meta},
     )
-    return out

@@ -26,6 +26,7 @@ import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
+from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.config import TrainerConfig, actor_loss_agg_mode, clip_ratio_bounds, engine_strategy
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
@@ -299,8 +300,8 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ update
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
-        reads=(*_SEQUENCE_KEYS, "old_log_probs", "advantages"),
-        optional=("ref_log_probs", "rollout_log_probs"),
+        reads=(*_SEQUENCE_KEYS, "advantages"),
+        optional=("old_log_probs", "ref_log_probs", "rollout_log_probs"),
         meta=("temperature",),
     )
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -311,9 +312,29 @@ class ActorRolloutRefWorker(Worker):
         Micro-batch losses are weighted so that the accumulated gradient equals the
         gradient of the loss aggregated over the whole mini-batch (exactly, for every
         ``loss_agg_mode``). Returns the metrics, reduced over the data-parallel ranks.
+
+        Without ``old_log_probs`` (the trainer skipped the old-log-prob pass, see
+        ``verl.trainer.passes``) the update must be one optimizer step; the old log-probs
+        are then its own detached log-probs, and the metrics the pass would have fed
+        (``actor/entropy``, ``rollout/*`` drift) come from its forward.
         """
         acfg = self.config.actor_rollout_ref.actor
-        keys = [*_SEQUENCE_KEYS, "old_log_probs", "advantages"]
+        # ppo_mini_batch_size counts prompts over all data-parallel ranks
+        mini_batch_size = (
+            acfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // self.world_size
+        )
+        keys = [*_SEQUENCE_KEYS, "advantages"]
+        own_old = "old_log_probs" not in data.batch
+        if own_old:
+            if acfg.ppo_epochs != 1 or len(data) > mini_batch_size:
+                raise ValueError(
+                    f"update_actor: the batch has no old_log_probs, which is only right for "
+                    f"one optimizer step per batch, but ppo_epochs={acfg.ppo_epochs} and "
+                    f"{len(data)} rows > a mini-batch of {mini_batch_size}; run "
+                    "compute_log_prob first (actor_rollout_ref.actor.recompute_old_log_prob)"
+                )
+        else:
+            keys.append("old_log_probs")
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")  # select() names it if the batch lacks it
         if acfg.rollout_is_threshold is not None or acfg.rollout_rs_threshold is not None:
@@ -328,27 +349,38 @@ class ActorRolloutRefWorker(Worker):
                     acfg.rollout_rs_threshold,
                 )
         self._update_calls += 1
+        update_data = data.select(batch_keys=keys)
+        recorded = None
+        if own_old:  # the update's detached log-probs and entropies, by batch row
+            update_data.batch["row_index"] = torch.arange(len(data))
+            recorded = []
         acc = run_ppo_update(
             self.engine,
-            data.select(batch_keys=keys),
-            self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
+            update_data,
+            self._actor_loss_fn(data.meta_info.get("temperature", 1.0), recorded),
             role_cfg=acfg,
             loss_agg_mode=actor_loss_agg_mode(acfg),
-            # ppo_mini_batch_size counts prompts over all data-parallel ranks
-            mini_batch_size=acfg.ppo_mini_batch_size
-            * self.config.actor_rollout_ref.rollout.n
-            // self.world_size,
+            mini_batch_size=mini_batch_size,
             seed=self.config.trainer.seed + self._update_calls,
             device=self.device,
             prefix="actor",
         )
         if acfg.use_kl_loss:
             acc.add("actor/kl_coef", acfg.kl_loss_coef)
+        if recorded is not None:
+            for key, value in own_old_log_prob_metrics(data, recorded).items():
+                acc.add(key, value)
         return acc.result()
 
-    def _actor_loss_fn(self, temperature: float) -> Callable[..., Any]:
+    def _actor_loss_fn(
+        self, temperature: float, recorded: list | None = None
+    ) -> Callable[..., Any]:
         """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it
-        is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
+        is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`.
+
+        ``recorded`` (a list): the micro-batches carry no ``old_log_probs``; the detached
+        log-probs stand in for them, and ``(row_index, log_probs, entropy)`` of each
+        micro-batch is appended (entropy computed, detached, for the metric)."""
         acfg = self.config.actor_rollout_ref.actor
         clip_low, clip_high = clip_ratio_bounds(acfg)
         loss_agg_mode = actor_loss_agg_mode(acfg)
@@ -381,13 +413,19 @@ class ActorRolloutRefWorker(Worker):
                 response_len=mb.response_len,
                 temperature=temperature,
                 chunk_size=acfg.logprob_chunk_size,
-                calculate_entropy=acfg.entropy_coeff != 0,
+                calculate_entropy=acfg.entropy_coeff != 0 or recorded is not None,
             )
+            old_log_prob = b.get("old_log_probs")
+            if recorded is not None:
+                old_log_prob = log_prob.detach()
+                recorded.append((b["row_index"], old_log_prob, entropy.detach()))
+                if acfg.entropy_coeff == 0:
+                    entropy = None  # computed for the metric only
             # forward_backward runs this under the engine's autocast; the loss terms use no
             # op autocast lowers (no matmul), so they stay float32.
             return actor_loss(
                 log_prob,
-                b["old_log_probs"],
+                old_log_prob,
                 b["advantages"],
                 b["response_mask"],
                 policy_loss_fn=policy_loss_fn,
@@ -452,3 +490,25 @@ class ActorRolloutRefWorker(Worker):
         )
         self._update_calls = counters["update_calls"]
         self._generate_calls = counters["generate_calls"]
+
+
+def own_old_log_prob_metrics(data: DataProto, recorded: list) -> dict[str, float]:
+    """The old-log-prob pass's metrics from an update that stood in for it.
+
+    ``recorded``: ``(row_index, log_probs, entropy)`` per micro-batch (trimmed widths).
+    Returns ``actor/entropy`` (mean over valid response tokens) and, when the batch has
+    ``rollout_log_probs``, the ``rollout/*`` drift metrics.
+    """
+    mask = data.batch["response_mask"]
+    rows, width = mask.shape
+    log_probs = torch.zeros(rows, width)
+    entropy = torch.zeros(rows, width)
+    for index, lp, ent in recorded:
+        index = index.cpu()
+        log_probs[index, : lp.shape[1]] = lp.float().cpu()
+        entropy[index, : ent.shape[1]] = ent.float().cpu()
+    valid = mask.bool()
+    metrics = {"actor/entropy": entropy[valid].mean().item() if valid.any() else 0.0}
+    if "rollout_log_probs" in data.batch:
+        metrics |= rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask)
+    return metrics
