@@ -162,6 +162,12 @@ class ActorConfig:
     logprob_chunk_size: int = entry(
         512, "tokens whose float32 logits exist at once when computing log-probs (bounds memory)"
     )
+    pack_sequences: bool = entry(
+        True,
+        "log-prob and update forwards run on each micro-batch's real tokens packed end to end "
+        "(position ids restart per sequence, attention stays within it): no padding compute; "
+        "false = padded rows",
+    )
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")

@@ -244,6 +244,7 @@ class ActorRolloutRefWorker(Worker):
                     chunk_size=acfg.logprob_chunk_size,
                     calculate_entropy=with_entropy,
                     calculate_sum_pi_squared=with_sum_pi_squared,
+                    pack=acfg.pack_sequences,
                 )
                 log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
@@ -414,6 +415,7 @@ class ActorRolloutRefWorker(Worker):
                 temperature=temperature,
                 chunk_size=acfg.logprob_chunk_size,
                 calculate_entropy=acfg.entropy_coeff != 0 or recorded is not None,
+                pack=acfg.pack_sequences,
             )
             old_log_prob = b.get("old_log_probs")
             if recorded is not None:
