@@ -41,6 +41,7 @@ from verl.models import (
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, build_rollout
 from verl.utils.device import resolve_device
+from verl.utils.memory import release_memory
 from verl.utils.rng import seed_all
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.checkpointing import (
@@ -213,6 +214,7 @@ class ActorRolloutRefWorker(Worker):
             out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
+        release_memory()  # the KV cache and decode buffers, before the next phase
         return out
 
     # ------------------------------------------------------------------ log-probs
@@ -252,6 +254,7 @@ class ActorRolloutRefWorker(Worker):
                 if sps:
                     sum_pi_squared.append((mb, sps[0].float().cpu()))
         rows = len(data)
+        release_memory()  # the forwards' activations, before the next phase
         return (
             gather_response_outputs(log_probs, rows, response_len),
             gather_response_outputs(entropies, rows, response_len) if entropies else None,
@@ -371,6 +374,7 @@ class ActorRolloutRefWorker(Worker):
         if recorded is not None:
             for key, value in own_old_log_prob_metrics(data, recorded).items():
                 acc.add(key, value)
+        release_memory()  # activations and gradients, before the next rollout
         return acc.result()
 
     def _actor_loss_fn(
