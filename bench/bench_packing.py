@@ -16,7 +16,8 @@ workers' own (``verl.workers.micro_batching.split_micro_batches``):
 ``logprob`` is the no-grad pass (old / reference log-probs); ``update`` is forward +
 backward of the summed response log-probs (the actor update without the optimizer step).
 Configurations alternate within each repeat; medians and ratios to ``padded`` are printed
-as a table and JSON.
+as a table and JSON. Times are the process's CPU seconds (all its threads), which other
+tenants of a shared machine inflate far less than wall time.
 
     python bench/bench_packing.py                 # W3 shape, 3 repeats
     python bench/bench_packing.py --layers 4 --repeats 1   # quick
@@ -85,7 +86,7 @@ def _micro(data: DataProto, response: int, config: str, budget: int):
 
 def _run(model, data: DataProto, response: int, config: str, mode: str, budget: int) -> float:
     micro = _micro(data, response, config, budget)
-    start = time.perf_counter()
+    start = time.process_time()
     for mb in micro:
         b = mb.data.batch
         with torch.set_grad_enabled(mode == "update"):
@@ -101,7 +102,7 @@ def _run(model, data: DataProto, response: int, config: str, mode: str, budget: 
             if mode == "update":
                 (lp * b["response_mask"]).sum().backward()
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -152,7 +153,7 @@ def main() -> None:
             )
     print(f"{args.rows} rows, {real} real tokens; padded computes {computed['padded']}, ")
     print(f"grouped {computed['grouped']} (packed: real tokens + bin tails)")
-    print(f"{'mode':8} {'config':14} {'median s':>9} {'vs padded':>10}")
+    print(f"{'mode':8} {'config':14} {'cpu s':>9} {'vs padded':>10}")
     for row in rows:
         print(f"{row['mode']:8} {row['config']:14} {row['median_s']:9.3f} {row['vs_padded']:10.3f}")
     print(json.dumps({"args": vars(args), "real_tokens": real, "computed": computed, "rows": rows}))

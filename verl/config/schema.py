@@ -230,6 +230,11 @@ class RunConfig:
         None, "keep only the newest N complete checkpoints; null = keep all"
     )
     seed: int = entry(42, "global seed (model init, dropout, sampling)")
+    profile_steps: list[int] = entry(
+        [],
+        "training steps (1-based) to record with the torch profiler; each writes a "
+        "Chrome trace profile_step_N.json into log_dir",
+    )
     num_threads: int | None = entry(None, "torch intra-op threads; null = torch default")
     mixed_precision: Precision = entry(
         "none",

@@ -67,6 +67,7 @@ from verl.trainer.metrics import (
     timer,
 )
 from verl.trainer.passes import old_log_prob_pass
+from verl.trainer.profiling import StepProfiler
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
@@ -112,12 +113,12 @@ class RLTrainer:
     ) -> None:
         config.validate()  # registry-backed keys against the live registries (user entries too)
         check_supported(config)
-        self.config = config
-        cfg = config
+        self.config = cfg = config
         seed_everything(cfg.trainer.seed)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, self.run_dir)
         # One run per directory: fail now if another run holds them; fit() takes the lock.
         self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
         self._stop = StopRequests()
@@ -536,7 +537,8 @@ class RLTrainer:
         batches = self._batch_stream()
         while self.global_step < self.total_steps:
             self.global_step += 1
-            metrics = self.train_step(next(batches), next_batch=lambda: next(batches))
+            step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
+            metrics = self.profiler.run(self.global_step, step)  # trace, stage table
             metrics["training/epoch"] = self.train_loader.epoch
             # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
             metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
@@ -568,11 +570,8 @@ class RLTrainer:
                 raise RunInterrupted(self._stop.signum, self.global_step, saved)
 
     def _batch_stream(self) -> Iterator[DataProto]:
-        """Training prompt batches, epoch after epoch; the loader keeps the position.
-
-        Every batch drawn (including the extra ones dynamic sampling asks for) advances the
-        loader, so its state always points after the last batch generated from.
-        """
+        """Training prompt batches, epoch after epoch. Every batch drawn (dynamic sampling's
+        extra ones too) advances the loader: its state points after the last one used."""
         while True:
             yield from self.train_loader
 
