@@ -11,9 +11,10 @@ and sdpa kernels; flash-attention uses them as varlen boundaries. Attention neve
 sequence, so every token sees exactly what it saw in the padded row, and the results agree
 with the padded pass up to float rounding (tests: within 1e-5).
 
-The capacity is at least the longest sequence; the default also lets a bin hold
-``_MIN_CAPACITY`` tokens, so short sequences share a bin (attention in a bin costs its
-length squared: bins stay short enough for that to stay a small share of the compute).
+The capacity is at least the longest sequence; by default bins hold between
+``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
+bin while attention, which costs a bin's length squared, stays a small share of the
+compute; the tokens are spread evenly over the bins, so none is mostly filler.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def plan_bins(lengths: list[int]) -> list[list[int]]:
+    """The default packing of sequences of ``lengths`` tokens: ``total // max(longest,
+    _MIN_CAPACITY)`` bins (at least one), the tokens spread evenly over them, the capacity
+    raised in small steps until first-fit decreasing fits them in that many, so no bin is
+    left mostly filler (filler costs compute like padding)."""
+    longest, total = max(lengths, default=1), sum(lengths)
+    count = max(1, total // max(longest, _MIN_CAPACITY))
+    capacity = max(longest, -(-total // count))
+    while True:
+        bins = first_fit_decreasing(lengths, capacity)
+        if len(bins) <= count:
+            return bins
+        capacity += max(1, longest // 8)
+
+
 def pack_sequences(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -78,7 +94,8 @@ def pack_sequences(
         input_ids / attention_mask: ``(rows, P + R)``, prompts left-padded, responses
             right-padded (each row's real tokens are contiguous).
         response_len: ``R``.
-        capacity: tokens per bin; default ``max(longest sequence, 256)``.
+        capacity: tokens per bin (at least the longest sequence); default
+            :func:`plan_bins`. The packed width is the fullest bin's length.
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
     """
     rows, seq_len = input_ids.shape
@@ -95,9 +112,9 @@ def pack_sequences(
     if bool(((prompt_lens == 0) & (response_lens > 0)).any()):
         raise ValueError("pack_sequences: a row has response tokens but no prompt token")
     lengths = (prompt_lens + response_lens).tolist()
-    if capacity is None:
-        capacity = max(max(lengths, default=1), _MIN_CAPACITY)
-    bins = first_fit_decreasing(lengths, capacity)
+    bins = plan_bins(lengths) if capacity is None else first_fit_decreasing(lengths, capacity)
+    # the packed width is the fullest bin's length, not the capacity
+    capacity = max(1, max(sum(lengths[i] for i in b) for b in bins))
     # where each row starts in the flat (bins * capacity) layout
     starts = [0] * rows
     for b, members in enumerate(bins):
