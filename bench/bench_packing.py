@@ -113,7 +113,14 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=48)
     parser.add_argument("--budget", type=int, default=4 * (46 + 48), help="token budget")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: CPU time is not inflated by threads spinning on a busy machine)",
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     model = _model(args.layers)
     data = _batch(args.rows, args.prompt, args.response, seed=1)
     real = int(data.batch["attention_mask"].sum())
