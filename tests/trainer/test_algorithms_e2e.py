@@ -133,11 +133,8 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
 def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):
     # The native rollout samples from the training module's own weights in fp32: its
     # sampling log-probs and the trainer's recomputed old log-probs agree to float precision.
-    # (With one update per batch the pass is skipped by default and these metrics come from
-    # the update, tests/workers/test_own_old_log_probs.py; here the pass itself is checked.)
     cfg = rl_config(
         *OVERRIDES,
-        "actor_rollout_ref.actor.recompute_old_log_prob=true",
         "actor_rollout_ref.model.dtype=fp32",
         "actor_rollout_ref.rollout.name=native",
         "data.max_response_length=8",

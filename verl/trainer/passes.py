@@ -6,7 +6,8 @@ mini-batch holds the whole batch), the update's first and only forward runs on e
 those weights, in the same engine and precision as the separate pass would: its log-probs,
 detached, *are* the old log-probs, and the ratio is 1 by construction. The separate pass
 then only costs a forward over the whole batch (a fifth of a step on SmolLM2), so it is
-skipped and the actor worker uses the detached log-probs (``update_actor`` without
+skipped in the training loop (``RLTrainer.collect_data``, the public step-by-step API,
+still returns them) and the actor worker uses the detached log-probs (``update_actor`` without
 ``old_log_probs``); the entropy and rollout-mismatch metrics the pass fed are computed
 from the update's forward instead.
 

@@ -196,8 +196,8 @@ class RLTrainer:
         """Rollout, scoring and advantages for one batch of prompts.
 
         Returns the batch of ``len(batch) * rollout.n`` responses with every tensor the
-        updates need (``old_log_probs``, ``advantages``, ``returns`` ...); the step's
-        metrics so far are in ``meta_info["metrics"]``.
+        updates need (``old_log_probs`` always, for callers that read them, ``advantages``,
+        ``returns`` ...); the step's metrics so far are in ``meta_info["metrics"]``.
         """
         return self.prepare_update(self.generate_and_score(batch))
 
@@ -255,15 +255,16 @@ class RLTrainer:
             gen.union(kept.repeat(n, interleave=True))
         return gen
 
-    def prepare_update(self, gen: DataProto) -> DataProto:
+    def prepare_update(self, gen: DataProto, old_log_prob_pass: bool = True) -> DataProto:
         """Old and reference log-probs, values, the in-reward KL and advantages of ``gen``.
 
         ``gen`` comes from :meth:`generate_and_score` (possibly filtered by dynamic
-        sampling); its ``meta_info["metrics"]`` are extended in place.
+        sampling); its ``meta_info["metrics"]`` are extended in place. The training loop
+        passes ``old_log_prob_pass=self.old_log_prob_pass`` (``verl.trainer.passes``).
         """
         cfg = self.config
         metrics = gen.meta_info.setdefault("metrics", {})
-        if self.old_log_prob_pass:  # else the update's log-probs are the old ones (passes.py)
+        if old_log_prob_pass:  # else the update's own log-probs are the old ones
             with timer("old_log_prob", metrics):
                 gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
             if "rollout_log_probs" in gen.batch:
@@ -373,7 +374,7 @@ class RLTrainer:
         """:meth:`collect_data`, or with dynamic sampling, only informative prompt groups."""
         fg = self.config.algorithm.filter_groups
         if not fg.enable:
-            return self.collect_data(batch)
+            return self.prepare_update(self.generate_and_score(batch), self.old_log_prob_pass)
         if next_batch is None:
             raise ValueError(
                 "algorithm.filter_groups.enable=true: train_step needs next_batch to draw "
@@ -388,7 +389,7 @@ class RLTrainer:
             max_num_gen_batches=fg.max_num_gen_batches,
             pad_token_id=self.tokenizer.pad_token_id,
         )
-        return self.prepare_update(gen)
+        return self.prepare_update(gen, self.old_log_prob_pass)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
