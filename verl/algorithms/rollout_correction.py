@@ -27,7 +27,7 @@ import torch
 
 from verl.algorithms.core import masked_mean
 
-__all__ = ["ROLLOUT_IS_LEVELS", "compute_rollout_is_weights"]
+__all__ = ["ROLLOUT_IS_LEVELS", "compute_rollout_is_weights", "rollout_mismatch_metrics"]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 
@@ -109,3 +109,41 @@ def compute_rollout_is_weights(
     ess = total.square() / (n_valid * total_sq)
     metrics["rollout_is_ess"] = torch.where(total_sq > 0, ess, weights.new_zeros(()))
     return weights, metrics
+
+
+@torch.no_grad()
+def rollout_mismatch_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Gap between the rollout's sampling log-probs and the trainer's recomputed ones.
+
+    Both are log-probs of the same sampled tokens under the same weights, so any gap is
+    numerical (kernels, precision, batching). Reported over valid response tokens: mean and
+    max absolute difference, the k1 and k3 estimates of KL(rollout || trainer); over
+    non-empty responses: the smallest and largest geometric-mean ratio
+    ``exp(mean_t (old - rollout))``, the quantity ``actor.rollout_rs_threshold`` bands.
+    All inputs ``(batch, response_len)``; ``{}`` when no token is valid.
+    """
+    mask = response_mask.bool()
+    if not mask.any():
+        return {}
+    full_diff = torch.where(mask, old_log_prob.float() - rollout_log_prob.float(), 0.0)
+    diff = full_diff[mask]
+    # k1 and k3 estimators with log-ratio r = log p_train - log p_rollout, samples from the
+    # rollout: KL(rollout || train) = E[-r] = E[exp(r) - 1 - r].
+    kl = torch.expm1(diff) - diff
+    nonempty = mask.any(-1)
+    geo = torch.exp(full_diff.sum(-1)[nonempty] / mask.sum(-1)[nonempty])
+    values = torch.stack(
+        [
+            diff.abs().mean(),
+            diff.abs().max(),
+            (-diff).mean(),
+            kl.mean(),
+            geo.min(),
+            geo.max(),
+        ]
+    ).tolist()
+    names = ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k1", "kl_k3")
+    names += ("geo_ratio_min", "geo_ratio_max")
+    return {f"rollout/{name}": value for name, value in zip(names, values, strict=True)}

@@ -237,6 +237,11 @@ class RunConfig(RunSectionConfig):
     log_val_generations: int = entry(
         0, "validation samples (prompt, response, score) logged as a table per validation", ge=0
     )
+    profile_steps: list[int] = entry(
+        [],
+        "training steps (1-based) to record with the torch profiler; each writes a "
+        "Chrome trace profile_step_N.json into log_dir",
+    )
     mixed_precision: Precision = entry(
         "none",
         "default compute precision of every role: none (the model dtype, no autocast), fp32, "

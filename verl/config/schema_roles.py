@@ -121,6 +121,13 @@ class ActorConfig:
         16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
     )
     ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
+    recompute_old_log_prob: bool | None = entry(
+        None,
+        "run the separate old-log-prob pass; null = auto: skipped (the update's own detached "
+        "log-probs are the old ones) when the update is one optimizer step per batch "
+        "(ppo_epochs=1, ppo_mini_batch_size >= data.train_batch_size) and nothing reads "
+        "old_log_probs before it (KL in reward, an estimator that takes them)",
+    )
     shuffle: bool = entry(True, "shuffle samples between mini-batches")
     clip_ratio: float = entry(0.2, "PPO clip epsilon", gt=0)
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
@@ -174,6 +181,12 @@ class ActorConfig:
         512,
         "tokens whose float32 logits exist at once when computing log-probs (bounds memory)",
         ge=1,
+    )
+    pack_sequences: bool = entry(
+        True,
+        "log-prob and update forwards run on each micro-batch's real tokens packed end to end "
+        "(position ids restart per sequence, attention stays within it): no padding compute; "
+        "false = padded rows",
     )
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.protocol import DataProto
 from verl.rollout.agent_loop import multi_turn_metrics
 
@@ -61,33 +62,11 @@ def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str
 
 
 def compute_rollout_mismatch_metrics(batch: DataProto) -> dict[str, float]:
-    """Gap between the rollout's sampling log-probs and the trainer's recomputed ones.
-
-    Both are log-probs of the same sampled tokens under the same weights, so any gap is
-    numerical (kernels, precision, batching). Reported over valid response tokens: mean and
-    max absolute difference, the k1 and k3 estimates of KL(rollout || trainer); over
-    non-empty responses: the smallest and largest geometric-mean ratio
-    ``exp(mean_t (old - rollout))``, the quantity ``actor.rollout_rs_threshold`` bands.
-    """
+    """Gap between the rollout's sampling log-probs and the trainer's recomputed ones
+    (``old_log_probs`` vs ``rollout_log_probs``): see
+    :func:`verl.algorithms.rollout_correction.rollout_mismatch_metrics`."""
     b = batch.batch
-    mask = b["response_mask"].bool()
-    if not mask.any():
-        return {}
-    full_diff = torch.where(mask, b["old_log_probs"].float() - b["rollout_log_probs"].float(), 0.0)
-    diff = full_diff[mask]
-    # k1 and k3 estimators with log-ratio r = log p_train - log p_rollout, samples from the
-    # rollout: KL(rollout || train) = E[-r] = E[exp(r) - 1 - r].
-    kl = torch.expm1(diff) - diff
-    nonempty = mask.any(-1)
-    geo = torch.exp(full_diff.sum(-1)[nonempty] / mask.sum(-1)[nonempty])
-    return {
-        "rollout/logprob_abs_diff_mean": diff.abs().mean().item(),
-        "rollout/logprob_abs_diff_max": diff.abs().max().item(),
-        "rollout/kl_k1": (-diff).mean().item(),
-        "rollout/kl_k3": kl.mean().item(),
-        "rollout/geo_ratio_min": geo.min().item(),
-        "rollout/geo_ratio_max": geo.max().item(),
-    }
+    return rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"])
 
 
 def compute_throughput_metrics(batch: DataProto, step_seconds: float) -> dict[str, float]:

@@ -6,7 +6,7 @@
         gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
         gen  |= reward(gen)                                  # rules / reward model
         (DAPO: drop groups with equal rewards, generate from more batches until full)
-        gen  |= actor_rollout.compute_log_prob(gen)          # old policy (+ entropy)
+        gen  |= actor_rollout.compute_log_prob(gen)          # old policy, unless skipped
         gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
         gen  |= advantages(gen)                              # pure tensor functions
@@ -67,6 +67,8 @@ from verl.trainer.metrics import (
     compute_validation_metrics,
     timer,
 )
+from verl.trainer.passes import old_log_prob_pass
+from verl.trainer.profiling import StepProfiler
 from verl.trainer.progress import advance
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
@@ -109,12 +111,12 @@ class RLTrainer:
     ) -> None:
         config.validate()  # registry-backed keys against the live registries (user entries too)
         check_supported(config)
-        self.config = config
-        cfg = config
+        self.config = cfg = config
         seed_everything(cfg.trainer.seed)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, self.run_dir)
         # One run per directory: fail now if another run holds them; fit() takes the lock.
         self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
         self._stop = StopRequests()
@@ -122,6 +124,7 @@ class RLTrainer:
 
         self.use_critic = cfg.critic_enabled  # critic.enable, or the estimator's needs_critic
         self.use_reference = cfg.ref_enabled
+        self.old_log_prob_pass = old_log_prob_pass(cfg)
 
         # The parts of the run (verl.trainer.build), built in this order.
         self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer)
@@ -192,8 +195,8 @@ class RLTrainer:
         """Rollout, scoring and advantages for one batch of prompts.
 
         Returns ``(responses, metrics)``: the batch of ``len(batch) * rollout.n`` responses
-        with every tensor the updates need (``old_log_probs``, ``advantages``, ``returns``
-        ...) and the metrics of these phases.
+        with every tensor the updates need (``old_log_probs`` always, for callers that read
+        them, ``advantages``, ``returns`` ...) and the metrics of these phases.
         """
         gen, metrics = self.generate_and_score(batch)
         gen, more = self.prepare_update(gen)
@@ -252,18 +255,22 @@ class RLTrainer:
             gen.union(kept.repeat(n, interleave=True))
         return gen
 
-    def prepare_update(self, gen: DataProto) -> tuple[DataProto, dict[str, Any]]:
+    def prepare_update(
+        self, gen: DataProto, old_log_prob_pass: bool = True
+    ) -> tuple[DataProto, dict[str, Any]]:
         """Old and reference log-probs, values, the in-reward KL and advantages of ``gen``.
 
         ``gen`` comes from :meth:`generate_and_score` (possibly filtered by dynamic
-        sampling). Returns ``(gen with those tensors, the metrics of these phases)``.
+        sampling). Returns ``(gen with those tensors, the metrics of these phases)``. The
+        training loop passes ``old_log_prob_pass=self.old_log_prob_pass`` (``.passes``).
         """
         cfg = self.config
         metrics: dict[str, Any] = {}
-        with timer("old_log_prob", metrics):
-            gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
-        if "rollout_log_probs" in gen.batch:
-            metrics |= compute_rollout_mismatch_metrics(gen)
+        if old_log_prob_pass:  # else the update's own log-probs are the old ones
+            with timer("old_log_prob", metrics):
+                gen = gen.union(self.actor_rollout_wg.compute_log_prob(gen))
+            if "rollout_log_probs" in gen.batch:
+                metrics |= compute_rollout_mismatch_metrics(gen)
         # Reference log-probs and values only read `gen`: submitted together, they run at
         # the same time when the critic has a pool of its own.
         with timer("ref_and_values", metrics):
@@ -374,22 +381,23 @@ class RLTrainer:
         """:meth:`collect_data`, or with dynamic sampling, only informative prompt groups."""
         fg = self.config.algorithm.filter_groups
         if not fg.enable:
-            return self.collect_data(batch)
-        if next_batch is None:
+            gen, metrics = self.generate_and_score(batch)
+        elif next_batch is None:
             raise ValueError(
                 "algorithm.filter_groups.enable=true: train_step needs next_batch to draw "
                 "more prompt batches"
             )
-        gen, metrics = collect_informative_groups(
-            batch,
-            next_batch,
-            self.generate_and_score,
-            metric=fg.metric,
-            num_prompts=self.config.data.train_batch_size,
-            max_num_gen_batches=fg.max_num_gen_batches,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-        gen, more = self.prepare_update(gen)
+        else:
+            gen, metrics = collect_informative_groups(
+                batch,
+                next_batch,
+                self.generate_and_score,
+                metric=fg.metric,
+                num_prompts=self.config.data.train_batch_size,
+                max_num_gen_batches=fg.max_num_gen_batches,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        gen, more = self.prepare_update(gen, self.old_log_prob_pass)
         return gen, metrics | more
 
     # ------------------------------------------------------------------ validation
@@ -533,7 +541,8 @@ class RLTrainer:
         batches = self._batch_stream()
         while self.global_step < self.total_steps:
             self.global_step += 1
-            metrics = self.train_step(next(batches), next_batch=lambda: next(batches))
+            step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
+            metrics = self.profiler.run(self.global_step, step)  # trace, stage table
             metrics["training/epoch"] = self.train_loader.epoch
             # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
             metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
@@ -562,11 +571,8 @@ class RLTrainer:
                 raise RunInterrupted(self._stop.signum, self.global_step, saved)
 
     def _batch_stream(self) -> Iterator[DataProto]:
-        """Training prompt batches, epoch after epoch; the loader keeps the position.
-
-        Every batch drawn (including the extra ones dynamic sampling asks for) advances the
-        loader, so its state always points after the last batch generated from.
-        """
+        """Training prompt batches, epoch after epoch. Every batch drawn (dynamic sampling's
+        extra ones too) advances the loader: its state points after the last one used."""
         while True:
             yield from self.train_loader
 

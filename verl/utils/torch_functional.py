@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from verl.utils.packing import pack_sequences
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 128  # tokens per chunk; see bench/bench_logprob.py for the trade-off
@@ -192,6 +194,7 @@ def compute_response_log_probs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the response tokens under a causal LM.
 
@@ -218,6 +221,10 @@ def compute_response_log_probs(
         calculate_sum_pi_squared: also return, as a third element, ``sum_v pi(v)^2`` of
             ``softmax(logits/T)`` per token (detached; the optimal token baseline's
             ``||grad_logits log pi(y_t)||^2 = 1 - 2 pi(y_t) + sum_v pi(v)^2`` needs it).
+        pack: run the base transformer on the rows' real tokens packed end to end
+            (:func:`verl.utils.packing.pack_sequences`: no padding compute, attention kept
+            within each sequence) and the head on the valid response tokens only. Models
+            without the plain head path run padded. Padded response positions are then 0.
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
@@ -239,6 +246,34 @@ def compute_response_log_probs(
     get_base = getattr(model, "get_base_model", None)
     if callable(get_base):
         model = get_base()
+
+    if pack and _has_plain_head(model):
+        packed = pack_sequences(input_ids, attention_mask, response_len)
+        out = model.model(
+            input_ids=packed.input_ids,
+            attention_mask=None,  # block-diagonal causal mask from the restarting positions
+            position_ids=packed.position_ids,
+            use_cache=False,
+        )
+        flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+        results = _score_chunks(
+            model.lm_head,
+            flat[packed.response_index],
+            packed.labels,
+            temperature,
+            chunk_size,
+            calculate_entropy,
+            calculate_sum_pi_squared,
+        )
+        mask = packed.response_mask
+
+        def unpack(values):
+            if values is None:
+                return None
+            return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+        log_probs, entropy, sps = (unpack(v) for v in results)
+        return (log_probs, entropy, sps) if calculate_sum_pi_squared else (log_probs, entropy)
 
     if _has_plain_head(model):
         out = model.model(
@@ -268,9 +303,40 @@ def compute_response_log_probs(
         hidden = logits.reshape(batch * response_len, logits.shape[-1])
         head = nn.Identity()
 
+    log_probs, entropy, sps = (
+        None if v is None else v.view(batch, response_len)
+        for v in _score_chunks(
+            head,
+            hidden,
+            labels,
+            temperature,
+            chunk_size,
+            calculate_entropy,
+            calculate_sum_pi_squared,
+        )
+    )
+    if calculate_sum_pi_squared:
+        return log_probs, entropy, sps
+    return log_probs, entropy
+
+
+def _score_chunks(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    calculate_entropy: bool,
+    calculate_sum_pi_squared: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`_head_logprobs` over ``hidden (rows, H)`` ``chunk_size`` rows at a time (each
+    chunk checkpointed under grad); returns ``(log_probs, entropy, sum_pi_squared)``, each
+    ``(rows,)`` or None."""
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_chunks, entropy_chunks, sps_chunks = [], [], []
-    for s, e in _row_chunks(hidden.shape[0], chunk_size):
+    # no valid token (a packed micro-batch of empty responses): one empty chunk keeps the
+    # outputs in the autograd graph
+    for s, e in list(_row_chunks(hidden.shape[0], chunk_size)) or [(0, 0)]:
         args = (
             head,
             hidden[s:e],
@@ -286,9 +352,8 @@ def compute_response_log_probs(
         log_prob_chunks.append(lp)
         entropy_chunks.append(ent)
         sps_chunks.append(sps)
-
-    log_probs = torch.cat(log_prob_chunks).view(batch, response_len)
-    entropy = torch.cat(entropy_chunks).view(batch, response_len) if calculate_entropy else None
-    if calculate_sum_pi_squared:
-        return log_probs, entropy, torch.cat(sps_chunks).view(batch, response_len)
-    return log_probs, entropy
+    return (
+        torch.cat(log_prob_chunks),
+        torch.cat(entropy_chunks) if calculate_entropy else None,
+        torch.cat(sps_chunks) if calculate_sum_pi_squared else None,
+    )

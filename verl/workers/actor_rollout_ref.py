@@ -30,6 +30,7 @@ import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
+from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
@@ -45,6 +46,7 @@ from verl.models.lora import apply_lora, is_lora_model, lora_spec_from_config, m
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, get_rollout_engine
 from verl.utils.device import resolve_device
+from verl.utils.memory import release_memory
 from verl.utils.rng import seed_all
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.checkpointing import (
@@ -267,6 +269,7 @@ class ActorRolloutRefWorker(Worker):
                 out = generate(to_device(prompts, self.device), params).to("cpu")
         # The trainer's log-prob recomputation must use the temperature that sampled.
         out.meta_info["temperature"] = params.logprob_temperature
+        release_memory()  # the KV cache and decode buffers, before the next phase
         return out
 
     # ------------------------------------------------------------------ log-probs
@@ -298,6 +301,7 @@ class ActorRolloutRefWorker(Worker):
                     chunk_size=acfg.logprob_chunk_size,
                     calculate_entropy=with_entropy,
                     calculate_sum_pi_squared=with_sum_pi_squared,
+                    pack=acfg.pack_sequences,
                 )
                 log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
@@ -305,6 +309,7 @@ class ActorRolloutRefWorker(Worker):
                 if sps:
                     sum_pi_squared.append((mb, sps[0].float().cpu()))
         rows = len(data)
+        release_memory()  # the forwards' activations, before the next phase
         return (
             gather_response_outputs(log_probs, rows, response_len),
             gather_response_outputs(entropies, rows, response_len) if entropies else None,
@@ -358,8 +363,8 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ update
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
-        reads=(*_SEQUENCE_KEYS, "old_log_probs", "advantages"),
-        optional=("ref_log_probs", "rollout_log_probs"),
+        reads=(*_SEQUENCE_KEYS, "advantages"),
+        optional=("old_log_probs", "ref_log_probs", "rollout_log_probs"),
         meta=("temperature",),
     )
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -370,9 +375,29 @@ class ActorRolloutRefWorker(Worker):
         Micro-batch losses are weighted so that the accumulated gradient equals the
         gradient of the loss aggregated over the whole mini-batch (exactly, for every
         ``loss_agg_mode``). Returns the metrics, reduced over the data-parallel ranks.
+
+        Without ``old_log_probs`` (the trainer skipped the old-log-prob pass, see
+        ``verl.trainer.passes``) the update must be one optimizer step; the old log-probs
+        are then its own detached log-probs, and the metrics the pass would have fed
+        (``actor/entropy``, ``rollout/*`` drift) come from its forward.
         """
         acfg = self.config.actor_rollout_ref.actor
-        keys = [*_SEQUENCE_KEYS, "old_log_probs", "advantages"]
+        # ppo_mini_batch_size counts prompts over all data-parallel ranks
+        mini_batch_size = (
+            acfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // self.world_size
+        )
+        keys = [*_SEQUENCE_KEYS, "advantages"]
+        own_old = "old_log_probs" not in data.batch
+        if own_old:
+            if acfg.ppo_epochs != 1 or len(data) > mini_batch_size:
+                raise ValueError(
+                    f"update_actor: the batch has no old_log_probs, which is only right for "
+                    f"one optimizer step per batch, but ppo_epochs={acfg.ppo_epochs} and "
+                    f"{len(data)} rows > a mini-batch of {mini_batch_size}; run "
+                    "compute_log_prob first (actor_rollout_ref.actor.recompute_old_log_prob)"
+                )
+        else:
+            keys.append("old_log_probs")
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")  # select() names it if the batch lacks it
         if acfg.rollout_is_threshold is not None or acfg.rollout_rs_threshold is not None:
@@ -387,22 +412,28 @@ class ActorRolloutRefWorker(Worker):
                     acfg.rollout_rs_threshold,
                 )
         self._update_calls += 1
+        update_data = data.select(batch_keys=keys)
+        recorded = None
+        if own_old:  # the update's detached log-probs and entropies, by batch row
+            update_data.batch["row_index"] = torch.arange(len(data))
+            recorded = []
         acc = run_ppo_update(
             self.engine,
-            data.select(batch_keys=keys),
-            self._actor_loss_fn(data.meta_info.get("temperature", 1.0)),
+            update_data,
+            self._actor_loss_fn(data.meta_info.get("temperature", 1.0), recorded),
             role_cfg=acfg,
             loss_agg_mode=acfg.resolved_loss_agg_mode,
-            # ppo_mini_batch_size counts prompts over all data-parallel ranks
-            mini_batch_size=acfg.ppo_mini_batch_size
-            * self.config.actor_rollout_ref.rollout.n
-            // self.world_size,
+            mini_batch_size=mini_batch_size,
             seed=self.config.trainer.seed + self._update_calls,
             device=self.device,
             prefix="actor",
         )
         if acfg.use_kl_loss:
             acc.add("actor/kl_coef", acfg.kl_loss_coef)
+        if recorded is not None:
+            for key, value in own_old_log_prob_metrics(data, recorded).items():
+                acc.add(key, value)
+        release_memory()  # activations and gradients, before the next rollout
         metrics = acc.result()
         self._rollout_weights_stale = True
         if self.rollout.owns_weights:
@@ -411,9 +442,15 @@ class ActorRolloutRefWorker(Worker):
             self.rollout.sleep()
         return metrics
 
-    def _actor_loss_fn(self, temperature: float) -> Callable[..., Any]:
+    def _actor_loss_fn(
+        self, temperature: float, recorded: list | None = None
+    ) -> Callable[..., Any]:
         """``loss_fn(module, micro_batch)`` of the actor: log-probs (and entropy, when it
-        is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`."""
+        is weighted) of the micro-batch, then :func:`verl.algorithms.actor_loss`.
+
+        ``recorded`` (a list): the micro-batches carry no ``old_log_probs``; the detached
+        log-probs stand in for them, and ``(row_index, log_probs, entropy)`` of each
+        micro-batch is appended (entropy computed, detached, for the metric)."""
         acfg = self.config.actor_rollout_ref.actor
         clip_low, clip_high = acfg.clip_ratio_bounds
         loss_agg_mode = acfg.resolved_loss_agg_mode
@@ -446,13 +483,20 @@ class ActorRolloutRefWorker(Worker):
                 response_len=mb.response_len,
                 temperature=temperature,
                 chunk_size=acfg.logprob_chunk_size,
-                calculate_entropy=acfg.entropy_coeff != 0,
+                calculate_entropy=acfg.entropy_coeff != 0 or recorded is not None,
+                pack=acfg.pack_sequences,
             )
+            old_log_prob = b.get("old_log_probs")
+            if recorded is not None:
+                old_log_prob = log_prob.detach()
+                recorded.append((b["row_index"], old_log_prob, entropy.detach()))
+                if acfg.entropy_coeff == 0:
+                    entropy = None  # computed for the metric only
             # forward_backward runs this under the engine's autocast; the loss terms use no
             # op autocast lowers (no matmul), so they stay float32.
             return actor_loss(
                 log_prob,
-                b["old_log_probs"],
+                old_log_prob,
                 b["advantages"],
                 b["response_mask"],
                 policy_loss_fn=policy_loss_fn,
@@ -520,3 +564,25 @@ class ActorRolloutRefWorker(Worker):
         self._update_calls = counters["update_calls"]
         self._generate_calls = counters["generate_calls"]
         self._rollout_weights_stale = True
+
+
+def own_old_log_prob_metrics(data: DataProto, recorded: list) -> dict[str, float]:
+    """The old-log-prob pass's metrics from an update that stood in for it.
+
+    ``recorded``: ``(row_index, log_probs, entropy)`` per micro-batch (trimmed widths).
+    Returns ``actor/entropy`` (mean over valid response tokens) and, when the batch has
+    ``rollout_log_probs``, the ``rollout/*`` drift metrics.
+    """
+    mask = data.batch["response_mask"]
+    rows, width = mask.shape
+    log_probs = torch.zeros(rows, width)
+    entropy = torch.zeros(rows, width)
+    for index, lp, ent in recorded:
+        index = index.cpu()
+        log_probs[index, : lp.shape[1]] = lp.float().cpu()
+        entropy[index, : ent.shape[1]] = ent.float().cpu()
+    valid = mask.bool()
+    metrics = {"actor/entropy": entropy[valid].mean().item() if valid.any() else 0.0}
+    if "rollout_log_probs" in data.batch:
+        metrics |= rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask)
+    return metrics

@@ -177,7 +177,8 @@ def micro_batches(
     """The micro-batches of one forward/backward pass of a role.
 
     ``role_cfg.use_dynamic_bsz`` packs them by ``role_cfg.ppo_max_token_len_per_device``
-    tokens (the same count on every data-parallel rank); otherwise ``micro_batch_size``
+    tokens (the same count on every data-parallel rank; real tokens when the role packs
+    sequences, ``pack_sequences``, else rows x padded length); otherwise ``micro_batch_size``
     rows each. Either way each micro-batch is cut to the columns it uses (see
     ``verl/workers/micro_batching.py``).
     """
@@ -187,6 +188,7 @@ def micro_batches(
             response_len,
             max_token_len=role_cfg.ppo_max_token_len_per_device,
             agree=dp_max,
+            packed=getattr(role_cfg, "pack_sequences", False),
         )
     return split_micro_batches(data, response_len, micro_batch_size=micro_batch_size)
 

@@ -76,6 +76,7 @@ def split_micro_batches(
     micro_batch_size: int | None = None,
     max_token_len: int | None = None,
     agree: Callable[[int], int] | None = None,
+    packed: bool = False,
 ) -> list[MicroBatch]:
     """Split ``data`` into trimmed micro-batches.
 
@@ -88,6 +89,10 @@ def split_micro_batches(
     data-parallel rank will use (the maximum over ranks). FSDP2 runs collectives in every
     forward, so all ranks must run the same number; a rank with fewer micro-batches splits
     its largest ones until it has that many.
+
+    ``packed``: the forward packs each micro-batch's real tokens end to end
+    (``verl.utils.packing``), so a micro-batch costs the sum of its rows' lengths instead
+    of rows x longest.
     """
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size and max_token_len")
@@ -105,7 +110,9 @@ def split_micro_batches(
     else:
         if max_token_len <= 0:
             raise ValueError(f"max_token_len must be positive, got {max_token_len}")
-        groups = _pack_by_tokens(data.batch["attention_mask"], response_len, max_token_len)
+        groups = _pack_by_tokens(
+            data.batch["attention_mask"], response_len, max_token_len, packed=packed
+        )
         if agree is not None:
             groups = _split_to_count(groups, agree(len(groups)))
         parts = [(data[index], index) for index in groups]
@@ -117,21 +124,27 @@ def split_micro_batches(
 
 
 def _pack_by_tokens(
-    attention_mask: torch.Tensor, response_len: int, max_token_len: int
+    attention_mask: torch.Tensor, response_len: int, max_token_len: int, packed: bool = False
 ) -> list[torch.Tensor]:
     prompt_lens, response_lens = _lengths(attention_mask, response_len)
     cost = prompt_lens + response_lens
     order = torch.argsort(cost, descending=True, stable=True).tolist()
     groups: list[list[int]] = []
     current: list[int] = []
-    max_p = max_r = 0
+    max_p = max_r = total = 0
     for i in order:
         p, r = max(max_p, int(prompt_lens[i])), max(max_r, int(response_lens[i]))
-        if current and (len(current) + 1) * (max(p, 1) + max(r, 1)) > max_token_len:
+        length = max(int(cost[i]), 1)
+        if packed:
+            over = total + length > max_token_len
+        else:
+            over = (len(current) + 1) * (max(p, 1) + max(r, 1)) > max_token_len
+        if current and over:
             groups.append(current)
-            current, p, r = [], int(prompt_lens[i]), int(response_lens[i])
+            current, p, r, total = [], int(prompt_lens[i]), int(response_lens[i]), 0
         current.append(i)
         max_p, max_r = p, r
+        total += length
     if current:
         groups.append(current)
     return [torch.tensor(g, dtype=torch.long) for g in groups]
