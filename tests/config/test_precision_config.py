@@ -87,6 +87,14 @@ def test_fp8_for_a_trainable_role_is_rejected():
     assert "Use bf16" in msg
 
 
+def test_int4_is_for_inference_roles_only():
+    cfg = _gae(mixed_precision="int4", model_precision_map={"reward": "fp8"})
+    assert [P.role_precision(cfg, r) for r in P.ROLES] == ["bf16", "bf16", "int4", "fp8"]
+    msg = _errors(TrainerConfig(model_precision_map={"critic": "int4"}))
+    assert "trainer.model_precision_map.critic=int4: int4 is weight-only storage" in msg
+    _gae(model_precision_map={"reference": "int4", "reward": "int4"}).validate()
+
+
 def test_unknown_role_and_precision_in_the_map():
     msg = _errors(TrainerConfig(model_precision_map={"policy": "bf16"}))
     assert "unknown role 'policy'; use actor, critic, reference, reward" in msg

@@ -49,6 +49,25 @@ def test_grpo_trains_with_an_fp8_reference(rl_config):
     assert trainer.history[0]["actor/kl_loss"] != 0.0
 
 
+def test_grpo_trains_with_an_int4_reference(rl_config):
+    from verl.models.int4 import is_int4_model
+
+    cfg = rl_config(
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.val_before_train=false",
+        "trainer.model_precision_map={reference: int4}",
+    )
+    trainer = RLTrainer(cfg)
+    worker = trainer.actor_rollout_wg.workers[0]
+    assert is_int4_model(worker.ref_engine.module) and not is_int4_model(worker.engine.module)
+    trainer.fit()
+    assert len(trainer.history) == 2
+    # the int4 reference differs from the (initially identical) fp32 policy by rounding
+    kl = [m["actor/kl_loss"] for m in trainer.history]
+    assert all(math.isfinite(v) for v in kl) and kl[0] != 0.0
+
+
 def test_nonfinite_guard_stops_the_run_with_a_clear_error(rl_config, monkeypatch):
     monkeypatch.setattr(TrainEngine, "_grad_norm", lambda self: torch.tensor(float("nan")))
     cfg = rl_config("trainer.val_before_train=false", "trainer.max_consecutive_nonfinite_steps=2")

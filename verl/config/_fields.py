@@ -24,7 +24,7 @@ PATH_FIELDS = ("project_name", "experiment_name")
 Dtype = Literal["fp32", "bf16", "fp16"]
 # Compute precision of a role (trainer.mixed_precision / trainer.model_precision_map):
 # "none" = the model dtype, no autocast; "auto" = auto_select_precision() per device.
-Precision = Literal["none", "fp32", "bf16", "fp16", "fp8", "auto"]
+Precision = Literal["none", "fp32", "bf16", "fp16", "fp8", "int4", "auto"]
 GradientPrecision = Literal["fp32"]
 Strategy = Literal["auto", "single", "fsdp2"]
 WarmupStyle = Literal["constant", "cosine"]

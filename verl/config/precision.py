@@ -10,9 +10,10 @@ of every role, ``model_precision_map`` overrides it per role (``actor``, ``criti
   and optimizer state and compute in that dtype (autocast on the single engine, FSDP2's
   ``MixedPrecisionPolicy`` on fsdp2); inference roles (reference, reward) store and compute
   their weights in it;
-- ``fp8``: weight-only fp8 storage for the inference roles. A trainable role never trains in
-  fp8: a global ``mixed_precision=fp8`` gives trainable roles bf16, and ``fp8`` for actor or
-  critic in the map is an error.
+- ``fp8`` / ``int4``: weight-only storage for the inference roles (``verl.models.fp8``,
+  ``verl.models.int4``). A trainable role never trains in them: a global
+  ``mixed_precision=fp8`` (or ``int4``) gives trainable roles bf16, and ``fp8`` / ``int4``
+  for actor or critic in the map is an error.
 
 ``auto`` resolves through :func:`auto_select_precision`. Checks run in
 :func:`precision_problems` (called by ``validate``) before any model loads. This module
@@ -31,7 +32,9 @@ from verl.config.roles import TRAINABLE_ROLES
 logger = logging.getLogger(__name__)
 
 ROLES = tuple(_ROLES)  # actor, critic, reference, reward (verl.config.roles)
-PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "auto")
+PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "int4", "auto")
+# weight-only formats: inference roles only (int4 needs no special hardware)
+WEIGHT_ONLY = ("fp8", "int4")
 # Minimum CUDA compute capability of each reduced precision.
 MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
 
@@ -58,10 +61,11 @@ def run_device(cfg: Any) -> str:
 
 
 def role_precision(cfg: Any, role: str) -> str:
-    """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16`` or ``fp8``.
+    """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16``, ``fp8`` or
+    ``int4``.
 
     ``model_precision_map[role]`` wins over ``mixed_precision``; ``auto`` is resolved for the
-    run's device; a global ``fp8`` means bf16 for the trainable roles.
+    run's device; a global ``fp8`` / ``int4`` means bf16 for the trainable roles.
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; use one of {ROLES}")
@@ -70,7 +74,7 @@ def role_precision(cfg: Any, role: str) -> str:
     precision = t.model_precision_map[role] if explicit else t.mixed_precision
     if precision == "auto":
         return auto_select_precision(run_device(cfg))[role]
-    if precision == "fp8" and role in TRAINABLE_ROLES and not explicit:
+    if precision in WEIGHT_ONLY and role in TRAINABLE_ROLES and not explicit:
         return "bf16"
     return precision
 
@@ -151,9 +155,9 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
                 f"{map_key}.{role}={value!r} is not a precision; use one of {', '.join(PRECISIONS)}"
             )
             out.append(((map_key,), message))
-        elif role in TRAINABLE_ROLES and value == "fp8":
+        elif role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
             message = (
-                f"{map_key}.{role}=fp8: fp8 is weight-only storage for inference roles "
+                f"{map_key}.{role}={value}: {value} is weight-only storage for inference roles "
                 "(reference, reward); a trainable role cannot train in it. Use bf16"
             )
             out.append(((map_key,), message))
@@ -174,11 +178,12 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
                 f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)"
             )
             out.append((keys, message))
-    if resolved.get("reference") == "fp8" and cfg.engine_strategy("actor_rollout_ref") == "fsdp2":
+    ref = resolved.get("reference")
+    if ref in WEIGHT_ONLY and cfg.engine_strategy("actor_rollout_ref") == "fsdp2":
         message = (
-            "reference precision fp8 with strategy=fsdp2: fp8 weight-only layers keep their "
-            "weights as unsharded buffers, which FSDP2 would copy whole to every rank; use "
-            "bf16 for the reference, or strategy=single"
+            f"reference precision {ref} with strategy=fsdp2: {ref} weight-only layers keep "
+            "their weights as unsharded buffers, which FSDP2 would copy whole to every rank; "
+            "use bf16 for the reference, or strategy=single"
         )
         out.append((keys, message))
 

@@ -245,7 +245,7 @@ class RunConfig(RunSectionConfig):
     mixed_precision: Precision = entry(
         "none",
         "default compute precision of every role: none (the model dtype, no autocast), fp32, "
-        "bf16, fp16, fp8 (inference roles only; trainable roles then use bf16) or auto (per "
+        "bf16, fp16, fp8 or int4 (inference roles only; trainable roles then use bf16) or auto (per "
         "device, see docs/precision.md)",
     )
     model_precision_map: dict[str, Precision] = entry(

@@ -229,7 +229,7 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
       fsdp2, unless ``fsdp_config.mixed_precision`` is set (validation made them agree).
       fp16 gets dynamic loss scaling unless ``trainer.use_gradient_scaling=false``;
     - inference roles store and compute in fp32/bf16/fp16 (``param_dtype``); fp8 is applied
-      to the module by :func:`apply_inference_precision` before the engine is built.
+      (or int4) to the module by :func:`apply_inference_precision` before the engine is built.
     """
     from verl.config.precision import TRAINABLE_ROLES, role_precision
 
@@ -255,18 +255,21 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
 
 
 def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -> torch.nn.Module:
-    """Quantize an inference role's (reference, reward) weights to fp8 when its precision is fp8.
-
-    fp8 is weight-only: ``verl.models.fp8.quantize_model_fp8_`` replaces the linear layers in
-    place; compute runs in the activations' dtype. Other precisions return ``module`` as is.
+    """Quantize an inference role's (reference, reward) weights when its precision is fp8 or
+    int4 (weight-only: ``verl.models.fp8`` / ``verl.models.int4`` replace the linear layers in
+    place; compute runs in the activations' dtype). Other precisions return ``module`` as is.
     """
     from verl.config.precision import role_precision
 
-    if role_precision(config, role) != "fp8":
-        return module
-    from verl.models.fp8 import quantize_model_fp8_
+    precision = role_precision(config, role)
+    if precision == "fp8":
+        from verl.models.fp8 import quantize_model_fp8_
 
-    quantize_model_fp8_(module)
+        quantize_model_fp8_(module)
+    elif precision == "int4":
+        from verl.models.int4 import quantize_model_int4_
+
+        quantize_model_int4_(module)
     return module
 
 
@@ -284,7 +287,7 @@ def dynamic_precision(
     from verl.config.precision import role_precision
 
     t = config.trainer
-    if not t.dynamic_precision or role_precision(config, role) == "fp8":
+    if not t.dynamic_precision or role_precision(config, role) in ("fp8", "int4"):
         return None
     from verl.workers.dynamic_precision import DynamicPrecision
 
