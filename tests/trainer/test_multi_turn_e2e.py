@@ -107,7 +107,7 @@ def test_grpo_with_the_calculator(rl_config, tool_model_dir, tmp_path):
     )
     trainer = RLTrainer(cfg)
     try:
-        gen = trainer.collect_data(next(iter(trainer.train_loader)))
+        gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
         width = gen.batch["responses"].shape[1]
         real = gen.batch["attention_mask"][:, -width:].bool()
         model_tokens = gen.batch["response_mask"].bool()
