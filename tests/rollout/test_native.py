@@ -325,3 +325,36 @@ def test_bad_input_errors(model, tokenizer, batch):
         NativeRollout(model, tokenizer, compaction_threshold=2.0)
     with pytest.raises(TypeError, match=r"no \.config"):
         NativeRollout(torch.nn.Linear(2, 2), eos_token_ids=[1], pad_token_id=0)
+
+
+def test_cache_passed_under_the_current_transformers_name(model, tokenizer, batch):
+    # transformers deprecates ``past_key_values`` (removed in 5.40); a decode step that
+    # still used it would warn here and break on upgrade.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = NativeRollout(model, tokenizer).generate(
+            batch, SamplingParams(n=2, max_new_tokens=4, seed=0, stop_token_ids=[])
+        )
+    assert out.batch["responses"].shape == (len(PROMPTS) * 2, 4)
+
+
+def test_peft_wrapped_model_keeps_one_logit(model, tokenizer, batch):
+    # A peft wrapper's forward takes **kwargs: the engine must read the base model's
+    # signature, or every prefill computes logits for all prompt positions.
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(
+        copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    engine = NativeRollout(wrapped, tokenizer)
+    assert engine._logits_kwargs and engine._cache_kwarg in ("cache", "past_key_values")
+    shapes: list[tuple[int, ...]] = []
+    hook = wrapped.get_base_model().lm_head.register_forward_hook(
+        lambda mod, args, out: shapes.append(tuple(out.shape))
+    )
+    try:
+        engine.generate(batch, SamplingParams(n=1, max_new_tokens=2, seed=0, stop_token_ids=[]))
+    finally:
+        hook.remove()
+    assert shapes[0][1] == 1  # prefill kept only the last position

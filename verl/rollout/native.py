@@ -108,7 +108,11 @@ class NativeRollout(RolloutEngine):
         # build them from a 2-D mask instead.
         only_full = all(t == "full_attention" for t in layer_types)
         self._mask_mode = impl if impl in _MASK_4D_IMPLS and only_full else "2d"
-        params = inspect.signature(module.forward).parameters
+        # peft wrappers take **kwargs and pass them on: read the wrapped model's signature.
+        base = module.get_base_model() if hasattr(module, "get_base_model") else module
+        params = inspect.signature(base.forward).parameters
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name goes in 5.40).
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         if "logits_to_keep" in params:
             self._logits_kwargs: dict[str, int] = {"logits_to_keep": 1}
         elif "num_logits_to_keep" in params:
@@ -150,8 +154,8 @@ class NativeRollout(RolloutEngine):
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_kwarg: cache},
             **self._logits_kwargs,
         )
         return out.logits[:, -1, :]
