@@ -156,6 +156,14 @@ def test_no_training_data():
     assert msg.startswith("data.arithmetic.train_size=4: fewer prompts than one batch")
 
 
+def test_arithmetic_digit_range():
+    cfg = load_config(overrides=["data.arithmetic.max_digits=2", "trainer.val_group_by=[op]"])
+    assert cfg.data.arithmetic.digit_range == (1, 2)
+    assert cfg.trainer.val_group_by == ["op"]
+    (msg,) = messages(["data.arithmetic.digits=2", "data.arithmetic.max_digits=1"])
+    assert msg.startswith("data.arithmetic.max_digits=1 is below data.arithmetic.digits=2")
+
+
 def test_combinations():
     msgs = messages(
         [

@@ -151,3 +151,25 @@ def test_module_entry_point(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = [r.data for r in read_records(tmp_path / "train.parquet").records]
     assert len(rows) == 8 and {r["extra_info"]["op"] for r in rows} <= {"-", "*"}
+
+
+def test_digit_range_draws_one_and_two_digit_operands(tmp_path, capsys):
+    # (1, 2): operands 0..99, so the space is 100 * 100 for + and 100 * 101 / 2 for -
+    assert problem_space_size((1, 2), ["+", "-"]) == 100 * 100 + 100 * 101 // 2
+    rows = make_arithmetic_rows(400, digits=(1, 2), ops=["+", "-", "*"], seed=0)
+    operands = [v for r in rows for v in (r["extra_info"]["a"], r["extra_info"]["b"])]
+    assert min(operands) >= 0 and max(operands) <= 99
+    assert any(v < 10 for v in operands) and any(v >= 10 for v in operands)
+    for r in rows:
+        a, op, b = row_problem(r)
+        assert r["reward_model"]["ground_truth"] == str(evaluate(a, op, b))
+    with pytest.raises(ValueError, match=r"digits=\(2, 1\) must be >= 1"):
+        make_arithmetic_rows(5, digits=(2, 1))
+    out = tmp_path / "range"
+    argv = ["--out", str(out), "--train-size", "40", "--val-size", "8", "--format", "jsonl"]
+    assert main([*argv, "--digits", "1", "--max-digits", "2"]) == 0
+    cli_rows = [r.data for r in read_records(out / "train.jsonl").records]
+    assert max(max(r["extra_info"]["a"], r["extra_info"]["b"]) for r in cli_rows) >= 10
+    with pytest.raises(SystemExit):
+        main([*argv, "--digits", "2", "--max-digits", "1"])
+    assert "--max-digits 1: must be >= --digits 2" in capsys.readouterr().err

@@ -50,9 +50,15 @@ class ArithmeticConfig:
     """The built-in arithmetic task: "a op b" questions with integer answers."""
 
     digits: int = entry(1, "digits per operand", ge=1)
+    max_digits: int | None = entry(None, "operands up to this many digits; null = digits", ge=1)
     ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
     train_size: int = entry(1024, "generated training prompts", ge=1)
     val_size: int = entry(64, "generated validation prompts", ge=0)
+
+    @property
+    def digit_range(self) -> tuple[int, int]:
+        """``(digits, max_digits)``: the digit counts operands are drawn from."""
+        return self.digits, self.max_digits or self.digits
 
 
 @dataclass
@@ -233,6 +239,9 @@ class RunConfig(RunSectionConfig):
         60.0,
         "seconds a Ray worker may leave its heartbeat unanswered (stopped, frozen) before "
         "the run fails naming its role and rank; null = no heartbeat",
+    )
+    val_group_by: list[str] = entry(
+        [], "extra_info fields to also report validation by: val/acc/<source>/<field>=<value>"
     )
     log_val_generations: int = entry(
         0, "validation samples (prompt, response, score) logged as a table per validation", ge=0

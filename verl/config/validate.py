@@ -185,6 +185,13 @@ def check_data_source(c: Checks, d: Any, builtin: bool) -> None:
         )
     if builtin and not d.arithmetic.ops:
         c.error("data.arithmetic.ops", "data.arithmetic.ops=[]: give at least one of +, -, *")
+    a = d.arithmetic
+    if builtin and a.max_digits is not None and a.max_digits < a.digits:
+        c.error(
+            ("data.arithmetic.max_digits", "data.arithmetic.digits"),
+            f"data.arithmetic.max_digits={a.max_digits} is below data.arithmetic.digits="
+            f"{a.digits}; operands have digits..max_digits digits",
+        )
 
 
 def _check_data(c: Checks, cfg: TrainerConfig) -> None:

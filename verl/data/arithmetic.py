@@ -11,7 +11,8 @@ writes `train.parquet` and `test.parquet` (or `.jsonl`). Each row:
     reward_model {"style": "rule", "ground_truth": "7"}
     extra_info   {"split", "index", "a", "b", "op", "expression"}
 
-Operands have exactly `digits` digits (0-9 for one digit). Subtraction puts the larger
+Operands have exactly `digits` digits (0-9 for one digit); `digits` may also be a range
+`(lo, hi)` (`(1, 2)`: operands 0-99, one- and two-digit). Subtraction puts the larger
 operand first, so every answer is a non-negative integer. `prompt_style="plain"` gives a
 completion prompt ("3 + 4 =") for base models (use it with `apply_chat_template=False`).
 `prompt_style="tool"` asks the model to use the calculator tool, for multi-turn rollouts
@@ -48,11 +49,21 @@ FORMATS = ("parquet", "jsonl")
 DATA_SOURCE = "arithmetic"
 
 Problem = tuple[int, str, int]
+Digits = int | tuple[int, int]  # exactly n digits, or from lo to hi digits
 
 
-def _check_args(digits: int, ops: Sequence[str], prompt_style: str) -> None:
-    if digits < 1:
-        raise ValueError(f"digits={digits} must be >= 1")
+def digit_bounds(digits: Digits) -> tuple[int, int]:
+    """``(lo, hi)`` digit counts of a ``digits`` spec (an int n is ``(n, n)``)."""
+    if isinstance(digits, int):
+        return digits, digits
+    lo, hi = (int(d) for d in digits)
+    return lo, hi
+
+
+def _check_args(digits: Digits, ops: Sequence[str], prompt_style: str) -> None:
+    lo, hi = digit_bounds(digits)
+    if lo < 1 or hi < lo:
+        raise ValueError(f"digits={digits} must be >= 1 (a range (lo, hi) needs 1 <= lo <= hi)")
     if not ops:
         raise ValueError("ops is empty; choose from '+', '-', '*'")
     bad = [op for op in ops if op not in OPERATORS]
@@ -65,12 +76,13 @@ def _check_args(digits: int, ops: Sequence[str], prompt_style: str) -> None:
         raise ValueError(f"prompt_style={prompt_style!r}; choose one of {PROMPT_STYLES}")
 
 
-def operand_range(digits: int) -> tuple[int, int]:
-    """Smallest and largest operand with exactly `digits` digits (0 counts as one digit)."""
-    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+def operand_range(digits: Digits) -> tuple[int, int]:
+    """Smallest and largest operand with `digits` digits (0 counts as one digit)."""
+    lo, hi = digit_bounds(digits)
+    return (0 if lo == 1 else 10 ** (lo - 1)), 10**hi - 1
 
 
-def problem_space_size(digits: int, ops: Sequence[str]) -> int:
+def problem_space_size(digits: Digits, ops: Sequence[str]) -> int:
     """Number of distinct problems (a, op, b) the generator can produce."""
     lo, hi = operand_range(digits)
     m = hi - lo + 1
@@ -103,7 +115,7 @@ def _all_problems(lo: int, hi: int, ops: Sequence[str]) -> list[Problem]:
 
 
 def sample_problems(
-    n: int, digits: int, ops: Sequence[str], seed: int, exclude: set[Problem] | None = None
+    n: int, digits: Digits, ops: Sequence[str], seed: int, exclude: set[Problem] | None = None
 ) -> list[Problem]:
     """`n` problems, distinct while the space (minus `exclude`) allows, in random order."""
     ops = list(dict.fromkeys(ops))  # dedupe, keep order: the draw depends on it
@@ -134,7 +146,7 @@ def sample_problems(
         return rng.sample(pool, n)
     logger.warning(
         "asked for %d problems but only %d distinct ones are available "
-        "(digits=%d, ops=%s); problems will repeat",
+        "(digits=%s, ops=%s); problems will repeat",
         n,
         len(pool),
         digits,
@@ -178,7 +190,7 @@ def arithmetic_row(
 
 def make_arithmetic_rows(
     n: int,
-    digits: int = 1,
+    digits: Digits = 1,
     ops: Sequence[str] = ("+", "-", "*"),
     seed: int = 0,
     split: str = "train",
@@ -203,7 +215,7 @@ def write_arithmetic_dataset(
     out_dir: str | os.PathLike,
     train_size: int = 1000,
     val_size: int = 200,
-    digits: int = 1,
+    digits: Digits = 1,
     ops: Sequence[str] = ("+", "-", "*"),
     seed: int = 0,
     fmt: str = "parquet",
@@ -237,6 +249,7 @@ def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.Argu
     p.add_argument("--train-size", type=int, default=1000)
     p.add_argument("--val-size", type=int, default=200)
     p.add_argument("--digits", type=int, default=1, help="digits per operand (>= 1)")
+    p.add_argument("--max-digits", type=int, default=None, help="operands up to this many digits")
     p.add_argument("--ops", nargs="+", default=["+", "-", "*"], help="subset of + - '*'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=FORMATS, default="parquet", dest="fmt")
@@ -249,6 +262,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.ari
     args = parser.parse_args(argv)
     if args.digits < 1:
         parser.error(f"--digits {args.digits}: must be >= 1")
+    if args.max_digits is not None and args.max_digits < args.digits:
+        parser.error(f"--max-digits {args.max_digits}: must be >= --digits {args.digits}")
+    digits = args.digits if args.max_digits is None else (args.digits, args.max_digits)
     if args.train_size < 1 or args.val_size < 1:
         parser.error("--train-size and --val-size must be >= 1")
     bad = [op for op in args.ops if op not in OPERATORS]
@@ -259,7 +275,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.ari
             args.out,
             args.train_size,
             args.val_size,
-            args.digits,
+            digits,
             args.ops,
             args.seed,
             args.fmt,

@@ -413,7 +413,7 @@ def _wrong_answer(rng: random.Random, answer: int) -> int:
 
 def make_arithmetic_preference_rows(
     n: int,
-    digits: int = 1,
+    digits: int | tuple[int, int] = 1,
     ops: Sequence[str] = ("+",),
     seed: int = 0,
     split: str = "train",
@@ -441,7 +441,7 @@ def write_arithmetic_preference_dataset(
     out_dir: str | os.PathLike,
     train_size: int,
     val_size: int,
-    digits: int = 1,
+    digits: int | tuple[int, int] = 1,
     ops: Sequence[str] = ("+",),
     seed: int = 0,
 ) -> tuple[str, str | None]:

@@ -407,7 +407,7 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str,
 
 def make_arithmetic_sft_rows(
     n: int,
-    digits: int = 1,
+    digits: int | tuple[int, int] = 1,
     ops: Sequence[str] = ("+",),
     seed: int = 0,
     split: str = "train",
@@ -425,7 +425,9 @@ def make_arithmetic_sft_rows(
     return out
 
 
-def arithmetic_val_problems(val_size: int, digits: int, ops: Sequence[str], seed: int) -> set:
+def arithmetic_val_problems(
+    val_size: int, digits: int | tuple[int, int], ops: Sequence[str], seed: int
+) -> set:
     """The ``(a, op, b)`` problems of the built-in validation split, to keep out of train.
 
     Drawn exactly as ``verl.data.arithmetic.write_arithmetic_dataset`` draws them.
@@ -441,7 +443,7 @@ def write_arithmetic_sft_dataset(
     out_dir: str | os.PathLike,
     train_size: int,
     val_size: int,
-    digits: int = 1,
+    digits: int | tuple[int, int] = 1,
     ops: Sequence[str] = ("+",),
     seed: int = 0,
 ) -> tuple[str, str | None]:

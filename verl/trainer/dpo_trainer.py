@@ -88,7 +88,7 @@ class DPOTrainer(OfflineTrainer):
         if not train_files and d.builtin == "arithmetic":
             ar = d.arithmetic
             train_path, val_path = write_arithmetic_preference_dataset(
-                self.builtin_dir(), ar.train_size, ar.val_size, ar.digits, list(ar.ops), d.seed
+                self.builtin_dir(), ar.train_size, ar.val_size, ar.digit_range, list(ar.ops), d.seed
             )
             logger.info("built-in arithmetic preference data: %s, %s", train_path, val_path)
             train_files = [train_path]

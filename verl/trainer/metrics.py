@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -79,17 +79,38 @@ def compute_throughput_metrics(batch: DataProto, step_seconds: float) -> dict[st
 
 
 def compute_validation_metrics(
-    accs: Sequence[float], scores: Sequence[float], sources: Sequence[str]
+    accs: Sequence[float],
+    scores: Sequence[float],
+    sources: Sequence[str],
+    extra_infos: Sequence[Mapping[str, Any] | None] = (),
+    group_by: Sequence[str] = (),
 ) -> dict[str, float]:
     """``val/acc`` and ``val/score`` over all responses, and per data source
-    (``val/acc/<data_source>``, ``val/score/<data_source>``)."""
-    by_source: dict[str, list[int]] = defaultdict(list)
+    (``val/acc/<data_source>``, ``val/score/<data_source>``).
+
+    Each field of ``group_by`` splits every data source further by the row's
+    ``extra_info[field]``: ``val/acc/<data_source>/<field>=<value>`` (rows without the field
+    are left out of that split). A field no row carries is an error naming the fields seen.
+    """
+    groups: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(sources):
-        by_source[source].append(i)
+        groups[source].append(i)
+    for field in group_by:
+        found = False
+        for i, (source, info) in enumerate(zip(sources, extra_infos)):
+            if isinstance(info, Mapping) and field in info:
+                groups[f"{source}/{field}={info[field]}"].append(i)
+                found = True
+        if not found:
+            seen = sorted({k for info in extra_infos if isinstance(info, Mapping) for k in info})
+            raise ValueError(
+                f"trainer.val_group_by: no validation row has extra_info[{field!r}]; "
+                f"fields present: {seen or 'none'}"
+            )
     out = {"val/acc": float(np.mean(accs)), "val/score": float(np.mean(scores))}
-    for source, idx in sorted(by_source.items()):
-        out[f"val/acc/{source}"] = float(np.mean([accs[i] for i in idx]))
-        out[f"val/score/{source}"] = float(np.mean([scores[i] for i in idx]))
+    for name, idx in sorted(groups.items()):
+        out[f"val/acc/{name}"] = float(np.mean([accs[i] for i in idx]))
+        out[f"val/score/{name}"] = float(np.mean([scores[i] for i in idx]))
     return out
 
 

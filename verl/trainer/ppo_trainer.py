@@ -402,11 +402,8 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``.
-
-        Returns ``val/acc/<data_source>``, ``val/score/<data_source>`` and overall
-        ``val/acc`` / ``val/score``; the first ``trainer.log_val_generations`` rows: a table.
-        """
+        """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``: the metrics of
+        ``compute_validation_metrics``; ``trainer.log_val_generations`` rows as a table."""
         if self.val_dataset is None:
             return {}
         cfg = self.config
@@ -415,6 +412,7 @@ class RLTrainer:
         scores: list[float] = []
         accs: list[float] = []
         sources: list[str] = []
+        infos: list[Any] = []
         table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
         for start in range(0, len(self.val_dataset), bs):
             items = [
@@ -438,8 +436,9 @@ class RLTrainer:
             # a scorer that reports no accuracy counts its score as the accuracy
             accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
             sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
+            infos.extend(gen.non_tensor_batch.get("extra_info", [None] * len(batch_scores)))
         self.tracker.log_generations(table, step=self.global_step)
-        return compute_validation_metrics(accs, scores, sources)
+        return compute_validation_metrics(accs, scores, sources, infos, cfg.trainer.val_group_by)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], li
             run_dir / "data",
             train_size=a.train_size,
             val_size=a.val_size,
-            digits=a.digits,
+            digits=a.digit_range,
             ops=list(a.ops),
             seed=d.seed,
         )

@@ -66,7 +66,7 @@ class SFTTrainer(OfflineTrainer):
         if not train_files and d.builtin == "arithmetic":
             a = d.arithmetic
             train_path, val_path = write_arithmetic_sft_dataset(
-                self.builtin_dir(), a.train_size, a.val_size, a.digits, list(a.ops), d.seed
+                self.builtin_dir(), a.train_size, a.val_size, a.digit_range, list(a.ops), d.seed
             )
             logger.info("built-in arithmetic SFT data: %s, %s", train_path, val_path)
             train_files = [train_path]
