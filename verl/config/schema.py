@@ -36,6 +36,7 @@ from verl.config._fields import (
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.load import from_mapping, load_validated
+from verl.config.precision import fill_role_precisions
 from verl.config.schema_roles import (
     ActorRolloutRefConfig,
     CriticConfig,
@@ -242,16 +243,16 @@ class RunConfig(RunSectionConfig):
         "training steps (1-based) to record with the torch profiler; each writes a "
         "Chrome trace profile_step_N.json into log_dir",
     )
-    mixed_precision: Precision = entry(
-        "none",
-        "default compute precision of every role: none (the model dtype, no autocast), fp32, "
-        "bf16, fp16, fp8 or int4 (inference roles only; trainable roles then use bf16) or auto (per "
-        "device, see docs/precision.md)",
+    mixed_precision: Precision | None = entry(
+        None,
+        "precision of every role whose own precision key is null: none (the model dtype, no "
+        "autocast), fp32, bf16, fp16, fp8 or int4 (inference roles only; trainable roles then "
+        "use bf16) or auto (per device, see docs/precision.md); null = none",
     )
     model_precision_map: dict[str, Precision] = entry(
         {},
-        "per-role override of mixed_precision, keys actor, critic, reference, reward "
-        "(e.g. {actor: bf16, reference: fp8})",
+        "per-role precision, keys actor, critic, reference, reward (e.g. {actor: bf16, "
+        "reference: fp8}); written into the role keys left null, before mixed_precision",
     )
     gradient_precision: GradientPrecision = entry(
         "fp32", "dtype of master weights, gradients, their reduction and optimizer state"
@@ -401,13 +402,15 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     """The dataclass ``__init__``, plus the flat keys of ``verl.config.flat_keys.FLAT_KEYS``.
 
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
-    those keys; a flat key contradicting its twin raises ``ConfigError``.
+    those keys; a flat key contradicting its twin raises ``ConfigError``. Then the trainer's
+    precision keys fill the role precision keys left null (``verl.config.precision``).
     """
     kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
     if flat:
         apply_flat_keys(self, flat)
+    fill_role_precisions(self)  # trainer.mixed_precision / model_precision_map -> role keys
 
 
 TrainerConfig.__init__ = _init_with_flat_keys

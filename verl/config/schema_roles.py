@@ -18,6 +18,7 @@ from verl.config._fields import (
     EMBEDDED_MODEL,
     CheckpointContent,
     Dtype,
+    Precision,
     Strategy,
     WarmupStyle,
     entry,
@@ -105,6 +106,11 @@ class CheckpointConfig:
 class ActorConfig:
     """The policy being trained: PPO-style clipped updates."""
 
+    precision: Precision | None = entry(
+        None,
+        "actor and rollout compute precision: none, fp32, bf16, fp16, auto; "
+        "null = trainer.mixed_precision",
+    )
     strategy: Strategy = entry(
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
     )
@@ -290,6 +296,11 @@ class RefFSDPConfig:
 class RefConfig:
     """The frozen reference policy (used when a KL term is on)."""
 
+    precision: Precision | None = entry(
+        None,
+        "reference compute precision: none, fp32, bf16, fp16, fp8, int4, auto; "
+        "null = trainer.mixed_precision",
+    )
     log_prob_micro_batch_size_per_device: int = entry(
         8, "samples per forward when computing reference log-probs", ge=1
     )
@@ -322,6 +333,10 @@ class CriticConfig:
     """The value function, trained by clipped value regression."""
 
     enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
+    precision: Precision | None = entry(
+        None,
+        "critic compute precision: none, fp32, bf16, fp16, auto; null = trainer.mixed_precision",
+    )
     strategy: Strategy = entry(
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
     )
@@ -383,6 +398,11 @@ class RewardModelConfig:
         False, "score training responses with a reward model instead of the rule scorers"
     )
     model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
+    precision: Precision | None = entry(
+        None,
+        "reward model compute precision: none, fp32, bf16, fp16, fp8, int4, auto; "
+        "null = trainer.mixed_precision",
+    )
     micro_batch_size_per_device: int = entry(8, "samples per reward-model forward", ge=1)
     reward_manager: str = entry(
         "naive", "reward-manager name in the verl.rewards registry", nonempty=True
