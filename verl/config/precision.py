@@ -17,15 +17,17 @@ actor's weights under the same autocast), ``critic.precision``,
 ``auto`` resolves per device through :func:`auto_select_precision`.
 
 The spellings most users type, ``trainer.mixed_precision`` (every role) and
-``trainer.model_precision_map`` (``{role: precision}``), are adapters:
-:func:`fill_role_precisions` writes them into the role keys left null when the config is
-built (and again at ``validate``), the map before the global value, and a global ``fp8`` /
-``int4`` gives the trainable roles bf16. A map entry that contradicts a role key given
-alongside it is an error naming both. Nothing else reads those two keys: every consumer asks
-:func:`role_precision`. ``model.dtype`` (storage dtype of loaded weights),
-``trainer.gradient_precision`` and the FSDP2 block ``fsdp_config.mixed_precision`` are
-expert knobs, not second statements: the block's ``param_dtype`` must equal the role's
-precision when both are given. Checks run in :func:`precision_problems` (called by
+``trainer.model_precision_map`` (``{role: precision}``), are adapters, and so is the FSDP2
+block of upstream verl and tutorial 000 (``<role>.fsdp_config.mixed_precision.param_dtype``
+of a trainable role): :func:`fill_role_precisions` writes them into the role keys left null
+when the config is built, the map first, then the global value (a global ``fp8`` / ``int4``
+gives the trainable roles bf16), then the block. A role key set to null later still resolves
+through them. An adapter that contradicts a role key given alongside it is an error naming
+both keys. Nothing outside this module reads them: every consumer asks
+:func:`role_precision`. Not second statements, and so kept: ``model.dtype`` (storage dtype
+of the loaded weights; fp32 for a trainable role computing in a reduced precision),
+``trainer.gradient_precision`` (fp32 only) and the block's FSDP2-only ``reduce_dtype`` (must
+equal it) and ``buffer_dtype``. Checks run in :func:`precision_problems` (called by
 ``validate``) before any model loads. This module imports torch only to look at the device.
 """
 
@@ -33,15 +35,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import typing
 from typing import Any
 
+from verl.config._fields import Precision
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 
 logger = logging.getLogger(__name__)
 
 ROLES = tuple(_ROLES)  # actor, critic, reference, reward (verl.config.roles)
-PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "int4", "auto")
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 # weight-only formats: inference roles only (int4 needs no special hardware)
 WEIGHT_ONLY = ("fp8", "int4")
 # Minimum CUDA compute capability of each reduced precision.
@@ -84,18 +88,22 @@ def _section(cfg: Any, role: str) -> Any:
 
 
 def _from_trainer(cfg: Any, role: str) -> str | None:
-    """What ``trainer.model_precision_map`` / ``trainer.mixed_precision`` say of ``role``."""
+    """What the adapter keys say of ``role``: ``trainer.model_precision_map``, else
+    ``trainer.mixed_precision``, else (trainable roles) the FSDP2 block's ``param_dtype``."""
     t = cfg.trainer
     if role in t.model_precision_map:
         return t.model_precision_map[role]
     if t.mixed_precision in WEIGHT_ONLY and role in TRAINABLE_ROLES:
         return "bf16"  # a global weight-only format is for the inference roles
-    return t.mixed_precision
+    if t.mixed_precision is not None or role not in TRAINABLE_ROLES:
+        return t.mixed_precision
+    block = _section(cfg, role).fsdp_config.mixed_precision
+    return None if block is None else block.param_dtype
 
 
 def fill_role_precisions(cfg: Any) -> None:
-    """Write ``trainer.model_precision_map`` / ``trainer.mixed_precision`` into every role
-    precision key that is null (in place; the API-edge adapter of those two keys)."""
+    """Write what the adapter keys say (:func:`_from_trainer`) into every role precision key
+    that is null, in place."""
     for role in ROLES:
         section = _section(cfg, role)
         if section.precision is None:
@@ -186,10 +194,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         if role not in ROLES:
             out.append(((map_key,), f"{map_key} has unknown role {role!r}; use {', '.join(ROLES)}"))
         elif value not in PRECISIONS:
-            message = (
-                f"{map_key}.{role}={value!r} is not a precision; use one of {', '.join(PRECISIONS)}"
-            )
-            out.append(((map_key,), message))
+            continue  # reported by the schema walk (a Literal value)
         elif role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
             out.append(((map_key,), _weight_only_message(f"{map_key}.{role}", value)))
         elif _section(cfg, role).precision not in (None, value):
@@ -200,13 +205,10 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             )
             out.append(((map_key, key), message))
     for role in ROLES:
-        value, key = _section(cfg, role).precision, role_key(role)
-        if value is None or t.model_precision_map.get(role) == value:
-            continue  # unset, or a map entry checked above
-        if value not in PRECISIONS:
-            message = f"{key}={value!r} is not a precision; use one of {', '.join(PRECISIONS)}"
-            out.append(((key,), message))
-        elif role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
+        value, key = _section(cfg, role).precision, role_key(role)  # values: schema walk
+        if t.model_precision_map.get(role) == value:
+            continue  # a map entry, checked above
+        if role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
             out.append(((key,), _weight_only_message(key, value)))
     if out:
         return out
