@@ -220,8 +220,8 @@ def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, An
 def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict) -> dict:
     """``build_engine`` precision keyword arguments of ``role`` (actor, critic, reference).
 
-    From ``trainer.mixed_precision`` / ``trainer.model_precision_map`` (see
-    ``verl.config.precision``), merged over ``fsdp_options`` (:func:`engine_options`):
+    From the role's precision key (``verl.config.precision.role_precision``, which the
+    trainer-wide keys fill), merged over ``fsdp_options`` (:func:`engine_options`):
 
     - trainable roles keep fp32 master weights and optimizer state; bf16/fp16 compute is
       ``torch.autocast`` on the single engine and FSDP2's ``MixedPrecisionPolicy``
