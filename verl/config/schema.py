@@ -62,15 +62,11 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
-    prompt_key: str = entry(
-        "prompt", "column holding the prompt (text or chat messages)", nonempty=True
-    )
+    prompt_key: str = entry("prompt", "prompt column (text or chat messages)", nonempty=True)
     max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
     max_response_length: int = entry(64, "max generated tokens per response", ge=1)
     train_batch_size: int = entry(8, "prompts per training step", ge=1)
-    val_batch_size: int | None = entry(
-        None, "prompts per validation batch; null = all at once", ge=1
-    )
+    val_batch_size: int | None = entry(None, "prompts per validation batch; null = all", ge=1)
     truncation: Truncation = entry(
         "error",
         "prompt longer than max_prompt_length: error, drop it, or keep its end (truncate; "
@@ -176,15 +172,11 @@ class RunSectionConfig:
     logging, schedule, checkpoints and resuming."""
 
     project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
-    experiment_name: str = entry(
-        "default", "run name (trackers, default directories)", nonempty=True
-    )
+    experiment_name: str = entry("default", "run name (trackers, default dirs)", nonempty=True)
     logger: list[Logger] = entry(
         ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
     )
-    log_dir: str = entry(
-        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
-    )
+    log_dir: str = entry("runs/{project_name}/{experiment_name}", "jsonl/tensorboard log directory")
     device: Device = entry("auto", "auto = cuda when available, else cpu")
     total_epochs: int = entry(1, "passes over the training data", ge=1)
     total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
