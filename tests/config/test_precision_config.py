@@ -317,3 +317,10 @@ def test_fsdp_block_param_dtype_is_an_adapter_of_the_role_key():
     # fp16 stated through the block meets the same fsdp2 check as any other fp16
     with pytest.raises(ConfigError, match="actor precision fp16 with strategy=fsdp2"):
         load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", f"{key}=fp16"])
+
+
+def test_fsdp_block_contradicting_an_explicit_none_is_refused():
+    cfg = _gae(mixed_precision="none")
+    cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig("bf16")
+    msg = _errors(cfg)
+    assert "fsdp_config.mixed_precision.param_dtype=bf16 contradicts actor precision none" in msg

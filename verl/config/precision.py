@@ -294,7 +294,7 @@ def _trained_role_problems(
             "dtype comes from the precision)"
         )
         out.append(((*keys, f"{prefix}.model.dtype"), message))
-    if mp is not None and prec in ("fp32", "bf16", "fp16") and mp.param_dtype != prec:
+    if mp is not None and mp.param_dtype != prec:
         message = (
             f"{fsdp_key}.param_dtype={mp.param_dtype} contradicts {role} precision {prec}; "
             "set one of them (they are the same setting)"
