@@ -39,6 +39,7 @@ import typing
 from typing import Any
 
 from verl.config._fields import Precision
+from verl.config.load import get_path
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 
@@ -81,10 +82,7 @@ def role_key(role: str) -> str:
 
 
 def _section(cfg: Any, role: str) -> Any:
-    obj = cfg
-    for part in _ROLES[role].section.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return get_path(cfg, _ROLES[role].section)
 
 
 def _from_trainer(cfg: Any, role: str) -> str | None:
