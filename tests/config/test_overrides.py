@@ -85,11 +85,11 @@ def test_override_inside_null_section_creates_it_with_defaults():
     cfg = load_config(
         overrides=[
             "actor_rollout_ref.actor.strategy=fsdp2",
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
         ]
     )
     mp = cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision
-    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == ("fp16", "fp32", "fp32")
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == ("bf16", "fp32", "fp32")
     assert cfg.critic.fsdp_config.mixed_precision is None
 
 

@@ -258,3 +258,69 @@ def test_flat_keys_do_not_change_the_yaml_round_trip():
     )
     assert P.role_precision(cfg, "reference") == "fp8"
     assert P.role_precision(cfg, "actor") == "bf16"
+
+
+def test_role_keys_are_the_one_statement_filled_from_the_trainer_keys():
+    cfg = _gae(mixed_precision="fp8", model_precision_map={"critic": "fp32"})
+    arr = cfg.actor_rollout_ref
+    # the trainer keys are written into the role keys when the config is built
+    assert (arr.actor.precision, cfg.critic.precision) == ("bf16", "fp32")
+    assert (arr.ref.precision, cfg.reward_model.precision) == ("fp8", "fp8")
+    assert P.role_key("reference") == "actor_rollout_ref.ref.precision"
+    cfg.validate()
+
+
+def test_role_key_beats_the_global_default_and_is_read_alone():
+    from verl.config import load_config
+
+    cfg = load_config(overrides=["trainer.mixed_precision=bf16", "critic.precision=fp32"])
+    assert cfg.actor_rollout_ref.actor.precision == "bf16"
+    assert cfg.critic.precision == "fp32"
+    cfg = load_config(overrides=["actor_rollout_ref.ref.precision=int4"])
+    assert [P.role_precision(cfg, r) for r in P.ROLES] == ["none", "none", "int4", "none"]
+
+
+def test_trainer_key_set_after_build_still_reaches_unset_roles():
+    cfg = TrainerConfig()
+    assert cfg.actor_rollout_ref.actor.precision is None  # nothing given: null, resolves to none
+    cfg.trainer.mixed_precision = "bf16"
+    assert P.role_precision(cfg, "actor") == P.role_precision(cfg, "reward") == "bf16"
+
+
+def test_map_contradicting_a_role_key_names_both():
+    cfg = _gae(model_precision_map={"critic": "bf16"})
+    cfg.critic.precision = "fp32"
+    msg = _errors(cfg)
+    assert (
+        "trainer.model_precision_map.critic=bf16 contradicts critic.precision=fp32; "
+        "set one of them" in msg
+    )
+
+
+@pytest.mark.parametrize("value", ["fp8", "int4"])
+def test_weight_only_role_key_for_a_trainable_role_is_refused_by_name(value):
+    cfg = _gae()
+    cfg.actor_rollout_ref.actor.precision = value
+    msg = _errors(cfg)
+    assert f"actor_rollout_ref.actor.precision={value}: {value} is weight-only storage" in msg
+    cfg.actor_rollout_ref.actor.precision = "float16"
+    assert "actor_rollout_ref.actor.precision=float16: must be one of none, fp32" in _errors(cfg)
+
+
+def test_fsdp_block_param_dtype_is_an_adapter_of_the_role_key():
+    from verl.config import load_config
+
+    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+    cfg = load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", f"{key}=bf16"])
+    assert cfg.actor_rollout_ref.actor.precision == "bf16"
+    assert cfg.critic.precision is None  # only the actor's block was given
+    # fp16 stated through the block meets the same fsdp2 check as any other fp16
+    with pytest.raises(ConfigError, match="actor precision fp16 with strategy=fsdp2"):
+        load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", f"{key}=fp16"])
+
+
+def test_fsdp_block_contradicting_an_explicit_none_is_refused():
+    cfg = _gae(mixed_precision="none")
+    cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig("bf16")
+    msg = _errors(cfg)
+    assert "fsdp_config.mixed_precision.param_dtype=bf16 contradicts actor precision none" in msg

@@ -1,8 +1,9 @@
 """Which precision each role computes in, and whether this device can run it.
 
-Keys (``trainer`` section, see ``docs/precision.md``): ``mixed_precision`` is the default
-of every role, ``model_precision_map`` overrides it per role (``actor``, ``critic``,
-``reference``, ``reward``). A role's precision is one of
+One key per role states its compute precision (see ``docs/precision.md``):
+``actor_rollout_ref.actor.precision`` (the actor, and the rollout, which samples with the
+actor's weights under the same autocast), ``critic.precision``,
+``actor_rollout_ref.ref.precision`` and ``reward_model.precision``. A value is one of
 
 - ``none``: the model's own dtype (``model.dtype``), no autocast: the behaviour before these
   keys existed, and the default;
@@ -11,28 +12,41 @@ of every role, ``model_precision_map`` overrides it per role (``actor``, ``criti
   ``MixedPrecisionPolicy`` on fsdp2); inference roles (reference, reward) store and compute
   their weights in it;
 - ``fp8`` / ``int4``: weight-only storage for the inference roles (``verl.models.fp8``,
-  ``verl.models.int4``). A trainable role never trains in them: a global
-  ``mixed_precision=fp8`` (or ``int4``) gives trainable roles bf16, and ``fp8`` / ``int4``
-  for actor or critic in the map is an error.
+  ``verl.models.int4``); a trainable role never trains in them.
 
-``auto`` resolves through :func:`auto_select_precision`. Checks run in
-:func:`precision_problems` (called by ``validate``) before any model loads. This module
-imports torch only to look at the device.
+``auto`` resolves per device through :func:`auto_select_precision`.
+
+The spellings most users type, ``trainer.mixed_precision`` (every role) and
+``trainer.model_precision_map`` (``{role: precision}``), are adapters, and so is the FSDP2
+block of upstream verl and tutorial 000 (``<role>.fsdp_config.mixed_precision.param_dtype``
+of a trainable role): :func:`fill_role_precisions` writes them into the role keys left null
+when the config is built, the map first, then the global value (a global ``fp8`` / ``int4``
+gives the trainable roles bf16), then the block. A role key set to null later still resolves
+through them. An adapter that contradicts a role key given alongside it is an error naming
+both keys. Nothing outside this module reads them: every consumer asks
+:func:`role_precision`. Not second statements, and so kept: ``model.dtype`` (storage dtype
+of the loaded weights; fp32 for a trainable role computing in a reduced precision),
+``trainer.gradient_precision`` (fp32 only) and the block's FSDP2-only ``reduce_dtype`` (must
+equal it) and ``buffer_dtype``. Checks run in :func:`precision_problems` (called by
+``validate``) before any model loads. This module imports torch only to look at the device.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import typing
 from typing import Any
 
+from verl.config._fields import Precision
+from verl.config.load import get_path
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 
 logger = logging.getLogger(__name__)
 
 ROLES = tuple(_ROLES)  # actor, critic, reference, reward (verl.config.roles)
-PRECISIONS = ("none", "fp32", "bf16", "fp16", "fp8", "int4", "auto")
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 # weight-only formats: inference roles only (int4 needs no special hardware)
 WEIGHT_ONLY = ("fp8", "int4")
 # Minimum CUDA compute capability of each reduced precision.
@@ -60,22 +74,49 @@ def run_device(cfg: Any) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def role_precision(cfg: Any, role: str) -> str:
-    """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16``, ``fp8`` or
-    ``int4``.
-
-    ``model_precision_map[role]`` wins over ``mixed_precision``; ``auto`` is resolved for the
-    run's device; a global ``fp8`` / ``int4`` means bf16 for the trainable roles.
-    """
+def role_key(role: str) -> str:
+    """The config key stating ``role``'s precision (``critic`` -> ``critic.precision``)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; use one of {ROLES}")
+    return f"{_ROLES[role].section}.precision"
+
+
+def _section(cfg: Any, role: str) -> Any:
+    return get_path(cfg, _ROLES[role].section)
+
+
+def _from_trainer(cfg: Any, role: str) -> str | None:
+    """What the adapter keys say of ``role``: ``trainer.model_precision_map``, else
+    ``trainer.mixed_precision``, else (trainable roles) the FSDP2 block's ``param_dtype``."""
     t = cfg.trainer
-    explicit = role in t.model_precision_map
-    precision = t.model_precision_map[role] if explicit else t.mixed_precision
+    if role in t.model_precision_map:
+        return t.model_precision_map[role]
+    if t.mixed_precision in WEIGHT_ONLY and role in TRAINABLE_ROLES:
+        return "bf16"  # a global weight-only format is for the inference roles
+    if t.mixed_precision is not None or role not in TRAINABLE_ROLES:
+        return t.mixed_precision
+    block = _section(cfg, role).fsdp_config.mixed_precision
+    return None if block is None else block.param_dtype
+
+
+def fill_role_precisions(cfg: Any) -> None:
+    """Write what the adapter keys say (:func:`_from_trainer`) into every role precision key
+    that is null, in place."""
+    for role in ROLES:
+        section = _section(cfg, role)
+        if section.precision is None:
+            section.precision = _from_trainer(cfg, role)
+
+
+def role_precision(cfg: Any, role: str) -> str:
+    """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16``, ``fp8`` or
+    ``int4``: its role key (null: what the trainer keys say, else ``none``), with ``auto``
+    resolved for the run's device."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; use one of {ROLES}")
+    precision = _section(cfg, role).precision or _from_trainer(cfg, role) or "none"
     if precision == "auto":
         return auto_select_precision(run_device(cfg))[role]
-    if precision in WEIGHT_ONLY and role in TRAINABLE_ROLES and not explicit:
-        return "bf16"
     return precision
 
 
@@ -146,26 +187,31 @@ def _cuda_name(device: str) -> str:
 def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     """Every precision problem of ``cfg`` as ``(key paths, message)``; empty when valid."""
     t, out = cfg.trainer, []
-    map_key, mp_key = "trainer.model_precision_map", "trainer.mixed_precision"
+    map_key = "trainer.model_precision_map"
     for role, value in t.model_precision_map.items():
         if role not in ROLES:
             out.append(((map_key,), f"{map_key} has unknown role {role!r}; use {', '.join(ROLES)}"))
         elif value not in PRECISIONS:
-            message = (
-                f"{map_key}.{role}={value!r} is not a precision; use one of {', '.join(PRECISIONS)}"
-            )
-            out.append(((map_key,), message))
+            continue  # reported by the schema walk (a Literal value)
         elif role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
+            out.append(((map_key,), _weight_only_message(f"{map_key}.{role}", value)))
+        elif _section(cfg, role).precision not in (None, value):
+            key = role_key(role)
             message = (
-                f"{map_key}.{role}={value}: {value} is weight-only storage for inference roles "
-                "(reference, reward); a trainable role cannot train in it. Use bf16"
+                f"{map_key}.{role}={value} contradicts {key}={_section(cfg, role).precision}; "
+                f"set one of them ({key} is the role's own key)"
             )
-            out.append(((map_key,), message))
+            out.append(((map_key, key), message))
+    for role in ROLES:
+        value, key = _section(cfg, role).precision, role_key(role)  # values: schema walk
+        if t.model_precision_map.get(role) == value:
+            continue  # a map entry, checked above
+        if role in TRAINABLE_ROLES and value in WEIGHT_ONLY:
+            out.append(((key,), _weight_only_message(key, value)))
     if out:
         return out
 
     resolved = {role: role_precision(cfg, role) for role in active_roles(cfg)}
-    keys = (mp_key, map_key)
     # Only a reduced precision needs a look at the device (and so an import of torch).
     device = run_device(cfg) if any(v in MIN_CAPABILITY for v in resolved.values()) else "cpu"
     cap = _cuda_capability(device) if device.startswith("cuda") else None
@@ -177,7 +223,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
                 f"{role} precision {prec} needs a GPU of compute capability >= {need[0]}.{need[1]}, "
                 f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)"
             )
-            out.append((keys, message))
+            out.append(((role_key(role),), message))
     ref = resolved.get("reference")
     if ref in WEIGHT_ONLY and cfg.engine_strategy("actor_rollout_ref") == "fsdp2":
         message = (
@@ -185,7 +231,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             "their weights as unsharded buffers, which FSDP2 would copy whole to every rank; "
             "use bf16 for the reference, or strategy=single"
         )
-        out.append((keys, message))
+        out.append(((role_key("reference"),), message))
 
     trained = {r: resolved[r] for r in TRAINABLE_ROLES if r in resolved}
     half = {r: v for r, v in trained.items() if v in ("bf16", "fp16")}
@@ -196,9 +242,9 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             "policy, and fp16 overflows where bf16 does not; use one of them for every "
             "trainable role"
         )
-        out.append((keys, message))
+        out.append((tuple(role_key(r) for r in half), message))
     for role, prec in trained.items():
-        out += _trained_role_problems(cfg, role, prec, keys)
+        out += _trained_role_problems(cfg, role, prec, (role_key(role),))
 
     if t.use_gradient_scaling and "fp16" not in trained.values():
         message = (
@@ -206,7 +252,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             f"({', '.join(f'{r}={v}' for r, v in trained.items())}); loss scaling is for fp16 "
             "only: drop it or use null"
         )
-        out.append((("trainer.use_gradient_scaling", mp_key), message))
+        out.append((("trainer.use_gradient_scaling", *map(role_key, trained)), message))
     if t.max_consecutive_nonfinite_steps < 0:
         message = (
             f"trainer.max_consecutive_nonfinite_steps={t.max_consecutive_nonfinite_steps} "
@@ -214,6 +260,13 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         )
         out.append((("trainer.max_consecutive_nonfinite_steps",), message))
     return out
+
+
+def _weight_only_message(key: str, value: str) -> str:
+    return (
+        f"{key}={value}: {value} is weight-only storage for inference roles (reference, "
+        "reward); a trainable role cannot train in it. Use bf16"
+    )
 
 
 def _trained_role_problems(
@@ -239,7 +292,7 @@ def _trained_role_problems(
             "dtype comes from the precision)"
         )
         out.append(((*keys, f"{prefix}.model.dtype"), message))
-    if mp is not None and prec in ("fp32", "bf16", "fp16") and mp.param_dtype != prec:
+    if mp is not None and mp.param_dtype != prec:
         message = (
             f"{fsdp_key}.param_dtype={mp.param_dtype} contradicts {role} precision {prec}; "
             "set one of them (they are the same setting)"

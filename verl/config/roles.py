@@ -20,19 +20,21 @@ __all__ = ["GROUPS", "ROLES", "TRAINABLE_ROLES", "RoleSpec", "group_devices_key"
 @dataclass(frozen=True)
 class RoleSpec:
     """One role: its name, the worker group (and config section) holding it, the
-    ``resource_pool`` key of that group's devices, and whether it is trained."""
+    ``resource_pool`` key of that group's devices, whether it is trained, and the config
+    section holding its own keys (``<section>.precision``)."""
 
     name: str
     group: str
     devices_key: str
     trainable: bool
+    section: str
 
 
 _SPECS = (
-    RoleSpec("actor", "actor_rollout_ref", "actor_devices", trainable=True),
-    RoleSpec("critic", "critic", "critic_devices", trainable=True),
-    RoleSpec("reference", "actor_rollout_ref", "actor_devices", trainable=False),
-    RoleSpec("reward", "reward_model", "reward_model_devices", trainable=False),
+    RoleSpec("actor", "actor_rollout_ref", "actor_devices", True, "actor_rollout_ref.actor"),
+    RoleSpec("critic", "critic", "critic_devices", True, "critic"),
+    RoleSpec("reference", "actor_rollout_ref", "actor_devices", False, "actor_rollout_ref.ref"),
+    RoleSpec("reward", "reward_model", "reward_model_devices", False, "reward_model"),
 )
 
 ROLES: dict[str, RoleSpec] = {spec.name: spec for spec in _SPECS}

@@ -36,6 +36,7 @@ from verl.config._fields import (
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
 from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.load import from_mapping, load_validated
+from verl.config.precision import fill_role_precisions
 from verl.config.schema_roles import (
     ActorRolloutRefConfig,
     CriticConfig,
@@ -67,15 +68,11 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
-    prompt_key: str = entry(
-        "prompt", "column holding the prompt (text or chat messages)", nonempty=True
-    )
+    prompt_key: str = entry("prompt", "prompt column (text or chat messages)", nonempty=True)
     max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
     max_response_length: int = entry(64, "max generated tokens per response", ge=1)
     train_batch_size: int = entry(8, "prompts per training step", ge=1)
-    val_batch_size: int | None = entry(
-        None, "prompts per validation batch; null = all at once", ge=1
-    )
+    val_batch_size: int | None = entry(None, "prompts per validation batch; null = all", ge=1)
     truncation: Truncation = entry(
         "error",
         "prompt longer than max_prompt_length: error, drop it, or keep its end (truncate; "
@@ -181,15 +178,11 @@ class RunSectionConfig:
     logging, schedule, checkpoints and resuming."""
 
     project_name: str = entry("verl", "project name (trackers, default directories)", nonempty=True)
-    experiment_name: str = entry(
-        "default", "run name (trackers, default directories)", nonempty=True
-    )
+    experiment_name: str = entry("default", "run name (trackers, default dirs)", nonempty=True)
     logger: list[Logger] = entry(
         ["console"], "metric sinks: console, jsonl, tensorboard, wandb, mlflow"
     )
-    log_dir: str = entry(
-        "runs/{project_name}/{experiment_name}", "directory of jsonl/tensorboard logs"
-    )
+    log_dir: str = entry("runs/{project_name}/{experiment_name}", "jsonl/tensorboard log directory")
     device: Device = entry("auto", "auto = cuda when available, else cpu")
     total_epochs: int = entry(1, "passes over the training data", ge=1)
     total_training_steps: int | None = entry(None, "null = total_epochs x steps per epoch", ge=1)
@@ -251,16 +244,16 @@ class RunConfig(RunSectionConfig):
         "training steps (1-based) to record with the torch profiler; each writes a "
         "Chrome trace profile_step_N.json into log_dir",
     )
-    mixed_precision: Precision = entry(
-        "none",
-        "default compute precision of every role: none (the model dtype, no autocast), fp32, "
-        "bf16, fp16, fp8 or int4 (inference roles only; trainable roles then use bf16) or auto (per "
-        "device, see docs/precision.md)",
+    mixed_precision: Precision | None = entry(
+        None,
+        "precision of every role whose own precision key is null: none (the model dtype, no "
+        "autocast), fp32, bf16, fp16, fp8 or int4 (inference roles only; trainable roles then "
+        "use bf16) or auto (per device, see docs/precision.md); null = none",
     )
     model_precision_map: dict[str, Precision] = entry(
         {},
-        "per-role override of mixed_precision, keys actor, critic, reference, reward "
-        "(e.g. {actor: bf16, reference: fp8})",
+        "per-role precision, keys actor, critic, reference, reward (e.g. {actor: bf16, "
+        "reference: fp8}); written into the role keys left null, before mixed_precision",
     )
     gradient_precision: GradientPrecision = entry(
         "fp32", "dtype of master weights, gradients, their reduction and optimizer state"
@@ -410,13 +403,15 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     """The dataclass ``__init__``, plus the flat keys of ``verl.config.flat_keys.FLAT_KEYS``.
 
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
-    those keys; a flat key contradicting its twin raises ``ConfigError``.
+    those keys; a flat key contradicting its twin raises ``ConfigError``. Then the trainer's
+    precision keys fill the role precision keys left null (``verl.config.precision``).
     """
     kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
     if flat:
         apply_flat_keys(self, flat)
+    fill_role_precisions(self)  # trainer.mixed_precision / model_precision_map -> role keys
 
 
 TrainerConfig.__init__ = _init_with_flat_keys

@@ -86,12 +86,8 @@ class SFTDataConfig:
         "sample longer than max_length: error (list the rows), truncate (keep its first "
         "max_length tokens; older spelling: right) or drop it",
     )
-    packing: bool = entry(
-        False, "pack several samples into each sequence of up to max_length tokens"
-    )
-    train_batch_size: int = entry(
-        8, "sequences per optimizer step (packed sequences when packing)", ge=1
-    )
+    packing: bool = entry(False, "pack samples into sequences of up to max_length tokens")
+    train_batch_size: int = entry(8, "sequences per optimizer step (packed when packing)", ge=1)
     micro_batch_size_per_device: int = entry(4, "sequences per forward/backward", ge=1)
     shuffle: bool = entry(True, "shuffle training sequences each epoch")
     seed: int = entry(1, "seed of the shuffling sampler and the built-in data")
@@ -178,9 +174,7 @@ class PreferenceLossConfig:
 class OfflineRunConfig(RunSectionConfig):
     """The ``trainer:`` section of an offline run: the shared keys and the devices."""
 
-    experiment_name: str = entry(
-        "offline", "run name (trackers, default directories)", nonempty=True
-    )
+    experiment_name: str = entry("offline", "run name (trackers, default dirs)", nonempty=True)
     test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
     n_gpus_per_node: int = entry(
         1,

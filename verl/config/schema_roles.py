@@ -18,6 +18,7 @@ from verl.config._fields import (
     EMBEDDED_MODEL,
     CheckpointContent,
     Dtype,
+    Precision,
     Strategy,
     WarmupStyle,
     entry,
@@ -39,9 +40,7 @@ class ModelConfig:
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
     lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight", ge=0)
-    lora_alpha: float = entry(
-        16.0, "LoRA scale numerator: adapters are scaled by alpha / rank", gt=0
-    )
+    lora_alpha: float = entry(16.0, "LoRA scale: adapters are scaled by alpha / rank", gt=0)
     lora_dropout: float = entry(0.0, "dropout on the LoRA adapters' input", ge=0, lt=1)
     target_modules: list[str] = entry(
         ["all-linear"], "LoRA: module names to adapt (all-linear = every linear but the head)"
@@ -58,14 +57,10 @@ class OptimConfig:
     weight_decay: float = entry(0.01, "AdamW decoupled weight decay", ge=0)
     eps: float = entry(1e-8, "AdamW epsilon", gt=0)
     lr_warmup_steps: int = entry(-1, "linear warmup steps; -1 = use lr_warmup_steps_ratio", ge=-1)
-    lr_warmup_steps_ratio: float = entry(
-        0.0, "warmup steps as a fraction of total steps", ge=0, le=1
-    )
+    lr_warmup_steps_ratio: float = entry(0.0, "warmup steps as a fraction of all steps", ge=0, le=1)
     warmup_style: WarmupStyle = entry("constant", "schedule after warmup")
     min_lr_ratio: float = entry(0.0, "cosine schedule floor, as a fraction of lr", ge=0, le=1)
-    total_training_steps: int = entry(
-        -1, "schedule length; -1 = filled in by the trainer", ge=1, off=-1
-    )
+    total_training_steps: int = entry(-1, "schedule length; -1 = set by the trainer", ge=1, off=-1)
 
 
 @dataclass
@@ -105,6 +100,11 @@ class CheckpointConfig:
 class ActorConfig:
     """The policy being trained: PPO-style clipped updates."""
 
+    precision: Precision | None = entry(
+        None,
+        "actor and rollout compute precision: none, fp32, bf16, fp16, auto; "
+        "null = trainer.mixed_precision",
+    )
     strategy: Strategy = entry(
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
     )
@@ -143,7 +143,7 @@ class ActorConfig:
         None, "constant divisor for seq-mean-token-sum-norm; null = max_response_length", gt=0
     )
     policy_loss: str = entry(
-        "vanilla", "policy-loss name in the verl.algorithms registry", nonempty=True
+        "vanilla", "policy-loss name (verl.algorithms registry)", nonempty=True
     )
     policy_loss_kwargs: dict[str, Any] = entry(
         {},
@@ -246,12 +246,10 @@ class VLLMRolloutConfig:
         "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
     )
     kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)", ge=1)
-    gpu_memory_utilization: float = entry(
-        0.5, "fraction of GPU memory vLLM may use (CUDA)", gt=0, le=1
-    )
+    gpu_memory_utilization: float = entry(0.5, "fraction of GPU memory vLLM may use", gt=0, le=1)
     enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
     weight_sync_bucket_mb: float = entry(
-        256.0, "MiB per bucket of the weight push after updates", gt=0
+        256.0, "MiB per bucket of the post-update weight push", gt=0
     )
     weight_sync_timeout_s: float = entry(
         120.0, "seconds the engine may take per bucket before the sync fails with an error", gt=0
@@ -290,6 +288,11 @@ class RefFSDPConfig:
 class RefConfig:
     """The frozen reference policy (used when a KL term is on)."""
 
+    precision: Precision | None = entry(
+        None,
+        "reference compute precision: none, fp32, bf16, fp16, fp8, int4, auto; "
+        "null = trainer.mixed_precision",
+    )
     log_prob_micro_batch_size_per_device: int = entry(
         8, "samples per forward when computing reference log-probs", ge=1
     )
@@ -322,6 +325,10 @@ class CriticConfig:
     """The value function, trained by clipped value regression."""
 
     enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
+    precision: Precision | None = entry(
+        None,
+        "critic compute precision: none, fp32, bf16, fp16, auto; null = trainer.mixed_precision",
+    )
     strategy: Strategy = entry(
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
     )
@@ -380,16 +387,17 @@ class RewardModelConfig:
     """Scoring: rule-based reward manager and optional model-based reward."""
 
     enable: bool = entry(
-        False, "score training responses with a reward model instead of the rule scorers"
+        False, "score training responses with a reward model, not the rule scorers"
     )
     model: RewardModelModelConfig = entry(RewardModelModelConfig, "reward model")
+    precision: Precision | None = entry(
+        None,
+        "reward model compute precision: none, fp32, bf16, fp16, fp8, int4, auto; "
+        "null = trainer.mixed_precision",
+    )
     micro_batch_size_per_device: int = entry(8, "samples per reward-model forward", ge=1)
-    reward_manager: str = entry(
-        "naive", "reward-manager name in the verl.rewards registry", nonempty=True
-    )
-    normalize: bool = entry(
-        False, "normalise training scores by their running mean/std across batches"
-    )
+    reward_manager: str = entry("naive", "name in the verl.rewards registry", nonempty=True)
+    normalize: bool = entry(False, "normalise training scores by their running mean/std")
     clip_range: list[float] | None = entry(None, "[lo, hi] clip of scores; null = no clip")
     timeout_s: float | None = entry(
         None,

@@ -330,7 +330,10 @@ def _check_engine(c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_na
             f"data-parallel ranks; use {prefix}.strategy=fsdp2 (or auto)",
         )
     if role.strategy == "single" and role.fsdp_config.mixed_precision is not None:
-        c.warn(f"{prefix}.fsdp_config.mixed_precision is ignored by strategy=single")
+        c.warn(
+            f"{prefix}.fsdp_config.mixed_precision: strategy=single uses only its param_dtype "
+            "(as the role's precision); reduce_dtype and buffer_dtype are FSDP2's"
+        )
     check_optim(c, f"{prefix}.optim", role.optim)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "adapter_state_dict",
     "apply_lora",
     "is_lora_model",
+    "lora_scaling",
     "lora_spec_from_config",
     "merged_state_dict",
     "write_adapter",
@@ -70,10 +71,6 @@ class LoraSpec:
             "all-linear" if targets == ["all-linear"] else targets
         )
         self.exclude_modules = list(exclude_modules) if exclude_modules else None
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
 
 
 def lora_spec_from_config(model_cfg: Any) -> LoraSpec | None:
@@ -191,10 +188,21 @@ def write_adapter(
     return out
 
 
+def lora_scaling(source: torch.nn.Module | Mapping[str, Any]) -> float:
+    """``lora_alpha / r``: the factor of ``B @ A`` in the layers' output, and so in
+    :func:`merged_state_dict`. ``source``: a ``PeftModel`` (also FSDP2-wrapped) or the mapping
+    of an ``adapter_config.json``."""
+    if isinstance(source, Mapping):
+        alpha, rank = source["lora_alpha"], source["r"]
+    else:
+        peft_config = getattr(source, "peft_config", None)
+        if not peft_config:
+            raise ValueError(f"{type(source).__name__} is not a PeftModel: no LoRA scaling")
+        alpha, rank = peft_config[_ADAPTER].lora_alpha, peft_config[_ADAPTER].r
+    return float(alpha) / float(rank)
+
+
 def adapter_scaling(config_dir: str | os.PathLike[str]) -> float | None:
-    """``lora_alpha / r`` from an ``adapter_config.json`` in ``config_dir``, if there is one."""
+    """:func:`lora_scaling` of the ``adapter_config.json`` in ``config_dir``, if there is one."""
     path = Path(config_dir) / ADAPTER_CONFIG
-    if not path.is_file():
-        return None
-    cfg = json.loads(path.read_text())
-    return float(cfg["lora_alpha"]) / float(cfg["r"])
+    return lora_scaling(json.loads(path.read_text())) if path.is_file() else None

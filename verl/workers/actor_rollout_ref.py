@@ -42,7 +42,13 @@ from verl.models import (
     load_tokenizer,
     resolve_dtype,
 )
-from verl.models.lora import apply_lora, is_lora_model, lora_spec_from_config, merged_state_dict
+from verl.models.lora import (
+    apply_lora,
+    is_lora_model,
+    lora_scaling,
+    lora_spec_from_config,
+    merged_state_dict,
+)
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, get_rollout_engine
 from verl.utils.device import resolve_device
@@ -208,8 +214,7 @@ class ActorRolloutRefWorker(Worker):
         module = self.engine.module
         state = module.state_dict()
         if is_lora_model(module):  # the engine takes plain weights: adapters folded in
-            lora = module.peft_config["default"]
-            state = merged_state_dict(state, lora.lora_alpha / lora.r)
+            state = merged_state_dict(state, lora_scaling(module))
         stats = self.rollout.update_weights(state.items())
         self._rollout_weights_stale = False
         return {"rollout/weight_sync_seconds": stats["seconds"]}

@@ -220,8 +220,8 @@ def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, An
 def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict) -> dict:
     """``build_engine`` precision keyword arguments of ``role`` (actor, critic, reference).
 
-    From ``trainer.mixed_precision`` / ``trainer.model_precision_map`` (see
-    ``verl.config.precision``), merged over ``fsdp_options`` (:func:`engine_options`):
+    From the role's precision key (``verl.config.precision.role_precision``, which the
+    trainer-wide keys fill), merged over ``fsdp_options`` (:func:`engine_options`):
 
     - trainable roles keep fp32 master weights and optimizer state; bf16/fp16 compute is
       ``torch.autocast`` on the single engine and FSDP2's ``MixedPrecisionPolicy``
@@ -388,13 +388,18 @@ def save_hf_model(
     (``verl.models.lora``) is written as the plain base model with its adapters folded into
     the weights, plus the adapters alone in ``lora_adapter/`` for peft.
     """
-    from verl.models.lora import LORA_ADAPTER_DIR, is_lora_model, merged_state_dict, write_adapter
+    from verl.models.lora import (
+        LORA_ADAPTER_DIR,
+        is_lora_model,
+        lora_scaling,
+        merged_state_dict,
+        write_adapter,
+    )
 
     if not is_lora_model(module):
         return atomic_save_pretrained(module, tokenizer, out_dir, state_dict=state_dict)
     state = state_dict if state_dict is not None else module.state_dict()
-    lora = module.peft_config["default"]
-    merged = merged_state_dict(state, lora.lora_alpha / lora.r)
+    merged = merged_state_dict(state, lora_scaling(module))
     if getattr(module.config, "tie_word_embeddings", False):
         merged.pop("lm_head.weight", None)  # the embedding matrix, stored once
     return atomic_save_pretrained(
