@@ -123,6 +123,34 @@ def test_001_section_3_3_fsdp_init(tmp_path, small):
     assert off.actor_rollout_ref.actor.strategy == "single"
 
 
+def test_001_section_3_yaml_keys_as_command_line_overrides(tmp_path, small, caplog):
+    # the same tutorial keys given as dotted overrides (`python -m verl.trainer.main_ppo
+    # trainer.fsdp_init=true actor_rollout_ref.actor.parallel_config.mixed_precision=true`)
+    # go through the same alias table as the YAML blocks and build the same config
+    overrides = (
+        "trainer.fsdp_init=true",
+        "actor_rollout_ref.actor.parallel_config.sharding_strategy=SHARD_GRAD_OP",
+        "actor_rollout_ref.actor.parallel_config.cpu_offload=true",
+        "actor_rollout_ref.actor.parallel_config.mixed_precision=true",
+        "actor_rollout_ref.actor.parallel_config.activation_checkpointing=true",
+    )
+    with caplog.at_level(logging.WARNING, logger="verl.compat"):
+        cfg = load_config(overrides=small(*overrides))
+    block = ACTOR_BLOCK.replace("FULL_SHARD", "SHARD_GRAD_OP").replace(
+        "cpu_offload: false", "cpu_offload: true"
+    )
+    assert cfg == _load(tmp_path, small, block, TRAINER_BLOCK)
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.strategy == "fsdp2" and actor.fsdp_config.reshard_after_forward is False
+    assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
+    assert actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    assert "config alias trainer.fsdp_init -> actor_rollout_ref.actor.strategy" in caplog.text
+    # a bad alias value on the command line is a config error naming the override
+    with pytest.raises(ConfigError, match=r"override 'trainer.fsdp_init=maybe'.*true or false"):
+        load_config(overrides=small("trainer.fsdp_init=maybe"))
+
+
 def test_001_section_3_3_lora_ignore_modules(small):
     # The tip: LoRA adapter layers must be kept out of FSDP's sharding (ignore_modules).
     # Here FSDP2 shards each adapter with the layer it belongs to (frozen and trainable

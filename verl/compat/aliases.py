@@ -15,7 +15,10 @@ module, which imports nothing of verl and never torch):
 * :func:`translate_flat_kwargs` — keyword arguments of ``TrainerConfig(...)``
   (called from ``verl/config/schema.py``, ``_init_with_flat_keys``);
 * :func:`translate_tree` — the user YAML tree of ``load_config(path)`` (called from
-  ``verl/config/load.py``, ``load_validated``).
+  ``verl/config/load.py``, ``load_validated``);
+* :func:`translate_override` — one dotted ``key=value`` command-line override, through the
+  same tree translation (called from ``verl/config/load.py``, ``apply_override``), so that
+  ``trainer.fsdp_init=true`` means on the command line what it means in a YAML file.
 
 The user-facing tables are ``docs/tutorials/000_mixed_precision.md`` and
 ``docs/tutorials/001_fsdp.md``.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger("verl.compat")
@@ -37,6 +40,7 @@ __all__ = [
     "precision_name",
     "replace_dtypes",
     "translate_flat_kwargs",
+    "translate_override",
     "translate_tree",
 ]
 
@@ -170,6 +174,33 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
     if isinstance(data, dict) and "train_dataloader" in data:
         _train_dataloader(data.pop("train_dataloader"))
     return out
+
+
+def translate_override(key: str, value: Any, root: str = "TrainerConfig") -> list[tuple[str, Any]]:
+    """The native ``(dotted key, value)`` assignments of the override ``key=value``.
+
+    The override is nested into a one-leaf tree and run through :func:`translate_tree`, so
+    the command line and a YAML file share one alias table. A key that no alias touches
+    comes back unchanged as ``[(key, value)]`` (a mapping value still replaces the whole
+    mapping); an alias becomes the leaves it maps onto (none when it is dropped with a
+    note). Raises :class:`AliasError` as :func:`translate_tree` does.
+    """
+    tree: Any = value
+    for part in reversed(key.split(".")):
+        tree = {part: tree}
+    out = translate_tree(tree, root)
+    if out == tree:
+        return [(key, value)]
+    return list(_leaves(out, ""))
+
+
+def _leaves(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for name, value in node.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{path}.")
+        elif not isinstance(value, Mapping):
+            yield path, value
 
 
 def _parallel_config(
