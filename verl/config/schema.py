@@ -61,6 +61,11 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
+    rollout_files: list[str] = entry(
+        [],
+        "pre-generated rollouts (verl generate files) to train from instead of generating: "
+        "their log-probs are the behaviour policy (needs actor.rollout_is_threshold)",
+    )
     prompt_key: str = entry(
         "prompt", "column holding the prompt (text or chat messages)", nonempty=True
     )
