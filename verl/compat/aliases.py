@@ -60,7 +60,11 @@ _TRAINABLE = {  # parallel_config location -> (section path, model path)
     ("actor_rollout_ref", "actor"): ("actor_rollout_ref.actor", "actor_rollout_ref.model"),
     ("critic",): ("critic", "critic.model"),
 }
-_DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor")
+_DATALOADER_KEYS = {  # data.train_dataloader.<key> -> the native key
+    "num_workers": "data.dataloader_num_workers",
+    "persistent_workers": "data.persistent_workers",
+    "prefetch_factor": "data.prefetch_factor",
+}
 
 
 class AliasError(ValueError):
@@ -172,7 +176,7 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
         _fsdp_init(out, trainer.pop("fsdp_init"))
     data = out.get("data")
     if isinstance(data, dict) and "train_dataloader" in data:
-        _train_dataloader(data.pop("train_dataloader"))
+        _train_dataloader(out, data.pop("train_dataloader"))
     return out
 
 
@@ -308,7 +312,7 @@ def _fsdp_init(tree: dict[str, Any], value: Any) -> None:
     _put(tree, "actor_rollout_ref.actor.strategy", strategy, "trainer.fsdp_init")
 
 
-def _train_dataloader(block: Any) -> None:
+def _train_dataloader(tree: dict[str, Any], block: Any) -> None:
     block = _mapping(block, "data.train_dataloader")
     unknown = set(block) - set(_DATALOADER_KEYS)
     if unknown:
@@ -318,13 +322,7 @@ def _train_dataloader(block: Any) -> None:
             "data.shuffle, data.seed)"
         )
     for key, value in block.items():
-        logger.warning(
-            "data.train_dataloader.%s=%r is dropped: verl's prompt loader reads the "
-            "tokenized prompts in the driver process and starts no loader worker processes "
-            "(no native key), so there are no workers to keep or prefetch with",
-            key,
-            value,
-        )
+        _put(tree, _DATALOADER_KEYS[key], value, f"data.train_dataloader.{key}")
 
 
 # --- small helpers ------------------------------------------------------------------------

@@ -82,6 +82,18 @@ class DataConfig:
     )
     shuffle: bool = entry(True, "shuffle training prompts each epoch")
     seed: int = entry(1, "seed of the shuffling sampler")
+    dataloader_num_workers: int = entry(
+        0,
+        "prompt-loader worker processes; > 0 reads train_files lazily (each row read and "
+        "tokenized in a worker when its batch is due; same batches as 0)",
+        ge=0,
+    )
+    persistent_workers: bool = entry(
+        False, "keep the loader's workers between epochs (needs dataloader_num_workers >= 1)"
+    )
+    prefetch_factor: int | None = entry(
+        None, "batches each worker reads ahead; null = torch's 2 (needs workers >= 1)", ge=1
+    )
     apply_chat_template: bool = entry(True, "wrap prompts with the tokenizer's chat template")
     builtin: BuiltinDataset | None = entry(
         "arithmetic",

@@ -201,6 +201,20 @@ def _check_data(c: Checks, cfg: TrainerConfig) -> None:
             )
     if d.rollout_files:
         _check_rollout_files(c, cfg)
+    if d.dataloader_num_workers == 0 and (d.persistent_workers or d.prefetch_factor is not None):
+        c.error(
+            ("data.dataloader_num_workers", "data.persistent_workers", "data.prefetch_factor"),
+            f"data.persistent_workers={show(d.persistent_workers)}, data.prefetch_factor="
+            f"{show(d.prefetch_factor)} need loader workers: set data.dataloader_num_workers "
+            ">= 1, or drop them",
+        )
+    if d.dataloader_num_workers > 0 and d.truncation == "drop":
+        c.error(
+            ("data.dataloader_num_workers", "data.truncation"),
+            "data.truncation=drop with data.dataloader_num_workers > 0: the workers read rows "
+            "lazily, and dropping one would change the number of prompts after the batches "
+            "are planned; use truncation=error or truncate, or dataloader_num_workers=0",
+        )
     has_val = bool(d.val_files) or (uses_builtin and d.arithmetic.val_size > 0)
     if not has_val and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0):
         c.warn("no validation data (data.val_files is empty): validation will be skipped")

@@ -21,6 +21,7 @@ from verl.algorithms import get_kl_controller
 from verl.config import TrainerConfig
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.data.lazy_dataset import LazyRLHFDataset
 from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
 from verl.models import load_tokenizer
 from verl.protocol import DataProto
@@ -72,7 +73,7 @@ class RLData:
     """The prompt data of a run: datasets, the collate function, the resumable loader and
     the number of trainer steps it supports."""
 
-    train_dataset: RLHFDataset | RolloutFileDataset
+    train_dataset: RLHFDataset | LazyRLHFDataset | RolloutFileDataset
     val_dataset: RLHFDataset | None
     collate: Callable[[list[dict[str, Any]]], DataProto]
     train_loader: PromptDataLoader
@@ -106,6 +107,8 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
             temperature=_logprob_temperature(cfg),
             pad_token_id=tokenizer.pad_token_id,
         )
+    elif dcfg.dataloader_num_workers > 0:  # rows read and tokenized in the loader's workers
+        train_dataset = LazyRLHFDataset(train_files, **ds_kwargs)
     else:
         train_dataset = RLHFDataset(train_files, **ds_kwargs)
     train_loader = PromptDataLoader(
@@ -115,6 +118,9 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
         seed=dcfg.seed,
         drop_last=True,
         collate_fn=_Collate(tokenizer.pad_token_id, rollouts=bool(dcfg.rollout_files)),
+        num_workers=dcfg.dataloader_num_workers,
+        persistent_workers=dcfg.persistent_workers,
+        prefetch_factor=dcfg.prefetch_factor,
     )
     steps_per_epoch = len(train_loader)
     if steps_per_epoch == 0:
