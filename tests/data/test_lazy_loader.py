@@ -36,7 +36,7 @@ def prompt_files(tmp_path, make_row):
 
 def _same(a, b):
     assert a.batch.keys() == b.batch.keys()
-    for key in a.batch.keys():
+    for key in a.batch:
         assert torch.equal(a.batch[key], b.batch[key]), key
     assert a.non_tensor_batch.keys() == b.non_tensor_batch.keys()
     for key in a.non_tensor_batch:
@@ -107,7 +107,7 @@ def test_long_prompts_error_or_truncate_counted_and_drop_refused(tokenizer, tmp_
     path = tmp_path / "long.jsonl"
     rows = [make_row("short?", "1"), make_row("very long " * 40, "2")] * 2
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match="truncation=drop with data.dataloader_num_workers > 0"):
+    with pytest.raises(ValueError, match=r"truncation=drop with data\.dataloader_num_workers > 0"):
         LazyRLHFDataset(path, tokenizer, max_prompt_length=30, truncation="drop")
     failing = PromptDataLoader(
         LazyRLHFDataset(path, tokenizer, max_prompt_length=30), 2, shuffle=False, num_workers=1

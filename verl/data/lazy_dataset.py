@@ -192,4 +192,3 @@ class LazyRLHFDataset(RowDataset):
                 ]
             )
         return list(ids[-limit:]), True
-
