@@ -109,6 +109,9 @@ def test_overrides_go_through_the_alias_table():
     assert translate_override("trainer.fsdp_init", True, root="SFTConfig") == [
         ("trainer.fsdp_init", True)
     ]
+    assert translate_override("data.train_dataloader.num_workers", 2) == [
+        ("data.dataloader_num_workers", 2)
+    ]
     # through load_config: later overrides win, as for native keys
     cfg = load_config(
         overrides=["trainer.fsdp_init=true", "actor_rollout_ref.actor.strategy=single"]
