@@ -19,7 +19,10 @@ COLUMNS = {
     "ground_truth",
     "extra_info",
     "index",
+    "prompt_token_ids",
+    "temperature",
     "responses",
+    "response_token_ids",
     "response_lengths",
     "response_log_probs",
     "response_token_log_probs",
@@ -84,10 +87,15 @@ def test_generate_writes_n_scored_responses_per_prompt(
         )
         for key in ("responses", "response_lengths", "response_log_probs", "scores", "accs"):
             assert len(row[key]) == 3, key
-        for tokens, total, length in zip(
-            row["response_token_log_probs"], row["response_log_probs"], row["response_lengths"]
+        assert row["temperature"] == 1.0 and len(row["response_token_ids"]) == 3
+        assert all(isinstance(t, int) for t in row["prompt_token_ids"])
+        for tokens, ids, total, length in zip(
+            row["response_token_log_probs"],
+            row["response_token_ids"],
+            row["response_log_probs"],
+            row["response_lengths"],
         ):
-            assert 1 <= length <= 5 and len(tokens) == length
+            assert 1 <= length <= 5 and len(tokens) == length == len(ids)
             assert total == pytest.approx(sum(tokens), abs=1e-4)
             assert all(lp <= 0 for lp in tokens)
         # the reward manager's scores are the data source's scorer on the response text

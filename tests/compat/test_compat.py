@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.compat import AliasError, DataCollector, translate_flat_kwargs, translate_tree
+from verl.compat import (
+    AliasError,
+    DataCollector,
+    translate_flat_kwargs,
+    translate_override,
+    translate_tree,
+)
 from verl.compat.aliases import precision_name, replace_dtypes
 from verl.config import ConfigError, MixedPrecisionConfig, RunConfig, TrainerConfig, load_config
 
@@ -83,3 +89,31 @@ def test_data_collector_checks_its_arguments():
     collector = DataCollector(Echo(), ["a", "b", "c"], batch_size=2)
     assert list(collector) == [["a", "b"], ["c"]] and len(collector) == 2
     assert collector(["x"]) == ["x"]
+
+
+def test_overrides_go_through_the_alias_table():
+    # a native key comes back as given, a mapping value still replaces the whole mapping
+    native = ("trainer.model_precision_map", {"reward": "fp8"})
+    assert translate_override(*native) == [native]
+    assert translate_override("trainer.fsdp_init", False) == [
+        ("actor_rollout_ref.actor.strategy", "single")
+    ]
+    assert translate_override("critic.parallel_config.mixed_precision", "fp16") == [
+        ("critic.fsdp_config.mixed_precision.param_dtype", "fp16"),
+        ("critic.fsdp_config.mixed_precision.reduce_dtype", "fp32"),
+        ("critic.fsdp_config.mixed_precision.buffer_dtype", "fp32"),
+    ]
+    with pytest.raises(AliasError, match="Megatron-LM and DDP are not available"):
+        translate_override("actor_rollout_ref.actor.parallel_config.type", "megatron")
+    # the SFT/DPO configs have no aliases
+    assert translate_override("trainer.fsdp_init", True, root="SFTConfig") == [
+        ("trainer.fsdp_init", True)
+    ]
+    assert translate_override("data.train_dataloader.num_workers", 2) == [
+        ("data.dataloader_num_workers", 2)
+    ]
+    # through load_config: later overrides win, as for native keys
+    cfg = load_config(
+        overrides=["trainer.fsdp_init=true", "actor_rollout_ref.actor.strategy=single"]
+    )
+    assert cfg.actor_rollout_ref.actor.strategy == "single"

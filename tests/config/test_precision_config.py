@@ -102,23 +102,41 @@ def test_unknown_role_and_precision_in_the_map():
         TrainerConfig(model_precision_map={"actor": "int4"}).validate()
 
 
-@pytest.mark.parametrize(
-    ("precision", "capability", "alternative"),
-    [("bf16", (7, 5), "use fp16"), ("fp8", (8, 6), "use bf16")],
-)
-def test_precision_the_gpu_cannot_run_names_the_device(
-    monkeypatch, precision, capability, alternative
-):
-    monkeypatch.setattr(P, "_cuda_capability", lambda device: capability)
+def test_precision_the_gpu_cannot_run_names_the_device(monkeypatch):
+    monkeypatch.setattr(P, "_cuda_capability", lambda device: (7, 5))
     monkeypatch.setattr(P, "_cuda_name", lambda device: "Tesla T4")
-    cfg = _gae(model_precision_map={"reference": precision})
+    cfg = _gae(model_precision_map={"reference": "bf16"})
     cfg.trainer.device = "cuda"
-    msg = _errors(cfg)
-    need = "8.0" if precision == "bf16" else "8.9"
     assert (
-        f"reference precision {precision} needs a GPU of compute capability >= {need}, "
-        f"but Tesla T4 has {capability[0]}.{capability[1]}; {alternative}"
-    ) in msg
+        "reference precision bf16 needs a GPU of compute capability >= 8.0, "
+        "but Tesla T4 has 7.5; use fp16"
+    ) in _errors(cfg)
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (7, 5)])
+@pytest.mark.parametrize("precision", ["fp8", "int4"])
+def test_weight_only_inference_roles_need_no_capability(
+    monkeypatch, tmp_path, precision, capability
+):
+    """fp8/int4 here is weight-only storage (dequantized into the activations' dtype), so an
+    A100 (8.0) or a T4 (7.5) runs it: no fp8 matmul is needed."""
+    asked = []
+    monkeypatch.setattr(P, "_cuda_capability", lambda device: asked.append(device) or capability)
+    cfg = _gae(model_precision_map={"reference": precision, "reward": precision})
+    cfg.reward_model.enable = True
+    cfg.reward_model.model.path = str(tmp_path)
+    cfg.actor_rollout_ref.actor.strategy = "single"
+    cfg.trainer.device = "cuda"
+    cfg.validate()
+    assert P.role_precision(cfg, "reference") == precision
+    assert P.role_precision(cfg, "reward") == precision
+    # with a bf16 actor next to it on an A100 the device is asked and still accepted
+    cfg.trainer.mixed_precision = "bf16"
+    if capability >= (8, 0):
+        cfg.validate()
+        assert asked == ["cuda"]
+    else:
+        assert "actor precision bf16 needs a GPU" in _errors(cfg)
 
 
 def test_fp16_with_fsdp2_is_rejected():

@@ -249,3 +249,42 @@ def test_000_section_7_auto_select_precision():
     assert set(auto_select_precision("cpu").values()) <= {"bf16", "none"}
     # "dynamic precision" of the block's last paragraph: trainer.dynamic_precision
     assert TrainerConfig(dynamic_precision=True).trainer.dynamic_precision
+
+
+@pytest.mark.slow
+def test_000_section_8_offline_dataset_with_mixed_precision(small, tiny_model, tmp_path):
+    # "结合verl的offline_dataset功能,用混合精度加速离线PPO数据生成": generate the offline
+    # rollouts with the model in bf16 (`verl generate ... actor_rollout_ref.model.dtype=bf16`),
+    # then train PPO/GRPO from the file (data.rollout_files) with the fp32 actor; the bf16
+    # log-probs are the behaviour policy of the rollout correction
+    import pyarrow.parquet as pq
+
+    from verl import cli
+    from verl.data.arithmetic import write_arithmetic_dataset
+    from verl.trainer.ppo_trainer import RLTrainer
+
+    train, _ = write_arithmetic_dataset(tmp_path / "data", 8, 2, 1, ["+"], 0, "parquet", "chat")
+    out = tmp_path / "offline.parquet"
+    args = ["generate", "--model", str(tiny_model), "--data", str(train), "--n", "2"]
+    args += ["--max-new-tokens", "6", "-o", str(out), "actor_rollout_ref.model.dtype=bf16"]
+    assert cli.main(args) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 8 and all(len(r["response_token_log_probs"]) == 2 for r in rows)
+    config = load_config(
+        overrides=small(
+            f"data.rollout_files=[{out}]",
+            "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+            "trainer.save_freq=-1",
+        )
+    )
+    trainer = RLTrainer(config)
+    try:
+        trainer.fit()
+        history = trainer.history
+    finally:
+        trainer.close()
+    assert len(history) == 2
+    # bf16 sampling vs the fp32 trainer: weights near 1 but not all exactly 1
+    weight = history[0]["actor/rollout_is_weight_mean"]
+    assert 0.8 < weight < 1.25 and weight != 1.0
+    assert history[0]["rollout/logprob_abs_diff_mean"] > 0

@@ -17,6 +17,7 @@ from verl.utils.lazy import lazy_exports
 _LAZY = {
     "AliasError": "verl.compat.aliases",
     "translate_flat_kwargs": "verl.compat.aliases",
+    "translate_override": "verl.compat.aliases",
     "translate_tree": "verl.compat.aliases",
     "DataCollector": "verl.compat.collector",
     "set_device_map": "verl.compat.device_map",

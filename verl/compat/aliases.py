@@ -15,7 +15,10 @@ module, which imports nothing of verl and never torch):
 * :func:`translate_flat_kwargs` — keyword arguments of ``TrainerConfig(...)``
   (called from ``verl/config/schema.py``, ``_init_with_flat_keys``);
 * :func:`translate_tree` — the user YAML tree of ``load_config(path)`` (called from
-  ``verl/config/load.py``, ``load_validated``).
+  ``verl/config/load.py``, ``load_validated``);
+* :func:`translate_override` — one dotted ``key=value`` command-line override, through the
+  same tree translation (called from ``verl/config/load.py``, ``apply_override``), so that
+  ``trainer.fsdp_init=true`` means on the command line what it means in a YAML file.
 
 The user-facing tables are ``docs/tutorials/000_mixed_precision.md`` and
 ``docs/tutorials/001_fsdp.md``.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger("verl.compat")
@@ -37,6 +40,7 @@ __all__ = [
     "precision_name",
     "replace_dtypes",
     "translate_flat_kwargs",
+    "translate_override",
     "translate_tree",
 ]
 
@@ -56,7 +60,11 @@ _TRAINABLE = {  # parallel_config location -> (section path, model path)
     ("actor_rollout_ref", "actor"): ("actor_rollout_ref.actor", "actor_rollout_ref.model"),
     ("critic",): ("critic", "critic.model"),
 }
-_DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor")
+_DATALOADER_KEYS = {  # data.train_dataloader.<key> -> the native key
+    "num_workers": "data.dataloader_num_workers",
+    "persistent_workers": "data.persistent_workers",
+    "prefetch_factor": "data.prefetch_factor",
+}
 
 
 class AliasError(ValueError):
@@ -168,8 +176,35 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
         _fsdp_init(out, trainer.pop("fsdp_init"))
     data = out.get("data")
     if isinstance(data, dict) and "train_dataloader" in data:
-        _train_dataloader(data.pop("train_dataloader"))
+        _train_dataloader(out, data.pop("train_dataloader"))
     return out
+
+
+def translate_override(key: str, value: Any, root: str = "TrainerConfig") -> list[tuple[str, Any]]:
+    """The native ``(dotted key, value)`` assignments of the override ``key=value``.
+
+    The override is nested into a one-leaf tree and run through :func:`translate_tree`, so
+    the command line and a YAML file share one alias table. A key that no alias touches
+    comes back unchanged as ``[(key, value)]`` (a mapping value still replaces the whole
+    mapping); an alias becomes the leaves it maps onto (none when it is dropped with a
+    note). Raises :class:`AliasError` as :func:`translate_tree` does.
+    """
+    tree: Any = value
+    for part in reversed(key.split(".")):
+        tree = {part: tree}
+    out = translate_tree(tree, root)
+    if out == tree:
+        return [(key, value)]
+    return list(_leaves(out, ""))
+
+
+def _leaves(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for name, value in node.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{path}.")
+        elif not isinstance(value, Mapping):
+            yield path, value
 
 
 def _parallel_config(
@@ -277,7 +312,7 @@ def _fsdp_init(tree: dict[str, Any], value: Any) -> None:
     _put(tree, "actor_rollout_ref.actor.strategy", strategy, "trainer.fsdp_init")
 
 
-def _train_dataloader(block: Any) -> None:
+def _train_dataloader(tree: dict[str, Any], block: Any) -> None:
     block = _mapping(block, "data.train_dataloader")
     unknown = set(block) - set(_DATALOADER_KEYS)
     if unknown:
@@ -287,13 +322,7 @@ def _train_dataloader(block: Any) -> None:
             "data.shuffle, data.seed)"
         )
     for key, value in block.items():
-        logger.warning(
-            "data.train_dataloader.%s=%r is dropped: verl's prompt loader reads the "
-            "tokenized prompts in the driver process and starts no loader worker processes "
-            "(no native key), so there are no workers to keep or prefetch with",
-            key,
-            value,
-        )
+        _put(tree, _DATALOADER_KEYS[key], value, f"data.train_dataloader.{key}")
 
 
 # --- small helpers ------------------------------------------------------------------------

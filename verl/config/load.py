@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from verl.compat.aliases import AliasError, translate_tree
+from verl.compat.aliases import AliasError, translate_override, translate_tree
 
 logger = logging.getLogger(__name__)
 
@@ -511,7 +511,25 @@ def apply_override(
             ConfigProblem(key, f"override {text!r}: value is not valid YAML ({first_line})")
         )
         return
+    try:  # verl.compat: the same alias translation as a YAML file's keys
+        assignments = translate_override(key, value, root.__name__)
+    except AliasError as exc:
+        problems.append(ConfigProblem(key, f"override {text!r}: {exc}"))
+        return
+    for native_key, native_value in assignments:
+        _set_path(tree, native_key, native_value, text, problems, root, plus)
 
+
+def _set_path(
+    tree: dict[str, Any],
+    key: str,
+    value: Any,
+    text: str,
+    problems: list[ConfigProblem],
+    root: type,
+    plus: bool,
+) -> None:
+    """Set the dotted ``key`` of ``tree`` to ``value``, checking the path against ``root``."""
     parts = key.split(".")
     node: dict[str, Any] = tree
     tp: Any = root

@@ -49,7 +49,9 @@ ROLES = tuple(_ROLES)  # actor, critic, reference, reward (verl.config.roles)
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 # weight-only formats: inference roles only (int4 needs no special hardware)
 WEIGHT_ONLY = ("fp8", "int4")
-# Minimum CUDA compute capability of each reduced precision.
+# Minimum CUDA compute capability of each reduced *compute* precision. fp8 is listed for
+# ``auto`` (fp8 where the GPU has fp8 matmuls); validation asks it only of compute
+# precisions: weight-only fp8/int4 dequantize into the activations' dtype and run anywhere.
 MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
 
 
@@ -213,15 +215,16 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
 
     resolved = {role: role_precision(cfg, role) for role in active_roles(cfg)}
     # Only a reduced precision needs a look at the device (and so an import of torch).
-    device = run_device(cfg) if any(v in MIN_CAPABILITY for v in resolved.values()) else "cpu"
+    # Weight-only formats (the only fp8 here) compute in the activations' dtype: no check.
+    computed = {r: v for r, v in resolved.items() if v not in WEIGHT_ONLY}
+    device = run_device(cfg) if any(v in MIN_CAPABILITY for v in computed.values()) else "cpu"
     cap = _cuda_capability(device) if device.startswith("cuda") else None
-    for role, prec in resolved.items():
+    for role, prec in computed.items():
         need = MIN_CAPABILITY.get(prec)
         if cap is not None and need is not None and cap < need:
-            alt = "bf16" if prec == "fp8" and cap >= MIN_CAPABILITY["bf16"] else "fp16"
             message = (
                 f"{role} precision {prec} needs a GPU of compute capability >= {need[0]}.{need[1]}, "
-                f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use {alt} (or mixed_precision=auto)"
+                f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use fp16 (or mixed_precision=auto)"
             )
             out.append(((role_key(role),), message))
     ref = resolved.get("reference")

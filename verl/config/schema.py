@@ -68,6 +68,11 @@ class DataConfig:
 
     train_files: list[str] = entry([], "training files (parquet/jsonl); a single string is ok")
     val_files: list[str] = entry([], "validation files; empty = no file-based validation")
+    rollout_files: list[str] = entry(
+        [],
+        "pre-generated rollouts (verl generate files) to train from instead of generating: "
+        "their log-probs are the behaviour policy (needs actor.rollout_is_threshold)",
+    )
     prompt_key: str = entry("prompt", "prompt column (text or chat messages)", nonempty=True)
     max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
     max_response_length: int = entry(64, "max generated tokens per response", ge=1)
@@ -80,6 +85,18 @@ class DataConfig:
     )
     shuffle: bool = entry(True, "shuffle training prompts each epoch")
     seed: int = entry(1, "seed of the shuffling sampler")
+    dataloader_num_workers: int = entry(
+        0,
+        "prompt-loader worker processes; > 0 reads train_files lazily (each row read and "
+        "tokenized in a worker when its batch is due; same batches as 0)",
+        ge=0,
+    )
+    persistent_workers: bool = entry(
+        False, "keep the loader's workers between epochs (needs dataloader_num_workers >= 1)"
+    )
+    prefetch_factor: int | None = entry(
+        None, "batches each worker reads ahead; null = torch's 2 (needs workers >= 1)", ge=1
+    )
     apply_chat_template: bool = entry(True, "wrap prompts with the tokenizer's chat template")
     builtin: BuiltinDataset | None = entry(
         "arithmetic",

@@ -206,9 +206,55 @@ def _check_data(c: Checks, cfg: TrainerConfig) -> None:
                 f"data.arithmetic.train_size={a.train_size}: fewer prompts than one batch "
                 f"(data.train_batch_size={d.train_batch_size}); raise it or lower the batch",
             )
+    if d.rollout_files:
+        _check_rollout_files(c, cfg)
+    if d.dataloader_num_workers == 0 and (d.persistent_workers or d.prefetch_factor is not None):
+        c.error(
+            ("data.dataloader_num_workers", "data.persistent_workers", "data.prefetch_factor"),
+            f"data.persistent_workers={show(d.persistent_workers)}, data.prefetch_factor="
+            f"{show(d.prefetch_factor)} need loader workers: set data.dataloader_num_workers "
+            ">= 1, or drop them",
+        )
+    if d.dataloader_num_workers > 0 and d.truncation == "drop":
+        c.error(
+            ("data.dataloader_num_workers", "data.truncation"),
+            "data.truncation=drop with data.dataloader_num_workers > 0: the workers read rows "
+            "lazily, and dropping one would change the number of prompts after the batches "
+            "are planned; use truncation=error or truncate, or dataloader_num_workers=0",
+        )
     has_val = bool(d.val_files) or (uses_builtin and d.arithmetic.val_size > 0)
     if not has_val and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0):
         c.warn("no validation data (data.val_files is empty): validation will be skipped")
+
+
+def _check_rollout_files(c: Checks, cfg: TrainerConfig) -> None:
+    """Training from pre-generated rollouts (verl.data.rollout_file): the files exist, the
+    prompts come from them alone, and their log-probs enter the loss as the behaviour
+    policy's, which the rollout correction does."""
+    d, actor = cfg.data, cfg.actor_rollout_ref.actor
+    for f in d.rollout_files:
+        c.file("data.rollout_files", f)
+    if d.train_files:
+        c.error(
+            ("data.rollout_files", "data.train_files"),
+            "data.rollout_files and data.train_files are both set: the training prompts are "
+            "the rollout files' rows; drop data.train_files (data.val_files still validates)",
+        )
+    if actor.rollout_is_threshold is None and actor.rollout_rs_threshold is None:
+        c.error(
+            ("data.rollout_files", "actor_rollout_ref.actor.rollout_is_threshold"),
+            "data.rollout_files: the stored responses come from the policy that generated "
+            "them, not the one being trained; set actor_rollout_ref.actor.rollout_is_threshold "
+            "(e.g. 2.0) so that each token's loss is weighted by "
+            "min(exp(old_log_prob - stored log_prob), threshold)",
+        )
+    if cfg.estimator_needs("needs_baseline"):
+        c.error(
+            ("data.rollout_files", "algorithm.adv_estimator"),
+            f"data.rollout_files with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: "
+            "its baseline is a greedy response generated at train time, which an offline run "
+            "does not generate; use grpo, rloo, reinforce_plus_plus or gae",
+        )
 
 
 def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:

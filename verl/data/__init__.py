@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from verl.data.arithmetic import make_arithmetic_rows, write_arithmetic_dataset
     from verl.data.gsm8k import convert_gsm8k, extract_gsm8k_answer
     from verl.data.io import DatasetValidationError, read_records, write_records
+    from verl.data.lazy_dataset import LazyRLHFDataset
     from verl.data.preference_dataset import PreferenceDataset, collate_preference
     from verl.data.rl_dataset import RLHFDataset, collate_fn, collate_prompts, validate_row
     from verl.data.sampler import PromptDataLoader, ResumableBatchSampler
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "RLHFDataset": "verl.data.rl_dataset",
+    "LazyRLHFDataset": "verl.data.lazy_dataset",
     "collate_fn": "verl.data.rl_dataset",
     "collate_prompts": "verl.data.rl_dataset",
     "validate_row": "verl.data.rl_dataset",
@@ -50,6 +52,7 @@ _LAZY = {
 
 __all__ = [
     "DatasetValidationError",
+    "LazyRLHFDataset",
     "PackedSFTDataset",
     "PreferenceDataset",
     "PromptDataLoader",

@@ -31,8 +31,10 @@ SUPPORTED_SUFFIXES = PARQUET_SUFFIXES + JSON_SUFFIXES
 class DatasetValidationError(ValueError):
     """One or more rows of a dataset are malformed; `problems` lists all that were found."""
 
-    def __init__(self, problems: list[str], max_reported: int = 20):
-        self.problems = list(problems)
+    def __init__(self, problems: list[str] | str, max_reported: int = 20):
+        # one string is one problem (torch's DataLoader re-raises a worker's error so)
+        problems = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = problems
         self.max_reported = max_reported
         shown = problems[:max_reported]
         header = f"{len(problems)} problem(s) in the dataset (rows and lines numbered from 1):"

@@ -144,24 +144,45 @@ class ResumableBatchSampler:
         return out
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self._position >= len(self):
-            self._epoch, self._position = self._epoch + 1, 0
+        self._begin_epoch()
         while self._position < len(self):
-            if self._position == 0 and self.drop_last and not self.carry_remainder:
-                unused = self.num_samples % self.batch_size
-                if unused:
-                    logger.info(
-                        "epoch %d: %d of %d samples unused (not a multiple of batch_size=%d)",
-                        self._epoch,
-                        unused,
-                        self.num_samples,
-                        self.batch_size,
-                    )
             batch = self.batch_indices(self._epoch, self._position)
             # Advance before yielding so a state saved after receiving a batch excludes it.
             self._position += 1
             yield batch
         self._epoch, self._position = self._epoch + 1, 0
+
+    def remaining_batches(self) -> list[list[int]]:
+        """The indices of the current epoch's batches from the position on (moving to the
+        next epoch first when this one is done), without advancing: a loader that reads
+        ahead (worker processes) plans with this and calls :meth:`advance` per batch it
+        hands out, so the position counts the batches consumed, never those prefetched."""
+        self._begin_epoch()
+        return [self.batch_indices(self._epoch, k) for k in range(self._position, len(self))]
+
+    def advance(self) -> None:
+        """One more batch of the current epoch handed out (see :meth:`remaining_batches`)."""
+        if self._position >= len(self):
+            raise RuntimeError("advance past the end of the epoch")
+        self._position += 1
+
+    def finish_epoch(self) -> None:
+        """Every batch of the epoch handed out: the next iteration starts the next epoch."""
+        self._epoch, self._position = self._epoch + 1, 0
+
+    def _begin_epoch(self) -> None:
+        if self._position >= len(self):
+            self._epoch, self._position = self._epoch + 1, 0
+        if self._position == 0 and self.drop_last and not self.carry_remainder:
+            unused = self.num_samples % self.batch_size
+            if unused:
+                logger.info(
+                    "epoch %d: %d of %d samples unused (not a multiple of batch_size=%d)",
+                    self._epoch,
+                    unused,
+                    self.num_samples,
+                    self.batch_size,
+                )
 
     def state_dict(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in _STATE_CONFIG_KEYS}
@@ -187,8 +208,14 @@ class PromptDataLoader:
 
     `collate_fn(items) -> batch` defaults to `verl.data.rl_dataset.collate_fn` with the
     dataset's `pad_token_id`,
-    producing `DataProto` batches. Collation runs in the calling process: the dataset is
-    pre-tokenized, so a batch costs a few slices and one padding copy.
+    producing `DataProto` batches. With `num_workers=0` items are read and collated in the
+    calling process (a pre-tokenized dataset makes a batch a few slices and one padding
+    copy). With `num_workers > 0` a `torch.utils.data.DataLoader` reads and collates them
+    in worker processes (`persistent_workers`, `prefetch_factor` as in torch), for a
+    dataset that reads lazily (`verl.data.lazy_dataset`); the batches are the same: the
+    sampler plans the epoch's index lists (`remaining_batches`), the workers only read
+    them, in order, and the position advances per batch handed out, so a state saved
+    mid-epoch resumes exactly whatever the workers had prefetched.
     `len(loader)` is the number of batches per epoch; see the module docstring for how
     `drop_last` and `carry_remainder` treat a dataset size that is not a multiple of the
     batch size.
@@ -203,7 +230,17 @@ class PromptDataLoader:
         drop_last: bool = True,
         collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
         carry_remainder: bool = True,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
     ):
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
+            raise ValueError(
+                f"persistent_workers={persistent_workers}, prefetch_factor={prefetch_factor} "
+                "need worker processes: set num_workers >= 1 (data.dataloader_num_workers)"
+            )
         self.dataset = dataset
         self.sampler = ResumableBatchSampler(
             len(dataset), batch_size, shuffle, seed, drop_last, carry_remainder
@@ -211,6 +248,11 @@ class PromptDataLoader:
         if collate_fn is None:
             collate_fn = partial(collate_prompt_batch, pad_token_id=dataset.pad_token_id)
         self.collate_fn = collate_fn
+        self.num_workers = num_workers
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self._plan = _EpochPlan()
+        self._torch_loader: Any = None
 
     @property
     def batch_size(self) -> int:
@@ -224,11 +266,78 @@ class PromptDataLoader:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        for indices in self.sampler:
-            yield self.collate_fn([self.dataset[i] for i in indices])
+        if self.num_workers == 0:
+            for indices in self.sampler:
+                yield self.collate_fn([self.dataset[i] for i in indices])
+            return
+        self._plan.batches = self.sampler.remaining_batches()
+        loader = self._workers()
+        for batch in loader:
+            self.sampler.advance()
+            yield self._received(batch)
+        self.sampler.finish_epoch()
+        if not self.persistent_workers:
+            self._torch_loader = None
+
+    def _workers(self) -> Any:
+        if self._torch_loader is None:
+            from torch.utils.data import DataLoader
+
+            self._torch_loader = DataLoader(
+                self.dataset,
+                batch_sampler=self._plan,
+                collate_fn=_CountingCollate(self.collate_fn),
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                prefetch_factor=self.prefetch_factor,
+            )
+        return self._torch_loader
+
+    def _received(self, batch: Any) -> Any:
+        meta = getattr(batch, "meta_info", None)
+        if isinstance(meta, dict) and "num_truncated" in meta:
+            truncated = meta.pop("num_truncated")
+            if hasattr(self.dataset, "num_truncated"):
+                self.dataset.num_truncated += truncated
+        return batch
+
+    def close(self) -> None:
+        """Stop the worker processes (persistent ones live until then, or until exit)."""
+        loader, self._torch_loader = self._torch_loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+
+
+class _EpochPlan:
+    """The batch sampler the torch loader reads: the index lists planned for this epoch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(list(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _CountingCollate:
+    """``collate_fn`` in a worker, with the prompts it cut counted in the batch's
+    ``meta_info["num_truncated"]`` (the driver's dataset adds them up)."""
+
+    def __init__(self, collate_fn: Callable[[list[dict[str, Any]]], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, items: list[dict[str, Any]]) -> Any:
+        batch = self.collate_fn(items)
+        truncated = sum(bool(it.get("truncated", False)) for it in items)
+        if truncated and isinstance(getattr(batch, "meta_info", None), dict):
+            batch.meta_info["num_truncated"] = truncated
+        return batch

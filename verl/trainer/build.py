@@ -21,10 +21,13 @@ from verl.algorithms import get_kl_controller
 from verl.config import TrainerConfig
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
+from verl.data.lazy_dataset import LazyRLHFDataset
+from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
 from verl.models import load_tokenizer
 from verl.protocol import DataProto
 from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
 from verl.tools import tool_schemas
+from verl.trainer.offline_rollouts import OfflineRolloutSource, StoredScoreReward
 from verl.trainer.placement import Placement, place_roles
 from verl.trainer.setup import prepare_data_files
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -52,12 +55,16 @@ def build_tokenizer(cfg: TrainerConfig, tokenizer: Any = None) -> Any:
 
 
 class _Collate:
-    """Picklable collate: left-pads a list of dataset items into a ``DataProto``."""
+    """Picklable collate: left-pads a list of dataset items into a ``DataProto`` (with their
+    stored responses when ``rollouts``: :func:`verl.data.rollout_file.collate_rollout_items`)."""
 
-    def __init__(self, pad_token_id: int) -> None:
+    def __init__(self, pad_token_id: int, rollouts: bool = False) -> None:
         self.pad_token_id = pad_token_id
+        self.rollouts = rollouts
 
     def __call__(self, items: list[dict[str, Any]]) -> DataProto:
+        if self.rollouts:
+            return collate_rollout_items(items, pad_token_id=self.pad_token_id)
         return collate_fn(items, pad_token_id=self.pad_token_id)
 
 
@@ -66,7 +73,7 @@ class RLData:
     """The prompt data of a run: datasets, the collate function, the resumable loader and
     the number of trainer steps it supports."""
 
-    train_dataset: RLHFDataset
+    train_dataset: RLHFDataset | LazyRLHFDataset | RolloutFileDataset
     val_dataset: RLHFDataset | None
     collate: Callable[[list[dict[str, Any]]], DataProto]
     train_loader: PromptDataLoader
@@ -89,16 +96,31 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     if multi_turn.enable and multi_turn.tools:
         ds_kwargs["tools"] = tool_schemas(multi_turn.tools)  # the prompts list the tools
-    train_dataset = RLHFDataset(train_files, **ds_kwargs)
     val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
     collate = _Collate(tokenizer.pad_token_id)
+    if dcfg.rollout_files:  # pre-generated rollouts (verl.trainer.offline_rollouts)
+        train_dataset: Any = RolloutFileDataset(
+            dcfg.rollout_files,
+            n=cfg.actor_rollout_ref.rollout.n,
+            max_prompt_length=dcfg.max_prompt_length,
+            max_response_length=dcfg.max_response_length,
+            temperature=_logprob_temperature(cfg),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    elif dcfg.dataloader_num_workers > 0:  # rows read and tokenized in the loader's workers
+        train_dataset = LazyRLHFDataset(train_files, **ds_kwargs)
+    else:
+        train_dataset = RLHFDataset(train_files, **ds_kwargs)
     train_loader = PromptDataLoader(
         train_dataset,
         batch_size=dcfg.train_batch_size,
         shuffle=dcfg.shuffle,
         seed=dcfg.seed,
         drop_last=True,
-        collate_fn=collate,
+        collate_fn=_Collate(tokenizer.pad_token_id, rollouts=bool(dcfg.rollout_files)),
+        num_workers=dcfg.dataloader_num_workers,
+        persistent_workers=dcfg.persistent_workers,
+        prefetch_factor=dcfg.prefetch_factor,
     )
     steps_per_epoch = len(train_loader)
     if steps_per_epoch == 0:
@@ -123,8 +145,19 @@ def build_reward_manager(
     """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers).
 
     Training rewards get the configured shaping (overlong penalty, normalisation,
-    clipping); validation rewards are raw scores, comparable across runs.
+    clipping); validation rewards are raw scores, comparable across runs. Training from
+    ``data.rollout_files`` takes the stored scores through that shaping
+    (:class:`~verl.trainer.offline_rollouts.StoredScoreReward`).
     """
+    manager = _reward_manager(cfg, tokenizer, compute_score, train)
+    if train and cfg.data.rollout_files:  # the stored scores, shaped by the manager
+        return StoredScoreReward(manager)
+    return manager
+
+
+def _reward_manager(
+    cfg: TrainerConfig, tokenizer: Any, compute_score: Callable[..., Any] | None, train: bool
+) -> Any:
     rcfg = cfg.reward_model
     overlong = None
     if train and rcfg.overlong_buffer.enable:
@@ -220,4 +253,17 @@ def build_roles(
     except BaseException:
         placement.shutdown()
         raise
+    if cfg.data.rollout_files:  # training batches answered from the stored rollouts
+        roles["actor_rollout_ref"] = OfflineRolloutSource(
+            roles["actor_rollout_ref"],
+            pad_token_id=tokenizer.pad_token_id,
+            max_response_length=cfg.data.max_response_length,
+            temperature=_logprob_temperature(cfg),
+        )
     return placement
+
+
+def _logprob_temperature(cfg: TrainerConfig) -> float:
+    """The temperature of the rollout's log-probs (1.0 for greedy), as the worker reports it."""
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    return float(temperature) if temperature > 0 else 1.0

@@ -13,11 +13,14 @@ training: ``actor_rollout_ref.model.path``, ``rollout.n`` / ``temperature`` / ``
 
 A row (one prompt): ``data_source``, ``prompt`` (the dataset's messages, so the file is
 still a prompt dataset), ``prompt_text`` (after the chat template), ``ground_truth``,
-``extra_info`` and ``index`` when the dataset has them, and per response (lists of
+``extra_info`` and ``index`` when the dataset has them, ``prompt_token_ids`` (the prompt's
+token ids, unpadded) and ``temperature`` (of the log-probs), and per response (lists of
 length ``n``): ``responses`` (text), ``response_lengths`` (tokens, the stop token
-included), ``response_log_probs`` (the sum of the sampled tokens' log-probs),
+included), ``response_token_ids`` (the sampled ids, one list per response),
+``response_log_probs`` (the sum of the sampled tokens' log-probs),
 ``response_token_log_probs`` (one list per response), ``scores`` and ``accs`` (the
-scorer's accuracy; its score when it reports none).
+scorer's accuracy; its score when it reports none). The token ids and log-probs make the
+file a training batch as well (``data.rollout_files``, :mod:`verl.data.rollout_file`).
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def generate_rows(
             with torch.no_grad():
                 gen = rollout.generate(prompts.to(device), params).to("cpu")
             _, _, extras = reward_fn(gen)
-            rows += _rows(gen, extras, tokenizer, params.n)
+            rows += _rows(gen, extras, tokenizer, params.n, params.logprob_temperature)
     finally:
         close = getattr(reward_fn, "close", None)
         if close is not None:
@@ -121,10 +124,15 @@ def generate_rows(
     return rows
 
 
-def _rows(gen: DataProto, extras: dict[str, Any], tokenizer: Any, n: int) -> list[dict[str, Any]]:
+def _rows(
+    gen: DataProto, extras: dict[str, Any], tokenizer: Any, n: int, temperature: float
+) -> list[dict[str, Any]]:
     """Group the ``B * n`` rollout rows (``repeat_interleave`` order) by prompt."""
     prompt_texts, responses = decode_prompts_and_responses(gen, tokenizer)
     mask = gen.batch["response_mask"].bool()
+    prompts = gen.batch["prompts"]
+    prompt_mask = gen.batch["attention_mask"][:, : prompts.shape[1]].bool()
+    response_ids = gen.batch["responses"]
     token_log_probs = gen.batch["rollout_log_probs"].float()
     scores = [float(s) for s in extras["score"]]
     accs = [float(a) for a in extras.get("acc", scores)]
@@ -139,8 +147,11 @@ def _rows(gen: DataProto, extras: dict[str, Any], tokenizer: Any, n: int) -> lis
             "prompt_text": prompt_texts[p * n],
         }
         row |= {key: _plain(nt[key][p * n]) for key in _CARRIED if key in nt}
+        row["prompt_token_ids"] = prompts[p * n][prompt_mask[p * n]].tolist()
+        row["temperature"] = float(temperature)
         row["responses"] = [responses[i] for i in idx]
         row["response_lengths"] = [int(mask[i].sum()) for i in idx]
+        row["response_token_ids"] = [response_ids[i][mask[i]].tolist() for i in idx]
         row["response_token_log_probs"] = [token_log_probs[i][mask[i]].tolist() for i in idx]
         row["response_log_probs"] = [float(token_log_probs[i][mask[i]].sum()) for i in idx]
         row["scores"] = [scores[i] for i in idx]

@@ -576,8 +576,8 @@ class RLTrainer:
             yield from self.train_loader
 
     def close(self) -> None:
-        """Release reward processes and role workers, flush the trackers (idempotent)."""
-        for fn in (self.reward_fn, self.val_reward_fn):
+        """Release reward processes, loader and role workers, flush trackers (idempotent)."""
+        for fn in (self.reward_fn, self.val_reward_fn, self.train_loader):
             close = getattr(fn, "close", None)
             if close is not None:
                 close()

@@ -66,6 +66,7 @@ RESUME_IDENTITY_KEYS = (
     "critic.enable",
     "algorithm.adv_estimator",
     "data.train_files",
+    "data.rollout_files",
     "data.prompt_key",
     "data.max_prompt_length",
     "data.truncation",
