@@ -34,7 +34,6 @@ from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.trainer.ppo_trainer import RLTrainer
 
-
 PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hello"]
 
 
@@ -98,9 +97,7 @@ def main(out_dir: Path) -> None:
         "response_length/mean",
     )
     steps = [{k: m.get(k) for k in keys} for m in trainer.history]
-    print(
-        json.dumps({"world_size": world_size, "seconds": seconds, "steps": steps, **greedy})
-    )
+    print(json.dumps({"world_size": world_size, "seconds": seconds, "steps": steps, **greedy}))
 
 
 def greedy_against_native(trainer: RLTrainer, hf_dir: Path) -> dict:
