@@ -185,3 +185,60 @@ def test_bad_engine_settings_fail_before_the_engine_starts(model, tokenizer):
     with pytest.raises(ValueError, match="weight_sync_timeout_s=0 must be > 0"):
         FakeBackedSGLang(model, tokenizer, weight_sync_timeout_s=0)
     assert FakeSGLangEngine.instances == []
+
+
+def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, tokenizer):
+    from verl.config import load_config
+    from verl.models.tiny import save_tiny_model_dir
+    from verl.rollout import register_rollout
+    from verl.rollout.registry import ROLLOUT_BACKENDS
+    from verl.trainer.ppo_trainer import RLTrainer
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", arch="qwen2", tokenizer=tokenizer)
+    register_rollout("test_sglang_fake", FakeBackedSGLang)
+    cfg = load_config(
+        overrides=[
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.name=test_sglang_fake",
+            "actor_rollout_ref.rollout.sglang.weight_sync_bucket_mb=0.1",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.entropy_coeff=0.05",  # the update moves the weights
+            "data.train_batch_size=4",
+            "data.max_response_length=6",
+            "data.arithmetic.train_size=16",
+            "data.arithmetic.val_size=4",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.logger=[]",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            f"trainer.log_dir={tmp_path}",
+        ]
+    )
+    FakeSGLangEngine.instances.clear()
+    try:
+        trainer = RLTrainer(cfg)
+        trainer.fit()
+    finally:
+        ROLLOUT_BACKENDS.remove("test_sglang_fake")
+    (fake,) = FakeSGLangEngine.instances
+    events = [name for name, _ in fake.calls if name != "update_weights_from_tensor"]
+    # start-up push, then per step: wake, generate, sleep, wake, push, sleep; then validation
+    push = ["flush_cache"]
+    wake, sleep = "resume_memory_occupation", "release_memory_occupation"
+    assert events == [
+        *push,
+        sleep,
+        *[wake, "generate", sleep, wake, *push, sleep] * 2,
+        *[wake, "generate", sleep],
+    ]
+    assert all(tags == ["kv_cache"] for name, tags in fake.calls if name in (wake, sleep))
+    actor = trainer.actor_rollout_wg.workers[0].engine.module
+    for name, tensor in actor.state_dict().items():  # the engine holds the trained weights
+        assert torch.equal(fake.model.state_dict()[name], tensor), name
+    for metrics in trainer.history:  # step 2 sampled with the weights pushed after step 1
+        assert metrics["actor/grad_norm"] > 0
+        assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5
+        assert 0 < metrics["rollout/weight_sync_seconds"] < 30

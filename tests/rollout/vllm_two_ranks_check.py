@@ -33,6 +33,7 @@ from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.trainer.ppo_trainer import RLTrainer
+from verl.utils.torch_functional import compute_response_log_probs
 
 PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hello"]
 
@@ -83,7 +84,7 @@ def main(out_dir: Path) -> None:
         try:
             result = trainer.fit()
             seconds = time.perf_counter() - start
-            greedy = greedy_against_native(trainer, Path(result["hf_dir"]))
+            greedy = greedy_against_native(trainer, Path(result["hf_dir"]), model_dir)
         finally:
             close()
     finally:
@@ -100,7 +101,7 @@ def main(out_dir: Path) -> None:
     print(json.dumps({"world_size": world_size, "seconds": seconds, "steps": steps, **greedy}))
 
 
-def greedy_against_native(trainer: RLTrainer, hf_dir: Path) -> dict:
+def greedy_against_native(trainer: RLTrainer, hf_dir: Path, initial_dir: Path) -> dict:
     """Greedy responses of the engine (through both ranks) vs the native engine on hf_dir."""
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     tokenizer.padding_side = "left"
@@ -115,7 +116,7 @@ def greedy_against_native(trainer: RLTrainer, hf_dir: Path) -> dict:
         meta_info={"do_sample": False, "n": 1},
     )
     engine_out = trainer.actor_rollout_wg.generate_sequences(prompts)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     params = SamplingParams(
         n=1,
@@ -125,6 +126,17 @@ def greedy_against_native(trainer: RLTrainer, hf_dir: Path) -> dict:
     )
     native = NativeRollout(model, tokenizer).generate(prompts, params)
     got, want = engine_out.batch, native.batch
+    # the same responses scored by the initial model: how far a missed push would be
+    initial = AutoModelForCausalLM.from_pretrained(initial_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        (stale, *_) = compute_response_log_probs(
+            initial,
+            got["input_ids"],
+            got["attention_mask"],
+            got["position_ids"],
+            response_len=got["responses"].shape[1],
+        )
+    stale_diff = ((stale - got["rollout_log_probs"]) * got["response_mask"]).abs().max()
     return {
         "greedy_rows": int(got["responses"].shape[0]),
         "greedy_same_responses": bool(torch.equal(got["responses"], want["responses"])),
@@ -134,6 +146,7 @@ def greedy_against_native(trainer: RLTrainer, hf_dir: Path) -> dict:
             (got["rollout_log_probs"] - want["rollout_log_probs"]).abs().max()
         ),
         "greedy_tokens": int(got["response_mask"].sum()),
+        "initial_model_max_logprob_diff": float(stale_diff),
     }
 
 
