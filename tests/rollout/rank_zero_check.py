@@ -67,10 +67,18 @@ def _check(rank: int, model_dir: str, out: str) -> None:
     full = AutoModelForCausalLM.from_pretrained(model_dir).eval()  # the unsharded reference
     module = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     fully_shard(module)
+    # an engine that fails to start on rank 0: every rank raises, none waits
+    try:
+        build_rank_rollout(
+            Fake, module, tokenizer, {"weight_sync_timeout_s": 0}, rank=rank, world_size=2
+        )
+        start_error = None
+    except (ValueError, RuntimeError) as exc:
+        start_error = f"{type(exc).__name__}: {exc}"
     options = {"weight_sync_bucket_mb": 0.1, "weight_sync_timeout_s": 2.0}
     rollout = build_rank_rollout(Fake, module, tokenizer, options, rank=rank, world_size=2)
     assert isinstance(rollout, RankZeroRollout) and (rollout.engine is not None) == (rank == 0)
-    result: dict = {}
+    result: dict = {"start_error": start_error}
     rollout.update_weights(module.state_dict().items())  # the first push, as the worker does
     # rank 1's prompts are longer: the widths differ between the ranks
     texts = ["1+2=", "hello"] if rank == 0 else ["what is 3*4 plus 5", "7", "the cat has"]

@@ -48,6 +48,14 @@ def test_one_engine_on_rank_zero_serves_both_ranks_and_takes_the_gathered_weight
         assert r["same_after_push"] and r["logprob_diff_after_push"] < 1e-5, r
         assert r["buckets"] >= 3
         assert r["stall_seconds"] < 10, r
+    assert (
+        r0["start_error"]
+        == "ValueError: weight_sync_bucket_mb=256.0 and weight_sync_timeout_s=0 must be > 0"
+    )
+    assert r1["start_error"] == (
+        "RuntimeError: actor_rollout_ref: the rollout engine on rank 0 failed to start: "
+        "ValueError: weight_sync_bucket_mb=256.0 and weight_sync_timeout_s=0 must be > 0"
+    )
     assert r0["stall_is_timeout"] and "timed out after 2 s" in r0["stall_error"]
     assert r1["stall_error"].startswith(
         "WeightSyncError: actor_rollout_ref rank 1: the weight push on rank 0 failed after"

