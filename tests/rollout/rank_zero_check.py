@@ -24,21 +24,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _batch(tokenizer, texts):
-    from verl.protocol import DataProto
-
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        }
-    )
-
-
 def _rank(rank: int, port: int, model_dir: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -53,6 +38,7 @@ def _check(rank: int, model_dir: str, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.rollout.conftest import make_batch
     from tests.rollout.fake_sglang import FakeSGLangEngine
     from verl.rollout import SamplingParams
     from verl.rollout.native import NativeRollout
@@ -82,7 +68,8 @@ def _check(rank: int, model_dir: str, out: str) -> None:
     rollout.update_weights(module.state_dict().items())  # the first push, as the worker does
     # rank 1's prompts are longer: the widths differ between the ranks
     texts = ["1+2=", "hello"] if rank == 0 else ["what is 3*4 plus 5", "7", "the cat has"]
-    prompts = _batch(tokenizer, texts)
+    tokenizer.padding_side = "left"
+    prompts = make_batch(tokenizer, texts)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=6, stop_token_ids=[])
     got = rollout.generate(prompts, greedy)
     want = NativeRollout(full, tokenizer).generate(prompts, greedy)

@@ -21,6 +21,7 @@ from verl.rollout.sglang_rollout import SGLangRollout
 from verl.rollout.weight_sync import WeightSyncTimeout
 from verl.utils.torch_functional import compute_response_log_probs
 
+from .conftest import make_batch
 from .fake_sglang import FakeSGLangEngine
 
 
@@ -30,16 +31,7 @@ class FakeBackedSGLang(SGLangRollout):
 
 @pytest.fixture
 def prompts(tokenizer) -> DataProto:
-    tokenizer.padding_side = "left"
-    enc = tokenizer(["1+2=", "what is 3*4 plus", "7"], return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        }
-    )
+    return make_batch(tokenizer, ["1+2=", "what is 3*4 plus", "7"])
 
 
 def _engine(model, tokenizer, **kwargs) -> FakeBackedSGLang:

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.rollout.conftest import make_batch
 from verl.config import load_config
 from verl.controller import ensure_ray, shutdown_ray
 from verl.models.tiny import save_tiny_model_dir
-from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.trainer.ppo_trainer import RLTrainer
@@ -105,16 +105,8 @@ def greedy_against_native(trainer: RLTrainer, hf_dir: Path, initial_dir: Path) -
     """Greedy responses of the engine (through both ranks) vs the native engine on hf_dir."""
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    prompts = DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        meta_info={"do_sample": False, "n": 1},
-    )
+    prompts = make_batch(tokenizer, PROMPTS).select(non_tensor_keys=[], meta_keys=[])
+    prompts.meta_info.update(do_sample=False, n=1)
     engine_out = trainer.actor_rollout_wg.generate_sequences(prompts)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
