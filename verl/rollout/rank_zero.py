@@ -134,7 +134,8 @@ class RankZeroRollout(RolloutEngine):
             replies, start = [], 0
             for p in parts:
                 rows = len(p) * params.n
-                replies.append(_strip_left(out[start : start + rows], width, p))
+                # a copy: a pickled slice would carry the whole batch's storage
+                replies.append(_strip_left(out[start : start + rows].clone(), width, p))
                 start += rows
             return replies
         except Exception as exc:  # every rank must hear of it, not wait for its rows
