@@ -384,3 +384,29 @@ def test_offline_bounds_are_declared_on_the_offline_schema():
     cfg.algorithm.label_smoothing = 0.5
     with pytest.raises(ConfigError, match=r"label_smoothing=0.5: must be in \[0, 0.5\)"):
         cfg.validate()
+
+
+def test_vllm_tensor_parallel_above_one_is_refused_with_the_reason():
+    msgs = messages(
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2",
+        ]
+    )
+    (msg,) = [m for m in msgs if "tensor_parallel_size" in m]
+    assert msg.startswith("actor_rollout_ref.rollout.vllm.tensor_parallel_size=2: the weight push")
+    assert "set it to 1" in msg
+
+
+def test_missing_serving_package_names_the_extra():
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed")
+    msgs = messages(["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu"])
+    joined = "\n".join(msgs)
+    assert "needs CUDA but trainer.device=cpu" in joined
+    assert (
+        "needs the 'sglang' package; pip install -e '.[sglang]' on a machine with a CUDA GPU"
+        in (joined)
+    )

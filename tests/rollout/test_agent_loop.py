@@ -225,12 +225,31 @@ def test_a_long_sample_does_not_hold_the_batch(tokenizer):
     together = time.monotonic() - start
     assert gen.batch_sizes == [8, 1, 1, 1, 1]
     assert out.non_tensor_batch["num_turns"].tolist() == [5] + [1] * 7
-    assert together < 1.5 * alone, (together, alone)
+    # 5x the batch would be ~5 s; a loaded machine adds overhead, not whole turns
+    assert together < 2.0 * alone, (together, alone)
 
-    # Eight samples calling the slow tool in the same round wait for it once, not 8 times.
-    start = time.monotonic()
-    run_loop(tokenizer, texts, [[call("slow", x=1), "ok"]] * 8, tools)
-    assert time.monotonic() - start < 4 * 0.2
+
+def test_tool_calls_of_a_round_run_at_the_same_time(tokenizer):
+    """Eight samples call a tool in the same round: all eight calls are in flight together
+    (a barrier of 8 only opens if they are), so the round waits for one call, not eight."""
+    barrier = threading.Barrier(8, timeout=10)
+    passed: list[int] = []
+
+    def meet(x: int) -> str:
+        """Wait for the other calls.
+
+        Args:
+            x: a number
+        """
+        barrier.wait()  # raises BrokenBarrierError if the calls ran one after another
+        passed.append(x)
+        return str(x)
+
+    texts = [f"question {k}" for k in range(8)]
+    run_loop(
+        tokenizer, texts, [[call("meet", x=k), "ok"] for k in range(8)], [tool_from_function(meet)]
+    )
+    assert sorted(passed) == list(range(8))
 
 
 def test_budget_and_tool_response_limits(tokenizer):

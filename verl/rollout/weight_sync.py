@@ -81,12 +81,15 @@ def push_weights(
     role: str,
     engine: str,
     timeout_key: str = "timeout",
+    before_bucket: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Feed ``named_tensors`` to ``receive`` bucket by bucket, each within ``timeout_s``.
 
     ``receive`` gets one iterator over all ``(name, tensor)`` pairs (plain CPU tensors) and
     must consume it; it runs on a daemon thread under ``torch.no_grad``. ``role`` / ``engine``
-    / ``timeout_key`` only word the errors. Returns ``{"seconds", "buckets", "megabytes"}``.
+    / ``timeout_key`` only word the errors. ``before_bucket(i)`` runs on the calling thread
+    before bucket ``i`` is gathered (``verl.rollout.rank_zero`` tells the other ranks to
+    join the gather). Returns ``{"seconds", "buckets", "megabytes"}``.
 
     Raises :class:`WeightSyncTimeout` when a bucket is not consumed, or the loader does not
     return, within ``timeout_s``; :class:`WeightSyncError` when the loader raises.
@@ -146,6 +149,8 @@ def push_weights(
 
     total = 0
     for i, bucket in enumerate(buckets):
+        if before_bucket is not None:
+            before_bucket(i)
         tensors = [(name, _materialize(t)) for name, t in bucket]
         nbytes = sum(_nbytes(t) for _, t in tensors)
         total += nbytes

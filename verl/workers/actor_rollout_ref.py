@@ -51,6 +51,7 @@ from verl.models.lora import (
 )
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams, get_rollout_engine
+from verl.rollout.rank_zero import build_rank_rollout
 from verl.utils.device import resolve_device
 from verl.utils.memory import release_memory
 from verl.utils.rng import seed_all
@@ -132,12 +133,13 @@ class ActorRolloutRefWorker(Worker):
         arr = self.config.actor_rollout_ref
         strategy = self.config.engine_strategy("actor_rollout_ref")
         rollout_cls = get_rollout_engine(arr.rollout.name)
-        if rollout_cls.owns_weights and self.world_size > 1:
+        rollout_cls.check_available()  # package / device, before any model loads
+        shared_engine = rollout_cls.owns_weights and self.world_size > 1
+        if shared_engine and arr.rollout.multi_turn.enable:
             raise NotImplementedError(
-                f"actor_rollout_ref.rollout.name={arr.rollout.name} keeps its own copy of the "
-                f"weights, and pushing them from {self.world_size} data-parallel ranks is not "
-                "supported yet; use one actor rank (trainer.n_gpus_per_node=1, nnodes=1) or "
-                "rollout.name=native"
+                f"rollout.name={arr.rollout.name} on {self.world_size} ranks serves all ranks "
+                "from one engine in lock step, which multi_turn.enable=true cannot use; use "
+                "one actor rank or rollout.name=native"
             )
         module = self._given_module
         given = module is not None
@@ -196,9 +198,15 @@ class ActorRolloutRefWorker(Worker):
                 engine_options(self, strategy, arr.actor.fsdp_config),
             ),
         )
-        self.rollout = rollout_cls(
-            self.engine.module, self.tokenizer, **rollout_cls.config_options(self.config)
+        self.rollout = build_rank_rollout(
+            rollout_cls,
+            self.engine.module,
+            self.tokenizer,
+            rollout_cls.config_options(self.config),
+            rank=self.rank,
+            world_size=self.world_size,
         )
+        self._rollout_weights_stale = shared_engine  # every rank joins the first push
         self.rollout.sleep()
         # multi_turn.enable: generate through the agent loop (tools) over the same engine
         self.agent_loop = build_agent_loop(self.config, self.rollout, self.tokenizer)
@@ -207,7 +215,8 @@ class ActorRolloutRefWorker(Worker):
         """Push the actor's weights into a rollout engine that keeps its own copy (vLLM).
 
         The module's own state dict: HF names, ``lm_head.weight`` included when tied;
-        one-rank FSDP2 DTensors are gathered bucket by bucket by the push.
+        FSDP2 DTensors are gathered bucket by bucket by the push (on several ranks every
+        rank joins the gather and rank 0 pushes: ``verl.rollout.rank_zero``).
         """
         if not self.rollout.owns_weights:
             return {}
