@@ -48,7 +48,7 @@ def make_data(out: Path, digits: int, train_size: int, val_size: int, transcript
     train, val = write_arithmetic_dataset(
         out / "rl", train_size, val_size, digits, ["*"], seed=0, prompt_style="tool"
     )
-    held_out = {row_problem(r) for r in read_records(val).records}
+    held_out = {row_problem(r.data) for r in read_records(val).records}
     sft = write_tool_transcripts(
         out / "sft" / "train.jsonl",
         transcripts,
@@ -91,15 +91,15 @@ def run_grpo(model_dir: Path, data: dict, out: Path, steps: int, lr: float) -> l
             f"data.val_files=[{data['rl_val']}]",
             f"data.max_prompt_length={MAX_LENGTH - 128}",
             "data.max_response_length=128",
-            "data.train_batch_size=16",
+            "data.train_batch_size=8",
             "actor_rollout_ref.rollout.n=8",
             "actor_rollout_ref.rollout.temperature=1.0",
             "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
             "actor_rollout_ref.rollout.multi_turn.max_turns=2",
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=16",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=16",
             f"actor_rollout_ref.actor.optim.lr={lr}",
             "algorithm.adv_estimator=grpo",
             f"trainer.total_training_steps={steps}",
@@ -117,7 +117,7 @@ def run_grpo(model_dir: Path, data: dict, out: Path, steps: int, lr: float) -> l
         for step, m in enumerate(trainer.history, start=1):
             point = {
                 "step": step,
-                "correct": m.get("reward/acc/mean", m.get("critic/score/mean")),
+                "correct": m["reward/acc"],
                 "tool_calls_mean": m["multi_turn/tool_calls_mean"],
                 "tool_errors": m["multi_turn/tool_errors"],
                 "turns_mean": m["multi_turn/turns_mean"],

@@ -136,3 +136,19 @@ def test_grpo_with_the_calculator(rl_config, tool_model_dir, tmp_path):
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
         # Exact ids across turns: the trainer's log-probs are the rollout's.
         assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("interaction", "error", "match"),
+    [
+        ("{path: /nonexistent/env.py, name: judge}", FileNotFoundError, "interaction file not"),
+        ("{path: builtin, name: judge}", AttributeError, "built-in interactions"),
+    ],
+)
+def test_a_bad_interaction_fails_before_training(rl_config, interaction, error, match):
+    cfg = rl_config(
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.interaction={interaction}",
+    )
+    with pytest.raises(error, match=match):
+        RLTrainer(cfg)  # raised while the data is built: no worker has started
