@@ -84,7 +84,9 @@ def run_sft(model_dir: Path, sft_file: str, out: Path, steps: int, lr: float) ->
     return Path(results["hf_dir"])
 
 
-def run_grpo(model_dir: Path, data: dict, out: Path, steps: int, lr: float) -> list[dict]:
+def run_grpo(
+    model_dir: Path, data: dict, out: Path, steps: int, lr: float, prompts: int, n: int
+) -> list[dict]:
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",
@@ -92,14 +94,14 @@ def run_grpo(model_dir: Path, data: dict, out: Path, steps: int, lr: float) -> l
             f"data.val_files=[{data['rl_val']}]",
             f"data.max_prompt_length={MAX_LENGTH - 128}",
             "data.max_response_length=128",
-            "data.train_batch_size=8",
-            "actor_rollout_ref.rollout.n=8",
+            f"data.train_batch_size={prompts}",
+            f"actor_rollout_ref.rollout.n={n}",
             "actor_rollout_ref.rollout.temperature=1.0",
             "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
             "actor_rollout_ref.rollout.multi_turn.max_turns=2",
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=16",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=16",
             f"actor_rollout_ref.actor.optim.lr={lr}",
             "algorithm.adv_estimator=grpo",
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--grpo-steps", type=int, default=20)
     p.add_argument("--grpo-lr", type=float, default=1e-3)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step")
+    p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny model: 1)")
     p.add_argument("--smoke", action="store_true", help="2 SFT steps and 2 GRPO steps")
     args = p.parse_args(argv)
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.smoke:
         args.sft_steps, args.grpo_steps, args.transcripts = 2, 2, 32
+        args.prompts, args.n = 2, 4
     out = Path(args.out)
     start = time.monotonic()
     data = make_data(out, args.digits, 512, 64, args.transcripts)
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sft_dir = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
     sft_seconds = time.monotonic() - start
-    curve = run_grpo(sft_dir, data, out, args.grpo_steps, args.grpo_lr)
+    curve = run_grpo(sft_dir, data, out, args.grpo_steps, args.grpo_lr, args.prompts, args.n)
     result = {
         "sft_steps": args.sft_steps,
         "sft_seconds": round(sft_seconds, 1),

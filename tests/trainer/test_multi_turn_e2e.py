@@ -202,5 +202,6 @@ def test_interaction_replies_through_the_trainer(rl_config, tool_model_dir, tmp_
     metrics = multi_turn_metrics(gen.non_tensor_batch)
     assert metrics["multi_turn/interaction_turns"] == float(sum(replies))
     for messages, n in zip(gen.non_tensor_batch["messages"], replies):
-        users = [m for m in messages if m["role"] == "user"]
-        assert [m["content"] for m in users[1:]] == ["Check it once more."] * n
+        # the rollout's conversation (the prompt's messages are joined on for the reward)
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        assert users == ["Check it once more."] * n
