@@ -35,12 +35,37 @@ import torch
 from verl.config import load_config, load_sft_config
 from verl.data.arithmetic import row_problem, write_arithmetic_dataset, write_tool_transcripts
 from verl.data.io import read_records
-from verl.models.tiny import save_tiny_model_dir
+from verl.data.base import render_chat
+from verl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, save_tiny_model_dir
 from verl.tools.calculator import CALCULATOR_SCHEMA
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
 
-MAX_LENGTH = 1024  # the tools system message alone is ~450 tiny-tokenizer tokens
+MAX_LENGTH = 256
+# The tiny model's chat template lists tools in one short system line, as Qwen's template
+# renders them at length (``render_chat`` uses a template's own ``tools=`` rendering). With
+# the generic description (~450 tokens of JSON) a model trained from scratch has to find
+# the operands among 500 tokens and did not learn to copy them in 400 SFT steps.
+SYSTEM = "Tools: calculator"
+TOOLS_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | map(attribute='function')"
+    " | map(attribute='name') | join(', ')) + '<|im_end|>\\n' }}{% endif %}" + CHATML_TEMPLATE
+)
+
+
+def tool_tokenizer():
+    """The tiny tokenizer with :data:`TOOLS_TEMPLATE`; checks that a transcript's system
+    message renders exactly as the RL prompts list the tools."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    user = [{"role": "user", "content": "What is 1 * 2?"}]
+    rl_prompt = render_chat(tokenizer, user, True, tools=[CALCULATOR_SCHEMA])
+    sft_prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, *user], tokenize=False, add_generation_prompt=True
+    )
+    if rl_prompt != sft_prompt:
+        raise RuntimeError(f"tool prompt mismatch: {rl_prompt!r} != {sft_prompt!r}")
+    return tokenizer
 
 
 def make_data(out: Path, digits: int, train_size: int, val_size: int, transcripts: int) -> dict:
@@ -56,11 +81,15 @@ def make_data(out: Path, digits: int, train_size: int, val_size: int, transcript
         digits=digits,
         seed=7,
         exclude=held_out,
+        system=SYSTEM,
     )
     return {"rl_train": train, "rl_val": val, "sft": sft}
 
 
-def run_sft(model_dir: Path, sft_file: str, out: Path, steps: int, lr: float) -> Path:
+def run_sft(
+    model_dir: Path, sft_file: str, out: Path, steps: int, lr: float
+) -> tuple[Path, list[float]]:
+    """SFT of ``model_dir`` on the transcripts; the saved model and the loss per step."""
     cfg = load_sft_config(
         overrides=[
             f"model.path={model_dir}",
@@ -81,7 +110,8 @@ def run_sft(model_dir: Path, sft_file: str, out: Path, steps: int, lr: float) ->
         ]
     )
     results = SFTTrainer(cfg).train()
-    return Path(results["hf_dir"])
+    losses = [m["train/loss"] for m in results["history"]]
+    return Path(results["hf_dir"]), losses
 
 
 def run_grpo(
@@ -156,18 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     data = make_data(out, args.digits, 512, 64, args.transcripts)
     base = save_tiny_model_dir(
         out / "tiny",
+        tokenizer=tool_tokenizer(),
         hidden_size=128,
         num_layers=4,
         intermediate_size=256,
         max_position_embeddings=MAX_LENGTH,
         seed=0,
     )
-    sft_dir = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
+    sft_dir, sft_losses = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
     sft_seconds = time.monotonic() - start
     curve = run_grpo(sft_dir, data, out, args.grpo_steps, args.grpo_lr, args.prompts, args.n)
     result = {
         "sft_steps": args.sft_steps,
         "sft_seconds": round(sft_seconds, 1),
+        "sft_loss": [round(x, 4) for x in sft_losses],
         "total_seconds": round(time.monotonic() - start, 1),
         "curve": curve,
     }

@@ -187,5 +187,7 @@ def test_tool_transcripts_train_the_call_and_the_answer_only(tmp_path, tokenizer
     first = records[0]["messages"]
     # Loss on the two assistant turns (content and end-of-turn), nothing else.
     assert trained == f"{first[2]['content']}<|im_end|>{first[4]['content']}<|im_end|>"
+    short = tool_transcript_row((1, "*", 2), [CALCULATOR_SCHEMA], system="Tools: calculator")
+    assert short["messages"][0] == {"role": "system", "content": "Tools: calculator"}
     with pytest.raises(ValueError, match="include its schema"):
         tool_transcript_row((1, "*", 2), [])

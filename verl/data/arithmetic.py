@@ -242,11 +242,15 @@ def write_arithmetic_dataset(
     return train_path, val_path
 
 
-def tool_transcript_row(problem: Problem, tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def tool_transcript_row(
+    problem: Problem, tools: Sequence[dict[str, Any]], system: str | None = None
+) -> dict[str, Any]:
     """One SFT row (``messages``) solving ``problem`` with the calculator (module docstring).
 
     ``tools`` are the OpenAI schemas listed in the system message; one must be named
-    ``calculator`` (the rows call it).
+    ``calculator`` (the rows call it). ``system`` replaces the system message's text
+    (default ``tools_system_prompt(tools)``), for a chat template that renders ``tools=``
+    itself: pass the text it writes, so that the transcripts match the RL prompts.
     """
     names = [t.get("function", {}).get("name") for t in tools]
     if "calculator" not in names:
@@ -258,7 +262,7 @@ def tool_transcript_row(problem: Problem, tools: Sequence[dict[str, Any]]) -> di
     user = arithmetic_row(problem, 0, "train", "tool")["prompt"][0]
     return {
         "messages": [
-            {"role": "system", "content": tools_system_prompt(list(tools))},
+            {"role": "system", "content": system or tools_system_prompt(list(tools))},
             user,
             {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
             {"role": "tool", "content": answer},
@@ -275,6 +279,7 @@ def write_tool_transcripts(
     ops: Sequence[str] = ("*",),
     seed: int = 0,
     exclude: set[Problem] | None = None,
+    system: str | None = None,
 ) -> str:
     """Write ``n`` tool-call transcripts (:func:`tool_transcript_row`) to ``path``
     (``.parquet`` or ``.jsonl``), problems drawn like :func:`make_arithmetic_rows`."""
@@ -282,7 +287,7 @@ def write_tool_transcripts(
         raise ValueError(f"n={n} transcripts: must be >= 1")
     _check_args(digits, ops, "tool")
     problems = sample_problems(n, digits, ops, seed, exclude)
-    return write_records([tool_transcript_row(p, tools) for p in problems], path)
+    return write_records([tool_transcript_row(p, tools, system) for p in problems], path)
 
 
 def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.ArgumentParser:
