@@ -34,8 +34,8 @@ import torch
 
 from verl.config import load_config, load_sft_config
 from verl.data.arithmetic import row_problem, write_arithmetic_dataset, write_tool_transcripts
-from verl.data.io import read_records
 from verl.data.base import render_chat
+from verl.data.io import read_records
 from verl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, save_tiny_model_dir
 from verl.tools.calculator import CALCULATOR_SCHEMA
 from verl.trainer.ppo_trainer import RLTrainer
