@@ -173,3 +173,43 @@ def test_digit_range_draws_one_and_two_digit_operands(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--digits", "2", "--max-digits", "1"])
     assert "--max-digits 1: must be >= --digits 2" in capsys.readouterr().err
+
+
+def test_tool_transcripts_train_the_call_and_the_answer_only(tmp_path, tokenizer):
+    from verl.data.arithmetic import tool_transcript_row, write_tool_transcripts
+    from verl.data.base import render_chat
+    from verl.data.sft_dataset import SFTDataset
+    from verl.rollout.tool_calls import parse_tool_calls
+    from verl.tools.calculator import CALCULATOR_SCHEMA, calculate
+
+    row = tool_transcript_row((123, "*", 456), [CALCULATOR_SCHEMA])
+    system, user, call, tool, answer = row["messages"]
+    # The system message is what RLHFDataset puts in the RL prompts for this template.
+    rl_prompt = render_chat(tokenizer, [user], True, tools=[CALCULATOR_SCHEMA])
+    assert (
+        tokenizer.apply_chat_template([system, user], tokenize=False, add_generation_prompt=True)
+        == rl_prompt
+    )
+    (parsed,) = parse_tool_calls(call["content"])
+    assert (parsed.name, parsed.arguments) == ("calculator", {"expression": "123 * 456"})
+    assert (
+        tool == {"role": "tool", "content": calculate("123 * 456")} and tool["content"] == "56088"
+    )
+    assert answer == {"role": "assistant", "content": "56088"}
+
+    path = write_tool_transcripts(
+        tmp_path / "sft.jsonl", 6, [CALCULATOR_SCHEMA], digits=3, exclude={(123, "*", 456)}
+    )
+    records = [r.data for r in read_records(path).records]
+    assert len(records) == 6
+    assert all("What is 123 * 456?" not in r["messages"][1]["content"] for r in records)
+    ds = SFTDataset(path, tokenizer)
+    item = ds[0]
+    trained = tokenizer.decode(item["input_ids"][item["loss_mask"].astype(bool)])
+    first = records[0]["messages"]
+    # Loss on the two assistant turns (content and end-of-turn), nothing else.
+    assert trained == f"{first[2]['content']}<|im_end|>{first[4]['content']}<|im_end|>"
+    short = tool_transcript_row((1, "*", 2), [CALCULATOR_SCHEMA], system="Tools: calculator")
+    assert short["messages"][0] == {"role": "system", "content": "Tools: calculator"}
+    with pytest.raises(ValueError, match="include its schema"):
+        tool_transcript_row((1, "*", 2), [])

@@ -18,6 +18,7 @@ import torch
 
 from verl.data.base import render_chat
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from verl.rollout.agent_loop import multi_turn_metrics
 from verl.tools.calculator import CALCULATOR_SCHEMA, calculate
 from verl.trainer.ppo_trainer import RLTrainer
 
@@ -136,3 +137,71 @@ def test_grpo_with_the_calculator(rl_config, tool_model_dir, tmp_path):
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
         # Exact ids across turns: the trainer's log-probs are the rollout's.
         assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("interaction", "error", "match"),
+    [
+        ("{path: /nonexistent/env.py, name: judge}", FileNotFoundError, "interaction file not"),
+        ("{path: builtin, name: judge}", AttributeError, "built-in interactions"),
+    ],
+)
+def test_a_bad_interaction_fails_before_training(rl_config, interaction, error, match):
+    cfg = rl_config(
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.interaction={interaction}",
+    )
+    with pytest.raises(error, match=match):
+        RLTrainer(cfg)  # raised while the data is built: no worker has started
+
+
+JUDGE = """
+def judge(messages, *, data_source, ground_truth, extra_info, num_replies):
+    # the worker's agent loop receives the prompt's fields and the whole conversation
+    assert ground_truth in ("408", "4368") and data_source == "arithmetic", ground_truth
+    assert messages[0]["role"] == "user" and messages[1]["role"] == "assistant", messages
+    return None if num_replies else "Check it once more."
+"""
+
+
+@pytest.mark.slow
+def test_interaction_replies_through_the_trainer(rl_config, tool_model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": q}],
+            "reward_model": {"ground_truth": a},
+        }
+        for q, a in QUESTIONS.items()
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
+    judge = tmp_path / "judge.py"
+    judge.write_text(JUDGE)
+    cfg = rl_config(
+        f"actor_rollout_ref.model.path={tool_model_dir}",
+        f"data.train_files=[{data}]",
+        "data.max_prompt_length=512",
+        "data.max_response_length=128",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
+        "actor_rollout_ref.rollout.multi_turn.max_turns=4",
+        f"actor_rollout_ref.rollout.multi_turn.interaction={{path: {judge}, name: judge}}",
+        "actor_rollout_ref.rollout.temperature=0.5",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+    )
+    trainer = RLTrainer(cfg)
+    try:
+        gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
+    finally:
+        trainer.close()
+    replies = gen.non_tensor_batch["num_interaction_turns"].tolist()
+    # every sample that gave an answer (a turn without a call) before its last turn got one
+    assert sum(replies) >= 4 and set(replies) <= {0, 1}
+    metrics = multi_turn_metrics(gen.non_tensor_batch)
+    assert metrics["multi_turn/interaction_turns"] == float(sum(replies))
+    for messages, n in zip(gen.non_tensor_batch["messages"], replies):
+        # the rollout's conversation (the prompt's messages are joined on for the reward)
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        assert users == ["Check it once more."] * n

@@ -227,6 +227,16 @@ class ToolConfig:
 
 
 @dataclass
+class InteractionConfig:
+    """The environment of multi-turn rollouts: replies as a user turn after a final answer."""
+
+    path: str | None = entry(
+        None, "Python file defining the interaction; builtin = verl's own; null = no interaction"
+    )
+    name: str = entry("arithmetic_retry", "the function's name (builtin: arithmetic_retry)")
+
+
+@dataclass
 class MultiTurnConfig:
     """Multi-turn rollouts with tools (the agent loop, docs/multiturn.md)."""
 
@@ -235,6 +245,9 @@ class MultiTurnConfig:
     max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut", ge=1)
     tools: list[ToolConfig] = entry([], "tools the model may call: a list of {path, name}")
     tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error", gt=0)
+    interaction: InteractionConfig = entry(
+        InteractionConfig, "replies to a turn without a tool call (feedback, or the end)"
+    )
 
 
 @dataclass

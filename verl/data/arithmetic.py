@@ -26,11 +26,24 @@ split, problems are distinct while the space allows; once a split asks for more 
 there are distinct problems left, problems repeat (logged as a warning). The space holds
 `m*m` problems for + and *, and `m*(m+1)/2` for -, with `m` operand values (m=10 for one
 digit: 255 problems with all three ops).
+
+**Tool-call transcripts** (:func:`write_tool_transcripts`, for a supervised warm start
+before RL with the calculator): SFT rows whose ``messages`` are the tool prompt's chat with
+the tools described in the system message (as ``RLHFDataset`` renders it for a template
+without ``tools=`` support), the assistant's ``<tool_call>`` to the calculator, the tool's
+result and the assistant's final answer::
+
+    system     the tools_system_prompt of the given schemas
+    user       What is 123 * 456? Call the calculator tool to compute it, ...
+    assistant  <tool_call>{"name": "calculator", "arguments": {"expression": "123 * 456"}}</tool_call>
+    tool       56088
+    assistant  56088
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import operator
 import os
@@ -39,6 +52,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from verl.data.base import tools_system_prompt
 from verl.data.io import write_records
 
 logger = logging.getLogger(__name__)
@@ -238,6 +252,54 @@ def write_arithmetic_dataset(
     logger.info("wrote %d train rows to %s", train_size, train_path)
     logger.info("wrote %d val rows to %s", val_size, val_path)
     return train_path, val_path
+
+
+def tool_transcript_row(
+    problem: Problem, tools: Sequence[dict[str, Any]], system: str | None = None
+) -> dict[str, Any]:
+    """One SFT row (``messages``) solving ``problem`` with the calculator (module docstring).
+
+    ``tools`` are the OpenAI schemas listed in the system message; one must be named
+    ``calculator`` (the rows call it). ``system`` replaces the system message's text
+    (default ``tools_system_prompt(tools)``), for a chat template that renders ``tools=``
+    itself: pass the text it writes, so that the transcripts match the RL prompts.
+    """
+    names = [t.get("function", {}).get("name") for t in tools]
+    if "calculator" not in names:
+        raise ValueError(f"tools={names}: the transcripts call 'calculator'; include its schema")
+    a, op, b = problem
+    expression = f"{a} {op} {b}"
+    answer = str(OPERATORS[op](a, b))
+    call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    user = arithmetic_row(problem, 0, "train", "tool")["prompt"][0]
+    return {
+        "messages": [
+            {"role": "system", "content": system or tools_system_prompt(list(tools))},
+            user,
+            {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": answer},
+        ]
+    }
+
+
+def write_tool_transcripts(
+    path: str | os.PathLike,
+    n: int,
+    tools: Sequence[dict[str, Any]],
+    digits: int = 3,
+    ops: Sequence[str] = ("*",),
+    seed: int = 0,
+    exclude: set[Problem] | None = None,
+    system: str | None = None,
+) -> str:
+    """Write ``n`` tool-call transcripts (:func:`tool_transcript_row`) to ``path``
+    (``.parquet`` or ``.jsonl``), problems drawn like :func:`make_arithmetic_rows`."""
+    if n < 1:
+        raise ValueError(f"n={n} transcripts: must be >= 1")
+    _check_args(digits, ops, "tool")
+    problems = sample_problems(n, digits, ops, seed, exclude)
+    return write_records([tool_transcript_row(p, tools, system) for p in problems], path)
 
 
 def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.ArgumentParser:

@@ -15,12 +15,10 @@ it can be sent to worker processes started with the "spawn" method.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from verl.utils.file_import import load_callable
 
 
 class FileRewardFunction:
@@ -42,12 +40,6 @@ class FileRewardFunction:
         return f"FileRewardFunction(path={self.path!r}, name={self.name!r})"
 
 
-def _module_name(path: str) -> str:
-    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
-    stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
-    return f"_verl_custom_reward_{stem}_{digest}"
-
-
 def load_reward_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
     """Import `path` and return its callable attribute `name`.
 
@@ -57,41 +49,10 @@ def load_reward_function(path: str, name: str = "compute_score") -> Callable[...
         AttributeError: the file defines nothing called `name`.
         TypeError: `name` exists but is not callable.
     """
-    abs_path = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.isfile(abs_path):
-        raise FileNotFoundError(
-            f"custom reward function file not found: {path!r} (resolved to {abs_path!r}); "
-            "point the reward function path at an existing .py file"
-        )
-    module_name = _module_name(abs_path)
-    spec = importlib.util.spec_from_file_location(module_name, abs_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {abs_path!r} as a Python module (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before executing so that dataclasses and pickling inside the file work.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ImportError(
-            f"importing custom reward function file {abs_path!r} failed: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if not hasattr(module, name):
-        available = sorted(
-            attr
-            for attr, value in vars(module).items()
-            if callable(value) and not attr.startswith("_") and not isinstance(value, type)
-        )
-        raise AttributeError(
-            f"custom reward function file {abs_path!r} defines no {name!r}; "
-            f"callables it defines: {available or 'none'}"
-        )
-    fn = getattr(module, name)
-    if not callable(fn):
-        raise TypeError(
-            f"{name!r} in custom reward function file {abs_path!r} is a "
-            f"{type(fn).__name__}, not a callable"
-        )
+    abs_path, fn = load_callable(
+        path,
+        name,
+        "custom reward function file",
+        "point the reward function path (custom_reward_function.path) at an existing .py file",
+    )
     return FileRewardFunction(abs_path, name, fn)

@@ -9,6 +9,13 @@ append their results as ``tool`` messages; continue, up to ``max_turns`` model t
 far, model and tool alike; nothing is decoded and re-encoded. Tool messages are appended
 as the chat template's delta (:class:`~verl.rollout.tool_calls.ChatDeltaRenderer`).
 
+**Interaction.** An optional ``interaction`` (``verl.tools.interaction``) is the
+environment: after a model turn without a tool call it is called with the conversation so
+far and the sample's ``data_source`` / ``ground_truth`` / ``extra_info`` (from the prompts'
+``non_tensor_batch`` when present) and either returns feedback, appended as a ``user``
+message (the same delta rendering as tool results, mask 0) after which the model writes
+another turn, or ``None``, which ends the sample. Without one, such a turn ends the sample.
+
 **Masks.** The output has the layout of ``verl.rollout.base`` with one difference that
 the trainer already honours: ``response_mask`` is 1 on the model's tokens only (0 on tool
 and template tokens), while the response part of ``attention_mask`` is 1 on every real
@@ -42,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,7 +79,10 @@ TRAJECTORY_KEYS = (
     "num_tool_calls",
     "num_tool_errors",
     "num_tool_timeouts",
+    "num_interaction_turns",
 )
+# Per-prompt columns of the prompts' non_tensor_batch an interaction receives.
+CONTEXT_KEYS = ("data_source", "ground_truth", "extra_info")
 
 
 @dataclass
@@ -154,7 +164,11 @@ class _Sample:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    interaction_turns: int = 0
+    wants_reply: bool = False  # ended a turn without a tool call; the interaction answers
     done: bool = False
+    prompt_messages: list[dict[str, Any]] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
 
     def append(self, ids: list[int], model: bool, log_probs: list[float] | None = None) -> None:
         self.ids += ids
@@ -176,6 +190,9 @@ class AgentLoop:
         tool_timeout: seconds a round's tool calls may run.
         eos_token_ids: end-of-turn ids (default: the generator's engine's, else the
             tokenizer's eos).
+        interaction: the environment's reply to a turn without a tool call,
+            ``fn(messages, *, data_source, ground_truth, extra_info, num_replies) -> str |
+            None`` (``verl.tools.interaction``); None: such a turn ends the sample.
     """
 
     def __init__(
@@ -188,6 +205,7 @@ class AgentLoop:
         max_tool_response_tokens: int = 256,
         tool_timeout: float = 10.0,
         eos_token_ids: list[int] | None = None,
+        interaction: Callable[..., str | None] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"multi_turn.max_turns={max_turns} must be >= 1")
@@ -203,6 +221,7 @@ class AgentLoop:
                 raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
             self.tools[tool.name] = tool
         self.generator = generator
+        self.interaction = interaction
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.max_tool_response_tokens = max_tool_response_tokens
@@ -222,9 +241,14 @@ class AgentLoop:
         ``non_tensor_batch`` columns of ``TRAJECTORY_KEYS``."""
         input_ids, attention_mask, position_ids = validate_prompts(prompts)
         budget = params.max_new_tokens
+        non_tensor = getattr(prompts, "non_tensor_batch", None) or {}
         samples = [
-            _Sample(prompt=ids[mask.bool()].tolist())
-            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())
+            _Sample(
+                prompt=ids[mask.bool()].tolist(),
+                prompt_messages=_prompt_messages(non_tensor, row),
+                context={k: non_tensor[k][row] for k in CONTEXT_KEYS if k in non_tensor},
+            )
+            for row, (ids, mask) in enumerate(zip(input_ids.cpu(), attention_mask.cpu()))
             for _ in range(params.n)
         ]
         rounds = 0
@@ -248,6 +272,9 @@ class AgentLoop:
             for sample, calls, last_token in calling:
                 mine, results = results[: len(calls)], results[len(calls) :]
                 self._append_results(sample, calls, mine, last_token, budget)
+            for sample, out in zip(active, outs):
+                if sample.wants_reply:
+                    self._reply(sample, out.ids[-1], budget)
             rounds += 1
         return self._assemble(prompts, params, samples, position_ids)
 
@@ -267,10 +294,38 @@ class AgentLoop:
                 for c in calls
             ]
         sample.messages.append(message)
-        if not calls or sample.turns >= self.max_turns or len(sample.ids) >= budget:
+        if sample.turns >= self.max_turns or len(sample.ids) >= budget:
             sample.done = True
             return []
+        if not calls:
+            sample.wants_reply = self.interaction is not None
+            sample.done = not sample.wants_reply
         return calls
+
+    def _reply(self, sample: _Sample, last_token: int, budget: int) -> None:
+        """The interaction's answer to a turn without a tool call: a user turn, or the end."""
+        sample.wants_reply = False
+        reply = self.interaction(
+            [*sample.prompt_messages, *sample.messages],
+            **{k: sample.context.get(k) for k in CONTEXT_KEYS},
+            num_replies=sample.interaction_turns,
+        )
+        if reply is None:
+            sample.done = True
+            return
+        if not isinstance(reply, str):
+            raise TypeError(
+                f"interaction {getattr(self.interaction, '__name__', self.interaction)!r} "
+                f"returned {type(reply).__name__}; it must return the user turn's text or None"
+            )
+        message = {"role": "user", "content": reply}
+        delta = self.renderer.delta_ids([message], last_token)
+        if len(sample.ids) + len(delta) >= budget:  # no room left for the model to answer
+            sample.done = True
+            return
+        sample.interaction_turns += 1
+        sample.messages.append(message)
+        sample.append(delta, False)
 
     def _append_results(
         self,
@@ -381,6 +436,7 @@ class AgentLoop:
             "num_tool_calls": [s.tool_calls for s in samples],
             "num_tool_errors": [s.tool_errors for s in samples],
             "num_tool_timeouts": [s.tool_timeouts for s in samples],
+            "num_interaction_turns": [s.interaction_turns for s in samples],
         }
         for key, values in columns.items():
             column = np.empty(rows, dtype=object)  # element-wise: a list stays one object
@@ -398,6 +454,7 @@ def multi_turn_metrics(non_tensor: Any) -> dict[str, float]:
     calls = np.asarray(non_tensor["num_tool_calls"], dtype=np.float64)
     errors = np.asarray(non_tensor["num_tool_errors"], dtype=np.float64)
     timeouts = np.asarray(non_tensor["num_tool_timeouts"], dtype=np.float64)
+    replies = np.asarray(non_tensor.get("num_interaction_turns", [0]), dtype=np.float64)
     return {
         "multi_turn/turns_mean": float(turns.mean()),
         "multi_turn/turns_max": float(turns.max()),
@@ -405,4 +462,16 @@ def multi_turn_metrics(non_tensor: Any) -> dict[str, float]:
         "multi_turn/tool_calls_mean": float(calls.mean()),
         "multi_turn/tool_errors": float(errors.sum()),
         "multi_turn/tool_timeouts": float(timeouts.sum()),
+        "multi_turn/interaction_turns": float(replies.sum()),
+        "multi_turn/interaction_turns_mean": float(replies.mean()),
     }
+
+
+def _prompt_messages(non_tensor: Any, row: int) -> list[dict[str, Any]]:
+    """The prompt's chat messages (``raw_prompt``; a text is one user turn), or []."""
+    if "raw_prompt" not in non_tensor:
+        return []
+    raw = non_tensor["raw_prompt"][row]
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    return [dict(m) for m in raw]

@@ -128,7 +128,7 @@ class ChatDeltaRenderer:
         generation prompt."""
         full = self._render([*self._with_assistant, *messages], add_generation_prompt=True)
         closer = self._closer_after.get(last_token, self.turn_closer)
-        return closer + _suffix(full, self._assistant_text, "tool messages")
+        return closer + _suffix(full, self._assistant_text, "appended (tool or user) messages")
 
     def delta_ids(self, messages: list[dict[str, Any]], last_token: int | None) -> list[int]:
         """:meth:`delta_text` as token ids (no special tokens added)."""

@@ -17,13 +17,11 @@ for the model; tools need not guard themselves.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from verl.utils.file_import import load_callable
 
 __all__ = ["Tool", "load_tool", "tool_from_function"]
 
@@ -79,12 +77,6 @@ def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:
     return Tool(name=name, schema=schema, fn=fn)
 
 
-def _module_name(path: str) -> str:
-    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
-    stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
-    return f"_verl_tool_{stem}_{digest}"
-
-
 def load_tool(path: str, name: str) -> Tool:
     """The tool ``name`` of the Python file ``path`` (a function, or a ready :class:`Tool`).
 
@@ -100,35 +92,7 @@ def load_tool(path: str, name: str) -> Tool:
                 f"no built-in tool {name!r}; built-in tools: {sorted(BUILTIN_TOOLS)}"
             )
         return BUILTIN_TOOLS[name]()
-    abs_path = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.isfile(abs_path):
-        raise FileNotFoundError(
-            f"tool file not found: {path!r} (resolved to {abs_path!r}); set "
-            "multi_turn.tools[].path to an existing .py file, or 'builtin'"
-        )
-    module_name = _module_name(abs_path)
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, abs_path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import tool file {abs_path!r} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(module_name, None)
-            raise ImportError(
-                f"importing tool file {abs_path!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-    if not hasattr(module, name):
-        defined = sorted(
-            a for a, v in vars(module).items() if callable(v) and not a.startswith("_")
-        )
-        raise AttributeError(f"tool file {abs_path!r} defines no {name!r}; it defines {defined}")
-    obj = getattr(module, name)
-    if isinstance(obj, Tool):
-        return obj
-    if not callable(obj):
-        raise TypeError(f"{name!r} in tool file {abs_path!r} is a {type(obj).__name__}")
-    return tool_from_function(obj, name)
+    _, obj = load_callable(
+        path, name, "tool file", "set multi_turn.tools[].path to an existing .py file, or 'builtin'"
+    )
+    return obj if isinstance(obj, Tool) else tool_from_function(obj, name)

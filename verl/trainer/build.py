@@ -27,6 +27,7 @@ from verl.models import load_tokenizer
 from verl.protocol import DataProto
 from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
 from verl.tools import tool_schemas
+from verl.tools.interaction import load_interaction
 from verl.trainer.offline_rollouts import OfflineRolloutSource, StoredScoreReward
 from verl.trainer.placement import Placement, place_roles
 from verl.trainer.setup import prepare_data_files
@@ -96,6 +97,9 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     if multi_turn.enable and multi_turn.tools:
         ds_kwargs["tools"] = tool_schemas(multi_turn.tools)  # the prompts list the tools
+    if multi_turn.enable and multi_turn.interaction.path is not None:
+        # a bad path or name fails here, before any worker starts
+        load_interaction(multi_turn.interaction.path, multi_turn.interaction.name)
     val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
     collate = _Collate(tokenizer.pad_token_id)
     if dcfg.rollout_files:  # pre-generated rollouts (verl.trainer.offline_rollouts)

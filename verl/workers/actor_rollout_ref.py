@@ -81,6 +81,8 @@ _SAMPLING_OVERRIDES = ("n", "temperature", "top_p", "top_k", "do_sample")
 # The data contract (verl.controller.dispatch.register): what each method reads.
 _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 _SEQUENCE_KEYS = (*_PROMPT_KEYS, "response_mask")
+# What a multi-turn interaction reads of its prompt (verl.rollout.agent_loop.CONTEXT_KEYS).
+_INTERACTION_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info")
 
 
 class ActorRolloutRefWorker(Worker):
@@ -254,6 +256,7 @@ class ActorRolloutRefWorker(Worker):
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
         reads=_PROMPT_KEYS,
+        optional=_INTERACTION_KEYS,
         meta=(*_SAMPLING_OVERRIDES, "seed"),
     )
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -2,7 +2,7 @@
 
 With ``actor_rollout_ref.rollout.multi_turn.enable``, ``generate_sequences`` runs
 :class:`verl.rollout.agent_loop.AgentLoop` over the worker's rollout engine (any backend)
-with the configured tools; the output keeps the single-turn layout, with
+with the configured tools and interaction; the output keeps the single-turn layout, with
 ``response_mask`` 0 on tool tokens, and adds the per-sample ``messages`` and tool counts
 (``verl.rollout.agent_loop.TRAJECTORY_KEYS``). See ``docs/multiturn.md``.
 """
@@ -16,6 +16,7 @@ from verl.config import TrainerConfig
 from verl.rollout import RolloutEngine
 from verl.rollout.agent_loop import AgentLoop, EngineTurnGenerator
 from verl.tools import load_tools
+from verl.tools.interaction import load_interaction
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ def build_agent_loop(
             "actor_rollout_ref.rollout.multi_turn.enable=true with no tools: every "
             "response is one turn; add tools, e.g. [{path: builtin, name: calculator}]"
         )
+    interaction = None
+    if mt_cfg.interaction.path is not None:
+        interaction = load_interaction(mt_cfg.interaction.path, mt_cfg.interaction.name)
     return AgentLoop(
         EngineTurnGenerator(rollout),
         tokenizer,
@@ -42,4 +46,5 @@ def build_agent_loop(
         max_turns=mt_cfg.max_turns,
         max_tool_response_tokens=mt_cfg.max_tool_response_tokens,
         tool_timeout=mt_cfg.tool_timeout,
+        interaction=interaction,
     )
