@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "async_generated",
     "batch_stream",
     "collect_step_data",
     "fit",
@@ -173,7 +174,10 @@ def collect_step_data(
     """:meth:`RLTrainer.collect_data`, or with dynamic sampling, only informative prompt
     groups; the old-log-prob pass as ``trainer.old_log_prob_pass`` says."""
     fg = trainer.config.algorithm.filter_groups
-    if not fg.enable:
+    if trainer.async_rollout is not None:
+        gen, metrics = async_generated(trainer, batch, next_batch)
+        gen, metrics = trainer.score_responses(gen, metrics)
+    elif not fg.enable:
         gen, metrics = trainer.generate_and_score(batch)
     elif next_batch is None:
         raise ValueError(
@@ -191,4 +195,28 @@ def collect_step_data(
             pad_token_id=trainer.tokenizer.pad_token_id,
         )
     gen, more = trainer.prepare_update(gen, trainer.old_log_prob_pass)
+    return gen, metrics | more
+
+
+def async_generated(
+    trainer: RLTrainer, batch: DataProto, next_batch: Callable[[], DataProto] | None
+) -> tuple[DataProto, dict[str, Any]]:
+    """``trainer.async_rollout=true``: queue ``batch`` (and, at the start, more from
+    ``next_batch``) for generation with the current weights, and return the oldest queued
+    batch's responses to train on now (:mod:`verl.trainer.async_rollout`)."""
+    pipe = trainer.async_rollout
+    version = trainer.global_step - 1  # actor updates so far: this step trains on v_{k-1}
+    drawn = [batch]
+
+    def next_prompts() -> DataProto:
+        if drawn:
+            return drawn.pop()
+        if next_batch is None:
+            raise ValueError("trainer.async_rollout: train_step needs next_batch to fill the queue")
+        return next_batch()
+
+    pipe.fill(next_prompts, version)
+    metrics: dict[str, Any] = {}
+    with timer("gen", metrics):  # the wait for the rollout thread (it generated meanwhile)
+        gen, more = pipe.pop(version)
     return gen, metrics | more

@@ -36,6 +36,7 @@ resumed from step k takes exactly the steps the uninterrupted run takes after k.
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
 from verl.trainer import loop
+from verl.trainer.async_rollout import AsyncRollout, build_async_rollout
 from verl.trainer.build import (
     build_data,
     build_kl_controller,
@@ -132,6 +134,12 @@ class RLTrainer:
         self.reward_fn = reward_fn or self.build_reward_manager(compute_score, train=True)
         self.val_reward_fn = val_reward_fn or self.build_reward_manager(compute_score, train=False)
         self.kl_ctrl = build_kl_controller(cfg)
+        # async: the rollout copy starts from the actor's initial module, copied before any update
+        async_module = (
+            copy.deepcopy(actor_module)
+            if cfg.trainer.async_rollout and actor_module is not None
+            else None
+        )
         self.placement = build_roles(
             cfg,
             use_reference=self.use_reference,
@@ -144,6 +152,19 @@ class RLTrainer:
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
+        self.async_rollout: AsyncRollout | None = None  # trainer.async_rollout (.async_rollout)
+        if cfg.trainer.async_rollout:
+            try:
+                self.async_rollout = build_async_rollout(
+                    cfg,
+                    tokenizer,
+                    async_module,
+                    lambda group, prompts: self._generate(prompts, group),
+                    self.actor_rollout_wg,
+                )
+            except BaseException:
+                self.placement.shutdown()
+                raise
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -182,6 +203,7 @@ class RLTrainer:
                 "kl_ctrl": self.kl_ctrl,
                 "reward_fn": self.reward_fn,
                 "val_reward_fn": self.val_reward_fn,
+                **({} if self.async_rollout is None else {"async_rollout": self.async_rollout}),
             },
             roles=roles,
         )
@@ -212,6 +234,13 @@ class RLTrainer:
         )
         with timer("gen", metrics):
             gen = self._generate(batch)
+        return self.score_responses(gen, metrics, prompts=batch)
+
+    def score_responses(
+        self, gen: DataProto, metrics: dict[str, Any], prompts: DataProto | None = None
+    ) -> tuple[DataProto, dict[str, Any]]:
+        """Score the responses ``gen`` (see :meth:`generate_and_score`), adding to
+        ``metrics``; ReMax's greedy baseline regenerates from ``prompts``."""
         with timer("reward", metrics):
             scores, reward_metrics, extras = self._score(gen, update_stats=True)
             metrics |= reward_metrics
@@ -222,21 +251,24 @@ class RLTrainer:
         if self.config.estimator_needs("needs_baseline"):
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
+            if prompts is None:
+                raise ValueError("score_responses: the greedy baseline needs the prompts")
             with timer("gen_greedy_baseline", metrics):
-                greedy = self._generate(_with_meta(batch, do_sample=False, n=1))
+                greedy = self._generate(_with_meta(prompts, do_sample=False, n=1))
                 baseline, _, _ = self._score(greedy, update_stats=False)
-            n = len(gen) // len(batch)
+            n = len(gen) // len(prompts)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return gen, metrics
 
-    def _generate(self, prompts: DataProto) -> DataProto:
-        """The rollout of ``prompts`` with their per-sample fields joined back on.
+    def _generate(self, prompts: DataProto, group: Any = None) -> DataProto:
+        """The rollout of ``prompts`` with their per-sample fields joined back on, by the
+        actor's worker group (or ``group``: the asynchronous rollout copy).
 
         Only the prompt tensors cross to the workers (``generate_sequences`` reads nothing
         else); the ground truths, data sources, group ids ... stay here and are repeated
         like the rollout repeats rows (``repeat_interleave``, ``n`` samples per prompt).
         """
-        gen = self.actor_rollout_wg.generate_sequences(prompts)
+        gen = (self.actor_rollout_wg if group is None else group).generate_sequences(prompts)
         n, rest = divmod(len(gen), len(prompts))
         if rest:
             raise ValueError(
@@ -459,6 +491,8 @@ class RLTrainer:
 
     def close(self) -> None:
         """Release reward processes and role workers, flush the trackers (idempotent)."""
+        if self.async_rollout is not None:
+            self.async_rollout.close()
         for fn in (self.reward_fn, self.val_reward_fn):
             close = getattr(fn, "close", None)
             if close is not None:
