@@ -142,8 +142,7 @@ def test_config_checks(rl_config):
     assert cfg.trainer.async_rollout is True and cfg.trainer.max_staleness == 1
     with pytest.raises(ConfigError, match="rollout_is_threshold"):
         rl_config("trainer.async_rollout=true")
-    with pytest.raises(ConfigError, match=r"not built yet: use trainer\.backend=local"):
-        rl_config(*ASYNC, "trainer.backend=ray")
+    assert rl_config(*ASYNC, "trainer.backend=ray").trainer.async_rollout is True
     with pytest.raises(ConfigError, match="dynamic sampling"):
         rl_config(*ASYNC, "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true")
     with pytest.raises(ConfigError, match=r"data\.rollout_batch_size=3"):
@@ -240,3 +239,29 @@ def test_async_reward_trend_matches_sync(tmp_path):
         assert last > first + 0.2, (mode, rewards)
     gap = abs(np.mean(curves["async"][-4:]) - np.mean(curves["sync"][-4:]))
     assert gap < 0.2, curves
+
+
+@pytest.mark.slow
+def test_async_on_ray_with_two_actor_ranks(rl_config, ray_session):
+    """Ray: the actor on two FSDP2 ranks, the rollout copy in a Ray actor of its own; the
+    full weights are gathered and pushed into it at every step boundary."""
+    trainer = RLTrainer(
+        rl_config(
+            *ASYNC,
+            "trainer.n_gpus_per_node=2",
+            "trainer.device=cpu",
+            "trainer.total_training_steps=3",
+            "trainer.val_before_train=false",
+        ),
+        tracker=Tracker([]),
+    )
+    assert trainer.placement.backend == "ray"
+    assert trainer.actor_rollout_wg.world_size == 2
+    assert trainer.async_rollout.group.world_size == 1
+    trainer.fit()
+    assert [m["async/staleness_max"] for m in trainer.history] == [0.0, 1.0, 1.0]
+    for m in trainer.history:
+        assert np.isfinite(m["actor/pg_loss"]) and np.isfinite(m["actor/grad_norm"])
+        # the copy's log-probs of its samples reach the loss: the IS weights are computed
+        assert np.isfinite(m["actor/rollout_is_weight_mean"])
+    assert trainer.history[-1]["timing_s/async_weight_sync"] > 0

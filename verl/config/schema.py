@@ -243,7 +243,7 @@ class RunConfig(RunSectionConfig):
     async_rollout: bool = entry(
         False,
         "one-step-off training: generate the next batches on a copy of the policy while the "
-        "current one trains (local backend; docs/rollout.md#asynchronous-rollout)",
+        "current one trains (docs/rollout.md#asynchronous-rollout)",
     )
     max_staleness: int = entry(
         1, "async_rollout: batches generated ahead = actor updates a sample may lag", ge=1

@@ -37,15 +37,13 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
         )
     try:
         backend, dp = cfg.worker_backend, cfg.dp_size("actor_rollout_ref")
-    except Exception:
+    except Exception:  # a bad device map is reported by its own check
         return
-    if backend != "local" or dp != 1:
+    if backend == "local" and dp != 1:
         c.error(
             (key, "trainer.backend"),
-            f"{key}=true runs the rollout on a thread of the driver process (local backend, "
-            f"one actor rank); this run has backend={backend} with {dp} actor rank(s). "
-            "Asynchronous rollout on Ray (a rollout worker group on its own pool) is not "
-            "built yet: use trainer.backend=local with one actor rank, or async_rollout=false",
+            f"{key}=true on the local backend takes one actor rank (this run has {dp}); "
+            "use trainer.backend=ray for several",
         )
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name not in _BACKENDS:

@@ -18,6 +18,11 @@ of updates between the policy that sampled it and the policy that trains on it, 
 ``rollout_policy_version`` in ``non_tensor_batch``) and as metrics, and a batch staler than
 ``max_staleness`` is an error, never trained on.
 
+Where the copy runs: in the driver process on the local backend; on the Ray backend, in a
+Ray actor of its own (a resource pool of one process beside the device map's), the thread
+here then only waits on its calls. Weights reach it through the same bucketed push the
+vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
+
 Correctness of the weights: the rollout thread runs one task after another (load weights,
 generate), so the copy's weights never change during a generation; the trainer only hands
 it a snapshot (``state_dict_for_save``, CPU copies) taken at the step boundary, and the
@@ -240,26 +245,45 @@ def build_async_rollout(
     module: torch.nn.Module | None,
     generate: Callable[[Any, DataProto], DataProto],
     actor_group: Any,
+    placement: Any,
 ) -> AsyncRollout:
-    """The rollout copy (a local worker group of one
-    :class:`~verl.workers.rollout_copy.RolloutCopyWorker`, its model loaded like the actor's
-    or ``module``, a copy of the actor's initial module) and the pipeline over it."""
-    from verl.controller.local import LocalWorkerGroup
+    """The rollout copy and the pipeline over it.
+
+    The copy is a worker group of one :class:`~verl.workers.rollout_copy.RolloutCopyWorker`
+    on a resource pool of its own (``async_rollout``): in the driver process on the local
+    backend, one more Ray actor on the Ray backend. Its model is loaded like the actor's, or
+    is ``module`` (a copy of the actor's initial module). It joins ``placement``'s pools, so
+    it is shut down with the roles.
+    """
+    from verl.controller.factory import make_worker_group
     from verl.controller.resource_pool import ResourcePool
+    from verl.utils.device import resolve_device
     from verl.workers.rollout_copy import RolloutCopyWorker
 
-    group = LocalWorkerGroup(
+    device_type = resolve_device(cfg.trainer.device).type
+    pool = ResourcePool([1], use_gpu=device_type == "cuda", name="async_rollout")
+    options = None
+    if cfg.worker_backend == "ray":
+        from verl.controller.ray_backend import RayOptions
+
+        options = RayOptions(
+            device_type=device_type, heartbeat_timeout_s=cfg.trainer.worker_heartbeat_timeout
+        )
+    group = make_worker_group(
+        cfg.worker_backend,
         RolloutCopyWorker,
-        ResourcePool([1], name="async_rollout"),
+        pool,
         config=cfg,
         module=module,
         tokenizer=copy.deepcopy(tokenizer),  # fast tokenizers are not safe across threads
+        ray_options=options,
     )
+    placement.pools.append(group)
     group.init_model(total_steps=1)  # its optimizer never steps
     return AsyncRollout(
         group,
         generate,
-        lambda: actor_group.state_dict_for_save()[0],
+        lambda: actor_group.state_dict_for_save()[0],  # rank 0 holds the full dict
         max_staleness=cfg.trainer.max_staleness,
         seed=cfg.trainer.seed,
     )

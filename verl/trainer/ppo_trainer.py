@@ -161,6 +161,7 @@ class RLTrainer:
                     async_module,
                     lambda group, prompts: self._generate(prompts, group),
                     self.actor_rollout_wg,
+                    self.placement,
                 )
             except BaseException:
                 self.placement.shutdown()

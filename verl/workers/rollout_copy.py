@@ -14,6 +14,7 @@ next generation, as in the hybrid worker.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -43,6 +44,10 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         tokenizer: Any = None,
         **worker_kwargs: Any,
     ) -> None:
+        # One process holds the whole copy: a plain module, never sharded (the actor may be
+        # FSDP2 over several ranks; its full state dict is what this copy loads).
+        config = copy.deepcopy(config)
+        config.actor_rollout_ref.actor.strategy = "single"
         super().__init__(
             config, role="actor_rollout", module=module, tokenizer=tokenizer, **worker_kwargs
         )
