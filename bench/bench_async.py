@@ -14,6 +14,7 @@ passes and the update), the wall time of the training loop per step (what a user
 for), and the stages; with async/sync ratios, as a table and JSON.
 
     python bench/bench_async.py                 # a few minutes on 2 shared cores
+    python bench/bench_async.py --backend ray   # actor and rollout copy in Ray processes
     python bench/bench_async.py --steps 4 --repeats 1
 """
 
@@ -63,6 +64,7 @@ def _child(args) -> dict:
                 f"trainer.default_local_dir={tmp}",
                 f"trainer.log_dir={tmp}",
                 "trainer.device=cpu",
+                f"trainer.backend={args.backend}",
                 *CONFIGS[args.config],
             ]
         )
@@ -109,6 +111,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: the rollout copy on a thread of the driver; ray: in a Ray actor",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="sync", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -125,6 +133,7 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--child", "--config", name]
                 cmd += ["--model-dir", model_dir, "--steps", str(args.steps)]
                 cmd += ["--prompts", str(args.prompts), "--threads", str(args.threads)]
+                cmd += ["--backend", args.backend]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
                 if proc.returncode != 0:
                     sys.stderr.write(proc.stderr[-4000:])
