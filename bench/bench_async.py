@@ -2,10 +2,12 @@
 
 The same workload both ways: a tiny Qwen2 built locally (random init, hidden 256, 4 layers,
 4 heads / 2 KV heads, MLP 1024, tied embeddings; W2 of issue 14), 16 prompts x 4 samples,
-32 new tokens, GRPO, one update per batch, fp32, the built-in arithmetic prompts, the
-native rollout. ``async`` adds ``trainer.async_rollout=true`` (with
-``actor.rollout_is_threshold=2.0``, which it requires): batch k+1 generates on the rollout
-copy's thread while batch k trains. Each configuration trains ``--steps`` steps through
+32 new tokens (``--response-length``), GRPO, one update per batch, fp32, the built-in
+arithmetic prompts, the native rollout, one torch thread per process (``--threads``).
+``async`` adds ``trainer.async_rollout=true`` (with ``actor.rollout_is_threshold=2.0``,
+which it requires): batch k+1 generates on the rollout copy while batch k trains, on a
+thread of the driver (``--backend local``) or in a Ray actor of its own (``--backend ray``,
+where the actor is a Ray actor too). Each configuration trains ``--steps`` steps through
 ``RLTrainer`` in a fresh process; the configurations alternate over ``--repeats`` rounds.
 
 Reported per configuration (medians over steps after the first, then over repeats): the
@@ -51,7 +53,7 @@ def _child(args) -> dict:
                 f"actor_rollout_ref.model.path={args.model_dir}",
                 "algorithm.adv_estimator=grpo",
                 f"data.train_batch_size={args.prompts}",
-                "data.max_response_length=32",
+                f"data.max_response_length={args.response_length}",
                 f"data.arithmetic.train_size={args.prompts * args.steps}",
                 "data.arithmetic.val_size=4",
                 "actor_rollout_ref.rollout.n=4",
@@ -111,6 +113,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument(
         "--backend",
         choices=["local", "ray"],
@@ -133,7 +136,7 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--child", "--config", name]
                 cmd += ["--model-dir", model_dir, "--steps", str(args.steps)]
                 cmd += ["--prompts", str(args.prompts), "--threads", str(args.threads)]
-                cmd += ["--backend", args.backend]
+                cmd += ["--backend", args.backend, "--response-length", str(args.response_length)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
                 if proc.returncode != 0:
                     sys.stderr.write(proc.stderr[-4000:])
