@@ -202,8 +202,9 @@ def _digit_fraction(data_source, solution_str, ground_truth, extra_info=None) ->
 
 @pytest.mark.slow
 def test_async_reward_trend_matches_sync(tmp_path):
-    """20 GRPO steps on a dense reward: async learns like sync (both rise, and their last
-    steps' mean rewards are within noise of each other)."""
+    """30 GRPO steps on a dense reward: async learns like sync (both rise, and the mean
+    reward of their last 10 steps is within noise of each other). Measured (40 steps): the
+    two curves cross 0.5 at steps 23 and 23 and reach 0.97+ by step 34."""
     from verl.models.tiny import save_tiny_model_dir
     from verl.trainer.api import Trainer, make_trainer_config
 
@@ -226,7 +227,7 @@ def test_async_reward_trend_matches_sync(tmp_path):
                 f"trainer.log_dir={tmp_path / mode}",
                 "data.arithmetic.train_size=64",
                 "data.arithmetic.val_size=4",
-                "trainer.total_training_steps=20",
+                "trainer.total_training_steps=30",
                 "trainer.val_before_train=false",
                 *extra,
             ],
@@ -235,10 +236,10 @@ def test_async_reward_trend_matches_sync(tmp_path):
         trainer.fit()
         curves[mode] = [m["critic/score/mean"] for m in trainer.history]
     for mode, rewards in curves.items():
-        first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])
-        assert last > first + 0.2, (mode, rewards)
-    gap = abs(np.mean(curves["async"][-4:]) - np.mean(curves["sync"][-4:]))
-    assert gap < 0.2, curves
+        first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
+        assert last > first + 0.5, (mode, rewards)
+    gap = abs(np.mean(curves["async"][-10:]) - np.mean(curves["sync"][-10:]))
+    assert gap < 0.15, curves
 
 
 @pytest.mark.slow
