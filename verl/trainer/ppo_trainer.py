@@ -15,6 +15,9 @@
         critic.update_critic(gen); actor_rollout.update_actor(gen)
         log, validate, save a checkpoint every trainer.save_freq steps
 
+With ``trainer.async_rollout=true`` the first line takes a batch generated earlier, on a
+copy of the policy, while this step's work runs (:mod:`verl.trainer.async_rollout`).
+
 Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
 any forward pass is spent on them.
