@@ -127,8 +127,10 @@ def _straight_run(rl_config, tmp_path: Path, *extra: str) -> tuple[list[dict], P
             "algorithm.filter_groups.enable=true",
             "algorithm.filter_groups.metric=score",
         ),
+        # one-step-off async rollout: the in-flight batch is saved with the checkpoint
+        ("trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"),
     ],
-    ids=["native-global-rng", "hf-seeded", "dynamic-sampling"],
+    ids=["native-global-rng", "hf-seeded", "dynamic-sampling", "async"],
 )
 def test_resume_is_bit_exact(rl_config, tmp_path, variant):
     straight_history, straight_dir = _straight_run(rl_config, tmp_path, *variant)
@@ -166,6 +168,10 @@ def test_resume_is_bit_exact(rl_config, tmp_path, variant):
     want = json.loads((straight_dir / "global_step_4" / "trainer_state.json").read_text())
     for key in ("dataloader", "kl_ctrl", "reward_fn", "rng"):
         assert saved[key] == want[key], key
+    if "trainer.async_rollout=true" in variant:
+        assert saved["async_rollout"] == want["async_rollout"]
+        assert [m["async/staleness_max"] for m in straight_history] == [0.0, 1.0, 1.0, 1.0]
+        assert len(saved["async_rollout"]["inflight"]) == 1  # batch 5 was in flight
     if "algorithm.filter_groups.enable=true" in variant:
         drawn = sum(m["dapo/num_gen_batches"] for m in straight_history)
         assert drawn > 4  # some steps drew extra batches, moving the loader further
@@ -173,7 +179,9 @@ def test_resume_is_bit_exact(rl_config, tmp_path, variant):
             "position"
         ] == int(drawn)
     else:
-        assert [m["training/epoch"] for m in second.history] == [1.0, 1.0]
+        # async: the loader runs one batch ahead (batch 5 was drawn), into the next epoch
+        ahead = "trainer.async_rollout=true" in variant
+        assert [m["training/epoch"] for m in second.history] == [1.0, 2.0 if ahead else 1.0]
         assert saved["kl_ctrl"]["value"] != 0.001  # the adaptive controller moved
 
 

@@ -293,7 +293,22 @@ def test_001_section_7_2_fp8_needs_an_h100(tmp_path, small):
         translate_tree(yaml.safe_load(block))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: async rollout (trainer.async_rollout)")
-def test_001_section_7_3_async_rollout(small):
-    cfg = load_config(overrides=small("+trainer.async_rollout=true"))
+ASYNC_BLOCK = """
+trainer:
+  async_rollout: true
+  rollout_batch_size: 64
+"""
+# async mode trains on samples of an older policy and requires the truncated-IS correction
+TIS = "actor_rollout_ref.actor.rollout_is_threshold=2.0"
+BATCH_64 = ("data.train_batch_size=64", "data.arithmetic.train_size=64")
+
+
+def test_001_section_7_3_async_rollout(tmp_path, small):
+    cfg = load_config(overrides=small("+trainer.async_rollout=true", TIS))
     assert cfg.trainer.async_rollout is True
+    # the block as written: trainer.rollout_batch_size is data.rollout_batch_size, one
+    # training batch of prompts in flight
+    cfg = _load(tmp_path, small, ASYNC_BLOCK, extra=(*BATCH_64, TIS))
+    assert cfg.trainer.async_rollout is True and cfg.data.rollout_batch_size == 64
+    with pytest.raises(ConfigError, match="rollout_is_threshold"):
+        _load(tmp_path, small, ASYNC_BLOCK, extra=BATCH_64)

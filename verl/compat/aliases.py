@@ -174,6 +174,10 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
     trainer = out.get("trainer")
     if isinstance(trainer, dict) and "fsdp_init" in trainer:
         _fsdp_init(out, trainer.pop("fsdp_init"))
+    if isinstance(trainer, dict) and "rollout_batch_size" in trainer:
+        # tutorial 001 section 7.3 puts it beside trainer.async_rollout
+        size = trainer.pop("rollout_batch_size")
+        _put(out, "data.rollout_batch_size", size, "trainer.rollout_batch_size")
     data = out.get("data")
     if isinstance(data, dict) and "train_dataloader" in data:
         _train_dataloader(out, data.pop("train_dataloader"))

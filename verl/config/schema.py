@@ -77,6 +77,9 @@ class DataConfig:
     max_prompt_length: int = entry(128, "max prompt tokens (see truncation)", ge=1)
     max_response_length: int = entry(64, "max generated tokens per response", ge=1)
     train_batch_size: int = entry(8, "prompts per training step", ge=1)
+    rollout_batch_size: int | None = entry(
+        None, "prompts per generation batch in flight (async); null = train_batch_size", ge=1
+    )
     val_batch_size: int | None = entry(None, "prompts per validation batch; null = all", ge=1)
     truncation: Truncation = entry(
         "error",
@@ -255,6 +258,14 @@ class RunConfig(RunSectionConfig):
     )
     log_val_generations: int = entry(
         0, "validation samples (prompt, response, score) logged as a table per validation", ge=0
+    )
+    async_rollout: bool = entry(
+        False,
+        "one-step-off training: generate the next batches on a copy of the policy while the "
+        "current one trains (docs/rollout.md#asynchronous-rollout)",
+    )
+    max_staleness: int = entry(
+        1, "async_rollout: batches generated ahead = actor updates a sample may lag", ge=1
     )
     profile_steps: list[int] = entry(
         [],

@@ -22,6 +22,7 @@ from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolv
 from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
+from verl.config.validate_async import check_async_rollout
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
@@ -573,6 +574,7 @@ def _check_precision(c: Checks, cfg: TrainerConfig) -> None:
 def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
     t, p = cfg.trainer, "trainer"
     check_run(c, t, p)
+    check_async_rollout(c, cfg)
     if t.nnodes > 1 and t.backend == "local":
         c.error(
             (f"{p}.nnodes", f"{p}.backend"),

@@ -61,7 +61,8 @@ def place_roles(cfg: TrainerConfig, specs: Mapping[str, ClassWithInitArgs]) -> P
     placement = Placement(roles={}, backend=backend)
     options: dict[str, Any] = {}
     if backend == "ray":
-        options, placement.on_shutdown = _start_ray(cfg, placed.processes, device_type)
+        extra = 1 if cfg.trainer.async_rollout else 0  # the rollout copy's process
+        options, placement.on_shutdown = _start_ray(cfg, placed.processes + extra, device_type)
     try:
         for pool_name in placed.pools:
             roles = [role for role in placed.roles_in_pool(pool_name) if role in specs]

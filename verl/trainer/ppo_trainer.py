@@ -1,6 +1,7 @@
 """The single-controller RL loop: PPO, GRPO and their relatives.
 
-``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way DESIGN.md draws it::
+``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way DESIGN.md draws it
+(the loop is :mod:`verl.trainer.loop`; the phases of a step are the methods here)::
 
     for batch in loader:
         gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
@@ -14,12 +15,16 @@
         critic.update_critic(gen); actor_rollout.update_actor(gen)
         log, validate, save a checkpoint every trainer.save_freq steps
 
+With ``trainer.async_rollout=true`` the first line takes a batch generated earlier, on a
+copy of the policy, while this step's work runs (:mod:`verl.trainer.async_rollout`).
+
 Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
 any forward pass is spent on them.
 
 The parts of a run (tokenizer, data, rewards, KL controller, the role worker groups and
-their models) are built by :mod:`verl.trainer.build`; this module is the loop over them.
+their models) are built by :mod:`verl.trainer.build`; this module holds the phases of a
+step, and :mod:`verl.trainer.loop` drives them.
 The driver holds no model: every tensor-heavy call goes through a worker group. Where the
 workers run (in this process, or one Ray actor per device with FSDP2 sharding, roles
 colocated or on pools of their own) is decided once, by ``verl.trainer.placement`` from
@@ -34,8 +39,8 @@ resumed from step k takes exactly the steps the uninterrupted run takes after k.
 
 from __future__ import annotations
 
+import copy
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,13 +48,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
-from verl.algorithms.pf_ppo import pf_ppo_indices
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
+from verl.trainer import loop
+from verl.trainer.async_rollout import AsyncRollout, build_async_rollout
 from verl.trainer.build import (
     build_data,
     build_kl_controller,
@@ -59,22 +64,18 @@ from verl.trainer.build import (
     load_compute_score,
 )
 from verl.trainer.checkpoint import CheckpointManager
-from verl.trainer.dynamic_sampling import collect_informative_groups
 from verl.trainer.metrics import (
-    compute_data_metrics,
     compute_rollout_mismatch_metrics,
-    compute_throughput_metrics,
     compute_validation_metrics,
     timer,
 )
 from verl.trainer.passes import old_log_prob_pass
 from verl.trainer.profiling import StepProfiler
-from verl.trainer.progress import advance
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.samples import generation_samples
 from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
-from verl.trainer.stopping import RunInterrupted, StopRequests, diverged_error, loss_not_finite
+from verl.trainer.stopping import StopRequests
 from verl.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,12 @@ class RLTrainer:
         self.reward_fn = reward_fn or self.build_reward_manager(compute_score, train=True)
         self.val_reward_fn = val_reward_fn or self.build_reward_manager(compute_score, train=False)
         self.kl_ctrl = build_kl_controller(cfg)
+        # async: the rollout copy starts from the actor's initial module, copied before any update
+        async_module = (
+            copy.deepcopy(actor_module)
+            if cfg.trainer.async_rollout and actor_module is not None
+            else None
+        )
         self.placement = build_roles(
             cfg,
             use_reference=self.use_reference,
@@ -148,6 +155,20 @@ class RLTrainer:
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
+        self.async_rollout: AsyncRollout | None = None  # trainer.async_rollout (.async_rollout)
+        if cfg.trainer.async_rollout:
+            try:
+                self.async_rollout = build_async_rollout(
+                    cfg,
+                    tokenizer,
+                    async_module,
+                    lambda group, prompts: self._generate(prompts, group),
+                    self.actor_rollout_wg,
+                    self.placement,
+                )
+            except BaseException:
+                self.placement.shutdown()
+                raise
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -186,6 +207,7 @@ class RLTrainer:
                 "kl_ctrl": self.kl_ctrl,
                 "reward_fn": self.reward_fn,
                 "val_reward_fn": self.val_reward_fn,
+                **({} if self.async_rollout is None else {"async_rollout": self.async_rollout}),
             },
             roles=roles,
         )
@@ -216,6 +238,13 @@ class RLTrainer:
         )
         with timer("gen", metrics):
             gen = self._generate(batch)
+        return self.score_responses(gen, metrics, prompts=batch)
+
+    def score_responses(
+        self, gen: DataProto, metrics: dict[str, Any], prompts: DataProto | None = None
+    ) -> tuple[DataProto, dict[str, Any]]:
+        """Score the responses ``gen`` (see :meth:`generate_and_score`), adding to
+        ``metrics``; ReMax's greedy baseline regenerates from ``prompts``."""
         with timer("reward", metrics):
             scores, reward_metrics, extras = self._score(gen, update_stats=True)
             metrics |= reward_metrics
@@ -226,21 +255,24 @@ class RLTrainer:
         if self.config.estimator_needs("needs_baseline"):
             # ReMax: the greedy response's score, from the same scorer and shaping, is the
             # baseline of the n sampled responses of its prompt.
+            if prompts is None:
+                raise ValueError("score_responses: the greedy baseline needs the prompts")
             with timer("gen_greedy_baseline", metrics):
-                greedy = self._generate(_with_meta(batch, do_sample=False, n=1))
+                greedy = self._generate(_with_meta(prompts, do_sample=False, n=1))
                 baseline, _, _ = self._score(greedy, update_stats=False)
-            n = len(gen) // len(batch)
+            n = len(gen) // len(prompts)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return gen, metrics
 
-    def _generate(self, prompts: DataProto) -> DataProto:
-        """The rollout of ``prompts`` with their per-sample fields joined back on.
+    def _generate(self, prompts: DataProto, group: Any = None) -> DataProto:
+        """The rollout of ``prompts`` with their per-sample fields joined back on, by the
+        actor's worker group (or ``group``: the asynchronous rollout copy).
 
         Only the prompt tensors cross to the workers (``generate_sequences`` reads nothing
         else); the ground truths, data sources, group ids ... stay here and are repeated
         like the rollout repeats rows (``repeat_interleave``, ``n`` samples per prompt).
         """
-        gen = self.actor_rollout_wg.generate_sequences(prompts)
+        gen = (self.actor_rollout_wg if group is None else group).generate_sequences(prompts)
         n, rest = divmod(len(gen), len(prompts))
         if rest:
             raise ValueError(
@@ -351,54 +383,32 @@ class RLTrainer:
             metrics |= self.actor_rollout_wg.update_actor(gen)
         return metrics
 
+    # ------------------------------------------------------------------ the loop
+    # The loop itself is verl.trainer.loop; these methods are its seams (a subclass or a
+    # test may replace one of them).
+    def fit(self) -> dict[str, Any]:
+        """Train for ``total_steps`` steps; returns the last step's metrics and validation
+        (:func:`verl.trainer.loop.fit`: resume, validate, train, validate, export)."""
+        return loop.fit(self)
+
     def train_step(
         self, batch: DataProto, next_batch: Callable[[], DataProto] | None = None
     ) -> dict[str, Any]:
-        """Collect one step's data from ``batch``, update critic and actor; return metrics.
-
-        ``next_batch`` draws further prompt batches from the loader: DAPO dynamic sampling
-        (``algorithm.filter_groups``) uses it when ``batch`` alone has too few informative
-        groups.
-        """
-        start = time.perf_counter()
-        gen, metrics = self._collect_step_data(batch, next_batch)
-        pf = self.config.algorithm.pf_ppo
-        if self.config.algorithm.use_pf_ppo:  # PF-PPO: redraw the responses by score
-            scores = gen.batch["token_level_scores"].sum(-1)
-            seed = self.config.trainer.seed * 1_000_003 + self.global_step
-            rows, pf_metrics = pf_ppo_indices(scores, pf.reweight_method, pf.weight_pow, seed=seed)
-            gen, metrics = gen[rows], metrics | pf_metrics
-        metrics |= self.update_policy(gen)
-        step_seconds = time.perf_counter() - start
-        metrics["timing_s/step"] = step_seconds
-        metrics |= compute_data_metrics(gen, self.config.data.max_response_length)
-        metrics |= compute_throughput_metrics(gen, step_seconds)
-        return metrics
+        """Collect one step's data from ``batch``, update critic and actor; return metrics
+        (:func:`verl.trainer.loop.train_step`). ``next_batch`` draws further prompt batches
+        (DAPO dynamic sampling)."""
+        return loop.train_step(self, batch, next_batch)
 
     def _collect_step_data(
         self, batch: DataProto, next_batch: Callable[[], DataProto] | None
     ) -> tuple[DataProto, dict[str, Any]]:
-        """:meth:`collect_data`, or with dynamic sampling, only informative prompt groups."""
-        fg = self.config.algorithm.filter_groups
-        if not fg.enable:
-            gen, metrics = self.generate_and_score(batch)
-        elif next_batch is None:
-            raise ValueError(
-                "algorithm.filter_groups.enable=true: train_step needs next_batch to draw "
-                "more prompt batches"
-            )
-        else:
-            gen, metrics = collect_informative_groups(
-                batch,
-                next_batch,
-                self.generate_and_score,
-                metric=fg.metric,
-                num_prompts=self.config.data.train_batch_size,
-                max_num_gen_batches=fg.max_num_gen_batches,
-                pad_token_id=self.tokenizer.pad_token_id,
-            )
-        gen, more = self.prepare_update(gen, self.old_log_prob_pass)
-        return gen, metrics | more
+        return loop.collect_step_data(self, batch, next_batch)
+
+    def _train_loop(self, progress: Any) -> None:
+        loop.train_loop(self, progress)
+
+    def _batch_stream(self) -> Iterator[DataProto]:
+        return loop.batch_stream(self)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -439,59 +449,6 @@ class RLTrainer:
             infos.extend(gen.non_tensor_batch.get("extra_info", [None] * len(batch_scores)))
         self.tracker.log_generations(table, step=self.global_step)
         return compute_validation_metrics(accs, scores, sources, infos, cfg.trainer.val_group_by)
-
-    # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        """Train for ``total_steps`` steps; returns the last step's metrics and validation.
-
-        First resumes as ``trainer.resume_mode`` says (a resumed run skips
-        ``val_before_train``: the run it continues validated already, and a sampled
-        validation here would move the random streams the continuation must share).
-        """
-        cfg = self.config.trainer
-        results: dict[str, Any] = {}
-        progress = None
-        try:
-            self.run_lock.acquire()  # released by close()
-            self._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
-            self.resume()
-            if cfg.val_before_train and self.val_dataset is not None:
-                if self.resumed_from is None:
-                    val = self.validate()
-                    self.validation_history.append({"step": 0, **val})
-                    self.tracker.log(val, step=0)
-                    results["val_before"] = val
-                else:
-                    logger.info("resumed at step %d: val_before_train skipped", self.global_step)
-            progress = tqdm(
-                total=self.total_steps,
-                initial=self.global_step,
-                desc="training",
-                unit="step",
-                dynamic_ncols=True,
-            )
-            self._train_loop(progress)
-            if self.val_dataset is not None and (
-                not self.validation_history
-                or self.validation_history[-1]["step"] != self.global_step
-            ):
-                val = self.validate()
-                self.validation_history.append({"step": self.global_step, **val})
-                self.tracker.log(val, step=self.global_step)
-            results["last_metrics"] = self.history[-1] if self.history else {}
-            if self.validation_history:
-                results["val_after"] = {
-                    k: v for k, v in self.validation_history[-1].items() if k != "step"
-                }
-            if self.last_checkpoint is not None:
-                results["checkpoint"] = str(self.last_checkpoint)
-            results["hf_dir"] = str(self.save_hf(self.ckpt_dir / "huggingface"))
-        finally:
-            self._stop.__exit__()
-            if progress is not None:
-                progress.close()
-            self.close()
-        return results
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> Path | None:
@@ -535,48 +492,11 @@ class RLTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
 
-    def _train_loop(self, progress: tqdm) -> None:
-        cfg = self.config.trainer
-        batches = self._batch_stream()
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
-            metrics = self.profiler.run(self.global_step, step)  # trace, stage table
-            metrics["training/epoch"] = self.train_loader.epoch
-            # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
-            metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
-            metrics["data/truncated_prompts"] = float(self.train_dataset.num_truncated)
-            last = self.global_step == self.total_steps
-            if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
-                with timer("testing", metrics):
-                    val = self.validate()
-                metrics |= val
-                self.validation_history.append({"step": self.global_step, **val})
-            self.tracker.log(metrics, step=self.global_step)
-            self.history.append(metrics)
-            advance(progress, metrics)
-            broken = loss_not_finite(metrics)  # never checkpointed; the end if final
-            if broken and last:
-                raise diverged_error(self.global_step, metrics, self.last_checkpoint)
-            if cfg.save_freq > 0 and (
-                self.global_step % cfg.save_freq == 0 or last or self._stop.requested
-            ):
-                if broken:
-                    logger.warning("step %d: non-finite actor loss, not saved", self.global_step)
-                else:
-                    self.save_checkpoint()
-            if self._stop.requested:
-                saved = self.last_checkpoint if cfg.save_freq > 0 else None
-                raise RunInterrupted(self._stop.signum, self.global_step, saved)
-
-    def _batch_stream(self) -> Iterator[DataProto]:
-        """Training prompt batches, epoch after epoch. Every batch drawn (dynamic sampling's
-        extra ones too) advances the loader: its state points after the last one used."""
-        while True:
-            yield from self.train_loader
-
     def close(self) -> None:
-        """Release reward processes, loader and role workers, flush trackers (idempotent)."""
+        """Release the async rollout, reward processes, loader and role workers, flush
+        trackers (idempotent)."""
+        if self.async_rollout is not None:
+            self.async_rollout.close()
         for fn in (self.reward_fn, self.val_reward_fn, self.train_loader):
             close = getattr(fn, "close", None)
             if close is not None:

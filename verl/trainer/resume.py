@@ -195,6 +195,8 @@ class RunCheckpointer:
             the top of ``trainer_state.json``).
         components: driver-side parts by name (``dataloader``, ``kl_ctrl``, ``reward_fn``
             ...), each saved under its name; one without ``state_dict`` is saved as null.
+            One with ``save_files(dir)`` / ``load_files(dir)`` also keeps files in the
+            checkpoint's directory ``<name>/`` (the asynchronous rollout's in-flight batches).
         roles: the trainable roles' worker groups by role name; each writes its own
             directory through its workers (``save_checkpoint`` / ``load_checkpoint``:
             engine, RNG, call counters; ``verl.workers.checkpointing``).
@@ -230,6 +232,9 @@ class RunCheckpointer:
             # The driver's generators first; the workers' saves leave every generator untouched.
             state = {"format_version": FORMAT_VERSION, **self.progress.state_dict()}
             state |= {name: _state_of(obj) for name, obj in self.components.items()}
+            for name, obj in self.components.items():  # tensors: files of their own
+                if hasattr(obj, "save_files"):
+                    obj.save_files(tmp / name)
             state["rng"] = rng_state()
             roles, pending = {}, []
             for role, group in self.roles.items():
@@ -284,6 +289,8 @@ class RunCheckpointer:
                 if name != "dataloader" or not self.config.trainer.resume_force:
                     raise CheckpointError(f"checkpoint {path}: {name}: {err}") from err
                 _relaxed_data_position(obj, saved, err)
+            if hasattr(obj, "load_files"):
+                obj.load_files(path / name)
         set_rng_state(state["rng"])  # last: nothing above may move the restored generators
         logger.info("resumed from %s at step %s", path, state.get("global_step"))
 

@@ -30,7 +30,6 @@ import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
-from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
@@ -66,6 +65,7 @@ from verl.workers.common import (
     dynamic_precision,
     engine_options,
     micro_batches,
+    own_old_log_prob_metrics,
     precision_options,
     run_ppo_update,
     save_hf_model,
@@ -581,25 +581,3 @@ class ActorRolloutRefWorker(Worker):
         self._update_calls = counters["update_calls"]
         self._generate_calls = counters["generate_calls"]
         self._rollout_weights_stale = True
-
-
-def own_old_log_prob_metrics(data: DataProto, recorded: list) -> dict[str, float]:
-    """The old-log-prob pass's metrics from an update that stood in for it.
-
-    ``recorded``: ``(row_index, log_probs, entropy)`` per micro-batch (trimmed widths).
-    Returns ``actor/entropy`` (mean over valid response tokens) and, when the batch has
-    ``rollout_log_probs``, the ``rollout/*`` drift metrics.
-    """
-    mask = data.batch["response_mask"]
-    rows, width = mask.shape
-    log_probs = torch.zeros(rows, width)
-    entropy = torch.zeros(rows, width)
-    for index, lp, ent in recorded:
-        index = index.cpu()
-        log_probs[index, : lp.shape[1]] = lp.float().cpu()
-        entropy[index, : ent.shape[1]] = ent.float().cpu()
-    valid = mask.bool()
-    metrics = {"actor/entropy": entropy[valid].mean().item() if valid.any() else 0.0}
-    if "rollout_log_probs" in data.batch:
-        metrics |= rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask)
-    return metrics

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
@@ -409,3 +410,25 @@ def save_hf_model(
         state_dict=merged,
         extra=lambda tmp: write_adapter(module, state, tmp / LORA_ADAPTER_DIR),
     )
+
+
+def own_old_log_prob_metrics(data: DataProto, recorded: list) -> dict[str, float]:
+    """The old-log-prob pass's metrics from an update that stood in for it.
+
+    ``recorded``: ``(row_index, log_probs, entropy)`` per micro-batch (trimmed widths).
+    Returns ``actor/entropy`` (mean over valid response tokens) and, when the batch has
+    ``rollout_log_probs``, the ``rollout/*`` drift metrics.
+    """
+    mask = data.batch["response_mask"]
+    rows, width = mask.shape
+    log_probs = torch.zeros(rows, width)
+    entropy = torch.zeros(rows, width)
+    for index, lp, ent in recorded:
+        index = index.cpu()
+        log_probs[index, : lp.shape[1]] = lp.float().cpu()
+        entropy[index, : ent.shape[1]] = ent.float().cpu()
+    valid = mask.bool()
+    metrics = {"actor/entropy": entropy[valid].mean().item() if valid.any() else 0.0}
+    if "rollout_log_probs" in data.batch:
+        metrics |= rollout_mismatch_metrics(log_probs, data.batch["rollout_log_probs"], mask)
+    return metrics

@@ -1,0 +1,91 @@
+"""A rollout-only copy of the policy, for asynchronous (one-step-off) training.
+
+In synchronous training the hybrid :class:`~verl.workers.actor_rollout_ref.ActorRolloutRefWorker`
+samples from the module it trains. With ``trainer.async_rollout=true`` the next batch is
+generated *while* the current one trains, so the rollout needs weights the optimizer does
+not touch: this worker holds its own copy of the policy (built like the actor's: same model,
+LoRA, precision, rollout backend) and samples from it. The trainer pushes the actor's
+weights into it at step boundaries only, between two generations
+(:meth:`RolloutCopyWorker.load_policy_weights`), through the same bucketed, time-limited
+push the vLLM backend takes its weights with (:func:`verl.rollout.weight_sync.push_weights`).
+With ``rollout.name=vllm`` the copy's module is then pushed on into its engine before the
+next generation, as in the hybrid worker.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from verl.config import TrainerConfig
+from verl.controller import Dispatch, register
+from verl.rollout.weight_sync import push_weights
+from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+__all__ = ["RolloutCopyWorker"]
+
+
+class RolloutCopyWorker(ActorRolloutRefWorker):
+    """The policy's rollout on a module of its own; generation and weight loading only.
+
+    Args:
+        config: the full trainer config.
+        module: an already-built causal LM (a copy of the actor's initial module) to use
+            instead of loading ``actor_rollout_ref.model.path``.
+        tokenizer: a tokenizer to use instead of loading one.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        module: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        **worker_kwargs: Any,
+    ) -> None:
+        # One process holds the whole copy: a plain module, never sharded (the actor may be
+        # FSDP2 over several ranks; its full state dict is what this copy loads).
+        config = copy.deepcopy(config)
+        config.actor_rollout_ref.actor.strategy = "single"
+        super().__init__(
+            config, role="actor_rollout", module=module, tokenizer=tokenizer, **worker_kwargs
+        )
+        self.policy_version: int | None = None  # the actor update the weights come from
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+        """Copy the actor's full state dict ``state`` (names of the actor's module) into
+        this copy's module, in place; ``version`` is the number of actor updates it holds.
+
+        Must not run while this worker generates (the trainer calls it between two
+        generations, on the rollout's own thread). Returns the push's seconds and size.
+        """
+        module = self.engine.module
+        targets = module.state_dict()
+        missing = sorted(set(targets) - set(state))
+        unknown = sorted(set(state) - set(targets))
+        if missing or unknown:
+            raise ValueError(
+                f"load_policy_weights: the actor's state dict does not match the rollout "
+                f"copy's module (missing {missing[:3]}, unexpected {unknown[:3]})"
+            )
+
+        def receive(weights: Any) -> None:
+            for name, tensor in weights:
+                targets[name].copy_(tensor)
+
+        vcfg = self.config.actor_rollout_ref.rollout.vllm
+        stats = push_weights(
+            receive,
+            state.items(),
+            bucket_bytes=vcfg.weight_sync_bucket_mb * 2**20,
+            timeout_s=vcfg.weight_sync_timeout_s,
+            role="async rollout copy",
+            engine="rollout-copy",
+            timeout_key="actor_rollout_ref.rollout.vllm.weight_sync_timeout_s",
+        )
+        self.policy_version = version
+        if self.rollout.owns_weights:  # vLLM: its engine takes them before the next generation
+            self._rollout_weights_stale = True
+        return {"async/weight_sync_seconds": stats["seconds"]}
