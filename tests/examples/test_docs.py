@@ -72,3 +72,28 @@ def test_every_docs_page_is_linked_from_the_readme():
     assert pages - linked == set(), f"not linked from README.md: {sorted(pages - linked)}"
     for target in linked:
         assert (ROOT / target).exists(), f"README links to a missing {target}"
+
+
+def test_data_doc_rows_load_and_score(tmp_path):
+    from transformers import AutoTokenizer
+
+    from verl.data.rl_dataset import RLHFDataset
+    from verl.models.tiny import save_tiny_model_dir
+    from verl.rewards.scorers import default_compute_score
+
+    text = (DOCS / "data.md").read_text()
+    block = re.search(r"```jsonl\n(.*?)```", text, flags=re.S).group(1)
+    rows = [json.loads(line) for line in block.splitlines() if line.strip()]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(block)
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model_dir(tmp_path / "model"))
+    dataset = RLHFDataset(str(path), tokenizer, max_prompt_length=256)
+    assert len(dataset) == 3
+    # a string prompt is one user message
+    assert dataset[2]["raw_prompt"] == [{"role": "user", "content": rows[2]["prompt"]}]
+    assert dataset[0]["extra_info"] == {"split": "train", "index": 0}
+    # the built-in scorers of the first two rows
+    for row, right, wrong in ((rows[0], "7", "8"), (rows[1], "3 + 2 = 5\n#### 5", "#### 6")):
+        source, truth = row["data_source"], row["reward_model"]["ground_truth"]
+        assert default_compute_score(source, right, truth)["score"] == 1.0
+        assert default_compute_score(source, wrong, truth)["score"] == 0.0

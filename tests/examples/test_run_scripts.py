@@ -97,9 +97,9 @@ def test_grpo_script_is_the_main_job_preset(tmp_path):
     # but for the run's name
     script = _run(GRPO, "--print-config", cwd=tmp_path)
     assert script.returncode == 0, script.stderr
+    preset_file = str(EXAMPLES / "grpo_smollm2_arithmetic.yaml")
     preset = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--print-config", "--config"]
-        + [str(EXAMPLES / "grpo_smollm2_arithmetic.yaml")],
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--print-config", "--config", preset_file],
         capture_output=True,
         text=True,
         env=_env(),
