@@ -34,7 +34,7 @@ from pathlib import Path
 from _common import MiB, PeakSampler, model_dir_for, prompt_batch, rss_bytes, run_child, trim_heap
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_smollm2_arithmetic.yaml"
-STAGES = ("gen", "old_log_prob", "ref", "update_actor")
+STAGES = ("gen", "reward", "old_log_prob", "ref_and_values", "adv", "update_actor")
 
 
 def _lora_overrides(rank: int) -> list[str]:
