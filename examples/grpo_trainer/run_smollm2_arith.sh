@@ -2,7 +2,7 @@
 # GRPO on the embedded SmolLM2-135M-Instruct with the built-in one-digit + and * problems:
 # the main job (examples/grpo_smollm2_arithmetic.yaml, which `bash scripts/run.sh` runs),
 # spelled out as key=value overrides. CPU, about 3-9 min for 16 steps on 2 cores; no model
-# download, no data files (data.builtin=arithmetic generates them into a cache directory).
+# download, no data files (data.builtin=arithmetic writes them into the run's log directory).
 #   bash examples/grpo_trainer/run_smollm2_arith.sh
 #   bash examples/grpo_trainer/run_smollm2_arith.sh trainer.total_training_steps=2   # a smoke run
 # Extra arguments are more overrides and win over the ones below. PYTHON picks the

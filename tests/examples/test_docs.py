@@ -97,3 +97,54 @@ def test_data_doc_rows_load_and_score(tmp_path):
         source, truth = row["data_source"], row["reward_model"]["ground_truth"]
         assert default_compute_score(source, right, truth)["score"] == 1.0
         assert default_compute_score(source, wrong, truth)["score"] == 0.0
+
+
+USER_GUIDES = (
+    "concepts.md",
+    "quickstart_gpu.md",
+    "custom_reward.md",
+    "data.md",
+)
+SECTIONS = (
+    "data",
+    "actor_rollout_ref",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+    "resource_pool",
+)
+
+
+@pytest.mark.parametrize("page", USER_GUIDES)
+def test_user_guide_config_keys_exist(page):
+    """Every full config key a guide names (`section.key...`, with or without `=value`) is
+    a key of the PPO config (or of the SFT / DPO config, for data.md's SFT section); the
+    other dotted names are data columns and worker-group methods."""
+    from verl.config import TrainerConfig, load_dpo_config, load_sft_config
+    from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.workers.critic import CriticWorker
+
+    columns = {"reward_model.ground_truth", "reward_model.style"}
+    configs = (TrainerConfig(), load_sft_config(), load_dpo_config())
+
+    def resolves(config, key: str) -> bool:
+        node = config
+        for part in key.split("."):
+            if not hasattr(node, part):
+                return False
+            node = getattr(node, part)
+        return True
+
+    text = (DOCS / page).read_text()
+    sections = "|".join(SECTIONS)
+    pattern = rf"(?<![\w./])((?:{sections})(?:\.[A-Za-z_][\w]*)+)(?==|`|\s|$)"
+    keys = set(re.findall(pattern, text))
+    assert keys, f"{page} names no config key"
+    for key in sorted(keys - columns):
+        group, _, method = key.partition(".")
+        worker = {"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker}.get(group)
+        if worker is not None and callable(getattr(worker, method, None)):
+            continue
+        assert any(resolves(c, key) for c in configs), f"{page}: {key} is not a config key"
