@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -176,14 +177,16 @@ def main() -> None:
     }
     common = ["--steps", str(args.steps)] + (["--kl"] if args.kl else [])
     if args.skip != "train":
-        full = run_child(__file__, "train", [*common, "--rank", "0"], args.model_dir)
-        lora = run_child(__file__, "train", [*common, "--rank", str(args.rank)], args.model_dir)
+        full = _progress(run_child(__file__, "train", [*common, "--rank", "0"], args.model_dir))
+        lora = _progress(
+            run_child(__file__, "train", [*common, "--rank", str(args.rank)], args.model_dir)
+        )
         lora["step_ratio"] = round(lora["step_s"] / full["step_s"], 3)
         lora["peak_ratio"] = round(lora["peak_mib"] / full["peak_mib"], 3)
         summary["train"] = [full, lora]
     if args.skip != "rollout":
         extra = ["--rank", str(args.rank), "--reps", str(args.reps)]
-        rollout = run_child(__file__, "rollout", extra, args.model_dir)
+        rollout = _progress(run_child(__file__, "rollout", extra, args.model_dir))
         rollout["merged_over_applied"] = round(
             rollout["merged_median_s"] / rollout["applied_median_s"], 3
         )
@@ -192,6 +195,13 @@ def main() -> None:
     trim_heap()
     print(json.dumps(summary))
     _print_table(summary)
+
+
+def _progress(result: dict) -> dict:
+    """Each configuration's result on stderr as soon as it is measured (a long run that is
+    stopped keeps what it measured)."""
+    print(json.dumps(result), file=sys.stderr, flush=True)
+    return result
 
 
 def _print_table(summary: dict) -> None:
