@@ -101,6 +101,7 @@ def test_data_doc_rows_load_and_score(tmp_path):
 
 USER_GUIDES = (
     "concepts.md",
+    "quickstart_cpu.md",
     "quickstart_gpu.md",
     "custom_reward.md",
     "data.md",
