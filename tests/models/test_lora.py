@@ -26,7 +26,7 @@ def test_lora_scaling_is_alpha_over_rank_from_the_model_and_its_written_config(t
     assert json.loads((tmp_path / "adapter_config.json").read_text())["r"] == 4
     assert adapter_scaling(tmp_path) == lora_scaling(model) == 1.5
     assert adapter_scaling(tmp_path / "missing") is None
-    with pytest.raises(ValueError, match="Linear is not a PeftModel"):
+    with pytest.raises(ValueError, match="Linear has no LoRA adapters"):
         lora_scaling(torch.nn.Linear(2, 2))
 
 

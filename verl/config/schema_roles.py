@@ -353,6 +353,17 @@ class CriticModelConfig:
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
+    lora_rank: int = entry(
+        0, "LoRA adapter rank of the body (peft; the value head trains fully); 0 = off", ge=0
+    )
+    lora_alpha: float = entry(
+        16.0, "LoRA scale numerator: adapters are scaled by alpha / rank", gt=0
+    )
+    lora_dropout: float = entry(0.0, "dropout on the LoRA adapters' input", ge=0, lt=1)
+    target_modules: list[str] = entry(
+        ["all-linear"], "LoRA: module names of the body to adapt (all-linear = every linear)"
+    )
+    exclude_modules: list[str] = entry([], "LoRA: module names never adapted")
 
 
 @dataclass

@@ -15,6 +15,12 @@ A ``PeftModel``'s state dict names the base weights ``base_model.model.<name>.ba
 (``W + (alpha / r) * B @ A``) under the plain HF names, for export and for engines that
 take whole weights; :func:`adapter_state_dict` keeps only the adapters, in the layout
 ``PeftModel.from_pretrained`` reads.
+
+The critic (``critic.model.lora_rank > 0``) is a value model, not a causal LM:
+:func:`apply_lora_to_value_model` injects the adapters into its transformer body in place
+(names ``model.<name>.base_layer.weight``, ``model.<name>.lora_A.default.weight``, no
+``PeftModel`` wrapper) and leaves the scalar value head fully trainable, since it starts
+from a random initialisation. :func:`merged_state_dict` folds those adapters the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ __all__ = [
     "adapter_scaling",
     "adapter_state_dict",
     "apply_lora",
+    "apply_lora_to_value_model",
     "is_lora_model",
+    "lora_config_of",
     "lora_scaling",
     "lora_spec_from_config",
     "merged_state_dict",
@@ -101,24 +109,57 @@ def apply_lora(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
     ``module`` did until the first update.
     """
     peft = _peft()
-    config = peft.LoraConfig(
+    try:
+        wrapped = peft.get_peft_model(module, _lora_config(spec, task_type="CAUSAL_LM"))
+    except ValueError as exc:
+        raise _no_match(spec, module, exc) from exc
+    return wrapped
+
+
+def apply_lora_to_value_model(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """Inject fresh adapters into a value model's body (``module.model``), in place.
+
+    Only the adapters of the body and the whole value head (``module.value_head``) train
+    afterwards. ``lora_B`` starts at zero, so the values are unchanged until the first
+    update. Returns ``module``.
+    """
+    peft = _peft()
+    try:
+        peft.inject_adapter_in_model(_lora_config(spec, task_type=None), module.model)
+    except ValueError as exc:
+        raise _no_match(spec, module.model, exc) from exc
+    module.value_head.requires_grad_(True)
+    return module
+
+
+def _lora_config(spec: LoraSpec, task_type: str | None) -> Any:
+    return _peft().LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
         target_modules=spec.target_modules,
         exclude_modules=spec.exclude_modules,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
-    try:
-        wrapped = peft.get_peft_model(module, config)
-    except ValueError as exc:
-        raise ValueError(
-            f"LoRA: target_modules={spec.target_modules!r} "
-            f"(exclude_modules={spec.exclude_modules!r}) matched no layer of "
-            f"{type(module).__name__}: {exc}"
-        ) from exc
-    return wrapped
+
+
+def _no_match(spec: LoraSpec, module: torch.nn.Module, exc: Exception) -> ValueError:
+    return ValueError(
+        f"LoRA: target_modules={spec.target_modules!r} "
+        f"(exclude_modules={spec.exclude_modules!r}) matched no layer of "
+        f"{type(module).__name__}: {exc}"
+    )
+
+
+def lora_config_of(module: torch.nn.Module) -> Any:
+    """The peft ``LoraConfig`` of a module LoRA was applied to: a ``PeftModel`` (the actor)
+    or a value model whose body holds injected adapters (the critic)."""
+    for holder in (module, getattr(module, "model", None)):
+        config = getattr(holder, "peft_config", None)
+        if config and _ADAPTER in config:
+            return config[_ADAPTER]
+    raise ValueError(f"{type(module).__name__} has no LoRA adapters (no peft_config)")
 
 
 def is_lora_model(module: torch.nn.Module) -> bool:
@@ -190,15 +231,13 @@ def write_adapter(
 
 def lora_scaling(source: torch.nn.Module | Mapping[str, Any]) -> float:
     """``lora_alpha / r``: the factor of ``B @ A`` in the layers' output, and so in
-    :func:`merged_state_dict`. ``source``: a ``PeftModel`` (also FSDP2-wrapped) or the mapping
-    of an ``adapter_config.json``."""
+    :func:`merged_state_dict`. ``source``: a module LoRA was applied to (see
+    :func:`lora_config_of`; also FSDP2-wrapped) or the mapping of an ``adapter_config.json``."""
     if isinstance(source, Mapping):
         alpha, rank = source["lora_alpha"], source["r"]
     else:
-        peft_config = getattr(source, "peft_config", None)
-        if not peft_config:
-            raise ValueError(f"{type(source).__name__} is not a PeftModel: no LoRA scaling")
-        alpha, rank = peft_config[_ADAPTER].lora_alpha, peft_config[_ADAPTER].r
+        config = lora_config_of(source)
+        alpha, rank = config.lora_alpha, config.r
     return float(alpha) / float(rank)
 
 

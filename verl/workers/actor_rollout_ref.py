@@ -44,6 +44,7 @@ from verl.models import (
 from verl.models.lora import (
     apply_lora,
     is_lora_model,
+    lora_config_of,
     lora_scaling,
     lora_spec_from_config,
     merged_state_dict,
@@ -570,7 +571,7 @@ class ActorRolloutRefWorker(Worker):
         if hf_config_dir is not None and self.rank == 0:
             save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
             if is_lora_model(self.engine.module):  # export folds the adapters in (model_merger)
-                self.engine.module.peft_config["default"].save_pretrained(hf_config_dir)
+                lora_config_of(self.engine.module).save_pretrained(hf_config_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

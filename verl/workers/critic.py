@@ -1,4 +1,8 @@
-"""The critic worker: a value model (LM backbone + scalar head) with its own engine."""
+"""The critic worker: a value model (LM backbone + scalar head) with its own engine.
+
+LoRA (``critic.model.lora_rank > 0``, :func:`verl.models.lora.apply_lora_to_value_model`):
+adapters in the body, trained with the whole value head; the body's weights stay frozen.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,12 @@ from verl.models import (
     check_vocab_covers_tokenizer,
     enable_activation_checkpointing,
     resolve_dtype,
+)
+from verl.models.lora import (
+    apply_lora_to_value_model,
+    is_lora_model,
+    lora_config_of,
+    lora_spec_from_config,
 )
 from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
@@ -93,6 +103,9 @@ class CriticWorker(Worker):
             )
         self._given_module = None
         check_vocab_covers_tokenizer(module, self.tokenizer, "critic.model")
+        lora = lora_spec_from_config(ccfg.model)
+        if lora is not None:
+            module = apply_lora_to_value_model(module, lora)
         if ccfg.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         strategy = self.config.engine_strategy("critic")
@@ -177,6 +190,8 @@ class CriticWorker(Worker):
         )
         if hf_config_dir is not None and self.rank == 0:
             save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
+            if is_lora_model(self.engine.module):  # export folds the adapters in (model_merger)
+                lora_config_of(self.engine.module).save_pretrained(hf_config_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
