@@ -33,7 +33,12 @@ import torch
 
 from verl.data.base import RowDataset
 from verl.data.io import DatasetValidationError, _parse_json_object
-from verl.data.rl_dataset import RLHFDataset, char_window, required_columns
+from verl.data.rl_dataset import (
+    RLHFDataset,
+    char_window,
+    required_columns,
+    set_prompt_options,
+)
 
 __all__ = ["LazyRLHFDataset"]
 
@@ -62,11 +67,7 @@ class LazyRLHFDataset(RowDataset):
         prompt_key: str = "prompt",
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
-        if max_prompt_length is not None and max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1 (or None)")
-        self.prompt_key = prompt_key
-        self.tools = list(tools) if tools else None
-        self.max_prompt_length = max_prompt_length
+        set_prompt_options(self, max_prompt_length, prompt_key, tools)
         self._setup(data_files, tokenizer, truncation, apply_chat_template)
         if self.truncation == "drop":
             raise ValueError(

@@ -109,6 +109,17 @@ def validate_row(row: dict[str, Any], prompt_key: str = "prompt") -> list[str]:
     return problems
 
 
+def set_prompt_options(
+    dataset: Any, max_prompt_length: int | None, prompt_key: str, tools: Any
+) -> None:
+    """The prompt settings every RL prompt dataset keeps (eager and lazy alike)."""
+    if max_prompt_length is not None and max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1 (or None)")
+    dataset.prompt_key = prompt_key
+    dataset.tools = list(tools) if tools else None
+    dataset.max_prompt_length = max_prompt_length
+
+
 class RLHFDataset(RowDataset, Dataset):
     """Tokenized prompts with their reward metadata, read from parquet / JSON lines files.
 
@@ -151,11 +162,7 @@ class RLHFDataset(RowDataset, Dataset):
         prompt_key: str = "prompt",
         tools: list[dict[str, Any]] | None = None,
     ):
-        if max_prompt_length is not None and max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1 (or None)")
-        self.prompt_key = prompt_key
-        self.tools = list(tools) if tools else None
-        self.max_prompt_length = max_prompt_length
+        set_prompt_options(self, max_prompt_length, prompt_key, tools)
         self._setup(data_files, tokenizer, truncation, apply_chat_template)
         rows = self._read_rows(
             self._check, self._render, max_reported_problems, required_columns(prompt_key)
