@@ -7,7 +7,7 @@ import io
 import pytest
 from tqdm import tqdm
 
-import verl.trainer.ppo_trainer as ppo_trainer
+import verl.trainer.loop as trainer_loop
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.progress import advance, step_postfix
 
@@ -62,7 +62,7 @@ def test_rl_trainer_bar_after_step_k_shows_step_k(rl_config, monkeypatch):
             super().set_postfix(ordered_dict, refresh=refresh, **kwargs)
 
     RecordingBar.postfix_dict = {}
-    monkeypatch.setattr(ppo_trainer, "tqdm", RecordingBar)
+    monkeypatch.setattr(trainer_loop, "tqdm", RecordingBar)
     trainer = RLTrainer(rl_config("trainer.test_freq=2", "trainer.val_before_train=false"))
     trainer.fit()
     assert len(trainer.history) == 2
