@@ -27,6 +27,7 @@ exec "$python" -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.ppo_mini_batch_size=8 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_device=8 \
     actor_rollout_ref.actor.optim.lr=2e-5 \
+    trainer.mixed_precision=auto \
     trainer.total_training_steps=16 \
     trainer.test_freq=4 \
     'trainer.logger=[console,jsonl]' \

@@ -213,3 +213,12 @@ def test_tool_transcripts_train_the_call_and_the_answer_only(tmp_path, tokenizer
     assert short["messages"][0] == {"role": "system", "content": "Tools: calculator"}
     with pytest.raises(ValueError, match="include its schema"):
         tool_transcript_row((1, "*", 2), [])
+
+
+def test_no_validation_split(tmp_path):
+    # val_size=0 (allowed by data.arithmetic.val_size) writes only the training file
+    train, val = write_arithmetic_dataset(tmp_path, train_size=6, val_size=0, ops=["+"])
+    assert val is None and sorted(p.name for p in tmp_path.iterdir()) == ["train.parquet"]
+    assert len(read_records(train).records) == 6
+    with pytest.raises(ValueError, match="val_size=-1 >= 0"):
+        write_arithmetic_dataset(tmp_path, train_size=6, val_size=-1)

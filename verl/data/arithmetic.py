@@ -234,12 +234,16 @@ def write_arithmetic_dataset(
     seed: int = 0,
     fmt: str = "parquet",
     prompt_style: str = "chat",
-) -> tuple[str, str]:
-    """Write `train.<fmt>` and `test.<fmt>` into `out_dir`; returns (train_path, val_path)."""
+) -> tuple[str, str | None]:
+    """Write `train.<fmt>` and `test.<fmt>` into `out_dir`; returns (train_path, val_path),
+    val_path None when `val_size` is 0."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}; choose one of {FORMATS}")
-    if train_size < 1 or val_size < 1:
-        raise ValueError(f"train_size={train_size} and val_size={val_size} must be >= 1")
+    if train_size < 1 or val_size < 0:
+        raise ValueError(
+            f"train_size={train_size} must be >= 1 and val_size={val_size} >= 0 (0: no "
+            "validation file)"
+        )
     _check_args(digits, ops, prompt_style)
     val_rows = make_arithmetic_rows(val_size, digits, ops, 2 * seed + 1, "test", prompt_style)
     val_problems = {row_problem(r) for r in val_rows}
@@ -248,9 +252,12 @@ def write_arithmetic_dataset(
     )
     suffix = "parquet" if fmt == "parquet" else "jsonl"
     train_path = write_records(train_rows, os.path.join(out_dir, f"train.{suffix}"))
-    val_path = write_records(val_rows, os.path.join(out_dir, f"test.{suffix}"))
+    val_path = (
+        write_records(val_rows, os.path.join(out_dir, f"test.{suffix}")) if val_rows else None
+    )
     logger.info("wrote %d train rows to %s", train_size, train_path)
-    logger.info("wrote %d val rows to %s", val_size, val_path)
+    if val_path is not None:
+        logger.info("wrote %d val rows to %s", val_size, val_path)
     return train_path, val_path
 
 

@@ -71,7 +71,7 @@ def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], li
         )
         logger.info("built-in arithmetic data: %s, %s", train_path, val_path)
         train_files = [str(train_path)]
-        if not val_files:
+        if not val_files and val_path is not None:
             val_files = [str(val_path)]
     if not train_files:
         raise ValueError(

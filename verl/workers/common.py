@@ -12,6 +12,7 @@ aggregated over the *global* mini-batch, whatever the ranks' token counts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -235,6 +236,7 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
     from verl.config.precision import TRAINABLE_ROLES, role_precision
 
     prec = role_precision(config, role)
+    logging.getLogger(__name__).info("%s computes in %s (strategy %s)", role, prec, strategy)
     opts = dict(fsdp_options)
     t = config.trainer
     if role in TRAINABLE_ROLES:
