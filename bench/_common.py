@@ -71,6 +71,29 @@ class PeakSampler:
         return self.peaks
 
 
+# Issue 14's W1/W2 tiny model: random init, hidden 256, 4 layers, 4 heads / 2 KV heads,
+# MLP 1024, tied embeddings (build_tiny_model's defaults for the rest).
+W2_MODEL_KWARGS = dict(
+    hidden_size=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=1024,
+    tie_word_embeddings=True,
+    seed=0,
+)
+
+
+def w2_model_dir(workdir: Path) -> str:
+    """The W2 tiny model saved under ``workdir`` (once), for benches that load by path."""
+    from verl.models.tiny import save_tiny_model_dir
+
+    path = workdir / "w2_model"
+    if not path.exists():
+        save_tiny_model_dir(path, **W2_MODEL_KWARGS)
+    return str(path)
+
+
 def model_dir_for(kind: str, workdir: Path) -> str:
     if kind == "tiny":
         from verl.models.tiny import save_tiny_model_dir

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import w2_model_dir
+
 CONFIGS = {
     "sync": [],
     "async": ["trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"],
@@ -91,22 +93,6 @@ def _child(args) -> dict:
     }
 
 
-def _model_dir(workdir: Path) -> str:
-    from verl.models.tiny import save_tiny_model_dir
-
-    path = workdir / "w2_model"
-    if not path.exists():
-        save_tiny_model_dir(
-            path,
-            hidden_size=256,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=1024,
-        )
-    return str(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -130,7 +116,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = _model_dir(Path(tmp))
+        model_dir = w2_model_dir(Path(tmp))
         for _ in range(args.repeats):
             for name in CONFIGS:
                 cmd = [sys.executable, __file__, "--child", "--config", name]

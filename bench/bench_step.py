@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import MiB, PeakSampler
+from _common import MiB, PeakSampler, w2_model_dir
 
 CONFIGS = {
     "before": [
@@ -88,22 +88,6 @@ def _child(args) -> dict:
     }
 
 
-def _model_dir(workdir: Path) -> str:
-    from verl.models.tiny import save_tiny_model_dir
-
-    path = workdir / "w2_model"
-    if not path.exists():
-        save_tiny_model_dir(
-            path,
-            hidden_size=256,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=1024,
-        )
-    return str(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4)
@@ -118,7 +102,7 @@ def main() -> None:
         return
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = _model_dir(Path(tmp))
+        model_dir = w2_model_dir(Path(tmp))
         for _ in range(args.repeats):
             for name in CONFIGS:
                 cmd = [

@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from _common import MiB, TreePeaks, run_tree_measured
+from _common import W2_MODEL_KWARGS, MiB, TreePeaks, run_tree_measured
 
 BENCH_DIR = Path(__file__).resolve().parent
 REWARD_FILE = BENCH_DIR / "_addition_reward.py"
@@ -100,15 +100,7 @@ WORKLOADS: dict[str, Workload] = {
     "W2": Workload("W2", "tiny", 32, 8, 32, "tiny Qwen2 (4 M params), 32 x 8, 32 new tokens"),
     "W3": Workload("W3", "smollm2", 8, 4, 48, "SmolLM2-135M-Instruct, 8 x 4, 48 new tokens"),
 }
-TINY_MODEL_KWARGS = dict(
-    hidden_size=256,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=1024,
-    tie_word_embeddings=True,
-    seed=0,
-)
+TINY_MODEL_KWARGS = W2_MODEL_KWARGS
 
 
 # --------------------------------------------------------------------------- arguments
