@@ -29,6 +29,8 @@ from verl.utils.atomic_io import replace_dir_atomically
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
+logger = logging.getLogger(__name__)
+
 
 def iter_ppo_mini_batches(
     data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int
@@ -236,7 +238,7 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
     from verl.config.precision import TRAINABLE_ROLES, role_precision
 
     prec = role_precision(config, role)
-    logging.getLogger(__name__).info("%s computes in %s (strategy %s)", role, prec, strategy)
+    logger.info("%s computes in %s (strategy %s)", role, prec, strategy)
     opts = dict(fsdp_options)
     t = config.trainer
     if role in TRAINABLE_ROLES:
