@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pyarrow.parquet as pq
 import pytest
 
 from verl import cli
+from verl.cli._rollout_args import load_rollout_config, run_config_file
+from verl.cli.evaluate import build_parser
+from verl.config import load_config, to_yaml
 from verl.rewards.scorers import default_compute_score
 from verl.trainer.evaluation import default_ks, evaluate_rows, pass_at_k
 
@@ -187,3 +191,74 @@ def test_eval_bad_input(arith_file, tmp_path, capsys):
     )
     assert cli.main(["eval", "--generations", str(ok), "--k", "2"]) == 2
     assert "k=2: pass@k needs 1 <= k <= n, and n=1" in capsys.readouterr().err
+
+
+def test_eval_does_not_warn_about_training(tmp_path, caplog):
+    """Evaluation learns nothing by design: grpo with n=1 is no reason for a warning."""
+    path = tmp_path / "gens.jsonl"
+    path.write_text(
+        json.dumps({"data_source": "arithmetic", "ground_truth": "7", "responses": ["7"]}) + "\n"
+    )
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["eval", "--generations", str(path), "algorithm.adv_estimator=grpo"]) == 0
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in messages if "nothing is learned" in m], messages
+    # the same config loaded for training does warn
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_config(None, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"])
+    assert any("nothing is learned" in r.getMessage() for r in caplog.records)
+
+
+def _fake_run(tmp_path, max_response_length: int, max_prompt_length: int):
+    """A run directory as the trainer leaves it: a complete checkpoint holding the resolved
+    config, and the final model in ``huggingface/`` beside it."""
+    from verl.trainer.checkpoint import CheckpointManager
+
+    cfg = load_config(
+        None,
+        [
+            f"data.max_response_length={max_response_length}",
+            f"data.max_prompt_length={max_prompt_length}",
+        ],
+    )
+    root = tmp_path / "run"
+    CheckpointManager(root, 1).save(
+        3, lambda tmp: (tmp / "config.yaml").write_text(to_yaml(cfg)) and {"roles": {}}
+    )
+    (root / "huggingface").mkdir()
+    return root
+
+
+def test_eval_takes_the_lengths_of_the_run_that_trained_the_model(tmp_path):
+    root = _fake_run(tmp_path, 7, 50)
+    assert run_config_file(str(root / "huggingface")) == root / "global_step_3" / "config.yaml"
+    args = build_parser().parse_args(["--model", str(root / "huggingface"), "--data", "x"])
+    cfg = load_rollout_config(args, build_parser())
+    assert (cfg.data.max_response_length, cfg.data.max_prompt_length) == (7, 50)
+    # --max-new-tokens, key=value and --config win over the run's lengths
+    args = build_parser().parse_args(
+        [
+            "--model",
+            str(root / "huggingface"),
+            "--data",
+            "x",
+            "--max-new-tokens",
+            "5",
+            "data.max_prompt_length=40",
+        ]
+    )
+    cfg = load_rollout_config(args, build_parser())
+    assert (cfg.data.max_response_length, cfg.data.max_prompt_length) == (5, 40)
+    user = tmp_path / "user.yaml"
+    user.write_text("data:\n  max_response_length: 9\n")
+    args = build_parser().parse_args(
+        ["--model", str(root / "huggingface"), "--data", "x", "--config", str(user)]
+    )
+    assert load_rollout_config(args, build_parser()).data.max_response_length == 9
+    # a model no run wrote: the schema's default
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert run_config_file(str(plain)) is None
+    args = build_parser().parse_args(["--model", str(plain), "--data", "x"])
+    assert load_rollout_config(args, build_parser()).data.max_response_length == 64

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -41,7 +42,8 @@ def add_rollout_args(parser: argparse.ArgumentParser, data_required: bool = True
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        help="tokens per response at most (data.max_response_length; default: the config's)",
+        help="tokens per response at most (data.max_response_length; default: that of the run "
+        "which trained --model when its config.yaml is found, else the config's)",
     )
     parser.add_argument(
         "--max-prompt-length", type=int, help="prompt tokens at most (data.max_prompt_length)"
@@ -94,13 +96,56 @@ class _TrainingOnly(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_training_warnings() -> Iterator[None]:
-    log = logging.getLogger("verl.config.validate")
+    from verl.config import load  # its logger is the one that emits the config's warnings
+
     flt = _TrainingOnly()
-    log.addFilter(flt)
+    load.logger.addFilter(flt)
     try:
         yield
     finally:
-        log.removeFilter(flt)
+        load.logger.removeFilter(flt)
+
+
+def run_config_file(model: str | None) -> Path | None:
+    """The ``config.yaml`` of the run that wrote the model directory ``model``, or None.
+
+    A run writes its final model to ``{trainer.default_local_dir}/huggingface`` and its
+    resolved config into every checkpoint (``global_step_N/config.yaml``); a checkpoint's
+    own ``global_step_N/actor/huggingface`` sits two levels below that file. Looks in the
+    directory and its two parents, each either holding ``config.yaml`` or being the
+    checkpoint root of the run (its newest complete checkpoint's config).
+    """
+    if model is None or not Path(model).is_dir():
+        return None
+    from verl.trainer.checkpoint import CONFIG_FILE, latest_checkpoint
+
+    here = Path(model).resolve()
+    for folder in (here, *list(here.parents)[:2]):
+        if (folder / CONFIG_FILE).is_file():
+            return folder / CONFIG_FILE
+        newest = latest_checkpoint(folder)
+        if newest is not None and (newest / CONFIG_FILE).is_file():
+            return newest / CONFIG_FILE
+    return None
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The lengths of the run that trained ``--model`` (``data.max_response_length``,
+    ``data.max_prompt_length``), as overrides placed before every option and ``key=value``
+    of the command line; nothing when ``--config`` is given or no run config is found."""
+    path = None if args.config is not None else run_config_file(args.model)
+    if path is None:
+        return []
+    from verl.config.load import load_yaml_text
+
+    data = (load_yaml_text(path.read_text()) or {}).get("data") or {}
+    keys = ("max_response_length", "max_prompt_length")
+    out = [f"data.{key}={data[key]}" for key in keys if isinstance(data.get(key), int)]
+    if out:
+        logging.getLogger(__name__).info(
+            "lengths of the run that trained the model (%s): %s", path, ", ".join(out)
+        )
+    return out
 
 
 def load_rollout_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
@@ -113,4 +158,5 @@ def load_rollout_config(args: argparse.Namespace, parser: argparse.ArgumentParse
     from verl.config import load_config
 
     with _quiet_training_warnings():
-        return load_config(args.config, [*rollout_overrides(args), *args.overrides])
+        overrides = [*run_overrides(args), *rollout_overrides(args), *args.overrides]
+        return load_config(args.config, overrides)
