@@ -14,13 +14,14 @@ ALLOWED = {
     # verl.registry is the bottom layer: the registries and their lazy built-in entries,
     # importing nothing of verl, so every layer (the config too) may ask it.
     "registry": set(),
-    # the alias tables of verl.compat.aliases (which import nothing of verl, checked below)
-    "config": {"compat"},
+    # the alias tables of verl.compat.aliases (which import nothing of verl, checked below),
+    # the flat keyword adapter verl.compat.flat_keys, and the device probes of verl.utils
+    "config": {"compat", "utils"},
     # the API edge: alias tables, and adapters over the config (verl.compat.device_map)
     "compat": {"config", "utils"},
     "protocol": set(),
     "algorithms": set(),
-    "utils": {"config"},  # set_device_map is re-exported lazily from verl.compat.device_map
+    "utils": set(),  # set_device_map is re-exported lazily (by name) from verl.compat
     "models": {"utils"},
     "data": {"protocol", "utils", "models"},
     "engine": {"utils", "models"},

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from verl import cli
-from verl.config.gen import default_yaml, iter_rows
 from verl.config.load import get_path
 from verl.config.schema import TrainerConfig
+from verl.trainer.config_gen import default_yaml, iter_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from verl.compat.flat_keys import FLAT_KEYS
 from verl.config import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -13,7 +14,7 @@ from verl.config import (
     TrainerConfig,
 )
 from verl.config import precision as P
-from verl.config.flat_keys import FLAT_KEYS
+from verl.utils.device_probe import cpu_flags
 
 
 def _errors(cfg: TrainerConfig) -> str:
@@ -62,12 +63,12 @@ def test_auto_on_cpu_follows_the_bf16_check(monkeypatch):
     ],
 )
 def test_auto_on_cuda_by_compute_capability(monkeypatch, capability, expected):
-    monkeypatch.setattr(P, "_cuda_capability", lambda device: capability)
+    monkeypatch.setattr(P, "cuda_capability", lambda device: capability)
     assert P.auto_select_precision("cuda") == expected
 
 
 def test_cpu_bf16_check_matches_cpu_flags():
-    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & P._cpu_flags())
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
     assert P.cpu_bf16_is_fast_and_correct() == has_bf16
 
 
@@ -103,8 +104,8 @@ def test_unknown_role_and_precision_in_the_map():
 
 
 def test_precision_the_gpu_cannot_run_names_the_device(monkeypatch):
-    monkeypatch.setattr(P, "_cuda_capability", lambda device: (7, 5))
-    monkeypatch.setattr(P, "_cuda_name", lambda device: "Tesla T4")
+    monkeypatch.setattr(P, "cuda_capability", lambda device: (7, 5))
+    monkeypatch.setattr(P, "cuda_name", lambda device: "Tesla T4")
     cfg = _gae(model_precision_map={"reference": "bf16"})
     cfg.trainer.device = "cuda"
     assert (
@@ -121,7 +122,7 @@ def test_weight_only_inference_roles_need_no_capability(
     """fp8/int4 here is weight-only storage (dequantized into the activations' dtype), so an
     A100 (8.0) or a T4 (7.5) runs it: no fp8 matmul is needed."""
     asked = []
-    monkeypatch.setattr(P, "_cuda_capability", lambda device: asked.append(device) or capability)
+    monkeypatch.setattr(P, "cuda_capability", lambda device: asked.append(device) or capability)
     cfg = _gae(model_precision_map={"reference": precision, "reward": precision})
     cfg.reward_model.enable = True
     cfg.reward_model.model.path = str(tmp_path)

@@ -24,8 +24,8 @@ from verl.config import (
     to_dict,
     to_yaml,
 )
-from verl.config.gen import default_yaml, with_tables
 from verl.config.load import iter_schema, load_yaml_text, section_class
+from verl.trainer.config_gen import default_yaml, with_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "config.md"
@@ -53,14 +53,14 @@ def test_committed_yaml_is_generated_from_schema():
     committed = default_config_text()
     assert committed == default_yaml(), (
         "verl/trainer/config/ppo_trainer.yaml is stale: run "
-        "python -m verl.config.gen yaml > verl/trainer/config/ppo_trainer.yaml"
+        "python -m verl.trainer.config_gen yaml > verl/trainer/config/ppo_trainer.yaml"
     )
     assert load_yaml_text(committed) == to_dict(TrainerConfig())
 
 
 def test_docs_table_is_generated_from_schema():
     doc = DOCS.read_text()
-    assert doc == with_tables(doc), "run python -m verl.config.gen docs docs/config.md"
+    assert doc == with_tables(doc), "run python -m verl.trainer.config_gen docs docs/config.md"
 
 
 def test_every_leaf_is_documented_and_commented():
@@ -161,12 +161,20 @@ def test_lazy_public_names(name: str):
 
 
 def test_gen_runs_as_a_module_without_a_runpy_warning():
-    """verl.config does not import gen, so ``python -m verl.config.gen`` runs it fresh."""
+    """Nothing imports config_gen on package import, so ``python -m`` runs it fresh."""
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-W", "error::RuntimeWarning", "-m", "verl.config.gen", "yaml", "sft"],
+        [
+            sys.executable,
+            "-W",
+            "error::RuntimeWarning",
+            "-m",
+            "verl.trainer.config_gen",
+            "yaml",
+            "sft",
+        ],
         capture_output=True,
         text=True,
         check=False,

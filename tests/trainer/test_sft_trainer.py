@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from verl.config import ConfigError, SFTConfig, load_sft_config
-from verl.config.gen import default_yaml, with_tables
 from verl.config.load import load_yaml_text
 from verl.data.io import write_records
 from verl.models import load_causal_lm
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.trainer import main_sft
+from verl.trainer.config_gen import default_yaml, with_tables
 from verl.trainer.sft_trainer import SFTTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_committed_defaults_and_docs_are_generated_from_the_schema():
     assert load_sft_config() == SFTConfig()
     doc = (ROOT / "docs/sft_dpo.md").read_text()
     assert doc == with_tables(doc), (
-        "docs/sft_dpo.md tables are stale: python -m verl.config.gen docs docs/sft_dpo.md"
+        "docs/sft_dpo.md tables are stale: python -m verl.trainer.config_gen docs docs/sft_dpo.md"
     )
 
 

@@ -57,9 +57,9 @@ def build_parser(prog: str = "verl config") -> argparse.ArgumentParser:
 
 def reference(trainer: str, fmt: str) -> str:
     """The reference of ``trainer``'s config (ppo, sft, dpo) as ``fmt`` (yaml or table)."""
-    from verl.config.gen import config_table, default_yaml
     from verl.config.schema import TrainerConfig
     from verl.config.schema_offline import DPOConfig, SFTConfig
+    from verl.trainer.config_gen import config_table, default_yaml
 
     if fmt == "table":
         return config_table({"ppo": TrainerConfig, "sft": SFTConfig, "dpo": DPOConfig}[trainer])

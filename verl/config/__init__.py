@@ -5,111 +5,35 @@
     cfg = TrainerConfig(); cfg.actor_rollout_ref.rollout.n = 4; cfg.validate()
 
 The dataclasses hold every default (``verl/trainer/config/*.yaml`` and the key tables of the
-docs are generated from them by ``python -m verl.config.gen``). The offline trainers'
+docs are generated from them by ``python -m verl.trainer.config_gen``). The offline trainers'
 configs (``SFTConfig``, ``DPOConfig``, loaded with ``load_sft_config`` /
-``load_dpo_config``) live in ``schema_offline.py``. This package imports nothing from the
-rest of verl but ``verl.registry`` and the alias tables of ``verl.compat.aliases`` (which
-import nothing of verl), and never torch at import. See ``docs/config.md``.
+``load_dpo_config``) live in ``schema_offline.py``. This package imports nothing of verl but
+``verl.registry``, ``verl.utils`` (device probes) and ``verl.compat`` (alias tables, flat
+keywords), and never torch at import. Names are imported on first use. See ``docs/config.md``.
 """
 
-from verl.config._fields import EMBEDDED_MODEL
-from verl.config.device_map import (
-    DataParallelConfig,
-    DeviceMap,
-    DeviceMapError,
-    resolve_device_map,
-    set_device_map,
-)
-from verl.config.load import ConfigError, ConfigProblem, apply_override, to_dict, to_yaml
-from verl.config.schema import (
-    AlgorithmConfig,
-    ArithmeticConfig,
-    CustomRewardFunctionConfig,
-    DataConfig,
-    FilterGroupsConfig,
-    KLControlConfig,
-    RunConfig,
-    TrainerConfig,
-    from_dict,
-    load_config,
-)
-from verl.config.schema_offline import (
-    DPOConfig,
-    OfflineEngineConfig,
-    OfflineRunConfig,
-    PreferenceDataConfig,
-    PreferenceLossConfig,
-    SFTConfig,
-    SFTDataConfig,
-    load_dpo_config,
-    load_sft_config,
-)
-from verl.config.schema_roles import (
-    ActorConfig,
-    ActorRolloutRefConfig,
-    CheckpointConfig,
-    CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    MixedPrecisionConfig,
-    ModelConfig,
-    OptimConfig,
-    OverlongBufferConfig,
-    RefConfig,
-    RefFSDPConfig,
-    RewardModelConfig,
-    RewardModelModelConfig,
-    RolloutConfig,
-    ValKwargsConfig,
-)
-from verl.config.validate import validate
+from __future__ import annotations
 
-__all__ = [
-    "EMBEDDED_MODEL",
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "AlgorithmConfig",
-    "ArithmeticConfig",
-    "CheckpointConfig",
-    "ConfigError",
-    "ConfigProblem",
-    "CriticConfig",
-    "CriticModelConfig",
-    "CustomRewardFunctionConfig",
-    "DPOConfig",
-    "DataConfig",
-    "DataParallelConfig",
-    "DeviceMap",
-    "DeviceMapError",
-    "FSDPConfig",
-    "FilterGroupsConfig",
-    "KLControlConfig",
-    "MixedPrecisionConfig",
-    "ModelConfig",
-    "OfflineEngineConfig",
-    "OfflineRunConfig",
-    "OptimConfig",
-    "OverlongBufferConfig",
-    "PreferenceDataConfig",
-    "PreferenceLossConfig",
-    "RefConfig",
-    "RefFSDPConfig",
-    "RewardModelConfig",
-    "RewardModelModelConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "SFTConfig",
-    "SFTDataConfig",
-    "TrainerConfig",
-    "ValKwargsConfig",
-    "apply_override",
-    "from_dict",
-    "load_config",
-    "load_dpo_config",
-    "load_sft_config",
-    "resolve_device_map",
-    "set_device_map",
-    "to_dict",
-    "to_yaml",
-    "validate",
-]
+# ``validate`` is also a submodule's name, which the import system would bind over a lazy
+# entry: imported eagerly.
+from verl.config.validate import validate  # noqa: F401
+from verl.utils.lazy import lazy_exports
+
+_MODULES = {
+    "_fields": "EMBEDDED_MODEL",
+    "device_map": "DataParallelConfig DeviceMap DeviceMapError resolve_device_map set_device_map",
+    "load": "ConfigError ConfigProblem apply_override to_dict to_yaml",
+    "schema": "AlgorithmConfig ArithmeticConfig CustomRewardFunctionConfig DataConfig "
+    "FilterGroupsConfig KLControlConfig RunConfig TrainerConfig from_dict load_config",
+    "schema_offline": "DPOConfig OfflineEngineConfig OfflineRunConfig PreferenceDataConfig "
+    "PreferenceLossConfig SFTConfig SFTDataConfig load_dpo_config load_sft_config",
+    "schema_roles": "ActorConfig ActorRolloutRefConfig CheckpointConfig CriticConfig "
+    "CriticModelConfig FSDPConfig MixedPrecisionConfig ModelConfig OptimConfig "
+    "OverlongBufferConfig RefConfig RefFSDPConfig RewardModelConfig RewardModelModelConfig "
+    "RolloutConfig ValKwargsConfig",
+}
+_LAZY = {name: f"{__name__}.{mod}" for mod, names in _MODULES.items() for name in names.split()}
+
+__all__ = sorted([*_LAZY, "validate"])
+
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -28,12 +28,11 @@ both keys. Nothing outside this module reads them: every consumer asks
 of the loaded weights; fp32 for a trainable role computing in a reduced precision),
 ``trainer.gradient_precision`` (fp32 only) and the block's FSDP2-only ``reduce_dtype`` (must
 equal it) and ``buffer_dtype``. Checks run in :func:`precision_problems` (called by
-``validate``) before any model loads. This module imports torch only to look at the device.
+``validate``) before any model loads. Devices are probed through ``verl.utils.device_probe``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import typing
 from typing import Any
@@ -42,6 +41,12 @@ from verl.config._fields import Precision
 from verl.config.load import get_path
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
+from verl.utils.device_probe import (
+    cpu_bf16_is_fast_and_correct,
+    cuda_available,
+    cuda_capability,
+    cuda_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +76,7 @@ def run_device(cfg: Any) -> str:
     """``trainer.device`` with ``auto`` resolved: ``cuda`` when available, else ``cpu``."""
     if cfg.trainer.device != "auto":
         return cfg.trainer.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cuda_available() else "cpu"
 
 
 def role_key(role: str) -> str:
@@ -133,57 +136,13 @@ def auto_select_precision(device: str = "cpu") -> dict[str, str]:
       those instructions bf16 is emulated and slower than fp32 (see docs/precision.md).
     """
     if device.startswith("cuda"):
-        major, minor = _cuda_capability(device)
+        major, minor = cuda_capability(device)
         if (major, minor) >= MIN_CAPABILITY["fp8"]:
             return {r: "bf16" if r in TRAINABLE_ROLES else "fp8" for r in ROLES}
         if (major, minor) >= MIN_CAPABILITY["bf16"]:
             return dict.fromkeys(ROLES, "bf16")
         return dict.fromkeys(ROLES, "fp16")
     return dict.fromkeys(ROLES, "bf16" if cpu_bf16_is_fast_and_correct() else "none")
-
-
-@functools.cache
-def cpu_bf16_is_fast_and_correct() -> bool:
-    """Native bf16 CPU instructions, and a 64x64 bf16 matmul within 2% of fp32 (cached)."""
-    flags = _cpu_flags()
-    if not ({"avx512_bf16", "amx_bf16"} & flags):
-        return False
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(64, 64, generator=gen)
-    b = torch.randn(64, 64, generator=gen)
-    ref = a @ b
-    got = (a.bfloat16() @ b.bfloat16()).float()
-    rel = float((got - ref).norm() / ref.norm())
-    return rel < 2e-2
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _cuda_capability(device: str) -> tuple[int, int]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return (0, 0)
-    return tuple(torch.cuda.get_device_capability(torch.device(device)))
-
-
-def _cuda_name(device: str) -> str:
-    import torch
-
-    if not torch.cuda.is_available():
-        return device
-    return torch.cuda.get_device_name(torch.device(device))
 
 
 def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
@@ -218,13 +177,13 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     # Weight-only formats (the only fp8 here) compute in the activations' dtype: no check.
     computed = {r: v for r, v in resolved.items() if v not in WEIGHT_ONLY}
     device = run_device(cfg) if any(v in MIN_CAPABILITY for v in computed.values()) else "cpu"
-    cap = _cuda_capability(device) if device.startswith("cuda") else None
+    cap = cuda_capability(device) if device.startswith("cuda") else None
     for role, prec in computed.items():
         need = MIN_CAPABILITY.get(prec)
         if cap is not None and need is not None and cap < need:
             message = (
                 f"{role} precision {prec} needs a GPU of compute capability >= {need[0]}.{need[1]}, "
-                f"but {_cuda_name(device)} has {cap[0]}.{cap[1]}; use fp16 (or mixed_precision=auto)"
+                f"but {cuda_name(device)} has {cap[0]}.{cap[1]}; use fp16 (or mixed_precision=auto)"
             )
             out.append(((role_key(role),), message))
     ref = resolved.get("reference")

@@ -3,7 +3,7 @@
 The tree mirrors upstream verl's ``ppo_trainer.yaml`` (``data``, ``actor_rollout_ref``,
 ``critic``, ``reward_model``, ``custom_reward_function``, ``algorithm``, ``trainer``).
 These dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is
-generated from them (``python -m verl.config.gen yaml``). Constructing a config does not
+generated from them (``python -m verl.trainer.config_gen yaml``). Constructing a config does not
 validate it: call ``cfg.validate()`` (``load_config`` does).
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.compat.aliases import translate_flat_kwargs
+from verl.compat.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config._fields import (
     PATH_FIELDS,
     ArithmeticOp,
@@ -34,7 +35,6 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
-from verl.config.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config.load import from_mapping, load_validated
 from verl.config.precision import fill_role_precisions
 from verl.config.schema_roles import (
@@ -428,7 +428,7 @@ _dataclass_init = TrainerConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None:
-    """The dataclass ``__init__``, plus the flat keys of ``verl.config.flat_keys.FLAT_KEYS``.
+    """The dataclass ``__init__``, plus the flat keys of ``verl.compat.flat_keys.FLAT_KEYS``.
 
     ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
     those keys; a flat key contradicting its twin raises ``ConfigError``. Then the trainer's

@@ -5,12 +5,12 @@ They follow the PPO schema's conventions: every key is a dataclass field declare
 ``entry(default, help)``; sections shared with PPO (``ModelConfig``, ``OptimConfig``,
 ``ArithmeticConfig``) are reused; the YAML defaults beside the entry points
 (``verl/trainer/config/sft_trainer.yaml`` / ``dpo_trainer.yaml``) and the key tables of
-``docs/sft_dpo.md`` are generated from the dataclasses by ``verl.config.gen`` (the tests
+``docs/sft_dpo.md`` are generated from the dataclasses by ``verl.trainer.config_gen`` (the tests
 check they are current)::
 
     python -m verl.trainer.main_sft --print-defaults > verl/trainer/config/sft_trainer.yaml
     python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
-    python -m verl.config.gen docs docs/sft_dpo.md
+    python -m verl.trainer.config_gen docs docs/sft_dpo.md
 
 ``load_sft_config`` / ``load_dpo_config`` take the dataclass defaults (the YAML files are
 not read back), a user YAML file (a partial tree) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;

@@ -165,7 +165,7 @@ def make_trainer_config(
         prompts = _prompts_for(cfg, rollouts_per_device, train_batch_size)
         cfg = load_config(overrides=[*o, *overrides, f"data.train_batch_size={prompts}"])
     if flat_keys:
-        from verl.config.flat_keys import apply_flat_keys
+        from verl.compat.flat_keys import apply_flat_keys
 
         apply_flat_keys(cfg, flat_keys)
         cfg.validate()

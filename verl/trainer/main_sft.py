@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from verl.config import ConfigError, SFTConfig, load_sft_config
-from verl.config.gen import default_yaml
+from verl.trainer.config_gen import default_yaml
 from verl.trainer.main_ppo import execute
 
 EXIT_CONFIG_ERROR = 2

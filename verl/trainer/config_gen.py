@@ -1,9 +1,9 @@
 """Regenerate the files derived from the schema, so they never drift from it: the commented
 YAML defaults of each trainer and the key tables of the docs.
 
-    python -m verl.config.gen yaml [ppo|sft|dpo] > verl/trainer/config/ppo_trainer.yaml
-    python -m verl.config.gen docs docs/config.md     # rewrites the marked key tables in place
-    python -m verl.config.gen docs docs/sft_dpo.md
+    python -m verl.trainer.config_gen yaml [ppo|sft|dpo] > verl/trainer/config/ppo_trainer.yaml
+    python -m verl.trainer.config_gen docs docs/config.md     # rewrites the marked key tables in place
+    python -m verl.trainer.config_gen docs docs/sft_dpo.md
 
 ``tests/config`` (and the SFT/DPO tests) fail when a committed file differs from this output.
 """
@@ -33,7 +33,7 @@ KINDS: dict[str, tuple[type, str, str]] = {
 }
 _HEADER = """\
 # Defaults of every {title} setting, one comment per key.
-# GENERATED from verl/config/schema*.py by `python -m verl.config.gen yaml {kind}`: edit the
+# GENERATED from verl/config/schema*.py by `python -m verl.trainer.config_gen yaml {kind}`: edit the
 # schema, not this file. Override keys with a YAML file (--config) or on the command line:
 #   {example}
 # Directory templates fill in {{project_name}} and {{experiment_name}} from the trainer section.
@@ -82,7 +82,7 @@ def table_markers(kind: str) -> tuple[str, str]:
     """The markers around the generated key table of ``kind`` in a markdown file."""
     name = "" if kind == "ppo" else f"{kind.upper()} "
     return (
-        f"<!-- BEGIN GENERATED {name}CONFIG TABLE (python -m verl.config.gen docs FILE) -->",
+        f"<!-- BEGIN GENERATED {name}CONFIG TABLE (python -m verl.trainer.config_gen docs FILE) -->",
         f"<!-- END GENERATED {name}CONFIG TABLE -->",
     )
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args[1])
         path.write_text(with_tables(path.read_text()))
         return 0
-    sys.stderr.write("usage: python -m verl.config.gen yaml [ppo|sft|dpo] | docs FILE.md\n")
+    sys.stderr.write("usage: python -m verl.trainer.config_gen yaml [ppo|sft|dpo] | docs FILE.md\n")
     return 2
 
 
