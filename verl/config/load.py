@@ -1,22 +1,12 @@
 """Loading a config: YAML + dotted overrides + a strict typed build with "did you mean".
 
-``load_validated(root, path, overrides, check)`` is the whole path: the defaults of the
-dataclasses, then the user's YAML file (a partial tree), then the overrides in order (later
-wins), built into ``root`` by :func:`build_tree` (the one function where a raw mapping
-enters the typed build) and checked. The packaged ``verl/trainer/config/*.yaml`` files are
-generated for reading and never read back.
-
-YAML follows 1.2 for scalars (PyYAML is 1.1): ``1e-6`` is a float and only ``true``/``false``
-are booleans, in files and in override values alike. Override syntax is Hydra's:
-``a.b.c=value``; keys must exist in the schema (``+a.b=value`` is accepted only for an existing
-key, where it is a plain override; ``~a.b`` is rejected).
-
-Conversion (``build``): in "load" mode ints are accepted for floats, numbers for strings
-(``experiment_name=2024``) and a single string for a list of strings; nothing else is
-coerced (``"8"`` is not an int, ``1.0`` is not an int, ``yes`` is not a bool). "Check" mode
-(``strict=True``, used by ``validate`` on objects built in Python) only accepts ints for
-floats and requires nested sections to be their dataclass instances. Every problem is
-collected and raised together as one ``ConfigError``; a leaf that fails keeps its default.
+:func:`load_validated` is the whole path: the dataclasses' defaults, the user's YAML file (a
+partial tree), the overrides in order (Hydra syntax ``a.b.c=value``; keys must exist, ``+key``
+only on an existing key, ``~key`` rejected), built by :func:`build` and checked. YAML follows
+1.2 for scalars: ``1e-6`` is a float, only ``true``/``false`` are booleans. The build accepts
+ints for floats and, when loading, numbers for strings and a string for a list of strings;
+nothing else is coerced. "Check" mode (``strict=True``, ``validate`` on objects built in
+Python) wants section instances. Every problem is raised together as one ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -48,11 +38,8 @@ _INVALID = object()
 
 @dataclass(frozen=True)
 class ConfigProblem:
-    """One problem: the key path it is about, and a message naming the value and the fix.
-
-    ``keys`` lists every key path the problem involves (``path`` included); a check that
-    involves a key whose value already failed its type check is not reported.
-    """
+    """One problem: its key path, a message naming the value and the fix, and every key path
+    it involves (a check involving a key that already failed its type check is dropped)."""
 
     path: str
     message: str
@@ -115,14 +102,8 @@ def load_yaml_text(text: str) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """Parse one command-line override value the way YAML reads a scalar/flow value.
-
-    ``1e-6`` -> float, ``8`` -> int, ``true`` -> bool, ``null`` -> None, ``[1,2]`` -> list,
-    ``"8"`` -> str. An empty value is the empty string (as in Hydra), not null.
-    """
-    if text == "":
-        return ""
-    return load_yaml_text(text)
+    """One override value read as YAML reads a flow value; empty is ``""`` (as in Hydra)."""
+    return "" if text == "" else load_yaml_text(text)
 
 
 def show(value: Any) -> str:
@@ -135,10 +116,8 @@ def show(value: Any) -> str:
 
 
 def to_yaml(cfg: Any, *, comments: bool = False) -> str:
-    """The config as block YAML that ``load_config``/``from_dict`` read back to an equal config.
-
-    With ``comments=True`` every key is preceded by its help text.
-    """
+    """The config as block YAML that reads back to an equal config; ``comments``: every key
+    preceded by its help text."""
     lines: list[str] = []
     _emit(cfg, 0, lines, comments)
     return "\n".join(lines) + "\n"
@@ -224,11 +203,8 @@ def describe_type(tp: Any) -> str:
 
 
 def suggest(key: str, cls: type, root: type, prefix: str = "") -> str:
-    """A "did you mean ...?" hint for an unknown ``key`` met in section ``cls`` at ``prefix``.
-
-    A key of that exact name elsewhere in the tree wins (the user put it in the wrong
-    section), then the closest key of the same section, then the closest key anywhere.
-    """
+    """A "did you mean ...?" hint for an unknown ``key`` in section ``cls`` at ``prefix``: the
+    same name elsewhere in the tree, else the closest key of the section, else anywhere."""
     everywhere = [(p, p.rsplit(".", 1)[-1]) for p, _, _ in iter_schema(root)]
     same = [p for p, name in everywhere if name == key]
     if not same:
@@ -246,8 +222,7 @@ class _Builder:
     """Collects problems while converting one tree."""
 
     def __init__(self, root: type, strict: bool) -> None:
-        self.root = root
-        self.strict = strict
+        self.root, self.strict = root, strict
         self.problems: list[ConfigProblem] = []
         self.bad_paths: set[str] = set()
 
@@ -257,39 +232,30 @@ class _Builder:
         return _INVALID
 
     def section(self, cls: type, value: Any, path: str, base: Any = None) -> Any:
-        """Build an instance of dataclass ``cls`` from a mapping or an instance.
-
-        Keys a mapping leaves out take their values from ``base`` (the parent field's default,
-        e.g. ``critic.optim`` has ``lr=1e-5``), or from ``cls()``.
-        """
+        """An instance of dataclass ``cls`` from a mapping or an instance; keys a mapping
+        leaves out come from ``base`` (the parent field's default), else ``cls()``."""
         prefix = f"{path}." if path else ""
         if isinstance(value, cls):
             items = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
         elif isinstance(value, Mapping) and not self.strict:
             items = dict(value)
-            for key in items:
-                if key not in field_types(cls):
-                    where = path or "the top level"
-                    self.problems.append(
-                        ConfigProblem(
-                            f"{prefix}{key}",
-                            f"{prefix}{key}: unknown key in {where}"
-                            + suggest(str(key), cls, self.root, prefix),
-                            (f"{prefix}{key}",),
-                        )
-                    )
+            for key in (k for k in items if k not in field_types(cls)):
+                hint = suggest(str(key), cls, self.root, prefix)
+                message = f"{prefix}{key}: unknown key in {path or 'the top level'}{hint}"
+                self.problems.append(ConfigProblem(f"{prefix}{key}", message, (f"{prefix}{key}",)))
         else:
             expected = f"a {cls.__name__} instance" if self.strict else "a mapping of keys"
             self.fail(path, f"{path or 'config'}={show(value)}: expected {expected} (a section)")
             return cls()
         defaults = base if isinstance(base, cls) else cls()
-        kwargs = {}
-        for name, tp in field_types(cls).items():
-            if name in items:
-                converted = self.convert(items[name], tp, prefix + name, getattr(defaults, name))
-                if converted is not _INVALID:
-                    kwargs[name] = converted
-        return dataclasses.replace(defaults, **kwargs)
+        kwargs = {
+            name: self.convert(items[name], tp, prefix + name, getattr(defaults, name))
+            for name, tp in field_types(cls).items()
+            if name in items
+        }
+        return dataclasses.replace(
+            defaults, **{k: v for k, v in kwargs.items() if v is not _INVALID}
+        )
 
     def convert(self, value: Any, tp: Any, path: str, default: Any = None) -> Any:
         inner, nullable = unwrap_optional(tp)
@@ -320,16 +286,14 @@ class _Builder:
 
     def _scalar(self, value: Any, tp: Any, path: str) -> Any:
         is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if tp is Any:
+        if tp is Any or (tp is bool and isinstance(value, bool)):
             return value
-        if tp is bool and isinstance(value, bool):
-            return value
-        if tp is int and is_number and isinstance(value, int):
+        if (tp is int and is_number and isinstance(value, int)) or (
+            tp is str and isinstance(value, str)
+        ):
             return value
         if tp is float and is_number:
             return value if self.strict else float(value)
-        if tp is str and isinstance(value, str):
-            return value
         if tp is str and is_number and not self.strict:
             return str(value)
         hint = ""
@@ -388,11 +352,9 @@ def _kind(value: Any) -> str:
 def build(
     cls: type[C], data: Any, *, strict: bool = False
 ) -> tuple[C, list[ConfigProblem], set[str]]:
-    """Convert ``data`` into ``cls``; return the tree, the problems, and the failed paths.
-
-    Missing keys take their defaults (those of the dataclasses: nothing is read from the
-    generated YAML files). Leaves that fail keep their defaults.
-    """
+    """The one place a raw user tree enters the typed build: ``data`` converted into ``cls``,
+    the problems and the failed key paths. Missing keys and failed leaves keep the
+    dataclasses' defaults (the generated YAML files are never read)."""
     builder = _Builder(cls, strict)
     obj = builder.section(cls, data, "")
     return obj, builder.problems, builder.bad_paths
@@ -407,12 +369,8 @@ def load_validated(
     overrides: Iterable[str],
     check: Callable[[C, set[str]], tuple[list[ConfigProblem], list[str]]],
 ) -> C:
-    """``root``'s defaults + YAML file ``path`` + ``overrides`` -> ``root``.
-
-    ``check(cfg, bad_paths)`` returns the semantic problems and warnings of the built config
-    (``bad_paths``: keys that failed to convert, to skip). Every problem is raised together
-    as one ``ConfigError``; warnings are logged.
-    """
+    """``root``'s defaults + YAML file ``path`` + ``overrides``, raising one ``ConfigError``;
+    ``check(cfg, bad_paths)`` gives the semantic problems and warnings (logged)."""
     problems: list[ConfigProblem] = []
     tree = (read_user_yaml(Path(path), problems) if path is not None else None) or {}
     try:  # verl.compat: the tutorials' keys and torch dtypes, mapped onto the schema
@@ -421,23 +379,15 @@ def load_validated(
         problems.append(ConfigProblem("", str(exc)))
     for text in overrides:
         apply_override(tree, text, problems, root=root)
-    cfg, build_problems, bad_paths = build_tree(root, tree)
+    cfg, build_problems, bad_paths = build(root, tree)
     checked, warnings = check(cfg, bad_paths)
     report(problems + build_problems + checked, warnings)
     return cfg
 
 
-def build_tree(root: type[C], tree: Mapping[str, Any]) -> tuple[C, list[ConfigProblem], set[str]]:
-    """The one place a raw user mapping (a YAML file with its overrides applied, or the dict
-    given to ``from_dict``) enters the typed build of ``root``: returns the config, the
-    problems and the key paths that failed to convert."""
-    return build(root, tree)
-
-
 def from_mapping(root: type[C], data: Mapping[str, Any]) -> C:
-    """Build ``root`` from nested dicts (missing keys take their defaults); checks types
-    only and raises ``ConfigError`` listing every unknown key and wrongly typed value."""
-    obj, problems, _ = build_tree(root, data)
+    """``root`` from nested dicts (a partial tree); raises ``ConfigError`` for type problems."""
+    obj, problems, _ = build(root, data)
     if problems:
         raise ConfigError(problems)
     return obj
@@ -459,63 +409,47 @@ def report(problems: list[ConfigProblem], warnings: list[str]) -> list[str]:
 
 def read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
     """The mapping in the YAML file ``path``, or ``None`` with a problem recorded."""
-    if not path.is_file():
-        problems.append(ConfigProblem("", f"config file {str(path)!r} does not exist"))
+    data, error = None, "does not exist" if not path.is_file() else None
+    if error is None:
+        try:
+            data = load_yaml_text(path.read_text())
+        except yaml.YAMLError as exc:
+            error = f"is not valid YAML: {exc}"
+    if error is None and data is not None and not isinstance(data, dict):
+        error = "must hold a mapping of sections"
+    if error is not None:
+        problems.append(ConfigProblem("", f"config file {str(path)!r} {error}"))
         return None
-    try:
-        data = load_yaml_text(path.read_text())
-    except yaml.YAMLError as exc:
-        problems.append(ConfigProblem("", f"config file {str(path)!r} is not valid YAML: {exc}"))
-        return None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        problems.append(
-            ConfigProblem("", f"config file {str(path)!r} must hold a mapping of sections")
-        )
-        return None
-    return data
+    return data or {}
 
 
 def apply_override(
     tree: dict[str, Any], text: str, problems: list[ConfigProblem], root: type
 ) -> None:
     """Apply one ``key=value`` override to the dict ``tree`` (of schema ``root``) in place, or
-    record a problem.
-
-    The key path is checked against the schema as it is walked, so a typo is reported with
-    the override that contained it and a did-you-mean. A section that is null (e.g.
-    ``fsdp_config.mixed_precision``) is created with its defaults when a key inside it is set.
-    """
+    record a problem. The path is checked as it is walked (a typo gets a did-you-mean); a
+    null section is created with its defaults when a key inside it is set."""
     key, sep, raw = text.partition("=")
     key = key.strip()
+
+    def fail(path: str, why: str) -> None:
+        problems.append(ConfigProblem(path, f"override {text!r}: {why}"))
+
     if key.startswith("~"):
-        problems.append(
-            ConfigProblem(
-                key[1:],
-                f"override {text!r}: deleting keys is not supported; set the key to its "
-                "default or to null instead",
-            )
+        return fail(
+            key[1:], "deleting keys is not supported; set the key to its default or to null instead"
         )
-        return
     if not sep or not key:
-        problems.append(ConfigProblem("", f"override {text!r}: expected key=value"))
-        return
-    plus = key.startswith("+")
-    key = key.lstrip("+")
+        return fail("", "expected key=value")
+    plus, key = key.startswith("+"), key.lstrip("+")
     try:
         value = parse_value(raw)
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0]
-        problems.append(
-            ConfigProblem(key, f"override {text!r}: value is not valid YAML ({first_line})")
-        )
-        return
+        return fail(key, f"value is not valid YAML ({str(exc).splitlines()[0]})")
     try:  # verl.compat: the same alias translation as a YAML file's keys
         assignments = translate_override(key, value, root.__name__)
     except AliasError as exc:
-        problems.append(ConfigProblem(key, f"override {text!r}: {exc}"))
-        return
+        return fail(key, str(exc))
     for native_key, native_value in assignments:
         _set_path(tree, native_key, native_value, text, problems, root, plus)
 
@@ -530,51 +464,31 @@ def _set_path(
     plus: bool,
 ) -> None:
     """Set the dotted ``key`` of ``tree`` to ``value``, checking the path against ``root``."""
-    parts = key.split(".")
-    node: dict[str, Any] = tree
-    tp: Any = root
+    parts, node, tp = key.split("."), tree, root
     for i, part in enumerate(parts):
-        cls = section_class(tp)
-        if cls is not None:
-            if part not in field_types(cls):
-                problems.append(
-                    _unknown(text, ".".join(parts[: i + 1]), part, cls, root, plus, parts[:i])
+        here, cls = ".".join(parts[: i + 1]), section_class(tp)
+        if cls is not None and part not in field_types(cls):
+            prefix = "".join(f"{p}." for p in parts[:i])
+            message = f"{here}: unknown key (override {text!r})" + suggest(part, cls, root, prefix)
+            if plus:
+                message += (
+                    "; '+' cannot add keys: the schema is fixed, and '+key=value' on an "
+                    "existing key is just a plain override"
                 )
-                return
+            problems.append(ConfigProblem(here, message, (here,)))
+            return
+        if cls is not None:
             tp = field_types(cls)[part]
         elif tp is not Any:  # a free-form mapping such as model.override_config
             tp = typing.get_args(unwrap_optional(tp)[0])[1]
         if i == len(parts) - 1:
             node[part] = value
             return
-        if not _is_mapping_type(tp):
-            here = ".".join(parts[: i + 1])
-            problems.append(
-                ConfigProblem(
-                    here,
-                    f"override {text!r}: {here} is a value, not a section; set it with {here}=...",
-                    (here,),
-                )
-            )
+        inner = unwrap_optional(tp)[0]
+        if not (section_class(inner) or typing.get_origin(inner) is dict or inner is Any):
+            message = f"override {text!r}: {here} is a value, not a section; set it with {here}=..."
+            problems.append(ConfigProblem(here, message, (here,)))
             return
         if not isinstance(node.get(part), dict):
             node[part] = {}
         node = node[part]
-
-
-def _is_mapping_type(tp: Any) -> bool:
-    inner = unwrap_optional(tp)[0]
-    return section_class(inner) is not None or typing.get_origin(inner) is dict or inner is Any
-
-
-def _unknown(
-    text: str, path: str, key: str, cls: type, root: type, plus: bool, parents: list[str]
-) -> ConfigProblem:
-    prefix = "".join(f"{p}." for p in parents)
-    message = f"{path}: unknown key (override {text!r})" + suggest(key, cls, root, prefix)
-    if plus:
-        message += (
-            "; '+' cannot add keys: the schema is fixed, and '+key=value' on an existing key "
-            "is just a plain override"
-        )
-    return ConfigProblem(path, message, (path,))

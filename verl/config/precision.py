@@ -1,34 +1,12 @@
 """Which precision each role computes in, and whether this device can run it.
 
-One key per role states its compute precision (see ``docs/precision.md``):
-``actor_rollout_ref.actor.precision`` (the actor, and the rollout, which samples with the
-actor's weights under the same autocast), ``critic.precision``,
-``actor_rollout_ref.ref.precision`` and ``reward_model.precision``. A value is one of
-
-- ``none``: the model's own dtype (``model.dtype``), no autocast: the behaviour before these
-  keys existed, and the default;
-- ``fp32`` / ``bf16`` / ``fp16``: trainable roles (actor, critic) keep fp32 master weights
-  and optimizer state and compute in that dtype (autocast on the single engine, FSDP2's
-  ``MixedPrecisionPolicy`` on fsdp2); inference roles (reference, reward) store and compute
-  their weights in it;
-- ``fp8`` / ``int4``: weight-only storage for the inference roles (``verl.models.fp8``,
-  ``verl.models.int4``); a trainable role never trains in them.
-
-``auto`` resolves per device through :func:`auto_select_precision`.
-
-The spellings most users type, ``trainer.mixed_precision`` (every role) and
-``trainer.model_precision_map`` (``{role: precision}``), are adapters, and so is the FSDP2
-block of upstream verl and tutorial 000 (``<role>.fsdp_config.mixed_precision.param_dtype``
-of a trainable role): :func:`fill_role_precisions` writes them into the role keys left null
-when the config is built, the map first, then the global value (a global ``fp8`` / ``int4``
-gives the trainable roles bf16), then the block. A role key set to null later still resolves
-through them. An adapter that contradicts a role key given alongside it is an error naming
-both keys. Nothing outside this module reads them: every consumer asks
-:func:`role_precision`. Not second statements, and so kept: ``model.dtype`` (storage dtype
-of the loaded weights; fp32 for a trainable role computing in a reduced precision),
-``trainer.gradient_precision`` (fp32 only) and the block's FSDP2-only ``reduce_dtype`` (must
-equal it) and ``buffer_dtype``. Checks run in :func:`precision_problems` (called by
-``validate``) before any model loads. Devices are probed through ``verl.utils.device_probe``.
+One key per role (``<role section>.precision``): ``none`` (the model's dtype, no autocast),
+``fp32`` / ``bf16`` / ``fp16`` (trainable roles keep fp32 master weights and compute in it;
+inference roles store their weights in it), weight-only ``fp8`` / ``int4`` (inference roles
+only), or ``auto`` (:func:`auto_select_precision`). The adapters ``trainer.mixed_precision``,
+``trainer.model_precision_map`` and the FSDP2 block's ``param_dtype`` fill the role keys left
+null (:func:`fill_role_precisions`); every consumer asks :func:`role_precision`. Checks run in
+:func:`precision_problems` before any model loads. See ``docs/precision.md``.
 """
 
 from __future__ import annotations
@@ -62,14 +40,8 @@ MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
 
 def active_roles(cfg: Any) -> list[str]:
     """Roles this run builds a model for."""
-    roles = ["actor"]
-    if cfg.critic_enabled:
-        roles.append("critic")
-    if cfg.ref_enabled:
-        roles.append("reference")
-    if cfg.reward_model.enable:
-        roles.append("reward")
-    return roles
+    built = (True, cfg.critic_enabled, cfg.ref_enabled, cfg.reward_model.enable)
+    return [role for role, on in zip(ROLES, built) if on]
 
 
 def run_device(cfg: Any) -> str:
@@ -87,6 +59,7 @@ def role_key(role: str) -> str:
 
 
 def _section(cfg: Any, role: str) -> Any:
+    role_key(role)  # the error for an unknown role
     return get_path(cfg, _ROLES[role].section)
 
 
@@ -117,8 +90,6 @@ def role_precision(cfg: Any, role: str) -> str:
     """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16``, ``fp8`` or
     ``int4``: its role key (null: what the trainer keys say, else ``none``), with ``auto``
     resolved for the run's device."""
-    if role not in ROLES:
-        raise ValueError(f"unknown role {role!r}; use one of {ROLES}")
     precision = _section(cfg, role).precision or _from_trainer(cfg, role) or "none"
     if precision == "auto":
         return auto_select_precision(run_device(cfg))[role]
