@@ -1,21 +1,9 @@
-"""Typed configs of the offline trainers: ``SFTConfig`` (supervised fine-tuning) and
-``DPOConfig`` (DPO / IPO / KTO preference optimisation), with their loader.
+"""Typed configs of the offline trainers, ``SFTConfig`` (supervised fine-tuning) and
+``DPOConfig`` (DPO / IPO / KTO), their checks and their loaders.
 
-They follow the PPO schema's conventions: every key is a dataclass field declared with
-``entry(default, help)``; sections shared with PPO (``ModelConfig``, ``OptimConfig``,
-``ArithmeticConfig``) are reused; the YAML defaults beside the entry points
-(``verl/trainer/config/sft_trainer.yaml`` / ``dpo_trainer.yaml``) and the key tables of
-``docs/sft_dpo.md`` are generated from the dataclasses by ``verl.trainer.config_gen`` (the tests
-check they are current)::
-
-    python -m verl.trainer.main_sft --print-defaults > verl/trainer/config/sft_trainer.yaml
-    python -m verl.trainer.main_dpo --print-defaults > verl/trainer/config/dpo_trainer.yaml
-    python -m verl.trainer.config_gen docs docs/sft_dpo.md
-
-``load_sft_config`` / ``load_dpo_config`` take the dataclass defaults (the YAML files are
-not read back), a user YAML file (a partial tree) and Hydra-style dotted overrides (``optim.lr=1e-5``), then validate;
-every problem is reported at once in one ``ConfigError`` naming the key. Nothing here
-imports torch.
+They follow the PPO schema's conventions and reuse its shared sections (``ModelConfig``,
+``OptimConfig``, ``ArithmeticConfig``); ``verl/trainer/config/{sft,dpo}_trainer.yaml`` and the
+tables of ``docs/sft_dpo.md`` are generated from them (``python -m verl.trainer.config_gen``).
 """
 
 # `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
@@ -29,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from verl.config._fields import Strategy, entry
-from verl.config.load import ConfigProblem, build, load_validated, report, show
+from verl.config.load import ConfigProblem, load_validated, show
 from verl.config.schema import ArithmeticConfig, RunSectionConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
@@ -38,6 +26,7 @@ from verl.config.validate import (
     check_optim,
     check_registries,
     check_run,
+    validate_tree,
 )
 
 __all__ = [
@@ -197,11 +186,8 @@ class SFTConfig:
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="sft"), "run settings")
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """Check the whole config; raise ``ConfigError`` listing every problem.
-
-        Returns the warnings (also logged).
-        """
-        return validate_offline(self, registries)
+        """Check the whole config; raise ``ConfigError`` listing every problem; return warnings."""
+        return validate_tree(self, offline_problems, registries)
 
 
 @dataclass
@@ -216,24 +202,12 @@ class DPOConfig:
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="dpo"), "run settings")
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """Check the whole config; raise ``ConfigError`` listing every problem.
-
-        ``registries`` may map ``"algorithm.loss_type"`` to the registered loss names (the
-        trainer passes them; this package cannot import the registry). Returns warnings.
-        """
-        return validate_offline(self, registries)
+        """As ``SFTConfig.validate``; ``registries`` may map ``"algorithm.loss_type"`` to the
+        registered loss names (the trainer passes them)."""
+        return validate_tree(self, offline_problems, registries)
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def validate_offline(
-    cfg: SFTConfig | DPOConfig, registries: Mapping[str, Iterable[str]] | None = None
-) -> list[str]:
-    """Type-check and run every semantic check; raise ``ConfigError``; return warnings."""
-    built, problems, bad_paths = build(type(cfg), cfg, strict=True)
-    more, warnings = offline_problems(built, registries=registries, skip_paths=bad_paths)
-    return report(problems + more, warnings)
 
 
 def offline_problems(
@@ -316,11 +290,7 @@ def load_offline_config(
     *,
     registries: Mapping[str, Iterable[str]] | None = None,
 ) -> C:
-    """``cls``'s defaults + YAML file ``path`` + ``overrides`` -> ``cls``.
-
-    Raises ``ConfigError`` listing every problem (unknown keys with a did-you-mean, wrong
-    types, failed checks).
-    """
+    """``cls``'s defaults + YAML file ``path`` + ``overrides``, validated (``ConfigError``)."""
     return load_validated(
         cls,
         path,

@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 import os
 import string
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
@@ -33,18 +33,20 @@ def validate(
     cfg: TrainerConfig, registries: Mapping[str, Iterable[str]] | None = None
 ) -> list[str]:
     """Check ``cfg``; raise ``ConfigError`` listing every problem; return (and log) warnings.
-
-    Args:
-        cfg: a config built in Python or loaded.
-        registries: optional extra ``{key path: allowed names}`` checks; the keys of
-            ``verl.config.registry_keys.REGISTRY_KEYS`` are always checked against the live ``verl.registry``.
-    """
+    ``registries`` adds ``{key path: allowed names}`` checks; the keys of
+    ``verl.config.registry_keys`` are always checked against the live ``verl.registry``."""
     # the root type is the config's own (this module cannot import the schema, which imports it)
     names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
     if isinstance(cfg, type) or not names >= {"actor_rollout_ref", "trainer", "resource_pool"}:
         raise TypeError(f"validate() takes a TrainerConfig, got {type(cfg).__name__}")
+    return validate_tree(cfg, semantic_problems, registries)
+
+
+def validate_tree(cfg: Any, problems_of: Callable[..., Any], registries: Any = None) -> list[str]:
+    """Type-check ``cfg`` strictly, then ``problems_of(cfg, registries=, skip_paths=)``; raise
+    one ``ConfigError`` for every problem, else log and return the warnings."""
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
-    more, warnings = semantic_problems(built, registries=registries, skip_paths=bad_paths)
+    more, warnings = problems_of(built, registries=registries, skip_paths=bad_paths)
     return report(problems + more, warnings)
 
 
@@ -52,15 +54,6 @@ def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]
     """Registry-backed string keys (``{key path: allowed names}``) hold a registered name."""
     for path, names in (registries or {}).items():
         c.one_of(path, get_path(cfg, path), list(names))
-
-
-def _check_registry_keys(
-    c: Checks, cfg: TrainerConfig, registries: Mapping[str, Iterable[str]] | None
-) -> None:
-    """Registry-backed keys and ``*_kwargs`` mappings (``verl.config.registry_keys``); a key
-    given in ``registries`` is checked against those names instead."""
-    for keys, message in registry_problems(cfg, skip=registries or {}):
-        c.error(keys, message)
 
 
 def semantic_problems(
@@ -86,7 +79,8 @@ def semantic_problems(
         _check_precision,
     ):
         check(checks, cfg)
-    _check_registry_keys(checks, cfg, registries)
+    for keys, message in registry_problems(cfg, skip=registries or {}):  # registry_keys
+        checks.error(keys, message)
     check_registries(checks, cfg, registries)
     return checks.problems, checks.warnings
 
