@@ -1,23 +1,11 @@
 """The device map: which devices each role runs on, resolved into resource pools.
 
-A cluster has ``trainer.nnodes x trainer.n_gpus_per_node`` devices (GPUs, or worker
-processes on a CPU machine), numbered node by node: node 0 holds ids
-``0 .. n_gpus_per_node - 1``, node 1 the next ``n_gpus_per_node``, and so on. The
-``resource_pool`` section (:class:`DataParallelConfig`) gives each model-holding role a list
-of device ids:
-
-- ``actor_devices``: the hybrid actor / rollout / reference worker (null = every device);
-- ``critic_devices``, ``reward_model_devices``: null = the actor's devices.
-
-Roles with the *same* list share one pool: one process per device holds all of them
-(colocated, taking turns on the device). Roles with *disjoint* lists get pools of their
-own and can run at the same time. Lists that partly overlap are refused, because a device
-would hold two processes that each believe they own it. A role's data-parallel size is
-the length of its list.
-
-``resolve_device_map(cfg)`` turns a config into a :class:`DeviceMap`; the trainer builds
-one resource pool per entry of ``DeviceMap.pools``. ``set_device_map`` (also exported as
-``verl.utils.set_device_map``) is the short Python form.
+The cluster's ``trainer.nnodes x trainer.n_gpus_per_node`` devices (GPUs, or processes on a
+CPU machine) are numbered node by node. The ``resource_pool`` section gives each
+model-holding worker group a list of device ids (null: every device for the actor, the
+actor's for the others). Groups with the same list share one pool (colocated, one process
+per device); disjoint lists get pools of their own; lists that partly overlap are refused.
+A group's data-parallel size is the length of its list. See ``docs/distributed.md``.
 """
 
 # `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
@@ -25,6 +13,7 @@ one resource pool per entry of ``DeviceMap.pools``. ``set_device_map`` (also exp
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,16 +23,6 @@ from verl.config.roles import GROUPS, group_devices_key
 
 if TYPE_CHECKING:
     from verl.config.schema import TrainerConfig
-
-__all__ = [
-    "ROLE_DEVICE_KEYS",
-    "DataParallelConfig",
-    "DeviceMap",
-    "DeviceMapError",
-    "device_map_problems",
-    "resolve_device_map",
-    "set_device_map",
-]
 
 # worker group -> the resource_pool key holding its devices, in placement order
 ROLE_DEVICE_KEYS = {group: group_devices_key(group) for group in GROUPS}
@@ -70,17 +49,11 @@ class DeviceMapError(ValueError):
 
 @dataclass(frozen=True)
 class DeviceMap:
-    """Resolved placement: pools of device ids and the pool of each role.
+    """Resolved placement: ``pools`` (``{pool name: device ids}``, in the order roles first
+    name them) and ``roles`` (``{role: pool name}``)."""
 
-    Attributes:
-        num_devices: devices in the cluster (``nnodes * devices_per_node``).
-        devices_per_node: ``trainer.n_gpus_per_node``.
-        pools: ``{pool_name: device ids}``, in the order roles first name them.
-        roles: ``{role: pool_name}`` for the roles given to :func:`resolve_device_map`.
-    """
-
-    num_devices: int
-    devices_per_node: int
+    num_devices: int  # nnodes * devices_per_node
+    devices_per_node: int  # trainer.n_gpus_per_node
     pools: dict[str, tuple[int, ...]]
     roles: dict[str, str]
 
@@ -98,10 +71,7 @@ class DeviceMap:
 
     def processes_per_node(self, pool: str) -> list[int]:
         """Processes of ``pool`` on each node it uses (nodes without any are left out)."""
-        counts: dict[int, int] = {}
-        for device in self.pools[pool]:
-            node = device // self.devices_per_node
-            counts[node] = counts.get(node, 0) + 1
+        counts = collections.Counter(d // self.devices_per_node for d in self.pools[pool])
         return [counts[node] for node in sorted(counts)]
 
     @property
@@ -113,14 +83,9 @@ class DeviceMap:
 def _role_lists(
     dp: DataParallelConfig, roles: list[str], num_devices: int
 ) -> dict[str, tuple[str, list[int]]]:
-    actor = dp.actor_devices
-    actor_ids = list(range(num_devices)) if actor is None else list(actor)
-    out = {}
-    for role in roles:
-        key = ROLE_DEVICE_KEYS[role]
-        ids = getattr(dp, key)
-        out[role] = (key, actor_ids if ids is None else list(ids))
-    return out
+    actor = list(range(num_devices)) if dp.actor_devices is None else list(dp.actor_devices)
+    lists = {role: (key := ROLE_DEVICE_KEYS[role], getattr(dp, key)) for role in roles}
+    return {role: (key, actor if ids is None else list(ids)) for role, (key, ids) in lists.items()}
 
 
 def device_map_problems(
@@ -199,16 +164,11 @@ def resolve_device_map(
 def set_device_map(
     cfg: TrainerConfig | DataParallelConfig, dp: DataParallelConfig | None = None
 ) -> DeviceMap:
-    """The short Python form of the ``resource_pool`` section.
-
-    ``set_device_map(trainer_config, DataParallelConfig(actor_devices=[0, 1],
-    critic_devices=[2]))`` writes the device lists into ``trainer_config.resource_pool``,
-    grows ``trainer.n_gpus_per_node`` (single node) when the lists name more devices than
-    the cluster has, and returns the resolved :class:`DeviceMap`.
-    ``set_device_map(trainer_config)`` resolves the config's own section, and
-    ``set_device_map(DataParallelConfig(...))`` resolves the lists alone on one node with
-    as many devices as the highest id needs. Raises :class:`DeviceMapError`.
-    """
+    """The short Python form of the ``resource_pool`` section: ``set_device_map(cfg, dp)``
+    writes ``dp`` into ``cfg`` (growing a single node's ``n_gpus_per_node`` to the highest id
+    named), ``set_device_map(cfg)`` resolves the config's own section, ``set_device_map(dp)``
+    the lists alone on one node. Returns the :class:`DeviceMap`; raises
+    :class:`DeviceMapError`."""
     if isinstance(cfg, DataParallelConfig):
         if dp is not None:
             raise TypeError("set_device_map(DataParallelConfig) takes no second argument")
@@ -225,10 +185,5 @@ def set_device_map(
 
 def _devices_named(dp: DataParallelConfig) -> int:
     """1 + the highest device id any list names (0 when no list is given)."""
-    ids = [
-        d
-        for key in ROLE_DEVICE_KEYS.values()
-        for d in (getattr(dp, key) or [])
-        if isinstance(d, int)
-    ]
-    return max(ids) + 1 if ids else 0
+    lists = (getattr(dp, key) or [] for key in ROLE_DEVICE_KEYS.values())
+    return max((d + 1 for ids in lists for d in ids if isinstance(d, int)), default=0)
