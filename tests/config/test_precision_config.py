@@ -169,7 +169,7 @@ def test_gradient_scaling_without_fp16_is_rejected_and_guard_bound_checked():
     assert "use_gradient_scaling=true but no trainable role computes in fp16" in msg
     cfg = TrainerConfig()
     cfg.trainer.max_consecutive_nonfinite_steps = -1
-    assert "max_consecutive_nonfinite_steps=-1 must be >= 0" in _errors(cfg)
+    assert "max_consecutive_nonfinite_steps=-1: must be >= 0" in _errors(cfg)
 
 
 def test_default_validation_does_not_import_torch_for_precision(monkeypatch):

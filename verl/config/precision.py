@@ -186,12 +186,6 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             "only: drop it or use null"
         )
         out.append((("trainer.use_gradient_scaling", *map(role_key, trained)), message))
-    if t.max_consecutive_nonfinite_steps < 0:
-        message = (
-            f"trainer.max_consecutive_nonfinite_steps={t.max_consecutive_nonfinite_steps} "
-            "must be >= 0 (0 = never stop)"
-        )
-        out.append((("trainer.max_consecutive_nonfinite_steps",), message))
     return out
 
 

@@ -293,6 +293,7 @@ class RunConfig(RunSectionConfig):
         3,
         "stop with an error after this many optimizer steps in a row skipped for a non-finite "
         "loss or grad norm; 0 = never stop",
+        ge=0,
     )
     use_flash_attention: bool = entry(
         False, "flash attention where installed and supported, else SDPA (logged once)"
@@ -327,19 +328,16 @@ class TrainerConfig:
     )
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """Check the whole config; raise ``ConfigError`` listing every problem.
-
-        Returns the warnings (also logged). See :func:`verl.config.validate.validate`.
-        """
+        """Check the whole config; raise ``ConfigError`` listing every problem; return the
+        warnings (also logged). See :func:`verl.config.validate.validate`."""
         return validate(self, registries=registries)
 
     # Derived values: the one place each "null means ..." default is resolved (what an
     # algorithm needs is asked of its registry entry, never of a list of names).
 
     def estimator_needs(self, what: str) -> bool:
-        """Whether ``algorithm.adv_estimator``'s registry entry declares ``what``
-        (``needs_critic``, ``needs_index``, ``needs_baseline``, ``needs_reference``); False
-        for an unregistered name, which ``validate`` reports."""
+        """Whether the estimator's registry entry declares ``what`` (``needs_critic``, ...);
+        False for an unregistered name, which ``validate`` reports."""
         return bool(ADVANTAGE_ESTIMATORS.needs(self.algorithm.adv_estimator, what))
 
     @property
@@ -350,8 +348,7 @@ class TrainerConfig:
 
     @property
     def ref_enabled(self) -> bool:
-        """A reference policy is needed: a KL term is on (loss or reward) or the estimator
-        needs reference log-probs."""
+        """A KL term is on (loss or reward) or the estimator needs reference log-probs."""
         kl = self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
         return kl or self.estimator_needs("needs_reference")
 
@@ -368,8 +365,7 @@ class TrainerConfig:
 
     @property
     def device_map(self) -> DeviceMap:
-        """The placement of the placed roles (``resource_pool`` over the cluster); raises
-        ``DeviceMapError`` for a map that cannot be placed."""
+        """The placement of the placed roles; raises ``DeviceMapError`` if it cannot be."""
         t = self.trainer
         return resolve_device_map(
             self.resource_pool, t.nnodes, t.n_gpus_per_node, self.placed_roles
@@ -428,12 +424,9 @@ _dataclass_init = TrainerConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None:
-    """The dataclass ``__init__``, plus the flat keys of ``verl.compat.flat_keys.FLAT_KEYS``.
-
-    ``TrainerConfig(mixed_precision="bf16", max_grad_norm=0.5)`` sets the nested twins of
-    those keys; a flat key contradicting its twin raises ``ConfigError``. Then the trainer's
-    precision keys fill the role precision keys left null (``verl.config.precision``).
-    """
+    """The dataclass ``__init__``, plus the flat keys of ``verl.compat.flat_keys``
+    (``TrainerConfig(mixed_precision="bf16")``); then the role precision keys left null are
+    filled from the trainer's (``verl.config.precision``)."""
     kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
     _dataclass_init(self, *args, **kwargs)
@@ -451,9 +444,8 @@ def load_config(
     *,
     registries: Mapping[str, Iterable[str]] | None = None,
 ) -> TrainerConfig:
-    """The defaults, a user YAML file ``path`` (a partial tree) and dotted ``overrides``
-    (``["actor_rollout_ref.actor.optim.lr=1e-6"]``), validated; ``registries`` adds
-    ``{key path: allowed names}`` checks. Raises ``ConfigError`` listing every problem."""
+    """The defaults, a YAML file ``path`` (a partial tree) and dotted ``overrides``, validated
+    (``registries``: extra ``{key path: allowed names}`` checks); raises ``ConfigError``."""
     return load_validated(
         TrainerConfig,
         path,
@@ -463,7 +455,6 @@ def load_config(
 
 
 def from_dict(data: Mapping[str, Any], cls: type = TrainerConfig) -> Any:
-    """Build a config (``TrainerConfig`` by default) from nested dicts, a partial tree being
-    fine; checks types only (raises ``ConfigError``). ``load_config`` / ``cfg.validate()``
-    run the full validation."""
+    """A config (``TrainerConfig`` by default) from nested dicts (a partial tree), type-checked
+    only (``ConfigError``); ``load_config`` / ``cfg.validate()`` run the full validation."""
     return from_mapping(cls, data)
