@@ -1,12 +1,7 @@
-"""Shared building blocks of the config schema: the field helper and the enumerations.
-
-Registry-backed keys (estimators, losses, KL kinds, aggregation modes, rollout backends,
-reward managers) are plain ``str`` fields: their names live in ``verl.registry`` only, and
-``verl.config.validate`` checks them against the live registries.
-
-Every schema field is declared with :func:`entry`, which stores its help text in the
-dataclass field metadata. The same text becomes the comment in the generated YAML
-defaults and the "meaning" column of the table in ``docs/config.md``.
+"""Building blocks of the schema: :func:`entry` (a field with its help text and bounds) and
+the enumerations. Registry-backed keys (estimators, losses, rollout backends ...) are plain
+``str`` fields checked against the live ``verl.registry`` (``verl.config.registry_keys``).
+The help text is the comment of the generated YAML and the meaning column of the docs.
 """
 
 from __future__ import annotations
@@ -51,13 +46,9 @@ def entry(
     off: int | None = None,
     nonempty: bool = False,
 ) -> Any:
-    """A dataclass field with ``default``, a one-line ``help`` text and its allowed values.
-
-    ``ge``/``gt``/``le``/``lt`` bound a number, ``off`` is a sentinel allowed besides the
-    bounds (``-1`` = off), ``nonempty`` refuses a blank string; ``verl.config.validate``
-    checks them all in one walk (null values pass). Mutable defaults (lists, dicts,
-    dataclass instances) and nested section classes get a ``default_factory``.
-    """
+    """A dataclass field with ``default``, a one-line ``help`` and its allowed values: bounds
+    ``ge``/``gt``/``le``/``lt``, a sentinel ``off`` allowed besides them (``-1`` = off), and
+    ``nonempty`` for strings; ``Checks.fields`` checks them all (null passes)."""
     bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "off": off}
     metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
     if nonempty:

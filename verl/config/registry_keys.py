@@ -1,10 +1,7 @@
-"""Config keys whose values are registry names, checked against the live ``verl.registry``.
-
-A name key (``algorithm.adv_estimator``) must name an entry of its registry (a user's
-``register_*`` counts as soon as it ran); an open hyperparameter mapping
-(``algorithm.adv_estimator_kwargs``) may only hold the hyperparameters of the entry its
-name key selects. Names are checked without importing anything; a non-empty mapping imports
-its entry's module to read the hyperparameters from the signature.
+"""Config keys whose values are registry names, checked against the live ``verl.registry``:
+a name key must name an entry (a user's ``register_*`` counts once it ran); an open
+hyperparameter mapping (``algorithm.adv_estimator_kwargs``) may hold only the named
+hyperparameters of the entry its name key selects (read from the entry's signature).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The roles of an RL run, named once.
-
-A role has one name everywhere a user or a log names it: ``actor``, ``critic``,
-``reference``, ``reward`` (the ``trainer.model_precision_map`` keys, the metric prefixes,
-the checkpoint directories, ``verl.model_merger --role``). The processes are organised by
-worker group, whose name is also its config section and its ``resource_pool`` key prefix:
-``actor_rollout_ref`` (the hybrid actor + rollout + reference worker), ``critic`` and
-``reward_model``. This table states the correspondence; the other modules derive theirs
-from it (``device_map.ROLE_DEVICE_KEYS``, ``precision.ROLES`` / ``TRAINABLE_ROLES``,
-``trainer.checkpoint.ROLE_DIRS``, ``model_merger.ROLES``) instead of spelling it again.
+"""The roles of an RL run, named once: ``actor``, ``critic``, ``reference``, ``reward`` (as
+users and logs name them), the worker group holding each (``actor_rollout_ref``, ``critic``,
+``reward_model``: also its config section and ``resource_pool`` key prefix), and whether it
+is trained. Other modules derive their tables from this one instead of spelling it again.
 """
 
 from __future__ import annotations
@@ -19,9 +13,7 @@ __all__ = ["GROUPS", "ROLES", "TRAINABLE_ROLES", "RoleSpec", "group_devices_key"
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One role: its name, the worker group (and config section) holding it, the
-    ``resource_pool`` key of that group's devices, whether it is trained, and the config
-    section holding its own keys (``<section>.precision``)."""
+    """One role; ``section`` holds its own keys (``<section>.precision``)."""
 
     name: str
     group: str

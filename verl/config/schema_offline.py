@@ -221,8 +221,7 @@ def offline_problems(
     builtin = not cfg.data.train_files and cfg.data.builtin == "arithmetic"
     c.fields(cfg, inactive=() if builtin else ("data.arithmetic",))
     _check_data(c, cfg, builtin)
-    c.model("model.path", cfg.model.path)
-    c.model("model.tokenizer_path", cfg.model.tokenizer_path)
+    c.model("model", cfg.model)
     check_optim(c, "optim", cfg.optim)
     if isinstance(cfg, DPOConfig):
         _check_algorithm(c, cfg)

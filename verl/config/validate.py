@@ -1,10 +1,9 @@
 """Validation of a whole config before any worker starts: every problem, reported at once.
 
-``validate(cfg)`` type-checks the tree, then runs the semantic checks below (ranges, batch
-divisibility, files on disk, feature combinations, optional packages). Problems raise one
-``ConfigError``; harmless oddities are logged as warnings and returned. Nothing is
-loaded or imported: files are only tested for existence and packages with ``find_spec``.
-The list of checks is kept in ``docs/config.md`` ("Validation").
+``validate(cfg)`` type-checks the tree, checks every field's declared bounds, then runs the
+cross-field checks below; problems raise one ``ConfigError``, oddities are logged warnings.
+Nothing is loaded: files are tested for existence, packages with ``find_spec``. The list of
+checks is kept in ``docs/config.md`` ("Validation").
 """
 
 from __future__ import annotations
@@ -154,13 +153,18 @@ class Checks:
                 f"(relative paths are resolved from {os.getcwd()})",
             )
 
-    def model(self, path: str, value: str | None) -> None:
-        if value is not None and value != EMBEDDED_MODEL and not os.path.exists(value):
-            self.error(
-                path,
-                f"{path}={show(value)}: no such local model directory or file; give a local "
-                f"path or the embedded model '{EMBEDDED_MODEL}' (hub downloads are not done)",
-            )
+    def model(self, prefix: str, model: Any) -> None:
+        """``<prefix>.path`` and ``.tokenizer_path`` are local paths or the embedded model."""
+        for path, value in (
+            (f"{prefix}.path", model.path),
+            (f"{prefix}.tokenizer_path", model.tokenizer_path),
+        ):
+            if value is not None and value != EMBEDDED_MODEL and not os.path.exists(value):
+                self.error(
+                    path,
+                    f"{path}={show(value)}: no such local model directory or file; give a local "
+                    f"path or the embedded model '{EMBEDDED_MODEL}' (hub downloads are not done)",
+                )
 
     def package(self, path: str, value: str, module: str, install: str) -> None:
         if importlib.util.find_spec(module) is None:
@@ -389,8 +393,7 @@ def _check_sampling(c: Checks, prefix: str, s: Any) -> None:
 
 def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     arr, device = cfg.actor_rollout_ref, cfg.trainer.device
-    c.model("actor_rollout_ref.model.path", arr.model.path)
-    c.model("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path)
+    c.model("actor_rollout_ref.model", arr.model)
     a, p = arr.actor, "actor_rollout_ref.actor"
     _check_ppo_batches(c, cfg, p, a, "actor_rollout_ref")
     _check_engine(c, cfg, p, a, "actor_rollout_ref")
@@ -439,8 +442,7 @@ def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
     if not cfg.critic_enabled:
         return
     cr = cfg.critic
-    c.model("critic.model.path", cr.model.path)
-    c.model("critic.model.tokenizer_path", cr.model.tokenizer_path)
+    c.model("critic.model", cr.model)
     _check_ppo_batches(c, cfg, "critic", cr, "critic")
     _check_engine(c, cfg, "critic", cr, "critic")
 
@@ -462,8 +464,7 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
             f"{p}.enable=true: {p}.model.path is null; give the reward model's path",
         )
     if rm.enable:
-        c.model(f"{p}.model.path", rm.model.path)
-        c.model(f"{p}.model.tokenizer_path", rm.model.tokenizer_path)
+        c.model(f"{p}.model", rm.model)
     ob = rm.overlong_buffer
     if ob.enable and not 1 <= ob.len <= cfg.data.max_response_length:
         c.error(

@@ -1,7 +1,5 @@
-"""Config checks of one-step-off asynchronous training (``trainer.async_rollout``).
-
-Kept apart from :mod:`verl.config.validate` (which calls :func:`check_async_rollout`): what
-the asynchronous pipeline supports today, each refusal naming the key and the way out.
+"""Config checks of one-step-off asynchronous training (``trainer.async_rollout``): what the
+asynchronous pipeline supports today, each refusal naming the key and the way out.
 """
 
 from __future__ import annotations
