@@ -20,23 +20,13 @@ from verl.config.roles import GROUPS, group_devices_key
 from verl.utils.device_pools import (
     DeviceLists,
     DeviceMap,
-    DeviceMapError,
+    DeviceMapError,  # noqa: F401 (re-exported)
     device_list_problems,
     place_device_lists,
 )
 
 if TYPE_CHECKING:
     from verl.config.schema import TrainerConfig
-
-__all__ = [
-    "ROLE_DEVICE_KEYS",
-    "DataParallelConfig",
-    "DeviceMap",
-    "DeviceMapError",
-    "device_map_problems",
-    "resolve_device_map",
-    "set_device_map",
-]
 
 # worker group -> the resource_pool key holding its devices, in placement order
 ROLE_DEVICE_KEYS = {group: group_devices_key(group) for group in GROUPS}

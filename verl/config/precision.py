@@ -200,10 +200,9 @@ def _trained_role_problems(
     cfg: Any, role: str, prec: str, keys: tuple[str, ...]
 ) -> list[tuple[tuple[str, ...], str]]:
     """A trainable role's precision against its engine, model dtype and FSDP2 settings."""
-    prefix = "actor_rollout_ref" if role == "actor" else "critic"
-    section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
-    model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
-    fsdp_key = f"{prefix}.{'actor.' if role == 'actor' else ''}fsdp_config.mixed_precision"
+    prefix, section = _ROLES[role].group, _section(cfg, role)
+    model = get_path(cfg, f"{prefix}.model")
+    fsdp_key = f"{_ROLES[role].section}.fsdp_config.mixed_precision"
     mp, out = section.fsdp_config.mixed_precision, []
     if prec == "fp16" and cfg.engine_strategy(prefix) == "fsdp2":
         message = (

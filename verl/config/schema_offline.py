@@ -29,19 +29,6 @@ from verl.config.validate import (
     validate_tree,
 )
 
-__all__ = [
-    "DPOConfig",
-    "OfflineEngineConfig",
-    "OfflineRunConfig",
-    "PreferenceDataConfig",
-    "PreferenceLossConfig",
-    "SFTConfig",
-    "SFTDataConfig",
-    "load_dpo_config",
-    "load_offline_config",
-    "load_sft_config",
-]
-
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
 OfflineBuiltin = Literal["arithmetic"]
