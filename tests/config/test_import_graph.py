@@ -88,3 +88,47 @@ def test_each_config_module_imports_alone(module: str):
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_no_import_cycle_through_the_modules_the_config_imports():
+    """The config's adapters (``verl.compat``) and probes (``verl.utils``) import parts of the
+    config in turn: the graph over all of them, module by module, has no cycle either."""
+    verl_root = ROOT / "verl"
+    names = {f"verl.config.{m}" for m in MODULES}
+    names |= {
+        f"verl.{p.parent.name}.{p.stem}"
+        for d in ("compat", "utils")
+        for p in (verl_root / d).glob("*.py")
+    }
+    names -= {"verl.compat.__init__", "verl.utils.__init__"}
+
+    def imports(module: str) -> set[str]:
+        found: set[str] = set()
+
+        def visit(node: ast.AST) -> None:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                return
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.update({node.module} | {f"{node.module}.{a.name}" for a in node.names})
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+
+        visit(ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text()))
+        return (found & names) - {module}
+
+    graph = {m: imports(m) for m in names}
+    assert "verl.compat.flat_keys" in graph["verl.config.schema"]  # the walk sees the edge
+    done: set[str] = set()
+
+    def walk(module: str, stack: list[str]) -> None:
+        if module in stack:
+            pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(module) :], module]))
+        if module not in done:
+            for dep in sorted(graph[module]):
+                walk(dep, [*stack, module])
+            done.add(module)
+
+    for module in sorted(names):
+        walk(module, [])

@@ -5,7 +5,8 @@ PPOTrainer``, ``DataCollector``, torch dtypes where a precision is named, per-ro
 ``parallel_config`` blocks in YAML, ``set_device_map(dp_config)`` alone. This package holds
 the alias tables and the small adapters that accept them, each logging a note naming the
 native spelling. ``verl.compat.aliases`` imports nothing of verl (the config package calls
-it); the other modules sit on top of the trainer. Names are imported lazily.
+it), ``verl.compat.flat_keys`` (the ``TrainerConfig(mixed_precision=...)`` keywords) only
+the config's lower modules; the other modules sit on top of the trainer. Names are imported lazily.
 
 See ``docs/tutorials/`` for the tables, one page per tutorial.
 """
