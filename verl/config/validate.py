@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
-from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems, resolve_device_map
+from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
@@ -256,16 +256,19 @@ def _check_rollout_files(c: Checks, cfg: TrainerConfig) -> None:
         )
 
 
-def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:
-    """Data-parallel size per placed role, or None when the device map is invalid."""
+def _device_map_problems(cfg: TrainerConfig) -> list[tuple[tuple[str, ...], str]] | None:
+    """The device map's problems; None when the cluster size is invalid (reported apart)."""
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         return None
-    roles = cfg.placed_roles
-    if device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles):
+    return device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, cfg.placed_roles)
+
+
+def _dp_sizes(cfg: TrainerConfig) -> dict[str, int] | None:
+    """Data-parallel size per placed role, or None when the device map is invalid."""
+    if _device_map_problems(cfg) != []:
         return None
-    placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
-    return {role: placed.dp_size(role) for role in roles}
+    return {role: cfg.device_map.dp_size(role) for role in cfg.placed_roles}
 
 
 def _dp_keys(role_name: str) -> tuple[str, ...]:
@@ -278,16 +281,12 @@ def _dp_keys(role_name: str) -> tuple[str, ...]:
 
 def _check_device_map(c: Checks, cfg: TrainerConfig) -> None:
     """Device ids in range, lists identical or disjoint; the backend can host the map."""
-    t = cfg.trainer
-    if t.nnodes < 1 or t.n_gpus_per_node < 1:
-        return  # reported by _check_trainer
-    roles = cfg.placed_roles
-    problems = device_map_problems(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
-    for keys, message in problems:
+    t, problems = cfg.trainer, _device_map_problems(cfg)
+    for keys, message in problems or []:
         c.error(keys, message)
-    if problems:
-        return
-    placed = resolve_device_map(cfg.resource_pool, t.nnodes, t.n_gpus_per_node, roles)
+    if problems != []:
+        return  # a bad cluster size is reported by the field bounds
+    placed = cfg.device_map
     if t.backend == "local" and placed.processes > 1:
         c.error(
             ("trainer.backend", "resource_pool", "trainer.n_gpus_per_node"),
