@@ -164,6 +164,20 @@ def test_arithmetic_digit_range():
     assert msg.startswith("data.arithmetic.max_digits=1 is below data.arithmetic.digits=2")
 
 
+def test_balance_digits_is_for_rl_builtin_data_only():
+    from verl.config import load_dpo_config, load_sft_config
+
+    cfg = load_config(
+        overrides=["data.arithmetic.max_digits=2", "data.arithmetic.balance_digits=true"]
+    )
+    assert cfg.data.arithmetic.balance_digits is True
+    for load in (load_sft_config, load_dpo_config):
+        with pytest.raises(ConfigError) as info:
+            load(overrides=["data.arithmetic.balance_digits=true"])
+        (msg,) = [p.message for p in info.value.problems]
+        assert msg.startswith("data.arithmetic.balance_digits=true: only the RL built-in data")
+
+
 def test_combinations():
     msgs = messages(
         [

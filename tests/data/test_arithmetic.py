@@ -175,6 +175,40 @@ def test_digit_range_draws_one_and_two_digit_operands(tmp_path, capsys):
     assert "--max-digits 1: must be >= --digits 2" in capsys.readouterr().err
 
 
+def _one_digit_share(rows) -> float:
+    operands = [v for r in rows for v in (r["extra_info"]["a"], r["extra_info"]["b"])]
+    return sum(v < 10 for v in operands) / len(operands)
+
+
+def test_balance_digits_draws_digit_counts_uniformly(tmp_path):
+    # uniform over 0..99: 10% of operands have one digit; balanced: each count about half
+    # (a little less, since the 200 one-by-one-digit + and * problems run out of new ones)
+    plain = make_arithmetic_rows(400, digits=(1, 2), ops=["+", "*"], seed=0)
+    balanced = make_arithmetic_rows(400, digits=(1, 2), ops=["+", "*"], seed=0, balance_digits=True)
+    assert _one_digit_share(plain) < 0.15
+    assert 0.4 < _one_digit_share(balanced) < 0.55
+    assert len({row_problem(r) for r in balanced}) == 400
+    for r in balanced:
+        a, op, b = row_problem(r)
+        assert 0 <= a <= 99 and 0 <= b <= 99
+        assert r["reward_model"]["ground_truth"] == str(evaluate(a, op, b))
+    # (2, 3): operands 10..999, half of them two-digit
+    three = make_arithmetic_rows(300, digits=(2, 3), ops=["+"], seed=1, balance_digits=True)
+    operands = [v for r in three for v in (r["extra_info"]["a"], r["extra_info"]["b"])]
+    assert min(operands) >= 10 and max(operands) <= 999
+    assert 0.4 < sum(v < 100 for v in operands) / len(operands) < 0.6
+    # a single digit count is unchanged by the flag
+    same = make_arithmetic_rows(20, digits=2, seed=3, balance_digits=True)
+    assert same == make_arithmetic_rows(20, digits=2, seed=3)
+    # the CLI flag and the written splits: disjoint, balanced
+    argv = ["--out", str(tmp_path), "--train-size", "300", "--val-size", "100"]
+    assert main([*argv, "--digits", "1", "--max-digits", "2", "--balance-digits"]) == 0
+    train = [r.data for r in read_records(tmp_path / "train.parquet").records]
+    val = [r.data for r in read_records(tmp_path / "test.parquet").records]
+    assert not {row_problem(r) for r in train} & {row_problem(r) for r in val}
+    assert _one_digit_share(train) > 0.35 and _one_digit_share(val) > 0.35
+
+
 def test_tool_transcripts_train_the_call_and_the_answer_only(tmp_path, tokenizer):
     from verl.data.arithmetic import tool_transcript_row, write_tool_transcripts
     from verl.data.base import render_chat

@@ -109,6 +109,27 @@ def test_grpo_script_is_the_main_job_preset(tmp_path):
     assert script.stdout.replace(f"{name}\n", f"{name}metic\n") == preset
 
 
+def test_mixed_preset_is_the_harder_task_with_per_op_validation(tmp_path):
+    # one- and two-digit +, - and *, validation grouped by operation with enough problems per
+    # operation to compare them
+    from collections import Counter
+
+    from verl.config import load_config
+    from verl.data.io import read_records
+    from verl.trainer.setup import prepare_data_files
+
+    cfg = load_config(EXAMPLES / "grpo_smollm2_arithmetic_mixed.yaml")
+    a = cfg.data.arithmetic
+    assert (a.digit_range, sorted(a.ops), a.balance_digits) == ((1, 2), ["*", "+", "-"], True)
+    assert cfg.trainer.val_group_by == ["op"]
+    _, (val_file,) = prepare_data_files(cfg, tmp_path)
+    val = [r.data["extra_info"] for r in read_records(val_file).records]
+    per_op = Counter(info["op"] for info in val)
+    assert len(val) == 192 and min(per_op.values()) >= 50, per_op
+    digit_counts = Counter(max(len(str(i["a"])), len(str(i["b"]))) for i in val)
+    assert digit_counts[1] >= 30 and digit_counts[2] >= 100, digit_counts
+
+
 @pytest.mark.parametrize("script", [GAE, SFT, DPO], ids=lambda p: p.name)
 def test_cpu_script_config_validates_as_written(script, tmp_path):
     run = _run(script, "--validate-only", cwd=tmp_path)

@@ -52,6 +52,11 @@ class ArithmeticConfig:
 
     digits: int = entry(1, "digits per operand", ge=1)
     max_digits: int | None = entry(None, "operands up to this many digits; null = digits", ge=1)
+    balance_digits: bool = entry(
+        False,
+        "draw each operand's digit count uniformly (else operands uniform over the range); "
+        "RL built-in data only",
+    )
     ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
     train_size: int = entry(1024, "generated training prompts", ge=1)
     val_size: int = entry(64, "generated validation prompts", ge=0)

@@ -226,6 +226,13 @@ def _check_data(c: Checks, cfg: SFTConfig | DPOConfig, builtin: bool) -> None:
             f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
         )
     check_data_source(c, d, builtin)
+    if builtin and d.arithmetic.balance_digits:
+        c.error(
+            "data.arithmetic.balance_digits",
+            "data.arithmetic.balance_digits=true: only the RL built-in data (verl train) "
+            "balances digit counts; the SFT/DPO built-in sets draw operands uniformly, so "
+            "remove it",
+        )
     if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
         c.error(
             ("data.max_prompt_length", "data.max_length"),

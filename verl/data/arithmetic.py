@@ -12,7 +12,10 @@ writes `train.parquet` and `test.parquet` (or `.jsonl`). Each row:
     extra_info   {"split", "index", "a", "b", "op", "expression"}
 
 Operands have exactly `digits` digits (0-9 for one digit); `digits` may also be a range
-`(lo, hi)` (`(1, 2)`: operands 0-99, one- and two-digit). Subtraction puts the larger
+`(lo, hi)` (`(1, 2)`: operands 0-99, one- and two-digit). Operands are uniform over that
+range, so most have `hi` digits; with `balance_digits=True` each operand's digit count is
+drawn uniformly from `lo..hi` first (`(1, 2)`: half the operands 0-9, half 10-99), which
+keeps the easier problems in the mix. Subtraction puts the larger
 operand first, so every answer is a non-negative integer. `prompt_style="plain"` gives a
 completion prompt ("3 + 4 =") for base models (use it with `apply_chat_template=False`).
 `prompt_style="tool"` asks the model to use the calculator tool, for multi-turn rollouts
@@ -103,9 +106,22 @@ def problem_space_size(digits: Digits, ops: Sequence[str]) -> int:
     return sum(m * (m + 1) // 2 if op == "-" else m * m for op in set(ops))
 
 
-def _random_problem(rng: random.Random, lo: int, hi: int, ops: Sequence[str]) -> Problem:
+def _random_operand(rng: random.Random, lo: int, hi: int, balance_digits: bool) -> int:
+    """An operand in ``[lo, hi]``: uniform, or (``balance_digits``) a uniform digit count
+    first, then uniform among the operands with that many digits."""
+    fewest, most = len(str(lo)), len(str(hi))
+    if not balance_digits or fewest == most:
+        return rng.randint(lo, hi)
+    n = rng.randint(fewest, most)
+    return rng.randint(max(lo, 0 if n == 1 else 10 ** (n - 1)), min(hi, 10**n - 1))
+
+
+def _random_problem(
+    rng: random.Random, lo: int, hi: int, ops: Sequence[str], balance_digits: bool = False
+) -> Problem:
     op = rng.choice(ops)
-    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    a = _random_operand(rng, lo, hi, balance_digits)
+    b = _random_operand(rng, lo, hi, balance_digits)
     if op == "-" and a < b:
         a, b = b, a
     return a, op, b
@@ -129,9 +145,18 @@ def _all_problems(lo: int, hi: int, ops: Sequence[str]) -> list[Problem]:
 
 
 def sample_problems(
-    n: int, digits: Digits, ops: Sequence[str], seed: int, exclude: set[Problem] | None = None
+    n: int,
+    digits: Digits,
+    ops: Sequence[str],
+    seed: int,
+    exclude: set[Problem] | None = None,
+    balance_digits: bool = False,
 ) -> list[Problem]:
-    """`n` problems, distinct while the space (minus `exclude`) allows, in random order."""
+    """`n` problems, distinct while the space (minus `exclude`) allows, in random order.
+
+    ``balance_digits`` (module docstring) weights the draw by digit count while at most half
+    of the space is asked for; beyond that the draw enumerates the space and is uniform.
+    """
     ops = list(dict.fromkeys(ops))  # dedupe, keep order: the draw depends on it
     _check_args(digits, ops, "chat")
     rng = random.Random(seed)
@@ -149,7 +174,7 @@ def sample_problems(
         seen: set[Problem] = set()
         out: list[Problem] = []
         while len(out) < n:
-            p = _random_problem(rng, lo, hi, ops)
+            p = _random_problem(rng, lo, hi, ops, balance_digits)
             if p not in seen and p not in exclude:
                 seen.add(p)
                 out.append(p)
@@ -210,12 +235,13 @@ def make_arithmetic_rows(
     split: str = "train",
     prompt_style: str = "chat",
     exclude: set[Problem] | None = None,
+    balance_digits: bool = False,
 ) -> list[dict[str, Any]]:
     """`n` arithmetic rows (see the module docstring), deterministic for a `seed`."""
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
     _check_args(digits, ops, prompt_style)
-    problems = sample_problems(n, digits, ops, seed, exclude) if n else []
+    problems = sample_problems(n, digits, ops, seed, exclude, balance_digits) if n else []
     return [arithmetic_row(p, i, split, prompt_style) for i, p in enumerate(problems)]
 
 
@@ -234,9 +260,10 @@ def write_arithmetic_dataset(
     seed: int = 0,
     fmt: str = "parquet",
     prompt_style: str = "chat",
+    balance_digits: bool = False,
 ) -> tuple[str, str | None]:
     """Write `train.<fmt>` and `test.<fmt>` into `out_dir`; returns (train_path, val_path),
-    val_path None when `val_size` is 0."""
+    val_path None when `val_size` is 0. `balance_digits`: see the module docstring."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}; choose one of {FORMATS}")
     if train_size < 1 or val_size < 0:
@@ -245,10 +272,19 @@ def write_arithmetic_dataset(
             "validation file)"
         )
     _check_args(digits, ops, prompt_style)
-    val_rows = make_arithmetic_rows(val_size, digits, ops, 2 * seed + 1, "test", prompt_style)
+    val_rows = make_arithmetic_rows(
+        val_size, digits, ops, 2 * seed + 1, "test", prompt_style, balance_digits=balance_digits
+    )
     val_problems = {row_problem(r) for r in val_rows}
     train_rows = make_arithmetic_rows(
-        train_size, digits, ops, 2 * seed, "train", prompt_style, exclude=val_problems
+        train_size,
+        digits,
+        ops,
+        2 * seed,
+        "train",
+        prompt_style,
+        exclude=val_problems,
+        balance_digits=balance_digits,
     )
     suffix = "parquet" if fmt == "parquet" else "jsonl"
     train_path = write_records(train_rows, os.path.join(out_dir, f"train.{suffix}"))
@@ -323,6 +359,11 @@ def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.Argu
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=FORMATS, default="parquet", dest="fmt")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
+    p.add_argument(
+        "--balance-digits",
+        action="store_true",
+        help="draw each operand's digit count uniformly from --digits..--max-digits",
+    )
     return p
 
 
@@ -349,6 +390,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.ari
             args.seed,
             args.fmt,
             args.prompt_style,
+            args.balance_digits,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -68,6 +68,7 @@ def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], li
             digits=a.digit_range,
             ops=list(a.ops),
             seed=d.seed,
+            balance_digits=a.balance_digits,
         )
         logger.info("built-in arithmetic data: %s, %s", train_path, val_path)
         train_files = [str(train_path)]
