@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from verl.utils.packing import pack_sequences
+from verl.utils.packing import PackedBatch, pack_sequences
+from verl.utils.prefix_packing import has_shared_prompts, pack_shared_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ def compute_response_log_probs(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     pack: bool = False,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the response tokens under a causal LM.
 
@@ -225,6 +227,10 @@ def compute_response_log_probs(
             (:func:`verl.utils.packing.pack_sequences`: no padding compute, attention kept
             within each sequence) and the head on the valid response tokens only. Models
             without the plain head path run padded. Padded response positions are then 0.
+        share_prefix: with ``pack``, rows with identical real prompt ids share one copy of
+            the prompt (:func:`verl.utils.prefix_packing.pack_shared_prefix`, an explicit
+            attention mask; same results). Attention implementations that take no custom
+            4D mask (flash-attention varlen, flex) use plain packing, logged once.
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
@@ -248,10 +254,11 @@ def compute_response_log_probs(
         model = get_base()
 
     if pack and _has_plain_head(model):
-        packed = pack_sequences(input_ids, attention_mask, response_len)
+        packed = _pack(model, input_ids, attention_mask, response_len, share_prefix)
         out = model.model(
             input_ids=packed.input_ids,
-            attention_mask=None,  # block-diagonal causal mask from the restarting positions
+            # None: block-diagonal causal mask from the restarting positions
+            attention_mask=_model_mask(model, packed.attention_mask),
             position_ids=packed.position_ids,
             use_cache=False,
         )
@@ -318,6 +325,49 @@ def compute_response_log_probs(
     if calculate_sum_pi_squared:
         return log_probs, entropy, sps
     return log_probs, entropy
+
+
+# attention implementations that take a custom 4D mask as is (transformers passes a 4D
+# ``attention_mask`` through ``masking_utils`` untouched): sdpa wants a boolean mask (True =
+# attend; autocast would cast a float one), eager adds it to the scores, so it wants 0 / -inf
+_MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
+_fallback_logged: set[str] = set()
+
+
+def _pack(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    share_prefix: bool,
+) -> PackedBatch:
+    """Plain packing, or shared-prompt packing when asked for, possible and useful."""
+    if not share_prefix or not has_shared_prompts(input_ids, attention_mask, response_len):
+        return pack_sequences(input_ids, attention_mask, response_len)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in _MASK_KINDS:
+        if impl not in _fallback_logged:
+            _fallback_logged.add(impl)
+            logger.warning(
+                "share_prompt_prefix: attn_implementation=%r takes no custom 4D attention "
+                "mask; packing without sharing prompts (each row computes its prompt)",
+                impl,
+            )
+        return pack_sequences(input_ids, attention_mask, response_len)
+    return pack_shared_prefix(input_ids, attention_mask, response_len)
+
+
+def _model_mask(model: nn.Module, allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """``allowed (bins, q, k)`` as the 4D mask the model's attention implementation takes."""
+    if allowed is None:
+        return None
+    allowed = allowed[:, None]
+    if _MASK_KINDS[model.config._attn_implementation] == "bool":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def _score_chunks(
