@@ -115,7 +115,7 @@ def _micro(data: DataProto, response: int, config: str, budget: int, micro: int)
 
 def _computed(model, data: DataProto, response: int, config: str, budget: int, micro: int):
     """Token columns the base transformer computes (packing: bins x width)."""
-    from verl.utils.torch_functional import _pack
+    from verl.utils.torch_functional import pack_batch
 
     total = 0
     for mb in _micro(data, response, config, budget, micro):
@@ -123,7 +123,7 @@ def _computed(model, data: DataProto, response: int, config: str, budget: int, m
         if config in ("padded", "grouped"):
             total += b["input_ids"].numel()
         else:
-            total += _pack(
+            total += pack_batch(
                 model,
                 b["input_ids"],
                 b["attention_mask"],

@@ -190,3 +190,36 @@ def test_attention_without_4d_masks_falls_back_to_plain_packing(monkeypatch, cap
     warnings = [r for r in caplog.records if "takes no custom 4D attention mask" in r.message]
     assert len(warnings) == 1  # logged once
     _assert_same(out["pad"], out["share"])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_critic_values_and_gradients_equal_padded(attn):
+    from types import SimpleNamespace
+
+    from verl.models import CausalLMWithValueHead
+    from verl.protocol import DataProto
+    from verl.workers.critic import _response_values
+
+    torch.manual_seed(4)
+    backbone = build_tiny_model()
+    backbone.config._attn_implementation = attn
+    critic = CausalLMWithValueHead(backbone, init_seed=1)
+    with torch.no_grad():
+        critic.value_head.weight.normal_()  # values that differ by position
+    t = _batch()
+    mb = DataProto.from_dict(tensors=t)
+    m = t["response_mask"]
+    out = {}
+    for pack, share in ((False, False), (True, False), (True, True)):
+        critic.zero_grad(set_to_none=True)
+        cfg = SimpleNamespace(pack_sequences=pack, share_prompt_prefix=share)
+        values = _response_values(critic, mb, R, cfg) * m
+        (values * torch.linspace(-1, 1, m.numel()).view(m.shape)).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in critic.parameters()])
+        out[(pack, share)] = (values.detach(), grads)
+    (v0, g0) = out[(False, False)]
+    assert float(v0.abs().max()) > 1e-2
+    for key in ((True, False), (True, True)):
+        v, g = out[key]
+        assert float((v - v0).abs().max()) <= TOL, key
+        assert float((g - g0).abs().max() / g0.abs().max()) <= TOL, key

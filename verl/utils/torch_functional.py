@@ -254,18 +254,12 @@ def compute_response_log_probs(
         model = get_base()
 
     if pack and _has_plain_head(model):
-        packed = _pack(model, input_ids, attention_mask, response_len, share_prefix)
-        out = model.model(
-            input_ids=packed.input_ids,
-            # None: block-diagonal causal mask from the restarting positions
-            attention_mask=_model_mask(model, packed.attention_mask),
-            position_ids=packed.position_ids,
-            use_cache=False,
+        hidden, packed = packed_response_hidden(
+            model.model, input_ids, attention_mask, response_len, share_prefix
         )
-        flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         results = _score_chunks(
             model.lm_head,
-            flat[packed.response_index],
+            hidden,
             packed.labels,
             temperature,
             chunk_size,
@@ -334,14 +328,18 @@ _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 _fallback_logged: set[str] = set()
 
 
-def _pack(
+def pack_batch(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_len: int,
     share_prefix: bool,
 ) -> PackedBatch:
-    """Plain packing, or shared-prompt packing when asked for, possible and useful."""
+    """``input_ids``/``attention_mask`` ``(rows, P + R)`` packed for ``model`` (a HF base or
+    causal-LM model): shared-prompt packing (:func:`verl.utils.prefix_packing.pack_shared_prefix`)
+    when ``share_prefix`` is asked for, two rows share a prompt and the model's attention
+    takes a custom 4D mask; else plain packing (:func:`verl.utils.packing.pack_sequences`).
+    Feed the model ``packed_attention_mask(model, packed.attention_mask)``."""
     if not share_prefix or not has_shared_prompts(input_ids, attention_mask, response_len):
         return pack_sequences(input_ids, attention_mask, response_len)
     impl = getattr(model.config, "_attn_implementation", None)
@@ -357,8 +355,46 @@ def _pack(
     return pack_shared_prefix(input_ids, attention_mask, response_len)
 
 
-def _model_mask(model: nn.Module, allowed: torch.Tensor | None) -> torch.Tensor | None:
-    """``allowed (bins, q, k)`` as the 4D mask the model's attention implementation takes."""
+def supports_packing(model: nn.Module) -> bool:
+    """Whether ``model`` (a HF base or causal-LM model) derives a block-diagonal mask from
+    restarting position ids (the model types of the plain-head path)."""
+    return getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_MODEL_TYPES
+
+
+def packed_response_hidden(
+    base_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    share_prefix: bool = False,
+) -> tuple[torch.Tensor, PackedBatch]:
+    """The base transformer's hidden states that predict the valid response tokens, computed
+    on the batch packed (shared-prompt packed with ``share_prefix``).
+
+    Args:
+        base_model: the HF base model (``model.model`` of a causal LM or value model).
+        input_ids / attention_mask: ``(rows, P + R)`` padded batch.
+        response_len: ``R``.
+
+    Returns:
+        ``(hidden (n, H), packed)``: ``n`` = valid response tokens in row-major order, as
+        ``packed.response_mask (rows, R)`` places them (``packed.labels`` are their ids).
+    """
+    packed = pack_batch(base_model, input_ids, attention_mask, response_len, share_prefix)
+    out = base_model(
+        input_ids=packed.input_ids,
+        # None: block-diagonal causal mask from the restarting positions
+        attention_mask=packed_attention_mask(base_model, packed.attention_mask),
+        position_ids=packed.position_ids,
+        use_cache=False,
+    )
+    flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+    return flat[packed.response_index], packed
+
+
+def packed_attention_mask(model: nn.Module, allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """``allowed (bins, q, k)`` (a packed batch's boolean mask, or None) as the 4D
+    ``attention_mask`` the model's attention implementation takes (None stays None)."""
     if allowed is None:
         return None
     allowed = allowed[:, None]
