@@ -9,11 +9,14 @@ alternate over ``--repeats`` rounds.
 
 - ``before``: the old-log-prob pass recomputed (``recompute_old_log_prob=true``), padded
   rows (``pack_sequences=false``), no memory released between phases;
-- ``after``: the defaults (pass skipped when safe, packed sequences, memory released).
+- ``unshared``: the defaults but every row computes its prompt
+  (``share_prompt_prefix=false``: packed sequences without shared-prompt packing);
+- ``after``: the defaults (pass skipped when safe, packed sequences with each GRPO group's
+  prompt computed once, memory released).
 
 Reported: median step time after the first step, the median of each stage
-(``timing_s/*``), and the process's peak RSS over the run, with after/before ratios, as a
-table and JSON.
+(``timing_s/*``), and the process's peak RSS over the run, with after/before and
+after/unshared ratios, as a table and JSON.
 
     python bench/bench_step.py                 # ~5 min on 2 shared cores
     python bench/bench_step.py --steps 3 --repeats 1
@@ -37,6 +40,7 @@ CONFIGS = {
         "actor_rollout_ref.actor.recompute_old_log_prob=true",
         "actor_rollout_ref.actor.pack_sequences=false",
     ],
+    "unshared": ["actor_rollout_ref.actor.share_prompt_prefix=false"],
     "after": [],
 }
 
@@ -132,16 +136,21 @@ def main() -> None:
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
             "stages": {k: statistics.median(r["stages"].get(k, 0.0) for r in runs) for k in stages},
         }
-    before, after = summary["before"], summary["after"]
-    print(f"{'metric':28} {'before':>9} {'after':>9} {'after/before':>13}")
-    rows = [("step s", "step_s"), ("peak RSS MiB", "peak_rss_mib")]
-    for label, key in rows:
-        b, a = before[key], after[key]
-        print(f"{label:28} {b:9.2f} {a:9.2f} {a / b:13.2f}")
-    for key in sorted(set(before["stages"]) | set(after["stages"])):
-        b, a = before["stages"].get(key, 0.0), after["stages"].get(key, 0.0)
-        ratio = f"{a / b:13.2f}" if b else f"{'-':>13}"
-        print(f"{key:28} {b:9.2f} {a:9.2f} {ratio}")
+    before, unshared, after = summary["before"], summary["unshared"], summary["after"]
+    print(
+        f"{'metric':28} {'before':>9} {'unshared':>9} {'after':>9} {'after/before':>13} "
+        f"{'after/unshared':>15}"
+    )
+
+    def line(label: str, b: float, u: float, a: float) -> None:
+        rb = f"{a / b:13.2f}" if b else f"{'-':>13}"
+        ru = f"{a / u:15.2f}" if u else f"{'-':>15}"
+        print(f"{label:28} {b:9.2f} {u:9.2f} {a:9.2f} {rb} {ru}")
+
+    for label, key in [("step s", "step_s"), ("peak RSS MiB", "peak_rss_mib")]:
+        line(label, before[key], unshared[key], after[key])
+    for key in sorted(set(before["stages"]) | set(unshared["stages"]) | set(after["stages"])):
+        line(key, *(c["stages"].get(key, 0.0) for c in (before, unshared, after)))
     print(json.dumps({"args": vars(args), "summary": summary, "runs": results}))
 
 
