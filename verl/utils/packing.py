@@ -15,6 +15,9 @@ The capacity is at least the longest sequence; by default bins hold between
 ``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
 bin while attention, which costs a bin's length squared, stays a small share of the
 compute; the tokens are spread evenly over the bins, so none is mostly filler.
+
+When rows share a prompt (``rollout.n`` samples), :mod:`verl.utils.prefix_packing` packs
+the prompt once per group instead, with an explicit attention mask.
 """
 
 from __future__ import annotations
