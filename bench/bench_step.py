@@ -20,6 +20,7 @@ after/unshared ratios, as a table and JSON.
 
     python bench/bench_step.py                 # ~5 min on 2 shared cores
     python bench/bench_step.py --steps 3 --repeats 1
+    python bench/bench_step.py --configs unshared after   # this change alone
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="subset to run"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="after", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -104,11 +108,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args)))
         return
-    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    results: dict[str, list[dict]] = {name: [] for name in args.configs}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = w2_model_dir(Path(tmp))
         for _ in range(args.repeats):
-            for name in CONFIGS:
+            for name in args.configs:
                 cmd = [
                     sys.executable,
                     __file__,
@@ -136,21 +140,24 @@ def main() -> None:
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
             "stages": {k: statistics.median(r["stages"].get(k, 0.0) for r in runs) for k in stages},
         }
-    before, unshared, after = summary["before"], summary["unshared"], summary["after"]
+    names = list(summary)
+    last = names[-1]  # ratios: the last configuration (normally "after") over each other
+    others = names[:-1]
     print(
-        f"{'metric':28} {'before':>9} {'unshared':>9} {'after':>9} {'after/before':>13} "
-        f"{'after/unshared':>15}"
+        f"{'metric':28} "
+        + " ".join(f"{n:>9}" for n in names)
+        + " "
+        + " ".join(f"{last + '/' + n:>15}" for n in others)
     )
 
-    def line(label: str, b: float, u: float, a: float) -> None:
-        rb = f"{a / b:13.2f}" if b else f"{'-':>13}"
-        ru = f"{a / u:15.2f}" if u else f"{'-':>15}"
-        print(f"{label:28} {b:9.2f} {u:9.2f} {a:9.2f} {rb} {ru}")
+    def line(label: str, values: list[float]) -> None:
+        ratios = [f"{values[-1] / v:15.2f}" if v else f"{'-':>15}" for v in values[:-1]]
+        print(f"{label:28} " + " ".join(f"{v:9.2f}" for v in values) + " " + " ".join(ratios))
 
     for label, key in [("step s", "step_s"), ("peak RSS MiB", "peak_rss_mib")]:
-        line(label, before[key], unshared[key], after[key])
-    for key in sorted(set(before["stages"]) | set(unshared["stages"]) | set(after["stages"])):
-        line(key, *(c["stages"].get(key, 0.0) for c in (before, unshared, after)))
+        line(label, [summary[n][key] for n in names])
+    for key in sorted({k for n in names for k in summary[n]["stages"]}):
+        line(key, [summary[n]["stages"].get(key, 0.0) for n in names])
     print(json.dumps({"args": vars(args), "summary": summary, "runs": results}))
 
 
