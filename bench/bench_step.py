@@ -9,14 +9,18 @@ alternate over ``--repeats`` rounds.
 
 - ``before``: the old-log-prob pass recomputed (``recompute_old_log_prob=true``), padded
   rows (``pack_sequences=false``), no memory released between phases;
-- ``after``: the defaults (pass skipped when safe, packed sequences, memory released).
+- ``unshared``: the defaults but every row computes its prompt
+  (``share_prompt_prefix=false``: packed sequences without shared-prompt packing);
+- ``after``: the defaults (pass skipped when safe, packed sequences with each GRPO group's
+  prompt computed once, memory released).
 
 Reported: median step time after the first step, the median of each stage
-(``timing_s/*``), and the process's peak RSS over the run, with after/before ratios, as a
-table and JSON.
+(``timing_s/*``), and the process's peak RSS over the run, with after/before and
+after/unshared ratios, as a table and JSON.
 
     python bench/bench_step.py                 # ~5 min on 2 shared cores
     python bench/bench_step.py --steps 3 --repeats 1
+    python bench/bench_step.py --configs unshared after   # this change alone
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ CONFIGS = {
         "actor_rollout_ref.actor.recompute_old_log_prob=true",
         "actor_rollout_ref.actor.pack_sequences=false",
     ],
+    "unshared": ["actor_rollout_ref.actor.share_prompt_prefix=false"],
     "after": [],
 }
 
@@ -93,6 +98,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="subset to run"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="after", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -100,11 +108,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args)))
         return
-    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    results: dict[str, list[dict]] = {name: [] for name in args.configs}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = w2_model_dir(Path(tmp))
         for _ in range(args.repeats):
-            for name in CONFIGS:
+            for name in args.configs:
                 cmd = [
                     sys.executable,
                     __file__,
@@ -132,16 +140,24 @@ def main() -> None:
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
             "stages": {k: statistics.median(r["stages"].get(k, 0.0) for r in runs) for k in stages},
         }
-    before, after = summary["before"], summary["after"]
-    print(f"{'metric':28} {'before':>9} {'after':>9} {'after/before':>13}")
-    rows = [("step s", "step_s"), ("peak RSS MiB", "peak_rss_mib")]
-    for label, key in rows:
-        b, a = before[key], after[key]
-        print(f"{label:28} {b:9.2f} {a:9.2f} {a / b:13.2f}")
-    for key in sorted(set(before["stages"]) | set(after["stages"])):
-        b, a = before["stages"].get(key, 0.0), after["stages"].get(key, 0.0)
-        ratio = f"{a / b:13.2f}" if b else f"{'-':>13}"
-        print(f"{key:28} {b:9.2f} {a:9.2f} {ratio}")
+    names = list(summary)
+    last = names[-1]  # ratios: the last configuration (normally "after") over each other
+    others = names[:-1]
+    print(
+        f"{'metric':28} "
+        + " ".join(f"{n:>9}" for n in names)
+        + " "
+        + " ".join(f"{last + '/' + n:>15}" for n in others)
+    )
+
+    def line(label: str, values: list[float]) -> None:
+        ratios = [f"{values[-1] / v:15.2f}" if v else f"{'-':>15}" for v in values[:-1]]
+        print(f"{label:28} " + " ".join(f"{v:9.2f}" for v in values) + " " + " ".join(ratios))
+
+    for label, key in [("step s", "step_s"), ("peak RSS MiB", "peak_rss_mib")]:
+        line(label, [summary[n][key] for n in names])
+    for key in sorted({k for n in names for k in summary[n]["stages"]}):
+        line(key, [summary[n]["stages"].get(key, 0.0) for n in names])
     print(json.dumps({"args": vars(args), "summary": summary, "runs": results}))
 
 

@@ -179,9 +179,12 @@ def _shares(micro: list, mode: str, weighted: bool) -> list[float]:
     return [c / sum(counts) for c in counts]
 
 
-def _split(data: DataProto, dynamic: bool) -> list:
+def _split(data: DataProto, dynamic: bool, packed: bool = False) -> list:
+    """The workers' micro-batches; ``packed``: the token budget counts real tokens (a role
+    with ``pack_sequences``). Only ``seq-mean-token-sum-norm`` of the critic, whose
+    constant is each micro-batch's response width, depends on the split."""
     if dynamic:
-        return split_micro_batches(data, R, max_token_len=TOKEN_BUDGET)
+        return split_micro_batches(data, R, max_token_len=TOKEN_BUDGET, packed=packed)
     return split_micro_batches(data, R, micro_batch_size=2)
 
 
@@ -306,7 +309,7 @@ def test_critic_update_gradients_equal_the_reference(model_dir, mode, dynamic):
     reference_module = copy.deepcopy(module)
     data = _critic_batch()
     grads, metrics = _run_critic(_config(model_dir, mode, dynamic), module, data)
-    want = _reference_critic_grads(reference_module, _split(data, dynamic), mode)
+    want = _reference_critic_grads(reference_module, _split(data, dynamic, packed=True), mode)
     _assert_grads_equal(grads, want)
     assert 0 < metrics["critic/vf_clipfrac"] < 1
     assert {"critic/vf_loss", "critic/vpred_mean", "critic/grad_norm"} <= set(metrics)

@@ -188,6 +188,13 @@ class ActorConfig:
         "(position ids restart per sequence, attention stays within it): no padding compute; "
         "false = padded rows",
     )
+    share_prompt_prefix: bool = entry(
+        True,
+        "with pack_sequences, rows with identical prompt ids (a GRPO group) are packed as "
+        "one prompt + their responses (explicit attention mask; same results): each prompt "
+        "computed once in the update, old- and reference log-prob passes; micro-batches "
+        "keep a group together. sdpa/eager attention only (others: plain packing)",
+    )
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
@@ -405,6 +412,16 @@ class CriticConfig:
         "seq-mean-token-mean, seq-mean-token-sum-norm",
     )
     grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
+    pack_sequences: bool = entry(
+        True,
+        "value and update forwards run on each micro-batch's real tokens packed end to end "
+        "(as actor.pack_sequences); false = padded rows",
+    )
+    share_prompt_prefix: bool = entry(
+        True,
+        "with pack_sequences, each prompt group's prompt is computed once (as "
+        "actor.share_prompt_prefix)",
+    )
     fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")
 

@@ -15,6 +15,9 @@ The capacity is at least the longest sequence; by default bins hold between
 ``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
 bin while attention, which costs a bin's length squared, stays a small share of the
 compute; the tokens are spread evenly over the bins, so none is mostly filler.
+
+When rows share a prompt (``rollout.n`` samples), :mod:`verl.utils.prefix_packing` packs
+the prompt once per group instead, with an explicit attention mask.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ class PackedBatch:
     flat positions (into ``bins * capacity``) of the hidden states that predict the ``n``
     valid response tokens, whose ids are ``labels`` ``(n,)`` and whose place in the padded
     ``(rows, R)`` layout is the boolean ``response_mask`` (row-major order).
+    ``attention_mask``: ``None`` (the model derives the block-diagonal causal mask from the
+    restarting positions) or an explicit ``(bins, capacity, capacity)`` boolean mask, True
+    where a query token may attend a key token (shared-prompt packing,
+    :mod:`verl.utils.prefix_packing`).
     """
 
     input_ids: torch.Tensor
@@ -41,6 +48,7 @@ class PackedBatch:
     response_index: torch.Tensor
     labels: torch.Tensor
     response_mask: torch.Tensor
+    attention_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from verl.utils.packing import pack_sequences
+from verl.utils.packing import PackedBatch, pack_sequences
+from verl.utils.prefix_packing import has_shared_prompts, pack_shared_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ def compute_response_log_probs(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     pack: bool = False,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the response tokens under a causal LM.
 
@@ -225,6 +227,10 @@ def compute_response_log_probs(
             (:func:`verl.utils.packing.pack_sequences`: no padding compute, attention kept
             within each sequence) and the head on the valid response tokens only. Models
             without the plain head path run padded. Padded response positions are then 0.
+        share_prefix: with ``pack``, rows with identical real prompt ids share one copy of
+            the prompt (:func:`verl.utils.prefix_packing.pack_shared_prefix`, an explicit
+            attention mask; same results). Attention implementations that take no custom
+            4D mask (flash-attention varlen, flex) use plain packing, logged once.
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
@@ -248,17 +254,12 @@ def compute_response_log_probs(
         model = get_base()
 
     if pack and _has_plain_head(model):
-        packed = pack_sequences(input_ids, attention_mask, response_len)
-        out = model.model(
-            input_ids=packed.input_ids,
-            attention_mask=None,  # block-diagonal causal mask from the restarting positions
-            position_ids=packed.position_ids,
-            use_cache=False,
+        hidden, packed = packed_response_hidden(
+            model.model, input_ids, attention_mask, response_len, share_prefix
         )
-        flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         results = _score_chunks(
             model.lm_head,
-            flat[packed.response_index],
+            hidden,
             packed.labels,
             temperature,
             chunk_size,
@@ -318,6 +319,91 @@ def compute_response_log_probs(
     if calculate_sum_pi_squared:
         return log_probs, entropy, sps
     return log_probs, entropy
+
+
+# attention implementations that take a custom 4D mask as is (transformers passes a 4D
+# ``attention_mask`` through ``masking_utils`` untouched): sdpa wants a boolean mask (True =
+# attend; autocast would cast a float one), eager adds it to the scores, so it wants 0 / -inf
+_MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
+_fallback_logged: set[str] = set()
+
+
+def pack_batch(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    share_prefix: bool,
+) -> PackedBatch:
+    """``input_ids``/``attention_mask`` ``(rows, P + R)`` packed for ``model`` (a HF base or
+    causal-LM model): shared-prompt packing (:func:`verl.utils.prefix_packing.pack_shared_prefix`)
+    when ``share_prefix`` is asked for, two rows share a prompt and the model's attention
+    takes a custom 4D mask; else plain packing (:func:`verl.utils.packing.pack_sequences`).
+    Feed the model ``packed_attention_mask(model, packed.attention_mask)``."""
+    if not share_prefix or not has_shared_prompts(input_ids, attention_mask, response_len):
+        return pack_sequences(input_ids, attention_mask, response_len)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in _MASK_KINDS:
+        if impl not in _fallback_logged:
+            _fallback_logged.add(impl)
+            logger.warning(
+                "share_prompt_prefix: attn_implementation=%r takes no custom 4D attention "
+                "mask; packing without sharing prompts (each row computes its prompt)",
+                impl,
+            )
+        return pack_sequences(input_ids, attention_mask, response_len)
+    return pack_shared_prefix(input_ids, attention_mask, response_len)
+
+
+def supports_packing(model: nn.Module) -> bool:
+    """Whether ``model`` (a HF base or causal-LM model) derives a block-diagonal mask from
+    restarting position ids (the model types of the plain-head path)."""
+    return getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_MODEL_TYPES
+
+
+def packed_response_hidden(
+    base_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    share_prefix: bool = False,
+) -> tuple[torch.Tensor, PackedBatch]:
+    """The base transformer's hidden states that predict the valid response tokens, computed
+    on the batch packed (shared-prompt packed with ``share_prefix``).
+
+    Args:
+        base_model: the HF base model (``model.model`` of a causal LM or value model).
+        input_ids / attention_mask: ``(rows, P + R)`` padded batch.
+        response_len: ``R``.
+
+    Returns:
+        ``(hidden (n, H), packed)``: ``n`` = valid response tokens in row-major order, as
+        ``packed.response_mask (rows, R)`` places them (``packed.labels`` are their ids).
+    """
+    packed = pack_batch(base_model, input_ids, attention_mask, response_len, share_prefix)
+    out = base_model(
+        input_ids=packed.input_ids,
+        # None: block-diagonal causal mask from the restarting positions
+        attention_mask=packed_attention_mask(base_model, packed.attention_mask),
+        position_ids=packed.position_ids,
+        use_cache=False,
+    )
+    flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+    return flat[packed.response_index], packed
+
+
+def packed_attention_mask(model: nn.Module, allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """``allowed (bins, q, k)`` (a packed batch's boolean mask, or None) as the 4D
+    ``attention_mask`` the model's attention implementation takes (None stays None)."""
+    if allowed is None:
+        return None
+    allowed = allowed[:, None]
+    if _MASK_KINDS[model.config._attn_implementation] == "bool":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def _score_chunks(

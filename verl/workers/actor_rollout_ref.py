@@ -320,6 +320,7 @@ class ActorRolloutRefWorker(Worker):
                     calculate_entropy=with_entropy,
                     calculate_sum_pi_squared=with_sum_pi_squared,
                     pack=acfg.pack_sequences,
+                    share_prefix=acfg.share_prompt_prefix,
                 )
                 log_probs.append((mb, lp.float().cpu()))
                 if ent is not None:
@@ -503,6 +504,7 @@ class ActorRolloutRefWorker(Worker):
                 chunk_size=acfg.logprob_chunk_size,
                 calculate_entropy=acfg.entropy_coeff != 0 or recorded is not None,
                 pack=acfg.pack_sequences,
+                share_prefix=acfg.share_prompt_prefix,
             )
             old_log_prob = b.get("old_log_probs")
             if recorded is not None:

@@ -27,28 +27,59 @@ from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
+from verl.utils.prefix_packing import prompt_groups
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
 logger = logging.getLogger(__name__)
 
 
 def iter_ppo_mini_batches(
-    data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int
+    data: DataProto,
+    mini_batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
+    by_group: bool = False,
 ) -> Iterator[DataProto]:
     """Yield ``epochs`` passes of mini-batches of ``mini_batch_size`` samples.
 
     With ``shuffle`` the samples are permuted once per epoch by a generator seeded with
     ``seed + epoch`` (reproducible, independent of the global RNG). A trailing partial
     mini-batch is kept (never dropped), so every sample contributes to every epoch.
+    ``by_group`` (shared-prompt packing): the prompt groups (rows with identical real
+    prompt ids, ``verl.utils.prefix_packing.prompt_groups``) are shuffled instead of the
+    rows, so a group's rows stay adjacent and share micro-batches.
     """
     if mini_batch_size <= 0:
         raise ValueError(f"mini_batch_size must be positive, got {mini_batch_size}")
+    groups = None
+    if shuffle and by_group:
+        groups = prompt_groups(
+            data.batch["input_ids"],
+            data.batch["attention_mask"],
+            data.batch["response_mask"].shape[1],
+        )
     for epoch in range(epochs):
         epoch_data = data
         if shuffle:
             gen = torch.Generator().manual_seed(seed * 1_000 + epoch)
-            epoch_data = data[torch.randperm(len(data), generator=gen)]
+            if groups is None:
+                order = torch.randperm(len(data), generator=gen)
+            else:
+                order = torch.tensor(
+                    [i for g in torch.randperm(len(groups), generator=gen) for i in groups[g]]
+                )
+            epoch_data = data[order]
         yield from epoch_data.split(mini_batch_size)
+
+
+def shares_prompt_prefix(role_cfg: Any) -> bool:
+    """Whether a role packs sequences with shared prompts (``pack_sequences`` and
+    ``share_prompt_prefix``; roles without those keys do not)."""
+    return bool(
+        getattr(role_cfg, "pack_sequences", False)
+        and getattr(role_cfg, "share_prompt_prefix", False)
+    )
 
 
 def micro_batch_weights(micro_batches: Sequence[DataProto], loss_agg_mode: str) -> list[float]:
@@ -131,6 +162,7 @@ def run_ppo_update(
             epochs=role_cfg.ppo_epochs,
             shuffle=role_cfg.shuffle,
             seed=seed,
+            by_group=shares_prompt_prefix(role_cfg),
         ):
             engine.zero_grad()
             micro = micro_batches(

@@ -31,6 +31,7 @@ from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
+from verl.utils.torch_functional import pack_batch, packed_attention_mask, supports_packing
 from verl.workers.checkpointing import (
     load_worker_checkpoint,
     save_hf_metadata,
@@ -51,13 +52,32 @@ logger = logging.getLogger(__name__)
 _SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
 
-def _response_values(module: torch.nn.Module, mb: DataProto, response_len: int) -> torch.Tensor:
+def _response_values(
+    module: torch.nn.Module, mb: DataProto, response_len: int, ccfg: Any = None
+) -> torch.Tensor:
     """Values of the states that produced each response token, ``(batch, response_len)``.
 
     The value for response token ``t`` is read at the position just before it (the state
-    in which the policy chose it), i.e. positions ``[-response_len - 1, -1)``.
+    in which the policy chose it), i.e. positions ``[-response_len - 1, -1)``. With
+    ``ccfg.pack_sequences`` (and a body whose model type packs, ``supports_packing``) the
+    model runs on the real tokens packed end to end (``ccfg.share_prompt_prefix``: each
+    prompt group's prompt once); padded positions are then 0.
     """
     b = mb.batch
+    body = getattr(module, "model", None)
+    if ccfg is not None and ccfg.pack_sequences and supports_packing(body):
+        packed = pack_batch(
+            body, b["input_ids"], b["attention_mask"], response_len, ccfg.share_prompt_prefix
+        )
+        # through the module's own forward (FSDP2 gathers the value head in its hooks)
+        values = module(
+            input_ids=packed.input_ids,
+            attention_mask=packed_attention_mask(body, packed.attention_mask),
+            position_ids=packed.position_ids,
+        )
+        mask = packed.response_mask
+        flat = values.reshape(-1)[packed.response_index].float()
+        return flat.new_zeros(mask.shape).masked_scatter(mask, flat)
     values = module(
         input_ids=b["input_ids"],
         attention_mask=b["attention_mask"],
@@ -132,7 +152,7 @@ class CriticWorker(Worker):
         )
         with torch.no_grad(), self.engine.eval_mode(), self.engine.autocast():
             for mb in micro_batches(inputs, response_len, mbs, ccfg):
-                values = _response_values(self.engine.module, mb.data, mb.response_len)
+                values = _response_values(self.engine.module, mb.data, mb.response_len, ccfg)
                 out.append((mb, values.float().cpu()))
         values = gather_response_outputs(out, len(data), response_len) * data.batch["response_mask"]
         return DataProto.from_dict(tensors={"values": values})
@@ -151,7 +171,7 @@ class CriticWorker(Worker):
         def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
             b = mb.data.batch
             return critic_loss(
-                _response_values(module, mb.data, mb.response_len),
+                _response_values(module, mb.data, mb.response_len, ccfg),
                 b["values"],
                 b["returns"],
                 b["response_mask"],

@@ -13,6 +13,11 @@ packed greedily so that ``rows x (p + r)`` of every micro-batch stays within
 ones. Outputs are put back in the caller's order with :func:`gather_response_outputs`.
 Loss weights stay exact whatever the split (see ``micro_batch_weights`` in
 ``verl/workers/common.py``).
+
+``share_prefix`` (shared-prompt packing, ``verl.utils.prefix_packing``): the rows of a
+group (identical real prompt ids) stay in one micro-batch where it fits, so its prompt is
+computed once; a micro-batch's token count is then its real shared count (each group's
+prompt once plus its responses).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.prefix_packing import prompt_groups
 
 
 @dataclass
@@ -77,6 +83,7 @@ def split_micro_batches(
     max_token_len: int | None = None,
     agree: Callable[[int], int] | None = None,
     packed: bool = False,
+    share_prefix: bool = False,
 ) -> list[MicroBatch]:
     """Split ``data`` into trimmed micro-batches.
 
@@ -93,11 +100,32 @@ def split_micro_batches(
     ``packed``: the forward packs each micro-batch's real tokens end to end
     (``verl.utils.packing``), so a micro-batch costs the sum of its rows' lengths instead
     of rows x longest.
+
+    ``share_prefix`` (with ``packed``): rows with the same real prompt ids stay together
+    (whole groups fill a micro-batch of ``micro_batch_size`` rows, or of ``max_token_len``
+    real tokens counting each group's prompt once; a group that cannot fit is cut). The
+    number of micro-batches may then differ between ranks, so ``agree`` applies to both
+    modes.
     """
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size and max_token_len")
     rows = len(data)
-    if micro_batch_size is not None:
+    if share_prefix and packed:
+        if micro_batch_size is not None and micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        if max_token_len is not None and max_token_len <= 0:
+            raise ValueError(f"max_token_len must be positive, got {max_token_len}")
+        groups = _group_micro_batches(
+            data.batch["input_ids"],
+            data.batch["attention_mask"],
+            response_len,
+            micro_batch_size,
+            max_token_len,
+        )
+        if agree is not None:
+            groups = _split_to_count(groups, agree(len(groups)))
+        parts = [(data[index], index) for index in groups]
+    elif micro_batch_size is not None:
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
         parts = [
@@ -148,6 +176,55 @@ def _pack_by_tokens(
     if current:
         groups.append(current)
     return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def _group_micro_batches(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    micro_batch_size: int | None,
+    max_token_len: int | None,
+) -> list[torch.Tensor]:
+    """Micro-batches of whole prompt groups: by rows (groups in order of first appearance)
+    or by a budget of shared real tokens (units sorted largest first)."""
+    prompt_lens, response_lens = _lengths(attention_mask, response_len)
+    prompt_lens, response_lens = prompt_lens.tolist(), response_lens.tolist()
+    # cut each group into units that fit one micro-batch on their own
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for group in prompt_groups(input_ids, attention_mask, response_len):
+        p = prompt_lens[group[0]]
+        current, cost = [], p
+        for i in group:
+            full = (
+                len(current) >= micro_batch_size
+                if micro_batch_size is not None
+                else cost + response_lens[i] > max_token_len
+            )
+            if current and full:
+                units.append(current)
+                costs.append(cost)
+                current, cost = [], p
+            current.append(i)
+            cost += response_lens[i]
+        units.append(current)
+        costs.append(cost)
+    if micro_batch_size is not None:
+        order, size, limit = list(range(len(units))), [len(u) for u in units], micro_batch_size
+    else:
+        order = sorted(range(len(units)), key=lambda u: -costs[u])
+        size, limit = [max(c, 1) for c in costs], max_token_len
+    out: list[list[int]] = []
+    current, used = [], 0
+    for u in order:
+        if current and used + size[u] > limit:
+            out.append(current)
+            current, used = [], 0
+        current.extend(units[u])
+        used += size[u]
+    if current:
+        out.append(current)
+    return [torch.tensor(g, dtype=torch.long) for g in out]
 
 
 def _split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
