@@ -28,7 +28,7 @@ from verl.registry import POLICY_LOSSES
 # Tokens per micro-batch when ppo_max_token_len_per_device is null: measured on a 2-core
 # CPU (README "Against TRL", docs/memory.md) as near the fastest split while holding a
 # fraction of the activations of one micro-batch of the whole mini-batch.
-DEFAULT_TOKEN_BUDGET = 4096
+DEFAULT_TOKEN_BUDGET = 1024
 
 
 class MicroBatchSplit:
