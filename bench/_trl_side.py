@@ -37,7 +37,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, required=True, help="completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--setting", choices=("identical", "recommended"), required=True)
+    parser.add_argument(
+        "--setting", choices=("identical", "recommended", "defaults"), required=True
+    )
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
@@ -79,42 +81,55 @@ def main() -> None:
                 self.steps[-1]["mean_completion_len"] = float(logs["completions/mean_length"])
                 self.steps[-1]["reward"] = float(logs.get("reward", float("nan")))
 
-    recommended = args.setting == "recommended"
     samples = args.prompts * args.n
-    config = GRPOConfig(
+    # the workload: prompts x n samples per generation, one optimizer step per generation,
+    # no KL, the learning rate; everything else is the setting's
+    workload = dict(
         output_dir=tempfile.mkdtemp(prefix="bench_trl_"),
-        # one optimizer step per generated batch, the whole batch in one forward/backward
-        per_device_train_batch_size=samples,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
         num_generations=args.n,
         max_completion_length=args.max_new_tokens,
         temperature=1.0,
-        top_p=1.0,
-        top_k=0,
         beta=0.0,  # no KL: no reference model
-        epsilon=0.2,
-        loss_type="dapo",  # token mean over the batch = verl's loss_agg_mode=token-mean
-        scale_rewards="group",
         learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
         max_steps=args.steps,
-        shuffle_dataset=False,
+        shuffle_dataset=False,  # the same prompts in the same order as verl's side
         seed=args.seed,
         use_cpu=True,
-        bf16=recommended,
-        gradient_checkpointing=recommended,
-        model_init_kwargs={"dtype": torch.float32},
-        logging_steps=1,
+        logging_steps=1,  # the step clock reads every step's log
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        dataloader_num_workers=0,
     )
+    if args.setting == "defaults":
+        # TRL's own micro-batch (per_device_train_batch_size), bf16, gradient checkpointing,
+        # loss, schedule and weight decay; accumulation makes one step of all the samples
+        micro = GRPOConfig.__dataclass_fields__["per_device_train_batch_size"].default
+        if samples % micro:
+            raise SystemExit(f"{samples} samples per step are not a multiple of TRL's {micro}")
+        config = GRPOConfig(**workload, gradient_accumulation_steps=samples // micro)
+    else:
+        recommended = args.setting == "recommended"
+        config = GRPOConfig(
+            **workload,
+            # one optimizer step per generated batch, the whole batch in one forward/backward
+            per_device_train_batch_size=samples,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            top_p=1.0,
+            top_k=0,
+            epsilon=0.2,
+            loss_type="dapo",  # token mean over the batch = verl's loss_agg_mode=token-mean
+            scale_rewards="group",
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            bf16=recommended,
+            gradient_checkpointing=recommended,
+            model_init_kwargs={"dtype": torch.float32},
+            dataloader_num_workers=0,
+        )
     clock = StepClock()
     trainer = GRPOTrainer(
         model=args.model_dir,
@@ -128,6 +143,16 @@ def main() -> None:
     result = {
         "side": "trl",
         "setting": args.setting,
+        "config": {
+            k: getattr(config, k)
+            for k in (
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "steps_per_generation",
+                "bf16",
+                "gradient_checkpointing",
+            )
+        },
         "steps": clock.steps,
         "setup_s": round(setup_s, 2),
         "torch_threads": torch.get_num_threads(),

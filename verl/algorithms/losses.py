@@ -166,6 +166,7 @@ def critic_loss(
     cliprange_value: float | None,
     loss_agg_mode: str = "token-mean",
     loss_coef: float = 1.0,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The critic's loss on one micro-batch: ``loss_coef *`` the clipped value loss.
 
@@ -178,6 +179,8 @@ def critic_loss(
             clipped (``None``: no clipping); see :func:`verl.algorithms.compute_value_loss`.
         loss_agg_mode: aggregation of the per-token loss.
         loss_coef: multiplier of the value loss.
+        loss_scale_factor: the constant of ``seq-mean-token-sum-norm`` (``None``: this
+            micro-batch's response width, which makes the loss depend on the split).
 
     Returns:
         ``(loss, metrics)``: the 0-dim loss and detached 0-dim tensors ``vf_loss`` (before
@@ -191,6 +194,7 @@ def critic_loss(
         response_mask=response_mask,
         cliprange_value=cliprange_value,
         loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
     )
     metrics = {
         "vf_loss": vf_loss,

@@ -17,6 +17,7 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float | None,
     loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss ``0.5 * agg(max((v - R)**2, (clip(v, v_old - c, v_old + c) - R)**2))``.
 
@@ -29,7 +30,7 @@ def compute_value_loss(
         values: values ``v_old`` recorded at rollout time, ``(batch, response_len)``.
         response_mask: ``(batch, response_len)``.
         cliprange_value: ``c``; ``None`` disables clipping (plain squared error).
-        loss_agg_mode: see :func:`verl.algorithms.loss_agg.agg_loss`.
+        loss_agg_mode, loss_scale_factor: see :func:`verl.algorithms.loss_agg.agg_loss`.
 
     Returns:
         ``(loss, clipfrac)``: the 0-dim loss and the fraction of valid tokens where the clipped
@@ -37,11 +38,13 @@ def compute_value_loss(
     """
     unclipped = (vpreds - returns) ** 2
     if cliprange_value is None:
-        return 0.5 * agg_loss(unclipped, response_mask, loss_agg_mode), vpreds.new_zeros(())
+        loss = agg_loss(unclipped, response_mask, loss_agg_mode, loss_scale_factor)
+        return 0.5 * loss, vpreds.new_zeros(())
     if cliprange_value < 0:
         raise ValueError(f"cliprange_value={cliprange_value} must be >= 0 (or None for no clip)")
     vpred_clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
     clipped = (vpred_clipped - returns) ** 2
-    loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode)
+    worst = torch.maximum(unclipped, clipped)
+    loss = 0.5 * agg_loss(worst, response_mask, loss_agg_mode, loss_scale_factor)
     clipfrac = masked_mean((clipped > unclipped).to(vpreds.dtype), response_mask).detach()
     return loss, clipfrac

@@ -25,6 +25,50 @@ from verl.config._fields import (
 )
 from verl.registry import POLICY_LOSSES
 
+# Tokens per micro-batch when ppo_max_token_len_per_device is null: measured on a 2-core
+# CPU (README "Against TRL", docs/memory.md) as near the fastest split while holding a
+# fraction of the activations of one micro-batch of the whole mini-batch.
+DEFAULT_TOKEN_BUDGET = 1024
+
+
+class MicroBatchSplit:
+    """How a trained role (actor, critic) cuts its passes into micro-batches.
+
+    A pass uses row counts when its row-count key is set (``ppo_micro_batch_size_per_device``
+    for the update; the log-prob / value passes' own keys, else the update's) and
+    ``use_dynamic_bsz`` is not true; otherwise micro-batches of at most :attr:`token_budget`
+    tokens. ``use_dynamic_bsz=true`` forces the token budget, ``false`` forces row counts.
+    """
+
+    use_dynamic_bsz: bool | None
+    ppo_micro_batch_size_per_device: int | None
+    ppo_max_token_len_per_device: int | None
+
+    def rows_per_micro_batch(self, pass_rows: int | None = None) -> int | None:
+        """Rows per micro-batch of a pass whose own row count is ``pass_rows`` (null: the
+        update's), or ``None`` when the pass is split by :attr:`token_budget`."""
+        if self.use_dynamic_bsz:
+            return None
+        rows = pass_rows if pass_rows is not None else self.ppo_micro_batch_size_per_device
+        if rows is None and self.use_dynamic_bsz is False:
+            raise ValueError(
+                "use_dynamic_bsz=false needs ppo_micro_batch_size_per_device (row-count "
+                "micro-batches); set it, or leave use_dynamic_bsz null for the token budget"
+            )
+        return rows
+
+    @property
+    def uses_token_budget(self) -> bool:
+        """The update's micro-batches are formed by :attr:`token_budget`."""
+        return self.rows_per_micro_batch() is None
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens per micro-batch per device (``ppo_max_token_len_per_device``, null =
+        ``DEFAULT_TOKEN_BUDGET``)."""
+        budget = self.ppo_max_token_len_per_device
+        return DEFAULT_TOKEN_BUDGET if budget is None else budget
+
 
 @dataclass
 class ModelConfig:
@@ -97,7 +141,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class ActorConfig:
+class ActorConfig(MicroBatchSplit):
     """The policy being trained: PPO-style clipped updates."""
 
     precision: Precision | None = entry(
@@ -111,14 +155,22 @@ class ActorConfig:
     ppo_mini_batch_size: int = entry(
         4, "prompts per optimizer step (multiplied by rollout.n into samples)", ge=1
     )
-    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device", ge=1)
-    use_dynamic_bsz: bool = entry(
-        False,
-        "pack micro-batches by a token budget instead of a row count (the update and the "
-        "old/ref log-prob passes)",
+    ppo_micro_batch_size_per_device: int | None = entry(
+        None,
+        "samples per forward/backward per device; null = micro-batches of at most "
+        "ppo_max_token_len_per_device tokens",
+        ge=1,
     )
-    ppo_max_token_len_per_device: int = entry(
-        16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
+    use_dynamic_bsz: bool | None = entry(
+        None,
+        "micro-batches by the token budget (true) or by row counts (false) in the update and "
+        "the old/ref log-prob passes; null = token budget for a pass without a row count",
+    )
+    ppo_max_token_len_per_device: int | None = entry(
+        None,
+        "token budget per micro-batch per device (real tokens with pack_sequences, else rows "
+        f"x padded length); a longer sample goes alone; null = {DEFAULT_TOKEN_BUDGET}",
+        ge=1,
     )
     ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
     recompute_old_log_prob: bool | None = entry(
@@ -308,8 +360,11 @@ class RolloutConfig:
     top_k: int = entry(-1, "top-k sampling; -1 = off", ge=1, off=-1)
     do_sample: bool = entry(True, "sample; false = greedy")
     stop: list[str] = entry([], "extra stop strings (EOS always stops)")
-    log_prob_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when recomputing old log-probs", ge=1
+    log_prob_micro_batch_size_per_device: int | None = entry(
+        None,
+        "samples per forward when recomputing old log-probs; null = as the actor's update "
+        "(its token budget by default)",
+        ge=1,
     )
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
@@ -335,8 +390,11 @@ class RefConfig:
         "reference compute precision: none, fp32, bf16, fp16, fp8, int4, auto; "
         "null = trainer.mixed_precision",
     )
-    log_prob_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when computing reference log-probs", ge=1
+    log_prob_micro_batch_size_per_device: int | None = entry(
+        None,
+        "samples per forward when computing reference log-probs; null = as the actor's "
+        "update (its token budget by default)",
+        ge=1,
     )
     fsdp_config: RefFSDPConfig = entry(RefFSDPConfig, "reference FSDP2 wrapping")
 
@@ -374,7 +432,7 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(MicroBatchSplit):
     """The value function, trained by clipped value regression."""
 
     enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
@@ -390,17 +448,27 @@ class CriticConfig:
     ppo_mini_batch_size: int = entry(
         4, "prompts per optimizer step (multiplied by rollout.n into samples)", ge=1
     )
-    ppo_micro_batch_size_per_device: int = entry(4, "samples per forward/backward per device", ge=1)
-    forward_micro_batch_size_per_device: int = entry(
-        8, "samples per forward when computing values (no gradient)", ge=1
+    ppo_micro_batch_size_per_device: int | None = entry(
+        None,
+        "samples per forward/backward per device; null = micro-batches of at most "
+        "ppo_max_token_len_per_device tokens",
+        ge=1,
     )
-    use_dynamic_bsz: bool = entry(
-        False,
-        "pack micro-batches by a token budget instead of a row count (the update and the "
-        "value pass)",
+    forward_micro_batch_size_per_device: int | None = entry(
+        None,
+        "samples per forward when computing values (no gradient); null = as the update",
+        ge=1,
     )
-    ppo_max_token_len_per_device: int = entry(
-        16384, "token budget per micro-batch per device (rows x padded length) when use_dynamic_bsz"
+    use_dynamic_bsz: bool | None = entry(
+        None,
+        "micro-batches by the token budget (true) or by row counts (false) in the update and "
+        "the value pass; null = token budget for a pass without a row count",
+    )
+    ppo_max_token_len_per_device: int | None = entry(
+        None,
+        "token budget per micro-batch per device (rows x padded length); a longer sample "
+        f"goes alone; null = {DEFAULT_TOKEN_BUDGET}",
+        ge=1,
     )
     ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
     shuffle: bool = entry(True, "shuffle samples between mini-batches")

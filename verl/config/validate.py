@@ -311,15 +311,24 @@ def _describe_pools(placed: Any) -> str:
 def _check_ppo_batches(
     c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_name: str
 ) -> None:
-    """Mini-batches split the step's prompts; micro-batches split a device's mini-batch."""
+    """Mini-batches split the step's prompts; micro-batches split a device's mini-batch
+    (a row count when one is set, else the token budget: ``role.uses_token_budget``)."""
     mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_device
     mini_key, micro_key = (
         f"{prefix}.ppo_mini_batch_size",
         f"{prefix}.ppo_micro_batch_size_per_device",
     )
+    if role.use_dynamic_bsz is False and micro is None:
+        c.error(
+            (f"{prefix}.use_dynamic_bsz", micro_key),
+            f"{prefix}.use_dynamic_bsz=false: row-count micro-batches need {micro_key} "
+            f"(samples per forward/backward), which is null; set it, or leave use_dynamic_bsz "
+            f"null to use the token budget {prefix}.ppo_max_token_len_per_device",
+        )
+        return
     n, batch = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
     sizes = _dp_sizes(cfg)
-    if mini < 1 or micro < 1 or n < 1 or batch < 1 or sizes is None:
+    if mini < 1 or (micro is not None and micro < 1) or n < 1 or batch < 1 or sizes is None:
         return  # reported above
     ws = sizes[role_name]
     if batch % mini:
@@ -341,16 +350,17 @@ def _check_ppo_batches(
         )
         return
     per_device = samples // ws
-    if not role.use_dynamic_bsz and per_device % micro:
+    if not role.uses_token_budget and per_device % micro:
         c.error(
             (micro_key, mini_key, n_key, *dev_keys),
             f"{micro_key}={micro}: does not divide the {per_device} samples per device per "
             f"optimizer step ({mini_key}={mini} x rollout.n={n} / {ws} devices); use one of "
             f"{_divisors(per_device)}",
         )
-    if role.use_dynamic_bsz:
+    budget = role.ppo_max_token_len_per_device
+    if role.uses_token_budget and budget is not None:  # the default lets long samples go alone
         longest = cfg.data.max_prompt_length + cfg.data.max_response_length
-        if role.ppo_max_token_len_per_device < longest:
+        if budget < longest:
             c.error(
                 (f"{prefix}.ppo_max_token_len_per_device", "data.max_prompt_length"),
                 f"{prefix}.ppo_max_token_len_per_device={role.ppo_max_token_len_per_device}: "

@@ -167,7 +167,7 @@ def _head_logprobs(
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    n_rows = logits.shape[0]
+    n_rows = max(logits.shape[0], 1)  # 0 rows: a micro-batch of empty responses only
     log_probs = _ChunkedLogProb.apply(logits, labels, n_rows)
     entropy = _ChunkedEntropy.apply(logits, n_rows) if calculate_entropy else None
     sum_pi_squared = None

@@ -295,7 +295,7 @@ class ActorRolloutRefWorker(Worker):
         self,
         module: torch.nn.Module,
         data: DataProto,
-        micro_batch_size: int,
+        micro_batch_size: int | None,
         with_entropy: bool,
         with_sum_pi_squared: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -344,7 +344,7 @@ class ActorRolloutRefWorker(Worker):
         registry entry declares ``needs_sum_pi_squared``.
         """
         rcfg = self.config.actor_rollout_ref.rollout
-        mbs = rcfg.log_prob_micro_batch_size_per_device or len(data)
+        mbs = rcfg.log_prob_micro_batch_size_per_device  # None: as the update
         with_sps = bool(
             ADVANTAGE_ESTIMATORS.needs(self.config.algorithm.adv_estimator, "needs_sum_pi_squared")
         )
@@ -363,7 +363,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the frozen reference policy."""
-        mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device or len(data)
+        mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device
         if self.lora_reference:  # the base model: the actor with its adapters disabled
             with self.engine.eval_mode(), self.engine.module.disable_adapter():
                 log_probs, _, _ = self._log_probs(self.engine.module, data, mbs, False)

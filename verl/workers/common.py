@@ -124,8 +124,9 @@ def run_ppo_update(
 ) -> MetricsAccumulator:
     """PPO epochs over mini-batches (one optimizer step each) of ``data`` for one role.
 
-    Each mini-batch is cut into micro-batches on the host (:func:`micro_batches`, by rows
-    or by ``role_cfg.use_dynamic_bsz`` token budget), weighted by
+    Each mini-batch is cut into micro-batches on the host (:func:`micro_batches`: by
+    ``role_cfg.ppo_micro_batch_size_per_device`` rows when set, else by the role's token
+    budget), weighted by
     :func:`micro_batch_weights` for ``role_cfg.loss_agg_mode``, moved to ``device`` and run
     through ``engine.forward_backward(micro_batches, loss_fn, weights)``: gradient sync is
     deferred to the last micro-batch and the micro-batch metrics come back in one host
@@ -165,9 +166,7 @@ def run_ppo_update(
             by_group=shares_prompt_prefix(role_cfg),
         ):
             engine.zero_grad()
-            micro = micro_batches(
-                mini, response_len, role_cfg.ppo_micro_batch_size_per_device, role_cfg
-            )
+            micro = micro_batches(mini, response_len, None, role_cfg)
             weights = micro_batch_weights([mb.data for mb in micro], loss_agg_mode)
             on_device = [dataclasses.replace(mb, data=to_device(mb.data, device)) for mb in micro]
             for metrics in engine.forward_backward(on_device, loss_fn, weights):
@@ -208,25 +207,32 @@ def dp_max(value: int) -> int:
 
 
 def micro_batches(
-    data: DataProto, response_len: int, micro_batch_size: int, role_cfg: Any = None
+    data: DataProto, response_len: int, micro_batch_size: int | None, role_cfg: Any = None
 ) -> list[MicroBatch]:
     """The micro-batches of one forward/backward pass of a role.
 
-    ``role_cfg.use_dynamic_bsz`` packs them by ``role_cfg.ppo_max_token_len_per_device``
-    tokens (the same count on every data-parallel rank; real tokens when the role packs
-    sequences, ``pack_sequences``, else rows x padded length); otherwise ``micro_batch_size``
-    rows each. Either way each micro-batch is cut to the columns it uses (see
-    ``verl/workers/micro_batching.py``).
+    ``micro_batch_size``: the pass's own row count (``None``: the role's update's). Row
+    counts apply unless ``role_cfg.use_dynamic_bsz`` is true; without any row count the
+    pass is packed by the role's token budget (``role_cfg.token_budget`` tokens, the same
+    count of micro-batches on every data-parallel rank; real tokens when the role packs
+    sequences, ``pack_sequences``, else rows x padded length): see
+    ``verl.config.schema_roles.MicroBatchSplit``. Either way each micro-batch is cut to the
+    columns it uses (see ``verl/workers/micro_batching.py``).
     """
-    if role_cfg is not None and role_cfg.use_dynamic_bsz:
-        return split_micro_batches(
-            data,
-            response_len,
-            max_token_len=role_cfg.ppo_max_token_len_per_device,
-            agree=dp_max,
-            packed=getattr(role_cfg, "pack_sequences", False),
-        )
-    return split_micro_batches(data, response_len, micro_batch_size=micro_batch_size)
+    rows = micro_batch_size
+    if role_cfg is not None:
+        rows = role_cfg.rows_per_micro_batch(micro_batch_size)
+        if rows is None:
+            return split_micro_batches(
+                data,
+                response_len,
+                max_token_len=role_cfg.token_budget,
+                agree=dp_max,
+                packed=getattr(role_cfg, "pack_sequences", False),
+            )
+    if rows is None:
+        raise ValueError("micro_batches: give micro_batch_size or a role_cfg with a token budget")
+    return split_micro_batches(data, response_len, micro_batch_size=rows)
 
 
 def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, Any]:

@@ -145,7 +145,7 @@ class CriticWorker(Worker):
         """``values`` ``(batch, response_len)`` of the current critic, masked to 0."""
         ccfg = self.config.critic
         response_len = data.batch["response_mask"].shape[1]
-        mbs = ccfg.forward_micro_batch_size_per_device or len(data)
+        mbs = ccfg.forward_micro_batch_size_per_device  # None: as the update
         out = []
         inputs = to_device(
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
@@ -178,6 +178,8 @@ class CriticWorker(Worker):
                 cliprange_value=ccfg.cliprange_value,
                 loss_agg_mode=ccfg.loss_agg_mode,
                 loss_coef=ccfg.loss_coef,
+                # a constant, as the actor's: not each micro-batch's trimmed width
+                loss_scale_factor=self.config.data.max_response_length,
             )
 
         acc = run_ppo_update(
