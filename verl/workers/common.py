@@ -222,13 +222,18 @@ def micro_batches(
     rows = micro_batch_size
     if role_cfg is not None:
         rows = role_cfg.rows_per_micro_batch(micro_batch_size)
-        if rows is None:
+        share = shares_prompt_prefix(role_cfg)
+        if rows is None or share:
+            # whole prompt groups per micro-batch when they share their prompt; the count
+            # may then differ between ranks, so it is agreed on in both modes
             return split_micro_batches(
                 data,
                 response_len,
-                max_token_len=role_cfg.token_budget,
+                micro_batch_size=rows,
+                max_token_len=role_cfg.token_budget if rows is None else None,
                 agree=dp_max,
                 packed=getattr(role_cfg, "pack_sequences", False),
+                share_prefix=share,
             )
     if rows is None:
         raise ValueError("micro_batches: give micro_batch_size or a role_cfg with a token budget")
