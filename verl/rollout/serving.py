@@ -42,6 +42,8 @@ __all__ = ["ENGINE_DTYPES", "ServingRollout", "serving_options", "token_prompts"
 
 #: The model dtypes the engines take, by the name they take them under.
 ENGINE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: The actor compute precisions an engine runs in instead of the weights' storage dtype.
+_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: ``(token ids, log-prob of each)`` of one sample, as the engine returned it.
 Sample = tuple[Sequence[int], Sequence[float]]
 
@@ -55,8 +57,13 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
     """Constructor keywords every serving backend reads: lengths, seed, the push's limits.
 
     ``engine_cfg``: the backend's settings (``actor_rollout_ref.rollout.<key>``), which carry
-    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``.
+    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``. ``dtype`` is
+    the actor's compute precision when it is bf16 / fp16 (``trainer.mixed_precision``,
+    ``auto`` resolved), so the engine samples in the numerics the trainer scores in;
+    otherwise None (the weights' storage dtype).
     """
+    from verl.config.precision import role_precision
+
     rollout_cfg = config.actor_rollout_ref.rollout
     needed = config.data.max_prompt_length + config.data.max_response_length
     max_model_len = engine_cfg.max_model_len if engine_cfg.max_model_len is not None else needed
@@ -71,7 +78,19 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
         "seed": rollout_cfg.seed if rollout_cfg.seed is not None else config.trainer.seed,
         "weight_sync_bucket_mb": engine_cfg.weight_sync_bucket_mb,
         "weight_sync_timeout_s": engine_cfg.weight_sync_timeout_s,
+        "dtype": _PRECISION_DTYPES.get(role_precision(config, "actor")),
     }
+
+
+def _cast_floating(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Floating-point tensors in ``dtype``, cast one at a time as the engine's loader takes
+    them (buckets are cut and gathered in the storage dtype, the same on every rank)."""
+    for name, tensor in named_tensors:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        yield name, tensor
 
 
 class ServingRollout(RolloutEngine):
@@ -109,20 +128,23 @@ class ServingRollout(RolloutEngine):
         weight_sync_timeout_s: float = 120.0,
         role: str = "actor_rollout_ref",
         push_initial_weights: bool = True,
+        dtype: torch.dtype | None = None,
         **ids: Any,
     ) -> None:
-        """``ids``: ``pad_token_id`` / ``eos_token_ids`` / ``stop_string_window``, as for
-        ``NativeRollout``; the other arguments as the subclasses document them."""
+        """``dtype``: what the engine computes in and the push casts the weights to (None:
+        the module's parameter dtype). ``ids``: ``pad_token_id`` / ``eos_token_ids`` /
+        ``stop_string_window``, as for ``NativeRollout``; the other arguments as the
+        subclasses document them."""
         if tokenizer is None:
             raise ValueError(
                 f"rollout.name={self.engine_name} needs the tokenizer (the engine loads it "
                 "from disk)"
             )
         super().__init__(module, tokenizer, **ids)
-        dtype = next(module.parameters()).dtype
+        dtype = dtype if dtype is not None else next(module.parameters()).dtype
         if dtype not in ENGINE_DTYPES:
             raise ValueError(
-                f"rollout.name={self.engine_name}: model dtype {dtype} is not one of "
+                f"rollout.name={self.engine_name}: dtype {dtype} is not one of "
                 f"{list(ENGINE_DTYPES)}"
             )
         if not weight_sync_bucket_mb > 0 or not weight_sync_timeout_s > 0:
@@ -130,6 +152,7 @@ class ServingRollout(RolloutEngine):
                 f"weight_sync_bucket_mb={weight_sync_bucket_mb} and weight_sync_timeout_s="
                 f"{weight_sync_timeout_s} must be > 0"
             )
+        self.dtype = dtype
         self.dtype_name = ENGINE_DTYPES[dtype]
         self.max_model_len, self.seed = max_model_len, seed
         self.push_initial_weights = push_initial_weights
@@ -200,7 +223,7 @@ class ServingRollout(RolloutEngine):
         self._check_usable()
         try:
             stats = push_weights(
-                self._load,
+                lambda weights: self._load(_cast_floating(weights, self.dtype)),
                 named_tensors,
                 bucket_bytes=self.bucket_bytes,
                 timeout_s=self.timeout_s,
