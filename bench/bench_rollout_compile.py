@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import W2_MODEL_KWARGS, prompt_batch  # noqa: E402
+from _common import W2_MODEL_KWARGS, prompt_batch
 
 WORKLOADS = {
     "W1": {"model": "tiny", "prompts": 16, "n": 4, "max_new_tokens": 16},

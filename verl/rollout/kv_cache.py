@@ -148,7 +148,9 @@ class PreallocatedKVCache(Cache):
         for layer in self.layers:
             layer.length += columns
             if layer.length > layer.max_len:
-                raise RuntimeError(f"KV cache overflow: {layer.length} tokens > max_len={layer.max_len}")
+                raise RuntimeError(
+                    f"KV cache overflow: {layer.length} tokens > max_len={layer.max_len}"
+                )
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only rows ``index`` (1-D long), in that order."""
