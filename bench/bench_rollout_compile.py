@@ -22,6 +22,7 @@ rollout's log-probs against a forward over prompt + response in the trainer's nu
 pair; and bf16 rollout vs an fp32 trainer, for scale).
 
     python bench/bench_rollout_compile.py --workloads W1 W2 W3 --repeats 3
+    python bench/bench_rollout_compile.py --workloads W3 --engines eager   # fp32 vs bf16 only
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _gap(model, out, precision: str, torch) -> dict[str, float]:
     return {k.split("/")[1]: float(f"{metrics[k]:.3g}") for k in keep}
 
 
-def run_workload(name: str, repeats: int, torch) -> dict:
+def run_workload(name: str, repeats: int, torch, kinds: list[str]) -> dict:
     from verl.rollout import SamplingParams
     from verl.rollout.native import NativeRollout
 
@@ -94,8 +95,7 @@ def run_workload(name: str, repeats: int, torch) -> dict:
         n=work["n"], max_new_tokens=work["max_new_tokens"], temperature=1.0, stop_token_ids=[]
     )
     engines = {
-        "eager": NativeRollout(model, tokenizer),
-        "compiled": NativeRollout(model, tokenizer, compile_decode=True),
+        kind: NativeRollout(model, tokenizer, compile_decode=kind == "compiled") for kind in kinds
     }
 
     def precision_ctx(precision: str):
@@ -137,16 +137,17 @@ def run_workload(name: str, repeats: int, torch) -> dict:
             "first_call_s": round(first[method], 2),
             "compile_s": round(first[method] - med, 2),
         }
-    for prec in ("fp32", "bf16"):
+    for prec in ("fp32", "bf16") if len(engines) == 2 else ():
         saved = results[f"eager_{prec}"]["median_s"] - results[f"compiled_{prec}"]["median_s"]
         comp = results[f"compiled_{prec}"]
         comp["payoff_steps"] = round(comp["compile_s"] / saved, 1) if saved > 0 else None
-    gaps = {
+    gaps = {  # the eager engine's, and the compiled one's in fp32
         "fp32_rollout_vs_fp32_trainer": _gap(model, outs["eager_fp32"], "fp32", torch),
         "bf16_rollout_vs_bf16_trainer": _gap(model, outs["eager_bf16"], "bf16", torch),
         "bf16_rollout_vs_fp32_trainer": _gap(model, outs["eager_bf16"], "fp32", torch),
-        "compiled_fp32_vs_fp32_trainer": _gap(model, outs["compiled_fp32"], "fp32", torch),
     }
+    if "compiled" in engines:
+        gaps["compiled_fp32_vs_fp32_trainer"] = _gap(model, outs["compiled_fp32"], "fp32", torch)
     mask = batch.batch["attention_mask"]
     return {
         "workload": name,
@@ -164,12 +165,17 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["W2"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--engines", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"]
+    )
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
-    records = [run_workload(name, args.repeats, torch) for name in args.workloads]
+    if "eager" not in args.engines:
+        parser.error("--engines must include eager (the baseline and the gaps)")
+    records = [run_workload(n, args.repeats, torch, args.engines) for n in args.workloads]
     summary = {
         "bench": "rollout_compile",
         "threads": args.threads,
