@@ -5,7 +5,8 @@ temperature 1.0, no stop token, so every method generates the same number of tok
 
 - ``W1``: the tiny Qwen2 (hidden 256, 4 layers, random weights), 16 prompts x 4, 16 tokens;
 - ``W2``: the same model, 32 prompts x 8 samples, 32 new tokens;
-- ``W3``: the embedded SmolLM2-135M-Instruct, 8 prompts x 4 samples, 48 new tokens.
+- ``W3``: the embedded SmolLM2-135M-Instruct, 8 prompts x 4 samples, 48 new tokens;
+- ``main``: the main job's shape (SmolLM2, 8 prompts x 4 samples, 8 new tokens).
 
 Methods: ``eager`` and ``compiled`` (``NativeRollout(compile_decode=True)``, inductor), each
 in fp32 and under bf16 autocast (what the actor worker wraps generation in when the actor
@@ -44,6 +45,7 @@ WORKLOADS = {
     "W1": {"model": "tiny", "prompts": 16, "n": 4, "max_new_tokens": 16},
     "W2": {"model": "tiny", "prompts": 32, "n": 8, "max_new_tokens": 32},
     "W3": {"model": "smollm2", "prompts": 8, "n": 4, "max_new_tokens": 48},
+    "main": {"model": "smollm2", "prompts": 8, "n": 4, "max_new_tokens": 8},
 }
 
 
