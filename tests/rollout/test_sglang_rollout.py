@@ -256,14 +256,15 @@ def test_engine_runs_and_receives_weights_in_the_given_dtype(model, tokenizer, p
     assert 1e-3 < float(gap.mean()) < 0.2  # sampled in bf16 (an fp32 engine: < 1e-5)
 
 
-def test_serving_engines_take_the_actors_compute_precision(tmp_path):
+def test_serving_engines_take_the_actors_compute_precision():
     from verl.config import load_config
-    from verl.rollout.serving import serving_options
+    from verl.workers.common import rollout_options
 
-    def dtype_for(precision: str):
+    def dtype_for(precision: str, rollout_cls=SGLangRollout):
         cfg = load_config(overrides=[f"trainer.mixed_precision={precision}"])
-        return serving_options(cfg, cfg.actor_rollout_ref.rollout.vllm, "vllm")["dtype"]
+        return rollout_options(cfg, rollout_cls).get("dtype")
 
     assert dtype_for("bf16") is torch.bfloat16
     assert dtype_for("none") is None  # the weights' storage dtype (fp32 by default)
     assert dtype_for("fp32") is None
+    assert dtype_for("bf16", NativeRollout) is None  # samples under the actor's autocast

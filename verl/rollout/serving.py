@@ -42,8 +42,6 @@ __all__ = ["ENGINE_DTYPES", "ServingRollout", "serving_options", "token_prompts"
 
 #: The model dtypes the engines take, by the name they take them under.
 ENGINE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-#: The actor compute precisions an engine runs in instead of the weights' storage dtype.
-_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: ``(token ids, log-prob of each)`` of one sample, as the engine returned it.
 Sample = tuple[Sequence[int], Sequence[float]]
 
@@ -57,13 +55,9 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
     """Constructor keywords every serving backend reads: lengths, seed, the push's limits.
 
     ``engine_cfg``: the backend's settings (``actor_rollout_ref.rollout.<key>``), which carry
-    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``. ``dtype`` is
-    the actor's compute precision when it is bf16 / fp16 (``trainer.mixed_precision``,
-    ``auto`` resolved), so the engine samples in the numerics the trainer scores in;
-    otherwise None (the weights' storage dtype).
+    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``. The engine's
+    ``dtype`` comes from the worker (``verl.workers.common.rollout_options``).
     """
-    from verl.config.precision import role_precision
-
     rollout_cfg = config.actor_rollout_ref.rollout
     needed = config.data.max_prompt_length + config.data.max_response_length
     max_model_len = engine_cfg.max_model_len if engine_cfg.max_model_len is not None else needed
@@ -78,7 +72,6 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
         "seed": rollout_cfg.seed if rollout_cfg.seed is not None else config.trainer.seed,
         "weight_sync_bucket_mb": engine_cfg.weight_sync_bucket_mb,
         "weight_sync_timeout_s": engine_cfg.weight_sync_timeout_s,
-        "dtype": _PRECISION_DTYPES.get(role_precision(config, "actor")),
     }
 
 
