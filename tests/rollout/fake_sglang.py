@@ -177,7 +177,10 @@ class FakeSGLangEngine:
         while self.stall.is_set():  # a stalled engine: blocks until the test clears it
             time.sleep(0.05)
         names = [name for name, _ in named_tensors]
-        self.calls.append(("update_weights_from_tensor", {"names": names, "flush": flush_cache}))
+        dtypes = {tensor.dtype for _, tensor in named_tensors}
+        self.calls.append(
+            ("update_weights_from_tensor", {"names": names, "flush": flush_cache, "dtypes": dtypes})
+        )
         state = {name: tensor for name, tensor in named_tensors}
         missing = self.model.load_state_dict(state, strict=False).unexpected_keys
         assert not missing, f"unknown weights {missing}"

@@ -1,5 +1,6 @@
 """PreallocatedKVCache: fan-out prefill write, in-place decode writes, row selection."""
 
+import pytest
 import torch
 
 from verl.rollout.kv_cache import PreallocatedKVCache
@@ -29,3 +30,27 @@ def test_fan_out_decode_and_select_rows():
     assert cache.layers[0].keys.shape == (3, 2, 5, 4)
     assert torch.equal(cache.layers[0].keys[:, :, :4], before[keep])
     assert cache.length == 4
+
+
+def test_static_mode_writes_at_the_column_tensor_and_returns_the_whole_buffer():
+    cache = PreallocatedKVCache(num_layers=1, rows=4, max_len=6, repeats=2, static=True)
+    k = torch.randn(2, 2, 3, 4)  # 2 prompts, 3 tokens, fanned out to 4 rows
+    keys, _ = cache.update(k, -k, 0)
+    assert keys is k and cache.length == 3
+    layer = cache.layers[0]
+    assert int(layer.column) == 3
+    step = torch.full((4, 2, 1, 4), 5.0)
+    keys, values = cache.update(step, -step, 0)
+    assert keys.shape == (4, 2, 6, 4)  # every column: a compiled step sees one shape
+    assert keys.data_ptr() == layer.keys.data_ptr()
+    assert bool((keys[:, :, 3] == 5).all()) and bool((values[:, :, 3] == -5).all())
+    assert torch.equal(keys[:, :, :3], k.repeat_interleave(2, dim=0))
+    assert int(layer.column) == 4 and cache.length == 3  # the int is the caller's to advance
+    cache.advance(1)
+    assert cache.length == 4 and cache.get_seq_length() == 4
+    cache.update(step * 2, step, 0)
+    assert bool((layer.keys[:, :, 4] == 10).all())
+    cache.advance(1)
+    cache.update(step, step, 0)
+    with pytest.raises(RuntimeError, match="max_len=6"):
+        cache.advance(2)

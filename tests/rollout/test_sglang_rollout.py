@@ -234,3 +234,37 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
         assert metrics["actor/grad_norm"] > 0
         assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5
         assert 0 < metrics["rollout/weight_sync_seconds"] < 30
+
+
+def test_engine_runs_and_receives_weights_in_the_given_dtype(model, tokenizer, prompts):
+    """dtype=bf16 (the actor computes in bf16): the engine starts in bf16 and the push casts
+    the fp32 weights to bf16 as the engine takes them (buckets are still cut in fp32, as on
+    the other ranks of a rank-0 engine)."""
+    engine = _engine(model, tokenizer, dtype=torch.bfloat16, weight_sync_bucket_mb=0.05)
+    fake = FakeSGLangEngine.instances[0]
+    assert fake.server_args["dtype"] == "bfloat16" and engine.dtype_name == "bfloat16"
+    assert next(fake.model.parameters()).dtype == torch.bfloat16
+    fake.calls.clear()
+    stats = engine.update_weights(model.state_dict().items())
+    pushes = [c[1] for c in fake.calls if c[0] == "update_weights_from_tensor"]
+    assert len(pushes) >= 3 and all(p["dtypes"] == {torch.bfloat16} for p in pushes)
+    fp32_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert stats["megabytes"] == pytest.approx(fp32_bytes / 2**20)  # buckets cut in fp32
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=1))
+    mask = out.batch["response_mask"].bool()
+    gap = (_forward_log_probs(model, out, 1.0) - out.batch["rollout_log_probs"])[mask].abs()
+    assert 1e-3 < float(gap.mean()) < 0.2  # sampled in bf16 (an fp32 engine: < 1e-5)
+
+
+def test_serving_engines_take_the_actors_compute_precision():
+    from verl.config import load_config
+    from verl.workers.common import rollout_options
+
+    def dtype_for(precision: str, rollout_cls=SGLangRollout):
+        cfg = load_config(overrides=[f"trainer.mixed_precision={precision}"])
+        return rollout_options(cfg, rollout_cls).get("dtype")
+
+    assert dtype_for("bf16") is torch.bfloat16
+    assert dtype_for("none") is None  # the weights' storage dtype (fp32 by default)
+    assert dtype_for("fp32") is None
+    assert dtype_for("bf16", NativeRollout) is None  # samples under the actor's autocast

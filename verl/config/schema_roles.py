@@ -367,6 +367,9 @@ class RolloutConfig:
         ge=1,
     )
     seed: int | None = entry(None, "sampling seed; null = trainer.seed")
+    compile_decode: bool = entry(
+        False, "native: torch.compile the decode step over a static KV cache (docs/rollout.md)"
+    )
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
     multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
     vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")

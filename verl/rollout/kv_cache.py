@@ -16,6 +16,10 @@ Two batch operations support the rollout engine:
 
 All layers advance together: every row has the same number of cache columns, padding inside
 them is handled by the attention mask.
+
+With ``static=True`` (for a ``torch.compile``-d decode step) every decode write goes to the
+column held in a tensor (``index_copy_``) and the attention gets the whole ``max_len`` buffer,
+so the shapes a decode step sees never change; the caller masks the unwritten columns.
 """
 
 from __future__ import annotations
@@ -29,23 +33,29 @@ __all__ = ["PreallocatedKVCache"]
 class _PreallocatedLayer(CacheLayerMixin):
     is_sliding = False
 
-    def __init__(self, rows: int, max_len: int, repeats: int) -> None:
+    def __init__(self, rows: int, max_len: int, repeats: int, static: bool = False) -> None:
         super().__init__()
         self.rows = rows
         self.max_len = max_len
         self.repeats = repeats
+        self.static = static
         self.length = 0
+        # static mode: the next column to write, as a tensor so a compiled step reads no int
+        self.column = torch.zeros(1, dtype=torch.long)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _, heads, _, k_dim = key_states.shape
         self.keys = key_states.new_empty(self.rows, heads, self.max_len, k_dim)
         self.values = value_states.new_empty(self.rows, heads, self.max_len, value_states.shape[-1])
         self.dtype, self.device = key_states.dtype, key_states.device
+        self.column = self.column.to(self.device)
         self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.static and self.is_initialized:
+            return self._static_update(key_states, value_states)
         new = key_states.shape[-2]
         start, end = self.length, self.length + new
         if end > self.max_len:
@@ -61,14 +71,29 @@ class _PreallocatedLayer(CacheLayerMixin):
                 k_view[:, :, :, start:end] = key_states.unsqueeze(1)
                 v_view[:, :, :, start:end] = value_states.unsqueeze(1)
                 self.length = end
+                self.column.fill_(end)
                 # The prefill's own attention needs only the un-repeated prompt rows.
                 return key_states, value_states
         self.keys[:, :, start:end] = key_states
         self.values[:, :, start:end] = value_states
         self.length = end
+        self.column.fill_(end)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def _static_update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # No Python int is read or written here: a compiled decode step keeps one graph for
+        # every column. ``length`` is advanced by the caller (``PreallocatedKVCache.advance``).
+        index = self.column + torch.arange(key_states.shape[-2], device=self.column.device)
+        self.keys.index_copy_(2, index, key_states)
+        self.values.index_copy_(2, index, value_states)
+        self.column.add_(key_states.shape[-2])
+        return self.keys, self.values
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.static and self.is_initialized:
+            return self.max_len, 0
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -102,17 +127,30 @@ class PreallocatedKVCache(Cache):
     ``use_cache=True``; the caller supplies ``position_ids`` and the attention mask.
     """
 
-    def __init__(self, num_layers: int, rows: int, max_len: int, repeats: int = 1) -> None:
+    def __init__(
+        self, num_layers: int, rows: int, max_len: int, repeats: int = 1, static: bool = False
+    ) -> None:
         if rows % repeats:
             raise ValueError(f"rows={rows} is not a multiple of repeats={repeats}")
         super().__init__(
-            layers=[_PreallocatedLayer(rows, max_len, repeats) for _ in range(num_layers)]
+            layers=[_PreallocatedLayer(rows, max_len, repeats, static) for _ in range(num_layers)]
         )
+        self.static = static
 
     @property
     def length(self) -> int:
         """Columns written so far (prompt + fed-back tokens), the same for every layer."""
         return self.layers[0].length
+
+    def advance(self, columns: int = 1) -> None:
+        """static mode: record ``columns`` decode writes made since the last call (each layer
+        counts its own writes in a tensor; this keeps ``length`` true for the caller)."""
+        for layer in self.layers:
+            layer.length += columns
+            if layer.length > layer.max_len:
+                raise RuntimeError(
+                    f"KV cache overflow: {layer.length} tokens > max_len={layer.max_len}"
+                )
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only rows ``index`` (1-D long), in that order."""

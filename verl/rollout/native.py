@@ -48,6 +48,8 @@ __all__ = ["NativeRollout"]
 
 # Attention implementations that take a ready 4-D mask (bool for sdpa, additive for eager).
 _MASK_4D_IMPLS = ("sdpa", "eager")
+# compile_decode: the static cache width is rounded up to a multiple of this many columns.
+_STATIC_LEN_STEP = 32
 
 
 class NativeRollout(RolloutEngine):
@@ -66,6 +68,13 @@ class NativeRollout(RolloutEngine):
             on every later step.
         stop_string_window: tokens decoded per row per step for stop strings (default
             ``2 * len(longest stop string) + 2``).
+        compile_decode: run the decode step through ``torch.compile`` (inductor) over a
+            static cache: the attention sees all (rounded-up) ``max_len`` columns with the
+            unwritten ones masked, and rows are not compacted, so every step of a
+            generation has the same shapes and reuses one graph. Models that need a mask
+            per layer type (sliding windows) decode eagerly.
+        compile_backend: the ``torch.compile`` backend for ``compile_decode`` (a name or a
+            callable; ``"eager"`` traces without generating code, for debugging).
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -80,6 +89,8 @@ class NativeRollout(RolloutEngine):
         compaction: bool = True,
         compaction_threshold: float = 0.125,
         stop_string_window: int | None = None,
+        compile_decode: bool = False,
+        compile_backend: Any = "inductor",
     ) -> None:
         if not 0 <= compaction_threshold <= 1:
             raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
@@ -97,6 +108,9 @@ class NativeRollout(RolloutEngine):
         )
         self.compaction = compaction
         self.compaction_threshold = compaction_threshold
+        self.compile_decode = compile_decode
+        self.compile_backend = compile_backend
+        self._compiled_forward: Any = None
         self.last_stats: dict[str, float] = {}
 
         config = module.config
@@ -108,6 +122,15 @@ class NativeRollout(RolloutEngine):
         # build them from a 2-D mask instead.
         only_full = all(t == "full_attention" for t in layer_types)
         self._mask_mode = impl if impl in _MASK_4D_IMPLS and only_full else "2d"
+        if compile_decode and self._mask_mode == "2d":
+            logger.warning(
+                "compile_decode: %s (attention %s, layer types %s) needs per-layer masks; "
+                "decoding eagerly",
+                type(module).__name__,
+                impl,
+                sorted(set(layer_types)),
+            )
+            self.compile_decode = False
         # peft wrappers take **kwargs and pass them on: read the wrapped model's signature.
         base = module.get_base_model() if hasattr(module, "get_base_model") else module
         params = inspect.signature(base.forward).parameters
@@ -119,6 +142,11 @@ class NativeRollout(RolloutEngine):
             self._logits_kwargs = {"num_logits_to_keep": 1}
         else:
             self._logits_kwargs = {}
+
+    @classmethod
+    def config_options(cls, config: Any) -> dict[str, Any]:
+        """``actor_rollout_ref.rollout.compile_decode``."""
+        return {"compile_decode": config.actor_rollout_ref.rollout.compile_decode}
 
     # ------------------------------------------------------------------ public
     def generate(self, prompts: Any, params: SamplingParams) -> Any:
@@ -159,6 +187,19 @@ class NativeRollout(RolloutEngine):
             **self._logits_kwargs,
         )
         return out.logits[:, -1, :]
+
+    def _decode_compiled(self) -> Any:
+        """``_forward`` compiled once per engine for static shapes (inductor on CPU).
+
+        ``dynamic=False``: each (rows, cache width, dtype) gets its own graph, compiled on
+        first use; the rows never change within a generation (no compaction) and the width
+        is rounded up, so a training run compiles a handful of graphs at most.
+        """
+        if self._compiled_forward is None:
+            self._compiled_forward = torch.compile(
+                self._forward, backend=self.compile_backend, dynamic=False
+            )
+        return self._compiled_forward
 
     def _to_model_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """4-D boolean ``allowed`` (True = attend) in the form the attention expects."""
@@ -225,8 +266,15 @@ class NativeRollout(RolloutEngine):
                 seed = int(torch.randint(0, 2**62, (1,)).item())
             generator = torch.Generator(device=device).manual_seed(seed)
 
-        cache = PreallocatedKVCache(self._num_layers, rows, max_len, repeats=n)
-        kv_real = torch.ones(rows, max_len, dtype=torch.bool, device=device)
+        static = self.compile_decode
+        if static:
+            # One compiled graph per (rows, cache width): round the width up so batches
+            # whose prompts differ by a few tokens share it.
+            max_len = -(-max_len // _STATIC_LEN_STEP) * _STATIC_LEN_STEP
+        cache = PreallocatedKVCache(self._num_layers, rows, max_len, repeats=n, static=static)
+        # kv_real: columns a query may attend to. Eager decode hands the attention only the
+        # filled prefix; a static cache hands it every column, unwritten ones masked.
+        kv_real = torch.full((rows, max_len), not static, dtype=torch.bool, device=device)
         kv_real[:, :prompt_len] = key_real.repeat_interleave(n, dim=0)
         logits = self._forward(ids, self._prefill_mask(key_real, dtype), pos, cache)
         if n > 1:
@@ -271,7 +319,7 @@ class NativeRollout(RolloutEngine):
             running_rows = int(alive.sum())
             finished_rows = active.numel() - running_rows
             threshold = max(1, math.ceil(self.compaction_threshold * active.numel()))
-            if self.compaction and finished_rows >= threshold:
+            if self.compaction and not static and finished_rows >= threshold:
                 keep = alive.nonzero().flatten()
                 cache.select_rows(keep)
                 kv_real, next_pos, tokens = kv_real[keep], next_pos[keep], tokens[keep]
@@ -279,12 +327,22 @@ class NativeRollout(RolloutEngine):
                 compactions += 1
             row_steps += active.numel()
             length = cache.length + 1
-            logits = self._forward(
-                tokens.unsqueeze(1),
-                self._decode_mask(kv_real, length, dtype),
-                next_pos.unsqueeze(1),
-                cache,
-            )
+            if static:
+                kv_real[:, length - 1] = True
+                logits = self._decode_compiled()(
+                    tokens.unsqueeze(1),
+                    self._decode_mask(kv_real, max_len, dtype),
+                    next_pos.unsqueeze(1),
+                    cache,
+                )
+                cache.advance(1)
+            else:
+                logits = self._forward(
+                    tokens.unsqueeze(1),
+                    self._decode_mask(kv_real, length, dtype),
+                    next_pos.unsqueeze(1),
+                    cache,
+                )
             next_pos += 1
 
         t_end = time.perf_counter()

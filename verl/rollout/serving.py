@@ -55,7 +55,8 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
     """Constructor keywords every serving backend reads: lengths, seed, the push's limits.
 
     ``engine_cfg``: the backend's settings (``actor_rollout_ref.rollout.<key>``), which carry
-    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``.
+    ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``. The engine's
+    ``dtype`` comes from the worker (``verl.workers.common.rollout_options``).
     """
     rollout_cfg = config.actor_rollout_ref.rollout
     needed = config.data.max_prompt_length + config.data.max_response_length
@@ -72,6 +73,17 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
         "weight_sync_bucket_mb": engine_cfg.weight_sync_bucket_mb,
         "weight_sync_timeout_s": engine_cfg.weight_sync_timeout_s,
     }
+
+
+def _cast_floating(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Floating-point tensors in ``dtype``, cast one at a time as the engine's loader takes
+    them (buckets are cut and gathered in the storage dtype, the same on every rank)."""
+    for name, tensor in named_tensors:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        yield name, tensor
 
 
 class ServingRollout(RolloutEngine):
@@ -109,20 +121,23 @@ class ServingRollout(RolloutEngine):
         weight_sync_timeout_s: float = 120.0,
         role: str = "actor_rollout_ref",
         push_initial_weights: bool = True,
+        dtype: torch.dtype | None = None,
         **ids: Any,
     ) -> None:
-        """``ids``: ``pad_token_id`` / ``eos_token_ids`` / ``stop_string_window``, as for
-        ``NativeRollout``; the other arguments as the subclasses document them."""
+        """``dtype``: what the engine computes in and the push casts the weights to (None:
+        the module's parameter dtype). ``ids``: ``pad_token_id`` / ``eos_token_ids`` /
+        ``stop_string_window``, as for ``NativeRollout``; the other arguments as the
+        subclasses document them."""
         if tokenizer is None:
             raise ValueError(
                 f"rollout.name={self.engine_name} needs the tokenizer (the engine loads it "
                 "from disk)"
             )
         super().__init__(module, tokenizer, **ids)
-        dtype = next(module.parameters()).dtype
+        dtype = dtype if dtype is not None else next(module.parameters()).dtype
         if dtype not in ENGINE_DTYPES:
             raise ValueError(
-                f"rollout.name={self.engine_name}: model dtype {dtype} is not one of "
+                f"rollout.name={self.engine_name}: dtype {dtype} is not one of "
                 f"{list(ENGINE_DTYPES)}"
             )
         if not weight_sync_bucket_mb > 0 or not weight_sync_timeout_s > 0:
@@ -130,6 +145,7 @@ class ServingRollout(RolloutEngine):
                 f"weight_sync_bucket_mb={weight_sync_bucket_mb} and weight_sync_timeout_s="
                 f"{weight_sync_timeout_s} must be > 0"
             )
+        self.dtype = dtype
         self.dtype_name = ENGINE_DTYPES[dtype]
         self.max_model_len, self.seed = max_model_len, seed
         self.push_initial_weights = push_initial_weights
@@ -200,7 +216,7 @@ class ServingRollout(RolloutEngine):
         self._check_usable()
         try:
             stats = push_weights(
-                self._load,
+                lambda weights: self._load(_cast_floating(weights, self.dtype)),
                 named_tensors,
                 bucket_bytes=self.bucket_bytes,
                 timeout_s=self.timeout_s,

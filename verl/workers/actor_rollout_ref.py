@@ -68,6 +68,7 @@ from verl.workers.common import (
     micro_batches,
     own_old_log_prob_metrics,
     precision_options,
+    rollout_options,
     run_ppo_update,
     save_hf_model,
     to_device,
@@ -205,7 +206,7 @@ class ActorRolloutRefWorker(Worker):
             rollout_cls,
             self.engine.module,
             self.tokenizer,
-            rollout_cls.config_options(self.config),
+            rollout_options(self.config, rollout_cls),
             rank=self.rank,
             world_size=self.world_size,
         )

@@ -302,6 +302,21 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
     return opts
 
 
+def rollout_options(config: Any, rollout_cls: Any) -> dict[str, Any]:
+    """Constructor keywords of the rollout backend ``rollout_cls``: its own
+    ``config_options``, plus, for an engine that keeps its own weights (vllm, sglang), the
+    actor's compute precision as ``dtype`` when it is bf16 / fp16 (``auto`` resolved), so the
+    engine samples in the precision the trainer computes in. Otherwise the engine runs in
+    the weights' storage dtype."""
+    from verl.config.precision import role_precision
+
+    options = dict(rollout_cls.config_options(config))
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(role_precision(config, "actor"))
+    if rollout_cls.owns_weights and compute is not None:
+        options["dtype"] = compute
+    return options
+
+
 def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -> torch.nn.Module:
     """Quantize an inference role's (reference, reward) weights when its precision is fp8 or
     int4 (weight-only: ``verl.models.fp8`` / ``verl.models.int4`` replace the linear layers in
