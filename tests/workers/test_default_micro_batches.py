@@ -90,8 +90,8 @@ def test_the_default_budget_bounds_real_tokens_per_actor_micro_batch():
     assert sum(_real_tokens(mb) for mb in parts) > 500 * (len(parts) - 1) / 2
 
 
-def test_the_critic_budget_counts_rows_times_padded_length():
-    critic = _cfg("critic.ppo_max_token_len_per_device=500").critic
+def test_an_unpacked_critic_budget_counts_rows_times_padded_length():
+    critic = _cfg("critic.ppo_max_token_len_per_device=500", "critic.pack_sequences=false").critic
     data = _uneven_batch()
     parts = micro_batches(data, R, None, critic)
     _covers_every_row_once(parts, len(data))
