@@ -9,7 +9,7 @@ on tool-call transcripts alone makes it answer every validation prompt right (16
    (``verl.data.arithmetic``, ``prompt_style="tool"``) and, on problems outside the
    validation set, SFT transcripts (``write_tool_transcripts``): system message listing the
    calculator, the question, ``<tool_call>...</tool_call>``, the tool's result, the answer.
-   Only ``--tool-fraction`` of them (default 0.5) call the tool; the others answer at once
+   Only ``--tool-fraction`` of them (default 0.3) call the tool; the others answer at once
    with the right product, as a model that has only seen worked answers would try to;
 2. SFT with verl's own trainer (loss on the assistant turns only): the model now calls the
    calculator on part of the prompts and guesses the product on the others (a guess of a
@@ -253,16 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="working directory (data, models, logs)")
     p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     p.add_argument("--digits", type=int, default=3)
-    p.add_argument("--val-size", type=int, default=64, help="held-out validation prompts")
+    p.add_argument("--val-size", type=int, default=32, help="held-out validation prompts")
     p.add_argument("--transcripts", type=int, default=None, help="default: 8 per SFT step")
     p.add_argument(
-        "--tool-fraction", type=float, default=0.5, help="SFT transcripts that call the tool"
+        "--tool-fraction", type=float, default=0.3, help="SFT transcripts that call the tool"
     )
-    p.add_argument("--sft-steps", type=int, default=None, help="smollm2: 6, tiny: 150")
+    p.add_argument("--sft-steps", type=int, default=None, help="smollm2: 8, tiny: 150")
     p.add_argument("--sft-lr", type=float, default=None, help="smollm2: 1e-4, tiny: 5e-3")
     p.add_argument("--grpo-steps", type=int, default=12)
-    p.add_argument("--grpo-lr", type=float, default=None, help="smollm2: 3e-5, tiny: 1e-3")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step")
+    p.add_argument("--grpo-lr", type=float, default=None, help="smollm2: 5e-5, tiny: 1e-3")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per GRPO step")
     p.add_argument("--n", type=int, default=4, help="responses per prompt")
     p.add_argument("--val-every", type=int, default=4, help="GRPO steps between validations")
     p.add_argument(
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="2 SFT and 2 GRPO steps, small batches")
     args = p.parse_args(argv)
     smollm2 = args.model == "smollm2"
-    defaults = {"sft_steps": (6, 150), "sft_lr": (1e-4, 5e-3), "grpo_lr": (3e-5, 1e-3)}
+    defaults = {"sft_steps": (8, 150), "sft_lr": (1e-4, 5e-3), "grpo_lr": (5e-5, 1e-3)}
     defaults["threads"] = (2, 1)
     for key, (big, tiny) in defaults.items():
         if getattr(args, key) is None:
