@@ -1,28 +1,36 @@
 """SFT warm start on tool-call transcripts, then GRPO with the calculator tool (CPU recipe).
 
 The embedded SmolLM2-135M-Instruct never calls the calculator from a system-message
-description (0/16, docs/multiturn.md), so RL from it has nothing to reward. This recipe
-shows the agent loop learning on this CPU with a tiny Qwen2 instead (random init, the
-tiny byte-level tokenizer, a ChatML template):
+description (0/16, docs/multiturn.md), so RL from it has nothing to reward; and a warm start
+on tool-call transcripts alone makes it answer every validation prompt right (16/16 after
+4 SFT steps), which leaves nothing for RL to raise. This recipe gives GRPO room:
 
 1. data: 3-digit multiplication prompts that ask for the calculator
    (``verl.data.arithmetic``, ``prompt_style="tool"``) and, on problems outside the
    validation set, SFT transcripts (``write_tool_transcripts``): system message listing the
-   calculator, the question, ``<tool_call>...</tool_call>``, the tool's result, the answer;
-2. SFT with verl's own trainer (loss on the assistant turns only) for a few steps, so the
-   model writes the call format but still miscopies operands and results;
+   calculator, the question, ``<tool_call>...</tool_call>``, the tool's result, the answer.
+   Only ``--tool-fraction`` of them (default 0.3) call the tool; the others answer at once
+   with the right product, as a model that has only seen worked answers would try to;
+2. SFT with verl's own trainer (loss on the assistant turns only): the model now calls the
+   calculator on part of the prompts and guesses the product on the others (a guess of a
+   3-digit product is almost always wrong);
 3. GRPO through ``RLTrainer`` with ``multi_turn.enable`` and the calculator; the reward is
-   the built-in arithmetic scorer (the last number of the model's own text).
+   the built-in arithmetic scorer (the last number of the model's own text). Validation is
+   greedy on held-out prompts every ``--val-every`` steps.
 
-It prints one line per GRPO step (correct fraction, tool calls per response, turns) and
-writes them as JSON to ``<out>/curve.json``::
+The chat template lists the tools in one short system line ("Tools: calculator") rather
+than the generic JSON description (~200 tokens), which makes every step ~3x cheaper.
+
+It prints one line per GRPO step (sampled training answers: correct fraction, tool calls
+per response, turns) and per validation (greedy), and writes them as JSON to
+``<out>/curve.json``::
 
     PYTHONPATH=. python examples/calculator_sft_grpo.py --out /tmp/calc_recipe
 
-``--sft-steps`` / ``--grpo-steps`` set the length; ``--smoke`` runs 2 steps of each.
-``--model smollm2`` warm-starts the embedded SmolLM2-135M-Instruct instead (measured:
-``--sft-steps 4 --sft-lr 1e-4 --transcripts 32`` makes it call the calculator and answer
-right on 16/16 validation prompts, greedy; its GRPO steps take minutes each on this CPU).
+``--sft-steps`` / ``--grpo-steps`` set the length; ``--smoke`` runs 2 steps of each on
+small batches. ``--model tiny`` runs the same recipe on a tiny random-init Qwen2 (4 layers,
+hidden 128; measured: it learns the call format but not to copy the numbers, so GRPO gets
+no reward; docs/multiturn.md).
 """
 
 from __future__ import annotations
@@ -30,26 +38,39 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from transformers import AutoTokenizer
 
 from verl.config import load_config, load_sft_config
-from verl.data.arithmetic import row_problem, write_arithmetic_dataset, write_tool_transcripts
+from verl.data.arithmetic import (
+    OPERATORS,
+    row_problem,
+    sample_problems,
+    tool_transcript_row,
+    write_arithmetic_dataset,
+)
 from verl.data.base import render_chat
-from verl.data.io import read_records
-from verl.models.embedded import EMBEDDED_MODEL_NAME
+from verl.data.io import read_records, write_records
+from verl.models.embedded import embedded_model_dir
 from verl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, save_tiny_model_dir
 from verl.tools.calculator import CALCULATOR_SCHEMA
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.sft_trainer import SFTTrainer
 
-MAX_LENGTH = 256
-# The tiny model's chat template lists tools in one short system line, as Qwen's template
-# renders them at length (``render_chat`` uses a template's own ``tools=`` rendering). With
-# the generic description (~450 tokens of JSON) a model trained from scratch has to find
-# the operands among 500 tokens and did not learn to copy them in 400 SFT steps.
+# Prompt and response budgets in tokens: the prompt is ~45 tokens with the short tools
+# line; a response (call, tool result, answer) ~55 for SmolLM2's tokenizer.
+MAX_PROMPT = 64
+MAX_RESPONSE = 96
+# The chat template lists tools in one short system line, as Qwen's template renders them
+# at length (``render_chat`` uses a template's own ``tools=`` rendering). With the generic
+# description (~450 tokens of JSON for the tiny tokenizer, ~200 for SmolLM2's) every step
+# costs ~3x more, and a model trained from scratch has to find the operands among 500 tokens.
 SYSTEM = "Tools: calculator"
 TOOLS_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | map(attribute='function')"
@@ -57,10 +78,10 @@ TOOLS_TEMPLATE = (
 )
 
 
-def tool_tokenizer():
-    """The tiny tokenizer with :data:`TOOLS_TEMPLATE`; checks that a transcript's system
-    message renders exactly as the RL prompts list the tools."""
-    tokenizer = build_tiny_tokenizer()
+def tool_tokenizer(tokenizer: Any = None) -> Any:
+    """``tokenizer`` (default: the tiny one) with :data:`TOOLS_TEMPLATE`; checks that a
+    transcript's system message renders exactly as the RL prompts list the tools."""
+    tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
     tokenizer.chat_template = TOOLS_TEMPLATE
     user = [{"role": "user", "content": "What is 1 * 2?"}]
     rl_prompt = render_chat(tokenizer, user, True, tools=[CALCULATOR_SCHEMA])
@@ -72,35 +93,61 @@ def tool_tokenizer():
     return tokenizer
 
 
+def smollm2_tools_dir(out: Path) -> Path:
+    """The embedded SmolLM2-135M-Instruct with :data:`TOOLS_TEMPLATE`: links to the cached
+    weights and config, and the tokenizer saved with the new template."""
+    src = embedded_model_dir()
+    dst = out / "smollm2_tools"
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        link = dst / name
+        if not link.exists():
+            link.symlink_to(src / name)
+    tool_tokenizer(AutoTokenizer.from_pretrained(src)).save_pretrained(dst)
+    return dst
+
+
+def write_sft_rows(
+    path: Path, n: int, digits: int, tool_fraction: float, exclude: set, seed: int = 7
+) -> str:
+    """``n`` SFT transcripts on problems outside ``exclude``: a ``tool_fraction`` of them
+    call the calculator and copy its result (``tool_transcript_row``), the others answer
+    with the right product at once (no tool call)."""
+    if not 0.0 <= tool_fraction <= 1.0:
+        raise ValueError(f"--tool-fraction {tool_fraction}: must be in [0, 1]")
+    rng = random.Random(seed)
+    rows = []
+    for problem in sample_problems(n, digits, ["*"], seed, exclude):
+        row = tool_transcript_row(problem, [CALCULATOR_SCHEMA], SYSTEM)
+        if rng.random() >= tool_fraction:
+            a, op, b = problem
+            answer = {"role": "assistant", "content": str(OPERATORS[op](a, b))}
+            row = {"messages": [*row["messages"][:2], answer]}
+        rows.append(row)
+    return write_records(rows, path)
+
+
 def make_data(
-    out: Path, digits: int, train_size: int, val_size: int, transcripts: int, system: str | None
+    out: Path, digits: int, val_size: int, transcripts: int, tool_fraction: float
 ) -> dict:
     """RL prompts (train/test parquet) and SFT transcripts on non-validation problems."""
     train, val = write_arithmetic_dataset(
-        out / "rl", train_size, val_size, digits, ["*"], seed=0, prompt_style="tool"
+        out / "rl", 512, val_size, digits, ["*"], seed=0, prompt_style="tool"
     )
     held_out = {row_problem(r.data) for r in read_records(val).records}
-    sft = write_tool_transcripts(
-        out / "sft" / "train.jsonl",
-        transcripts,
-        [CALCULATOR_SCHEMA],
-        digits=digits,
-        seed=7,
-        exclude=held_out,
-        system=system,
-    )
+    sft = write_sft_rows(out / "sft" / "train.jsonl", transcripts, digits, tool_fraction, held_out)
     return {"rl_train": train, "rl_val": val, "sft": sft}
 
 
 def run_sft(
-    model_dir: Path | str, sft_file: str, out: Path, steps: int, lr: float, max_length: int
+    model_dir: Path | str, sft_file: str, out: Path, steps: int, lr: float
 ) -> tuple[Path, list[float]]:
     """SFT of ``model_dir`` on the transcripts; the saved model and the loss per step."""
     cfg = load_sft_config(
         overrides=[
             f"model.path={model_dir}",
             f"data.train_files=[{sft_file}]",
-            f"data.max_length={max_length}",
+            f"data.max_length={MAX_PROMPT + MAX_RESPONSE}",
             "data.train_batch_size=8",
             "data.micro_batch_size_per_device=8",
             f"optim.lr={lr}",
@@ -120,48 +167,65 @@ def run_sft(
     return Path(results["hf_dir"]), losses
 
 
-def run_grpo(
-    model_dir: Path,
-    data: dict,
-    out: Path,
-    steps: int,
-    lr: float,
-    prompts: int,
-    n: int,
-    max_length: int,
-) -> list[dict]:
+class CurveTrainer(RLTrainer):
+    """``RLTrainer`` whose validation also reports the tool calls per response
+    (``val/tool_calls_mean``, from the agent loop's ``num_tool_calls`` column)."""
+
+    _val_calls: list[int] | None = None
+
+    def validate(self) -> dict[str, float]:
+        self._val_calls = []
+        try:
+            metrics = super().validate()
+        finally:
+            calls, self._val_calls = self._val_calls, None
+        if calls:
+            metrics["val/tool_calls_mean"] = float(np.mean(calls))
+        return metrics
+
+    def _generate(self, prompts: Any, group: Any = None) -> Any:
+        gen = super()._generate(prompts, group)
+        if self._val_calls is not None:
+            self._val_calls.extend(int(c) for c in gen.non_tensor_batch["num_tool_calls"])
+        return gen
+
+
+def run_grpo(model_dir: Path, data: dict, out: Path, args: argparse.Namespace) -> dict:
+    """GRPO with the calculator; per-step training metrics and per-validation (greedy)
+    accuracy and tool calls."""
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",
             f"data.train_files=[{data['rl_train']}]",
             f"data.val_files=[{data['rl_val']}]",
-            f"data.max_prompt_length={max_length - 128}",
-            "data.max_response_length=128",
-            f"data.train_batch_size={prompts}",
-            f"actor_rollout_ref.rollout.n={n}",
+            f"data.max_prompt_length={MAX_PROMPT}",
+            f"data.max_response_length={MAX_RESPONSE}",
+            f"data.train_batch_size={args.prompts}",
+            f"actor_rollout_ref.rollout.n={args.n}",
             "actor_rollout_ref.rollout.temperature=1.0",
             "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
             "actor_rollout_ref.rollout.multi_turn.max_turns=2",
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=16",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_device={min(16, prompts * n)}",
-            f"actor_rollout_ref.actor.optim.lr={lr}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_device="
+            f"{min(16, args.prompts * args.n)}",
+            f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}",
             "algorithm.adv_estimator=grpo",
-            f"trainer.total_training_steps={steps}",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
+            f"trainer.total_training_steps={args.grpo_steps}",
+            f"trainer.mixed_precision={args.precision}",
+            "trainer.val_before_train=true",
+            f"trainer.test_freq={args.val_every}",
             "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={out / 'grpo_ckpt'}",
             f"trainer.log_dir={out / 'grpo_logs'}",
         ]
     )
-    trainer = RLTrainer(cfg)
-    curve = []
+    trainer = CurveTrainer(cfg)
     try:
         trainer.fit()
-        for step, m in enumerate(trainer.history, start=1):
-            point = {
+        steps = [
+            {
                 "step": step,
                 "correct": m["reward/acc"],
                 "tool_calls_mean": m["multi_turn/tool_calls_mean"],
@@ -169,71 +233,94 @@ def run_grpo(
                 "turns_mean": m["multi_turn/turns_mean"],
                 "step_seconds": m.get("timing_s/step"),
             }
-            curve.append(point)
+            for step, m in enumerate(trainer.history, start=1)
+        ]
+        val = [
+            {
+                "step": v["step"],
+                "correct": v["val/acc"],
+                "tool_calls_mean": v.get("val/tool_calls_mean", 0.0),
+            }
+            for v in trainer.validation_history
+        ]
     finally:
         trainer.close()
-    return curve
+    return {"steps": steps, "val": val}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="working directory (data, models, logs)")
-    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     p.add_argument("--digits", type=int, default=3)
-    p.add_argument("--transcripts", type=int, default=1024)
-    p.add_argument("--sft-steps", type=int, default=150)
-    p.add_argument("--sft-lr", type=float, default=5e-3)
-    p.add_argument("--grpo-steps", type=int, default=20)
-    p.add_argument("--grpo-lr", type=float, default=1e-3)
-    p.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step")
-    p.add_argument("--n", type=int, default=8, help="responses per prompt")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (tiny model: 1)")
-    p.add_argument("--smoke", action="store_true", help="2 SFT steps and 2 GRPO steps")
+    p.add_argument("--val-size", type=int, default=32, help="held-out validation prompts")
+    p.add_argument("--transcripts", type=int, default=None, help="default: 8 per SFT step")
+    p.add_argument(
+        "--tool-fraction", type=float, default=0.3, help="SFT transcripts that call the tool"
+    )
+    p.add_argument("--sft-steps", type=int, default=None, help="smollm2: 8, tiny: 150")
+    p.add_argument("--sft-lr", type=float, default=None, help="smollm2: 1e-4, tiny: 5e-3")
+    p.add_argument("--grpo-steps", type=int, default=12)
+    p.add_argument("--grpo-lr", type=float, default=None, help="smollm2: 5e-5, tiny: 1e-3")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per GRPO step")
+    p.add_argument("--n", type=int, default=4, help="responses per prompt")
+    p.add_argument("--val-every", type=int, default=4, help="GRPO steps between validations")
+    p.add_argument(
+        "--precision", default="auto", help="GRPO trainer.mixed_precision (auto: bf16 here)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (smollm2 2, tiny 1)")
+    p.add_argument("--smoke", action="store_true", help="2 SFT and 2 GRPO steps, small batches")
     args = p.parse_args(argv)
+    smollm2 = args.model == "smollm2"
+    defaults = {"sft_steps": (8, 150), "sft_lr": (1e-4, 5e-3), "grpo_lr": (5e-5, 1e-3)}
+    defaults["threads"] = (2, 1)
+    for key, (big, tiny) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, big if smollm2 else tiny)
+    if args.smoke:
+        args.sft_steps, args.grpo_steps, args.val_size = 2, 2, 4
+        args.prompts, args.n, args.val_every = 2, 2, 2
+    if args.transcripts is None:
+        args.transcripts = 8 * args.sft_steps
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    if args.smoke:
-        args.sft_steps, args.grpo_steps, args.transcripts = 2, 2, 32
-        args.prompts, args.n = 2, 4
     out = Path(args.out)
     start = time.monotonic()
-    max_length = MAX_LENGTH
-    if args.model == "smollm2":
-        # SmolLM2's template has no tools= support: the generic description (206-token prompts)
-        max_length = 512
-        data = make_data(out, args.digits, 512, 64, args.transcripts, None)
-        base = EMBEDDED_MODEL_NAME
+    data = make_data(out, args.digits, args.val_size, args.transcripts, args.tool_fraction)
+    if smollm2:
+        base = smollm2_tools_dir(out)
     else:
-        data = make_data(out, args.digits, 512, 64, args.transcripts, SYSTEM)
         base = save_tiny_model_dir(
             out / "tiny",
             tokenizer=tool_tokenizer(),
             hidden_size=128,
             num_layers=4,
             intermediate_size=256,
-            max_position_embeddings=MAX_LENGTH,
+            max_position_embeddings=MAX_PROMPT + MAX_RESPONSE,
             seed=0,
         )
-    sft_dir, sft_losses = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr, max_length)
+    sft_dir, sft_losses = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
     sft_seconds = time.monotonic() - start
-    curve = run_grpo(
-        sft_dir, data, out, args.grpo_steps, args.grpo_lr, args.prompts, args.n, max_length
-    )
+    curve = run_grpo(sft_dir, data, out, args)
     result = {
-        "sft_steps": args.sft_steps,
+        "args": vars(args),
         "sft_seconds": round(sft_seconds, 1),
         "sft_loss": [round(x, 4) for x in sft_losses],
         "total_seconds": round(time.monotonic() - start, 1),
-        "curve": curve,
+        **curve,
     }
     (out / "curve.json").write_text(json.dumps(result, indent=1))
-    print(f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s")
-    print("step  correct  tool_calls/resp  tool_errors  turns")
-    for c in curve:
+    print(f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s, loss {result['sft_loss']}")
+    print("GRPO step  correct (sampled)  tool calls/resp  tool errors  turns  seconds")
+    for c in curve["steps"]:
         print(
-            f"{c['step']:4d}  {c['correct']:.3f}    {c['tool_calls_mean']:.2f}"
-            f"             {c['tool_errors']:4.0f}        {c['turns_mean']:.2f}"
+            f"{c['step']:9d}  {c['correct']:17.3f}  {c['tool_calls_mean']:15.2f}"
+            f"  {c['tool_errors']:11.0f}  {c['turns_mean']:5.2f}  {c['step_seconds'] or 0:7.1f}"
         )
+    print("validation after step  correct (greedy)  tool calls/resp")
+    for v in curve["val"]:
+        print(f"{v['step']:21d}  {v['correct']:16.3f}  {v['tool_calls_mean']:15.2f}")
+    print(f"total {result['total_seconds']:.0f} s")
     return 0
 
 
