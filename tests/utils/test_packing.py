@@ -54,6 +54,11 @@ def test_default_bins_leave_little_filler():
     used = widths(lengths)
     assert len(used) == 1316 // 256  # five bins
     assert max(used) * len(used) < 1.1 * sum(lengths)  # under 10% filler
+    # long, alike sequences (shared-prompt units of a GRPO group): two do not fit in the
+    # evenly spread capacity, so the even plan would leave most bins half filler
+    lengths = [277, 270, 265, 260, 255, 250, 245, 240] * 4
+    used = widths(lengths)
+    assert max(used) * len(used) < 1.1 * sum(lengths)
 
 
 def test_pack_lays_real_tokens_end_to_end_with_restarting_positions():

@@ -78,15 +78,28 @@ def plan_bins(lengths: list[int]) -> list[list[int]]:
     """The default packing of sequences of ``lengths`` tokens: ``total // max(longest,
     _MIN_CAPACITY)`` bins (at least one), the tokens spread evenly over them, the capacity
     raised in small steps until first-fit decreasing fits them in that many, so no bin is
-    left mostly filler (filler costs compute like padding)."""
+    left mostly filler (filler costs compute like padding). When the sequences are long
+    and alike (shared-prompt units of one size), that plan can still leave bins half
+    filler; one sequence per capacity of the longest is then taken instead, whichever
+    computes fewer columns (bins x width; the narrower on a tie: attention costs width
+    squared)."""
     longest, total = max(lengths, default=1), sum(lengths)
     count = max(1, total // max(longest, _MIN_CAPACITY))
     capacity = max(longest, -(-total // count))
     while True:
         bins = first_fit_decreasing(lengths, capacity)
         if len(bins) <= count:
-            return bins
+            break
         capacity += max(1, longest // 8)
+    if not lengths:
+        return bins
+
+    def cost(plan: list[list[int]]) -> tuple[int, int]:
+        width = max(sum(lengths[i] for i in b) for b in plan)
+        return len(plan) * width, width
+
+    tight = first_fit_decreasing(lengths, longest)
+    return min((bins, tight), key=cost)
 
 
 def pack_sequences(
