@@ -102,6 +102,33 @@ def plan_bins(lengths: list[int]) -> list[list[int]]:
     return min((bins, tight), key=cost)
 
 
+def row_lengths(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, who: str
+) -> tuple[list[int], list[int]]:
+    """Real prompt and response tokens of each row of a padded ``(rows, P + R)`` batch, after
+    checking its shapes (``who`` names the caller in the errors)."""
+    seq_len = input_ids.shape[1]
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}"
+        )
+    if not 0 < response_len < seq_len:
+        raise ValueError(f"response_len={response_len} must be in [1, {seq_len - 1}]")
+    mask = attention_mask.cpu().bool()
+    prompt_lens = mask[:, : seq_len - response_len].sum(-1).tolist()
+    response_lens = mask[:, seq_len - response_len :].sum(-1).tolist()
+    if any(p == 0 and r > 0 for p, r in zip(prompt_lens, response_lens, strict=True)):
+        raise ValueError(f"{who}: a row has response tokens but no prompt token")
+    return prompt_lens, response_lens
+
+
+def bins_and_width(lengths: list[int], capacity: int | None) -> tuple[list[list[int]], int]:
+    """Bins of sequences of ``lengths`` tokens (:func:`plan_bins` when ``capacity`` is None)
+    and the packed width: the fullest bin's length, not the capacity."""
+    bins = plan_bins(lengths) if capacity is None else first_fit_decreasing(lengths, capacity)
+    return bins, max(1, max(sum(lengths[i] for i in b) for b in bins))
+
+
 def pack_sequences(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -120,22 +147,14 @@ def pack_sequences(
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
     """
     rows, seq_len = input_ids.shape
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}"
-        )
-    if not 0 < response_len < seq_len:
-        raise ValueError(f"response_len={response_len} must be in [1, {seq_len - 1}]")
     prompt_width = seq_len - response_len
+    prompt_list, response_list = row_lengths(
+        input_ids, attention_mask, response_len, "pack_sequences"
+    )
     mask = attention_mask.bool()
-    prompt_lens = mask[:, :prompt_width].sum(-1)
-    response_lens = mask[:, prompt_width:].sum(-1)
-    if bool(((prompt_lens == 0) & (response_lens > 0)).any()):
-        raise ValueError("pack_sequences: a row has response tokens but no prompt token")
-    lengths = (prompt_lens + response_lens).tolist()
-    bins = plan_bins(lengths) if capacity is None else first_fit_decreasing(lengths, capacity)
-    # the packed width is the fullest bin's length, not the capacity
-    capacity = max(1, max(sum(lengths[i] for i in b) for b in bins))
+    prompt_lens = torch.tensor(prompt_list, dtype=torch.long)
+    lengths = [p + r for p, r in zip(prompt_list, response_list, strict=True)]
+    bins, capacity = bins_and_width(lengths, capacity)
     # where each row starts in the flat (bins * capacity) layout
     starts = [0] * rows
     for b, members in enumerate(bins):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.utils.packing import _MIN_CAPACITY, PackedBatch, first_fit_decreasing, plan_bins
+from verl.utils.packing import _MIN_CAPACITY, PackedBatch, bins_and_width, row_lengths
 
 
 def _lengths(attention_mask: torch.Tensor, response_len: int) -> tuple[list[int], list[int]]:
@@ -114,29 +114,19 @@ def pack_shared_prefix(
         column).
     """
     rows, seq_len = input_ids.shape
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}"
-        )
-    if not 0 < response_len < seq_len:
-        raise ValueError(f"response_len={response_len} must be in [1, {seq_len - 1}]")
     prompt_width = seq_len - response_len
+    prompt_lens, response_lens = row_lengths(
+        input_ids, attention_mask, response_len, "pack_shared_prefix"
+    )
     ids = input_ids.cpu()
     valid = attention_mask.cpu().bool()
-    prompt_lens, response_lens = _lengths(valid, response_len)
-    if any(p == 0 and r > 0 for p, r in zip(prompt_lens, response_lens, strict=True)):
-        raise ValueError("pack_shared_prefix: a row has response tokens but no prompt token")
     longest_row = max((p + r for p, r in zip(prompt_lens, response_lens, strict=True)), default=1)
     if max_unit is None:
         max_unit = max(2 * _MIN_CAPACITY, longest_row)
     groups = prompt_groups(ids, valid, response_len)
     units = _units(groups, prompt_lens, response_lens, max_unit)
     unit_lens = [prompt_lens[u[0]] + sum(response_lens[i] for i in u) for u in units]
-    if capacity is None:
-        bins = plan_bins(unit_lens)
-    else:
-        bins = first_fit_decreasing(unit_lens, capacity)
-    width = max(1, max(sum(unit_lens[u] for u in b) for b in bins))
+    bins, width = bins_and_width(unit_lens, capacity)
 
     size = len(bins) * width
     flat_ids = torch.full((size,), pad_token_id, dtype=ids.dtype)
