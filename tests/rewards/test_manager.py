@@ -338,6 +338,10 @@ def test_multi_turn_conversation_reaches_extra_info(tokenizer):
         messages=messages,
         raw_prompt=raw_prompt,
         num_turns=np.array([2, 1], dtype=object),
+        turn_info=np.array(
+            [[{"model_tokens": 5, "tool_calls": ["calculator"], "tool_status": ["ok"]}], []],
+            dtype=object,
+        ),
         extra_info=np.array([{"split": "train"}, None], dtype=object),
     )
     with RewardManager(tokenizer, compute_score=spy, isolation="inline") as manager:
@@ -346,6 +350,7 @@ def test_multi_turn_conversation_reaches_extra_info(tokenizer):
         "split": "train",
         "messages": [{"role": "user", "content": "3+4"}, *turns],
         "num_turns": 2,
+        "turn_info": [{"model_tokens": 5, "tool_calls": ["calculator"], "tool_status": ["ok"]}],
     }
     assert seen[1]["messages"] == [{"role": "user", "content": "plain text prompt"}, turns[-1]]
     assert seen[1]["num_turns"] == 1

@@ -195,6 +195,12 @@ def test_hanging_tool_is_stopped_by_its_timeout(tokenizer):
     assert out.non_tensor_batch["num_turns"].tolist() == [2, 2]
     hung = next(m for m in out.non_tensor_batch["messages"][0] if m["role"] == "tool")
     assert "timed out after 0.3 s" in hung["content"]
+    # per-turn info for the reward: each model turn's tools and how each call ended
+    info = out.non_tensor_batch["turn_info"]
+    assert [t["tool_calls"] for t in info[0]] == [["hang"], []]
+    assert info[0][0]["tool_status"] == ["timeout"]
+    assert info[1][0]["tool_status"] == ["ok"] and "tool_status" not in info[1][1]
+    assert all(t["model_tokens"] > 0 for t in info[0] + info[1])
 
 
 def test_a_long_sample_does_not_hold_the_batch(tokenizer):

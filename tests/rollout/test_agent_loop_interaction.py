@@ -62,6 +62,10 @@ def test_retry_turn_keeps_ids_and_is_masked(tokenizer):
     assert out.non_tensor_batch["num_tool_calls"].tolist() == [1, 0]
     roles = [m["role"] for m in out.non_tensor_batch["messages"][0]]
     assert roles == ["assistant", "user", "assistant", "tool", "assistant"]
+    info = out.non_tensor_batch["turn_info"][0]
+    assert info[0]["feedback"] == RETRY_MESSAGE and info[0]["tool_calls"] == []
+    assert info[1]["tool_calls"] == ["calculator"] and info[1]["tool_status"] == ["ok"]
+    assert "feedback" not in info[2]
     metrics = multi_turn_metrics(out.non_tensor_batch)
     assert metrics["multi_turn/interaction_turns"] == 1.0
     assert metrics["multi_turn/interaction_turns_mean"] == 0.5

@@ -35,7 +35,7 @@ Batch contract (`DataProto`): tensors `responses` (batch, response_len) and
 Multi-turn rollouts (`rollout.multi_turn`, non-tensor `messages`): `solution_str` is the
 model's own tokens of every turn (tool results are masked out, so a tool cannot write the
 answer for it), and `extra_info` gains `messages`, the whole conversation (the prompt's
-messages, then each assistant turn and tool result), and `num_turns`.
+messages, then each assistant turn and tool result), `num_turns` and `turn_info`.
 """
 
 from __future__ import annotations
@@ -131,16 +131,18 @@ def _with_conversation(
     extra_infos: list[Any], non_tensor: Mapping[str, Any], size: int
 ) -> list[dict[str, Any]]:
     """``extra_info`` of multi-turn rollouts plus ``messages`` (the prompt's messages, then
-    the model's turns and the tool results) and ``num_turns``."""
+    the model's turns and the tool results), ``num_turns`` and ``turn_info`` (per model turn:
+    ``model_tokens``, ``tool_calls``, ``tool_status``, ``feedback``)."""
     prompts = _column(non_tensor, "raw_prompt", size) or [[] for _ in range(size)]
     turns = _column(non_tensor, "num_turns", size) or [None] * size
+    per_turn = _column(non_tensor, "turn_info", size) or [None] * size
     out = []
-    for info, prompt, messages, n in zip(
-        extra_infos, prompts, _column(non_tensor, "messages", size), turns
+    for info, prompt, messages, n, each in zip(
+        extra_infos, prompts, _column(non_tensor, "messages", size), turns, per_turn
     ):
         prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         conversation = [*(dict(m) for m in prompt), *messages]
-        out.append({**(info or {}), "messages": conversation, "num_turns": n})
+        out.append({**(info or {}), "messages": conversation, "num_turns": n, "turn_info": each})
     return out
 
 

@@ -80,6 +80,7 @@ TRAJECTORY_KEYS = (
     "num_tool_errors",
     "num_tool_timeouts",
     "num_interaction_turns",
+    "turn_info",
 )
 # Per-prompt columns of the prompts' non_tensor_batch an interaction receives.
 CONTEXT_KEYS = ("data_source", "ground_truth", "extra_info")
@@ -165,6 +166,9 @@ class _Sample:
     tool_errors: int = 0
     tool_timeouts: int = 0
     interaction_turns: int = 0
+    # one dict per model turn: its token count, the tools it called and how each call
+    # ended ("ok", "error", "timeout"), the interaction's feedback to it
+    turn_info: list[dict[str, Any]] = field(default_factory=list)
     wants_reply: bool = False  # ended a turn without a tool call; the interaction answers
     done: bool = False
     prompt_messages: list[dict[str, Any]] = field(default_factory=list)
@@ -294,6 +298,9 @@ class AgentLoop:
                 for c in calls
             ]
         sample.messages.append(message)
+        sample.turn_info.append(
+            {"model_tokens": len(out.ids), "tool_calls": [c.name for c in calls]}
+        )
         if sample.turns >= self.max_turns or len(sample.ids) >= budget:
             sample.done = True
             return []
@@ -324,6 +331,7 @@ class AgentLoop:
             sample.done = True
             return
         sample.interaction_turns += 1
+        sample.turn_info[-1]["feedback"] = reply
         sample.messages.append(message)
         sample.append(delta, False)
 
@@ -338,6 +346,9 @@ class AgentLoop:
         sample.tool_calls += len(calls)
         sample.tool_errors += sum(r.error for r in results)
         sample.tool_timeouts += sum(r.timed_out for r in results)
+        sample.turn_info[-1]["tool_status"] = [
+            "timeout" if r.timed_out else "error" if r.error else "ok" for r in results
+        ]
         messages = [
             {"role": "tool", "name": c.name or "invalid", "content": self._cut(r.text)}
             for c, r in zip(calls, results)
@@ -437,6 +448,7 @@ class AgentLoop:
             "num_tool_errors": [s.tool_errors for s in samples],
             "num_tool_timeouts": [s.tool_timeouts for s in samples],
             "num_interaction_turns": [s.interaction_turns for s in samples],
+            "turn_info": [s.turn_info for s in samples],
         }
         for key, values in columns.items():
             column = np.empty(rows, dtype=object)  # element-wise: a list stays one object
