@@ -96,6 +96,7 @@ def pack_shared_prefix(
     capacity: int | None = None,
     pad_token_id: int = 0,
     max_unit: int | None = None,
+    groups: list[list[int]] | None = None,
 ) -> PackedBatch:
     """Pack a padded batch with each group's prompt once (see the module docstring).
 
@@ -107,6 +108,7 @@ def pack_shared_prefix(
         capacity: tokens per bin (at least the longest unit); default :func:`plan_bins`.
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
         max_unit: most tokens of one unit; default ``max(2 * 256, longest row)``.
+        groups: the batch's :func:`prompt_groups` when the caller has them already.
 
     Returns:
         A :class:`~verl.utils.packing.PackedBatch` whose ``attention_mask`` is the
@@ -123,7 +125,8 @@ def pack_shared_prefix(
     longest_row = max((p + r for p, r in zip(prompt_lens, response_lens, strict=True)), default=1)
     if max_unit is None:
         max_unit = max(2 * _MIN_CAPACITY, longest_row)
-    groups = prompt_groups(ids, valid, response_len)
+    if groups is None:
+        groups = prompt_groups(ids, valid, response_len)
     units = _units(groups, prompt_lens, response_lens, max_unit)
     unit_lens = [prompt_lens[u[0]] + sum(response_lens[i] for i in u) for u in units]
     bins, width = bins_and_width(unit_lens, capacity)

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from verl.utils.packing import PackedBatch, pack_sequences
-from verl.utils.prefix_packing import has_shared_prompts, pack_shared_prefix
+from verl.utils.prefix_packing import pack_shared_prefix, prompt_groups
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +340,8 @@ def pack_batch(
     when ``share_prefix`` is asked for, two rows share a prompt and the model's attention
     takes a custom 4D mask; else plain packing (:func:`verl.utils.packing.pack_sequences`).
     Feed the model ``packed_attention_mask(model, packed.attention_mask)``."""
-    if not share_prefix or not has_shared_prompts(input_ids, attention_mask, response_len):
+    groups = prompt_groups(input_ids, attention_mask, response_len) if share_prefix else []
+    if not any(len(g) > 1 for g in groups):
         return pack_sequences(input_ids, attention_mask, response_len)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in _MASK_KINDS:
@@ -352,7 +353,7 @@ def pack_batch(
                 impl,
             )
         return pack_sequences(input_ids, attention_mask, response_len)
-    return pack_shared_prefix(input_ids, attention_mask, response_len)
+    return pack_shared_prefix(input_ids, attention_mask, response_len, groups=groups)
 
 
 def supports_packing(model: nn.Module) -> bool:
