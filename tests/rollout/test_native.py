@@ -411,6 +411,42 @@ def test_compiled_decode_traces_one_graph_and_matches_eager(tokenizer, batch, at
     assert len(graphs) == first  # same rows and width: no new graph
 
 
+@pytest.mark.parametrize("compile_decode", [False, True])
+def test_allocator_garbage_in_cache_buffers_never_reaches_outputs(
+    tokenizer, batch, compile_decode, monkeypatch
+):
+    """Uninitialised memory may hold NaN (CI saw it after other tests had run): every
+    ``torch.empty`` / ``Tensor.new_empty`` returns NaN here, and the engine's log-probs stay
+    finite and equal to the trainer's recomputation (a static cache exposes its unwritten
+    columns to attention, masked, so they must be zeroed)."""
+    real_empty, real_new_empty = torch.empty, torch.Tensor.new_empty
+
+    def nan_empty(*shape, **kwargs):
+        out = real_empty(*shape, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    def nan_new_empty(self, *shape, **kwargs):
+        out = real_new_empty(self, *shape, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_new_empty)
+    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=3)
+    engine = NativeRollout(
+        model, tokenizer, compile_decode=compile_decode, compile_backend=_counting_backend([])
+    )
+    sampled = SamplingParams(n=3, max_new_tokens=10, seed=5)
+    out = engine.generate(batch, sampled)
+    mask = out.batch["response_mask"].bool()
+    assert torch.isfinite(out.batch["rollout_log_probs"][mask]).all()
+    torch.testing.assert_close(
+        out.batch["rollout_log_probs"][mask],
+        recomputed_log_probs(model, out, 1.0)[mask],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.slow
 def test_compiled_decode_inductor_same_greedy_tokens_as_eager(model, tokenizer, batch):
     """torch.compile with inductor (C++ codegen; needs a compiler): greedy tokens equal

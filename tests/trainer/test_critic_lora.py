@@ -59,7 +59,8 @@ def test_value_model_lora_trains_adapters_and_the_whole_head(tiny_model_dir, ids
     plain = CausalLMWithValueHead.from_pretrained(tiny_model_dir)
     merged = merged_state_dict(critic.state_dict(), scaling=8 / 4)
     plain.load_state_dict(merged, strict=True)
-    torch.testing.assert_close(_values(plain, ids), _values(critic, ids), rtol=0, atol=1e-5)
+    # folding changes float rounding: values are ~10, so the tolerance is relative as well
+    torch.testing.assert_close(_values(plain, ids), _values(critic, ids), rtol=1e-5, atol=1e-5)
 
 
 def test_value_model_lora_names_the_modules_that_matched_nothing(tiny_model_dir):

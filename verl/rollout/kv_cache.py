@@ -45,8 +45,12 @@ class _PreallocatedLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _, heads, _, k_dim = key_states.shape
-        self.keys = key_states.new_empty(self.rows, heads, self.max_len, k_dim)
-        self.values = value_states.new_empty(self.rows, heads, self.max_len, value_states.shape[-1])
+        # A static cache hands attention its unwritten columns too (masked): they must hold
+        # zeros, not allocator garbage, since a masked NaN still turns the output into NaN.
+        alloc = torch.zeros if self.static else torch.empty
+        like = {"dtype": key_states.dtype, "device": key_states.device}
+        self.keys = alloc(self.rows, heads, self.max_len, k_dim, **like)
+        self.values = alloc(self.rows, heads, self.max_len, value_states.shape[-1], **like)
         self.dtype, self.device = key_states.dtype, key_states.device
         self.column = self.column.to(self.device)
         self.is_initialized = True
