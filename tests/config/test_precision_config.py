@@ -30,10 +30,37 @@ def _gae(**kwargs) -> TrainerConfig:
     return cfg
 
 
-def test_default_is_none_everywhere_and_valid():
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_default_is_auto_everywhere_and_valid(monkeypatch, native_bf16):
+    monkeypatch.setattr(P, "cpu_bf16_is_fast_and_correct", lambda: native_bf16)
     cfg = _gae()
-    assert [P.role_precision(cfg, r) for r in P.ROLES] == ["none"] * 4
+    cfg.trainer.device = "cpu"
+    assert [P.stated_precision(cfg, r) for r in P.ROLES] == ["auto"] * 4
+    want = "bf16" if native_bf16 else "none"
+    assert [P.role_precision(cfg, r) for r in P.ROLES] == [want] * 4
     cfg.validate()
+
+
+def test_default_auto_keeps_a_reduced_model_dtype_and_avoids_what_fsdp2_cannot_run(monkeypatch):
+    # a model loaded in bf16 has no fp32 master weights: auto computes in its dtype
+    monkeypatch.setattr(P, "cpu_bf16_is_fast_and_correct", lambda: True)
+    cfg = _gae()
+    cfg.trainer.device = "cpu"
+    cfg.critic.model.dtype = "bf16"
+    assert P.role_precision(cfg, "critic") == "none"
+    assert P.role_precision(cfg, "actor") == "bf16"
+    cfg.validate()
+    # an fp8-capable GPU: auto's fp8 reference is weight-only, kept off an fsdp2 reference;
+    # an old GPU: no fp16 training on fsdp2 (no sharded loss scaling)
+    monkeypatch.setattr(P, "run_device", lambda cfg: "cuda")
+    cfg = _gae()
+    cfg.actor_rollout_ref.actor.strategy = cfg.critic.strategy = "fsdp2"
+    monkeypatch.setattr(P, "cuda_capability", lambda device: (9, 0))
+    assert P.role_precision(cfg, "reference") == "bf16"
+    assert P.role_precision(cfg, "reward") == "fp8"  # no train engine: weight-only is fine
+    monkeypatch.setattr(P, "cuda_capability", lambda device: (7, 0))
+    assert P.role_precision(cfg, "actor") == P.role_precision(cfg, "critic") == "none"
+    assert P.role_precision(cfg, "reference") == "fp16"
 
 
 def test_map_overrides_global_and_global_fp8_trains_in_bf16():
@@ -296,12 +323,12 @@ def test_role_key_beats_the_global_default_and_is_read_alone():
     assert cfg.actor_rollout_ref.actor.precision == "bf16"
     assert cfg.critic.precision == "fp32"
     cfg = load_config(overrides=["actor_rollout_ref.ref.precision=int4"])
-    assert [P.role_precision(cfg, r) for r in P.ROLES] == ["none", "none", "int4", "none"]
+    assert [P.stated_precision(cfg, r) for r in P.ROLES] == ["auto", "auto", "int4", "auto"]
 
 
 def test_trainer_key_set_after_build_still_reaches_unset_roles():
     cfg = TrainerConfig()
-    assert cfg.actor_rollout_ref.actor.precision is None  # nothing given: null, resolves to none
+    assert cfg.actor_rollout_ref.actor.precision is None  # nothing given: null, resolves to auto
     cfg.trainer.mixed_precision = "bf16"
     assert P.role_precision(cfg, "actor") == P.role_precision(cfg, "reward") == "bf16"
 

@@ -205,6 +205,7 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
             "trainer.total_training_steps=2",
             "trainer.val_before_train=false",
             "trainer.logger=[]",
+            "trainer.mixed_precision=none",  # fp32 weights pushed on any CPU (auto: bf16)
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             f"trainer.log_dir={tmp_path}",
         ]

@@ -22,6 +22,10 @@ BASE_OVERRIDES = (
     "actor_rollout_ref.actor.optim.lr=1e-3",
     "trainer.total_training_steps=2",
     "trainer.logger=[jsonl]",
+    # fp32 whatever the CPU: the default (auto) is bf16 autocast on CPUs with native bf16,
+    # which would make these runs machine-dependent (and slower: the tiny model is overhead
+    # bound); the default itself is tested in tests/workers/test_precision_wiring.py
+    "trainer.mixed_precision=none",
 )
 
 

@@ -58,6 +58,7 @@ def _config(model_dir, *extra: str):
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",
             "trainer.device=cpu",
+            "trainer.mixed_precision=none",  # fp32 on any CPU
             "data.train_batch_size=3",
             f"data.max_prompt_length={P}",
             f"data.max_response_length={R}",

@@ -125,8 +125,26 @@ def test_fp16_training_gets_loss_scaling(model_dir):
     assert precision_options(cfg, "actor", "single", {})["grad_scaling"] is False
 
 
-def test_default_precision_changes_nothing(model_dir):
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_default_precision_is_auto_bf16_autocast_where_the_cpu_has_it(
+    model_dir, monkeypatch, native_bf16
+):
+    from verl.config import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_is_fast_and_correct", lambda: native_bf16)
     cfg = _config(model_dir)
+    opts = precision_options(cfg, "actor", "single", {})
+    base = {"max_consecutive_nonfinite": 3, "grad_scaling": None}
+    if native_bf16:  # fp32 master weights, bf16 autocast; the reference stored in bf16
+        assert opts == {**base, "autocast_dtype": "bf16"}
+        assert precision_options(cfg, "reference", "single", {}) == {"param_dtype": "bf16"}
+    else:  # the model's dtype (fp32), no autocast: what `none` gives
+        assert opts == base
+        assert precision_options(cfg, "reference", "single", {}) == {}
+
+
+def test_precision_none_changes_nothing(model_dir):
+    cfg = _config(model_dir, "trainer.mixed_precision=none")
     opts = precision_options(cfg, "actor", "single", {})
     assert opts == {"max_consecutive_nonfinite": 3, "grad_scaling": None}
     assert precision_options(cfg, "reference", "single", {}) == {}

@@ -105,7 +105,7 @@ def data(tok, rows):
 
 
 def _config(path, mbs=2):
-    cfg = TrainerConfig()
+    cfg = TrainerConfig(mixed_precision="none")  # fp32 scores on any CPU
     cfg.trainer.device = "cpu"
     cfg.reward_model.enable = True
     cfg.reward_model.model.path = str(path)

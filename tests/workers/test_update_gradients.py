@@ -111,6 +111,7 @@ def _config(
             f"actor_rollout_ref.model.path={model_dir}",  # validated; the module is given
             "algorithm.adv_estimator=gae",
             "trainer.device=cpu",
+            "trainer.mixed_precision=none",  # the fp32 reference gradients, on any CPU
             "data.train_batch_size=3",
             f"data.max_prompt_length={P}",
             f"data.max_response_length={R}",

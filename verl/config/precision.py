@@ -5,8 +5,10 @@ One key per role (``<role section>.precision``): ``none`` (the model's dtype, no
 inference roles store their weights in it), weight-only ``fp8`` / ``int4`` (inference roles
 only), or ``auto`` (:func:`auto_select_precision`). The adapters ``trainer.mixed_precision``,
 ``trainer.model_precision_map`` and the FSDP2 block's ``param_dtype`` fill the role keys left
-null (:func:`fill_role_precisions`); every consumer asks :func:`role_precision`. Checks run in
-:func:`precision_problems` before any model loads. See ``docs/precision.md``.
+null (:func:`fill_role_precisions`); a role nothing states a precision for is ``auto``. Every
+consumer asks :func:`role_precision`. Checks run in :func:`precision_problems` before any
+model loads, without importing torch unless an explicit choice needs a look at the device.
+See ``docs/precision.md``.
 """
 
 from __future__ import annotations
@@ -86,14 +88,36 @@ def fill_role_precisions(cfg: Any) -> None:
             section.precision = _from_trainer(cfg, role)
 
 
+def stated_precision(cfg: Any, role: str) -> str:
+    """What the config states of ``role``, ``auto`` unresolved: its role key, else what the
+    trainer keys say, else ``auto`` (the default)."""
+    return _section(cfg, role).precision or _from_trainer(cfg, role) or "auto"
+
+
 def role_precision(cfg: Any, role: str) -> str:
     """The precision ``role`` computes in: ``none``, ``fp32``, ``bf16``, ``fp16``, ``fp8`` or
-    ``int4``: its role key (null: what the trainer keys say, else ``none``), with ``auto``
-    resolved for the run's device."""
-    precision = _section(cfg, role).precision or _from_trainer(cfg, role) or "none"
-    if precision == "auto":
-        return auto_select_precision(run_device(cfg))[role]
-    return precision
+    ``int4``: :func:`stated_precision`, with ``auto`` resolved (:func:`_resolve_auto`)."""
+    precision = stated_precision(cfg, role)
+    return _resolve_auto(cfg, role) if precision == "auto" else precision
+
+
+def _resolve_auto(cfg: Any, role: str) -> str:
+    """``auto`` for ``role`` on the run's device (:func:`auto_select_precision`), kept to what
+    the role's setup runs: a model loaded in a reduced dtype computes in it (``none``: there
+    are no fp32 master weights to autocast from), fp16 training is left out on ``fsdp2``
+    (no sharded loss scaling there) and weight-only formats on an ``fsdp2`` reference."""
+    group = _ROLES[role].group
+    if get_path(cfg, f"{group}.model").dtype != "fp32":
+        return "none"
+    choice = auto_select_precision(run_device(cfg))[role]
+    # the groups with a train engine (a role not built here has no strategy to ask)
+    trained_by = group in ("actor_rollout_ref", "critic") and role in active_roles(cfg)
+    if trained_by and cfg.engine_strategy(group) == "fsdp2":
+        if choice in WEIGHT_ONLY:
+            return "bf16"
+        if choice == "fp16" and role in TRAINABLE_ROLES:
+            return "none"
+    return choice
 
 
 def auto_select_precision(device: str = "cpu") -> dict[str, str]:
@@ -143,7 +167,18 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     if out:
         return out
 
-    resolved = {role: role_precision(cfg, role) for role in active_roles(cfg)}
+    # ``auto`` picks what the device and the role's setup run, so a role left at ``auto`` is
+    # checked only against explicit choices that it could contradict: a half precision of
+    # another trainable role, or loss scaling asked for. Then (and only then) it is resolved,
+    # which looks at the device.
+    stated = {role: stated_precision(cfg, role) for role in active_roles(cfg)}
+    explicit_half = any(
+        v in ("bf16", "fp16") for r, v in stated.items() if r in TRAINABLE_ROLES
+    )
+    resolve = explicit_half or bool(t.use_gradient_scaling)
+    resolved = {
+        r: role_precision(cfg, r) if v == "auto" and resolve else v for r, v in stated.items()
+    }
     # Only a reduced precision needs a look at the device (and so an import of torch).
     # Weight-only formats (the only fp8 here) compute in the activations' dtype: no check.
     computed = {r: v for r, v in resolved.items() if v not in WEIGHT_ONLY}
@@ -177,7 +212,8 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         )
         out.append((tuple(role_key(r) for r in half), message))
     for role, prec in trained.items():
-        out += _trained_role_problems(cfg, role, prec, (role_key(role),))
+        if prec != "auto":
+            out += _trained_role_problems(cfg, role, prec, (role_key(role),))
 
     if t.use_gradient_scaling and "fp16" not in trained.values():
         message = (
@@ -238,14 +274,17 @@ def precision_warnings(cfg: Any) -> list[str]:
     """Settings that run but are probably not meant."""
     t = cfg.trainer
     out = []
-    trained = [role_precision(cfg, r) for r in active_roles(cfg) if r in TRAINABLE_ROLES]
+    # auto never picks fp16 on a CPU; on an old GPU it may, which matters only without scaling
+    resolve = t.use_gradient_scaling is False
+    roles = active_roles(cfg)
+    precision = {r: role_precision(cfg, r) if resolve else stated_precision(cfg, r) for r in roles}
+    trained = [precision[r] for r in roles if r in TRAINABLE_ROLES]
     if t.use_gradient_scaling is False and "fp16" in trained:
         out.append(
             "trainer.use_gradient_scaling=false with fp16 training: small gradients underflow "
             "to zero; use null (on for fp16)"
         )
-    roles = active_roles(cfg)
-    fp16 = [r for r in roles if role_precision(cfg, r) == "fp16"]
+    fp16 = [r for r in roles if precision[r] == "fp16"]
     if fp16 and run_device(cfg) == "cpu":
         out.append(
             f"fp16 on CPU ({', '.join(fp16)}): CPUs have no fp16 matmul units, so it is "

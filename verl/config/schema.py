@@ -281,7 +281,7 @@ class RunConfig(RunSectionConfig):
         None,
         "precision of every role whose own precision key is null: none (the model dtype, no "
         "autocast), fp32, bf16, fp16, fp8 or int4 (inference roles only; trainable roles then "
-        "use bf16) or auto (per device, see docs/precision.md); null = none",
+        "use bf16) or auto (per device, see docs/precision.md); null = auto",
     )
     model_precision_map: dict[str, Precision] = entry(
         {},
