@@ -73,6 +73,7 @@ def _base_overrides(model_dir: str, out: Path) -> list[str]:
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "algorithm.adv_estimator=grpo",
         "trainer.device=cpu",
+        "trainer.mixed_precision=none",  # the fp32 baseline (the default, auto, may be bf16)
         f"trainer.default_local_dir={out}",
         f"trainer.log_dir={out}",
     ]

@@ -78,6 +78,7 @@ def _child(args) -> dict:
                 f"trainer.default_local_dir={tmp}",
                 f"trainer.log_dir={tmp}",
                 "trainer.device=cpu",
+                "trainer.mixed_precision=none",  # fp32 (the default, auto, is bf16 here)
                 *CONFIGS[args.config],
             ]
         )
