@@ -10,13 +10,21 @@ import sys
 from pathlib import Path
 
 LEAKY = """
-import subprocess, sys
+import subprocess, sys, time
+from pathlib import Path
 
 def test_leaves_a_sleeper(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
     )
     (tmp_path.parent.parent / "sleeper.pid").write_text(str(proc.pid))
+    # the sleeper is running its own command line before the session ends (under load a
+    # check right after the fork once found nothing: seen in the suite, not reproduced)
+    deadline = time.monotonic() + 30
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    while b"time.sleep" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None
 """
 
 TIDY = """

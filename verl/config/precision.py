@@ -172,9 +172,7 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     # another trainable role, or loss scaling asked for. Then (and only then) it is resolved,
     # which looks at the device.
     stated = {role: stated_precision(cfg, role) for role in active_roles(cfg)}
-    explicit_half = any(
-        v in ("bf16", "fp16") for r, v in stated.items() if r in TRAINABLE_ROLES
-    )
+    explicit_half = any(v in ("bf16", "fp16") for r, v in stated.items() if r in TRAINABLE_ROLES)
     resolve = explicit_half or bool(t.use_gradient_scaling)
     resolved = {
         r: role_precision(cfg, r) if v == "auto" and resolve else v for r, v in stated.items()
