@@ -66,6 +66,7 @@ def main(out_dir: Path) -> None:
             "data.arithmetic.val_size=8",
             "trainer.n_gpus_per_node=2",
             "trainer.device=cpu",
+            "trainer.mixed_precision=none",  # fp32 engine and trainer (auto: bf16 here)
             "trainer.total_training_steps=2",
             "trainer.val_before_train=false",
             "trainer.test_freq=-1",
