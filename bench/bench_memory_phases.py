@@ -79,8 +79,9 @@ class PhaseSampler:
             time.sleep(self._interval)
 
     def enter(self, phase: str) -> None:
+        children = self._children_private()  # fresh: a child may have ended with the phase
         with self._lock:
-            self.phase = phase
+            self.phase, self._children = phase, children
 
     def mark(self, name: str) -> None:
         with self._lock:

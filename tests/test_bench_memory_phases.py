@@ -4,9 +4,9 @@ sampler on a real forked child (its private memory counts in the phase's peak)."
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing as mp
+import json
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,25 +51,42 @@ def test_table_lists_marks_then_phase_peaks_with_cpu_time(phases):
     assert lines[-1].split() == ["step", "1", "update_actor", "626", "5.50"]
 
 
-def _hold_memory(mib: int, seconds: float) -> None:
-    block = bytearray(mib * MiB)  # zero-filled: its pages are the child's own
-    block[::4096] = b"x" * len(block[::4096])
-    time.sleep(seconds)
+_SAMPLER_SCRIPT = """
+import json, multiprocessing as mp, sys, time
+sys.path.insert(0, sys.argv[1])
+import bench_memory_phases as phases
 
+def hold(mib):
+    block = bytearray(mib * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])  # its pages are the child's own
+    time.sleep(1.0)
 
-def test_sampler_counts_a_forked_childs_private_memory(phases):
+if __name__ == "__main__":
     sampler = phases.PhaseSampler(interval_s=0.01, children_interval_s=0.05)
-    try:
-        time.sleep(0.1)
-        sampler.enter("child")
-        proc = mp.get_context("fork").Process(target=_hold_memory, args=(64, 1.0))
-        proc.start()
-        proc.join()
-        sampler.enter("after")
-        time.sleep(0.1)
-    finally:
-        record = sampler.close()
-    assert proc.exitcode == 0
-    assert record["peak_mib"]["child"] >= record["peak_mib"]["start"] + 60
-    assert record["peak_mib"]["after"] < record["peak_mib"]["child"] - 50
+    time.sleep(0.1)
+    sampler.enter("child")
+    proc = mp.get_context("fork").Process(target=hold, args=(64,))
+    proc.start()
+    proc.join()
+    sampler.enter("after")
+    time.sleep(0.1)
+    record = sampler.close()
+    print(json.dumps({"exitcode": proc.exitcode, **record}))
+"""
+
+
+def test_sampler_counts_a_forked_childs_private_memory():
+    # in a fresh process: the test process's own children (a Ray session) would count too
+    out = subprocess.run(
+        [sys.executable, "-c", _SAMPLER_SCRIPT, str(BENCH)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["exitcode"] == 0
+    peaks = record["peak_mib"]
+    assert peaks["child"] >= peaks["start"] + 60
+    assert peaks["after"] < peaks["child"] - 50  # the ended child no longer counts
     assert record["marks_mib"][-1][0] == "end"
