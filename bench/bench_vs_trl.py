@@ -51,6 +51,7 @@ step (verl's ``timing_s/step``; TRL's ``on_step_begin``..``on_step_end``).
     python bench/bench_vs_trl.py --quick         # W1 only, 2 measured steps (~2 min)
     python bench/bench_vs_trl.py --workloads W1 W2 --settings identical
     python bench/bench_vs_trl.py --threads 1     # OMP_NUM_THREADS=1 on both sides
+    python bench/bench_vs_trl.py --settings defaults --verl-override trainer.mixed_precision=auto
 
 On a machine other jobs share, use ``--threads 1``: two torch threads on two busy cores
 wait on each other at every parallel region, and a tiny-model step measured 20 s instead of
@@ -133,7 +134,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="OMP_NUM_THREADS for both sides (default: unset, each library's default)",
     )
+    parser.add_argument(
+        "--verl-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override for verl's side, after the setting's keys (repeatable), e.g. "
+        "trainer.mixed_precision=auto",
+    )
     args = parser.parse_args(argv)
+    for override in args.verl_override:
+        if "=" not in override:
+            parser.error(f"--verl-override {override!r}: expected KEY=VALUE")
     if args.quick:
         args.workloads = args.workloads or ["W1"]
         args.steps = args.steps if args.steps is not None else 2
@@ -458,9 +470,11 @@ def run_verl(
     args: argparse.Namespace, workload: Workload, setting: str, data: Path, model: str, out: Path
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    # a reused --workdir: verl appends to its metrics file, and old steps must not count
+    (out / "metrics.jsonl").unlink(missing_ok=True)
     total = args.steps + 1
     cmd = [args.verl_python, "-m", "verl.trainer.main_ppo"]
-    cmd += verl_overrides(workload, setting, data, model, out, total)
+    cmd += verl_overrides(workload, setting, data, model, out, total) + args.verl_override
     code, peak, wall = run_tree_measured(cmd, _side_env("verl", args.threads), out / "run.log")
     if code != 0:
         raise RuntimeError(
@@ -522,6 +536,7 @@ def main(argv: list[str] | None = None) -> None:
         "trl_version": TRL_VERSION,
         "measured_steps": args.steps,
         "omp_num_threads": args.threads,
+        "verl_extra_overrides": args.verl_override,
         "workdir": str(workdir),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),
         "results": [],

@@ -53,6 +53,16 @@ def test_arguments_defaults_quick_and_bad_steps(bench):
         bench.parse_args(["--workloads", "W9"])
 
 
+def test_extra_verl_overrides_are_collected_and_checked(bench):
+    assert bench.parse_args([]).verl_override == []
+    args = bench.parse_args(
+        ["--verl-override", "trainer.mixed_precision=auto", "--verl-override", "a.b=1"]
+    )
+    assert args.verl_override == ["trainer.mixed_precision=auto", "a.b=1"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--verl-override", "trainer.mixed_precision"])
+
+
 def test_workloads_match_the_issue(bench):
     w = bench.WORKLOADS
     assert (w["W1"].prompts, w["W1"].n, w["W1"].max_new_tokens, w["W1"].samples) == (16, 4, 16, 64)

@@ -140,3 +140,20 @@ def test_packed_token_budget_counts_real_tokens():
         assert sum(lengths[int(i)] for i in mb.index) <= 16 or len(mb.index) == 1
     padded = split_micro_batches(data, R, max_token_len=16)
     assert len(micro) < len(padded)  # padding no longer counts against the budget
+
+
+def test_width_multiple_rounds_the_packed_width_with_filler():
+    t = _padded()
+    plain = pack_sequences(t["input_ids"], t["attention_mask"], R, capacity=11)
+    rounded = pack_sequences(t["input_ids"], t["attention_mask"], R, capacity=11, width_multiple=8)
+    bins, width = plain.input_ids.shape
+    assert rounded.input_ids.shape == (bins, 16) and width <= 11  # 11 or less -> 16
+    # the same tokens at the same places of each bin, filler after them
+    assert torch.equal(rounded.input_ids[:, :width], plain.input_ids)
+    assert not rounded.input_ids[:, width:].any()
+    assert torch.equal(rounded.labels, plain.labels)
+    # response_index is flat: row b of the rounded layout starts at b * 16
+    b, c = plain.response_index // width, plain.response_index % width
+    assert torch.equal(rounded.response_index, b * 16 + c)
+    with pytest.raises(ValueError, match="width_multiple=0"):
+        pack_sequences(t["input_ids"], t["attention_mask"], R, width_multiple=0)

@@ -183,7 +183,9 @@ def test_attention_without_4d_masks_falls_back_to_plain_packing(monkeypatch, cap
     monkeypatch.setattr(tf, "_MASK_KINDS", {"eager": "additive"})  # sdpa "rejects" 4D masks
     monkeypatch.setattr(tf, "_fallback_logged", set())
     calls = []
-    monkeypatch.setattr(tf, "pack_sequences", lambda *a: calls.append(1) or pack_sequences(*a))
+    monkeypatch.setattr(
+        tf, "pack_sequences", lambda *a, **k: calls.append(1) or pack_sequences(*a, **k)
+    )
     with caplog.at_level(logging.WARNING, logger=tf.__name__):
         out = _passes(model, t, ("pad", "share", "share"))
     assert len(calls) == 2  # both shared passes packed plainly

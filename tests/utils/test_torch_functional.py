@@ -201,3 +201,53 @@ def test_response_log_probs_bad_args():
         compute_response_log_probs(model, ids, mask, pos, 11)
     with pytest.raises(ValueError, match="temperature=0"):
         compute_response_log_probs(model, ids, mask, pos, 5, temperature=0.0)
+
+
+def test_shape_multiple_only_for_reduced_precision_on_cpu():
+    model = _tiny_lm("qwen2")
+    assert tf.shape_multiple(model) == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tf.shape_multiple(model) == tf.CPU_REDUCED_PRECISION_SHAPE_MULTIPLE == 64
+    assert tf.shape_multiple(model.to(torch.bfloat16)) == 64
+    assert tf.shape_multiple(torch.nn.Identity()) == 1  # no weights: nothing to round for
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("share_prefix", [False, True])
+def test_shape_rounding_changes_no_value_and_bounds_the_shapes(pack, share_prefix, monkeypatch):
+    """Packed widths and the head's chunks rounded up to a multiple (as in a bf16 pass on a
+    CPU, forced here in fp32 so the comparison is exact): the same log-probs, entropies and
+    gradients, and every matmul sees a token dimension that is a multiple."""
+    model = _tiny_lm("qwen2").train()
+    ids, mask, pos = _batch()
+    mask[1] = mask[0]  # rows 0 and 1 share a prompt (same padding and ids)
+    ids[1, :6] = ids[0, :6]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    weights = torch.randn(3, 5)
+
+    def run():
+        lp, ent = compute_response_log_probs(
+            model, ids, mask, pos, 5, 0.9, chunk_size=4, calculate_entropy=True,
+            pack=pack, share_prefix=share_prefix,
+        )  # fmt: skip
+        ((lp + 0.1 * ent) * weights * mask[:, -5:]).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        return lp, ent, grads
+
+    ref_lp, ref_ent, ref_grads = run()
+    monkeypatch.setattr(tf, "shape_multiple", lambda module: 8)
+    rows_seen = []
+    for layer in (model.lm_head, model.model.layers[0].mlp.up_proj):
+        layer.register_forward_hook(lambda m, inp, out: rows_seen.append(inp[0].shape[:-1]))
+    lp, ent, grads = run()
+    valid = mask[:, -5:].bool()
+    torch.testing.assert_close(lp[valid], ref_lp[valid], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent[valid], ref_ent[valid], rtol=0, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    head_rows = [s[0] for s in rows_seen if len(s) == 1]
+    assert head_rows and all(n % 8 == 0 for n in head_rows)  # chunks of 4 padded to 8
+    if pack:  # the packed width (the transformer's token dimension) is rounded too
+        widths = [s[-1] for s in rows_seen if len(s) == 2]
+        assert widths and all(w % 8 == 0 for w in widths)

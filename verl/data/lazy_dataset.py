@@ -28,7 +28,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 
 from verl.data.base import RowDataset
@@ -93,6 +92,8 @@ class LazyRLHFDataset(RowDataset):
         )
 
     def _index_parquet(self, f: int, path: str, columns: Sequence[str]) -> None:
+        import pyarrow.parquet as pq  # imported by parquet runs only (~28 MiB)
+
         meta = pq.ParquetFile(path).metadata
         present = meta.schema.to_arrow_schema().names
         missing = [c for c in columns if c not in present]
@@ -155,6 +156,8 @@ class LazyRLHFDataset(RowDataset):
         path = self.data_files[f]
         if group >= 0:  # one row group is read and kept while its rows are asked for
             if self._cache is None or self._cache[:2] != (f, group):
+                import pyarrow.parquet as pq
+
                 table = pq.ParquetFile(path).read_row_group(group)
                 self._cache = (f, group, table.to_pylist())
             return self._cache[2][pos]

@@ -19,6 +19,7 @@ crosses back; extras that cannot be pickled are dropped with the score kept.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -41,6 +42,12 @@ def _worker_main(
 ) -> None:
     """Serve `(task_id, kwargs)` requests until a `None` request or a closed pipe."""
     die_with_parent(parent_pid, kernel_signal=kernel_signal)
+    # A forked worker shares the parent's pages until it writes them, and a garbage
+    # collection writes the header of every object it scans: one full collection in the
+    # worker copied every page of the trainer's Python objects (98 MiB measured after
+    # importing torch, transformers and verl; 7 MiB frozen). The inherited objects are
+    # the parent's to collect, so they leave the worker's collections.
+    gc.freeze()
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:

@@ -122,11 +122,17 @@ def row_lengths(
     return prompt_lens, response_lens
 
 
-def bins_and_width(lengths: list[int], capacity: int | None) -> tuple[list[list[int]], int]:
+def bins_and_width(
+    lengths: list[int], capacity: int | None, width_multiple: int = 1
+) -> tuple[list[list[int]], int]:
     """Bins of sequences of ``lengths`` tokens (:func:`plan_bins` when ``capacity`` is None)
-    and the packed width: the fullest bin's length, not the capacity."""
+    and the packed width: the fullest bin's length (not the capacity), rounded up to a
+    multiple of ``width_multiple`` (the extra columns are filler)."""
+    if width_multiple < 1:
+        raise ValueError(f"width_multiple={width_multiple} must be >= 1")
     bins = plan_bins(lengths) if capacity is None else first_fit_decreasing(lengths, capacity)
-    return bins, max(1, max(sum(lengths[i] for i in b) for b in bins))
+    width = max(1, max(sum(lengths[i] for i in b) for b in bins))
+    return bins, -(-width // width_multiple) * width_multiple
 
 
 def pack_sequences(
@@ -135,6 +141,7 @@ def pack_sequences(
     response_len: int,
     capacity: int | None = None,
     pad_token_id: int = 0,
+    width_multiple: int = 1,
 ) -> PackedBatch:
     """Pack a padded batch (see the module docstring).
 
@@ -145,6 +152,9 @@ def pack_sequences(
         capacity: tokens per bin (at least the longest sequence); default
             :func:`plan_bins`. The packed width is the fullest bin's length.
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
+        width_multiple: round the packed width up to a multiple of this (filler columns),
+            so that passes see few distinct shapes (see
+            :func:`verl.utils.torch_functional.shape_multiple`).
     """
     rows, seq_len = input_ids.shape
     prompt_width = seq_len - response_len
@@ -154,7 +164,7 @@ def pack_sequences(
     mask = attention_mask.bool()
     prompt_lens = torch.tensor(prompt_list, dtype=torch.long)
     lengths = [p + r for p, r in zip(prompt_list, response_list, strict=True)]
-    bins, capacity = bins_and_width(lengths, capacity)
+    bins, capacity = bins_and_width(lengths, capacity, width_multiple)
     # where each row starts in the flat (bins * capacity) layout
     starts = [0] * rows
     for b, members in enumerate(bins):

@@ -97,6 +97,7 @@ def pack_shared_prefix(
     pad_token_id: int = 0,
     max_unit: int | None = None,
     groups: list[list[int]] | None = None,
+    width_multiple: int = 1,
 ) -> PackedBatch:
     """Pack a padded batch with each group's prompt once (see the module docstring).
 
@@ -109,6 +110,7 @@ def pack_shared_prefix(
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
         max_unit: most tokens of one unit; default ``max(2 * 256, longest row)``.
         groups: the batch's :func:`prompt_groups` when the caller has them already.
+        width_multiple: round the packed width up to a multiple of this (filler columns).
 
     Returns:
         A :class:`~verl.utils.packing.PackedBatch` whose ``attention_mask`` is the
@@ -129,7 +131,7 @@ def pack_shared_prefix(
         groups = prompt_groups(ids, valid, response_len)
     units = _units(groups, prompt_lens, response_lens, max_unit)
     unit_lens = [prompt_lens[u[0]] + sum(response_lens[i] for i in u) for u in units]
-    bins, width = bins_and_width(unit_lens, capacity)
+    bins, width = bins_and_width(unit_lens, capacity, width_multiple)
 
     size = len(bins) * width
     flat_ids = torch.full((size,), pad_token_id, dtype=ids.dtype)

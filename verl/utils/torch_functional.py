@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 128  # tokens per chunk; see bench/bench_logprob.py for the trade-off
 
+# oneDNN, which runs torch's bf16/fp16 matmuls on a CPU, builds kernels for every new
+# (M, N, K) it sees and keeps them: ~1.7 MiB of heap per new shape of a linear's forward
+# and backward that no malloc_trim returns (torch 2.13, measured in docs/memory.md). A
+# packed pass has a data-dependent width, so a bf16 run grew ~30 MiB per step on W2 and
+# never stopped. Rounding the packed width and the LM head's last chunk up to a multiple of
+# this bounds the shapes a run ever sees, at the cost of a few filler columns.
+CPU_REDUCED_PRECISION_SHAPE_MULTIPLE = 64
+
 # Model types whose causal-LM head is exactly ``lm_head(model(...).last_hidden_state)``.
 # Others (Gemma soft-capping, Cohere logit_scale, Granite logits_scaling, ...) post-process
 # the logits, so they take the generic ``model(..., logits_to_keep=...)`` path.
@@ -174,6 +182,18 @@ def _head_logprobs(
     if calculate_sum_pi_squared:
         sum_pi_squared = torch.softmax(logits, dim=-1).square().sum(dim=-1).detach()
     return log_probs, entropy, sum_pi_squared
+
+
+def shape_multiple(model: nn.Module) -> int:
+    """Multiple to round the token dimension of ``model``'s passes up to: 1 (any shape)
+    except on a CPU in bf16/fp16 (autocast on, or reduced-precision weights), where every
+    new matmul shape costs memory that stays (``CPU_REDUCED_PRECISION_SHAPE_MULTIPLE``)."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu":
+        return 1
+    reduced = (torch.bfloat16, torch.float16)
+    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in reduced
+    return CPU_REDUCED_PRECISION_SHAPE_MULTIPLE if autocast or param.dtype in reduced else 1
 
 
 def _has_plain_head(model: nn.Module) -> bool:
@@ -339,10 +359,14 @@ def pack_batch(
     causal-LM model): shared-prompt packing (:func:`verl.utils.prefix_packing.pack_shared_prefix`)
     when ``share_prefix`` is asked for, two rows share a prompt and the model's attention
     takes a custom 4D mask; else plain packing (:func:`verl.utils.packing.pack_sequences`).
-    Feed the model ``packed_attention_mask(model, packed.attention_mask)``."""
+    Feed the model ``packed_attention_mask(model, packed.attention_mask)``. The width is
+    rounded up to :func:`shape_multiple` of ``model``."""
+    width_multiple = shape_multiple(model)
     groups = prompt_groups(input_ids, attention_mask, response_len) if share_prefix else []
     if not any(len(g) > 1 for g in groups):
-        return pack_sequences(input_ids, attention_mask, response_len)
+        return pack_sequences(
+            input_ids, attention_mask, response_len, width_multiple=width_multiple
+        )
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in _MASK_KINDS:
         if impl not in _fallback_logged:
@@ -352,8 +376,12 @@ def pack_batch(
                 "mask; packing without sharing prompts (each row computes its prompt)",
                 impl,
             )
-        return pack_sequences(input_ids, attention_mask, response_len)
-    return pack_shared_prefix(input_ids, attention_mask, response_len, groups=groups)
+        return pack_sequences(
+            input_ids, attention_mask, response_len, width_multiple=width_multiple
+        )
+    return pack_shared_prefix(
+        input_ids, attention_mask, response_len, groups=groups, width_multiple=width_multiple
+    )
 
 
 def supports_packing(model: nn.Module) -> bool:
@@ -420,14 +448,20 @@ def _score_chunks(
     chunk checkpointed under grad); returns ``(log_probs, entropy, sum_pi_squared)``, each
     ``(rows,)`` or None."""
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
+    multiple = shape_multiple(head)
     log_prob_chunks, entropy_chunks, sps_chunks = [], [], []
     # no valid token (a packed micro-batch of empty responses): one empty chunk keeps the
     # outputs in the autograd graph
     for s, e in list(_row_chunks(hidden.shape[0], chunk_size)) or [(0, 0)]:
+        chunk_hidden, chunk_labels = hidden[s:e], labels[s:e]
+        pad = -(e - s) % multiple  # zero rows, scored and dropped: few distinct shapes
+        if pad:
+            chunk_hidden = torch.cat([chunk_hidden, chunk_hidden.new_zeros(pad, hidden.shape[1])])
+            chunk_labels = torch.cat([chunk_labels, chunk_labels.new_zeros(pad)])
         args = (
             head,
-            hidden[s:e],
-            labels[s:e],
+            chunk_hidden,
+            chunk_labels,
             temperature,
             calculate_entropy,
             calculate_sum_pi_squared,
@@ -436,9 +470,10 @@ def _score_chunks(
             lp, ent, sps = checkpoint(_head_logprobs, *args, use_reentrant=False)
         else:
             lp, ent, sps = _head_logprobs(*args)
-        log_prob_chunks.append(lp)
-        entropy_chunks.append(ent)
-        sps_chunks.append(sps)
+        rows = slice(0, e - s)
+        log_prob_chunks.append(lp[rows])
+        entropy_chunks.append(None if ent is None else ent[rows])
+        sps_chunks.append(None if sps is None else sps[rows])
     return (
         torch.cat(log_prob_chunks),
         torch.cat(entropy_chunks) if calculate_entropy else None,
