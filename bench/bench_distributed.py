@@ -49,7 +49,7 @@ from _common import MiB, PeakSampler, model_dir_for, prompt_batch, rss_bytes, ru
 
 
 def _overrides(model_dir: str, out: Path, world: int, steps: int) -> list[str]:
-    """The main job's GRPO step (examples/grpo_smollm2_arithmetic.yaml), no validation."""
+    """The quick job's GRPO step (examples/grpo_smollm2_arithmetic_quick.yaml), no validation."""
     return [
         f"actor_rollout_ref.model.path={model_dir}",
         "data.arithmetic.digits=1",

@@ -1,15 +1,15 @@
-"""Benchmark: LoRA against full fine-tuning on the main job, and the LoRA rollout merged vs applied.
+"""Benchmark: LoRA against full fine-tuning on the quick job, and the LoRA rollout merged vs applied.
 
 Two measurements, each configuration in a fresh process (``_common.run_child``):
 
-- ``train``: the main job (``examples/grpo_smollm2_arithmetic.yaml``: GRPO on the embedded
+- ``train``: the quick job (``examples/grpo_smollm2_arithmetic_quick.yaml``: GRPO on the embedded
   SmolLM2-135M-Instruct, 8 prompts x 4 samples, 8 new tokens) for ``--steps`` steps without
   validation, once with full fine-tuning and once with ``lora_rank=--rank`` (all linear
   layers). Reported: median step time after the first step (``timing_s/step`` and its
   stages), the process's peak RSS over the run, and the RSS between steps. ``--kl`` adds
   a KL loss, so the full run also holds a reference copy of the weights (the LoRA run uses
   the actor with its adapters disabled).
-- ``rollout``: a LoRA actor with non-zero adapters generates the main job's prompts
+- ``rollout``: a LoRA actor with non-zero adapters generates the quick job's prompts
   (8 x 4 samples) in two ways, alternated ``--reps`` times: *applied* (peft computes
   ``x W^T + scale * (x A^T) B^T`` in every adapted layer, what verl does) and *merged*
   (``merge_adapter()`` folds the adapters into the weights before generating and
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from _common import MiB, PeakSampler, model_dir_for, prompt_batch, rss_bytes, run_child, trim_heap
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_smollm2_arithmetic.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_smollm2_arithmetic_quick.yaml"
 STAGES = ("gen", "reward", "old_log_prob", "ref_and_values", "adv", "update_actor")
 
 

@@ -19,8 +19,8 @@ the RSS the process had before building the worker (torch, transformers and verl
 ~350 MiB that no knob can touch). On a CPU, RSS is the memory; on a
 GPU the same knobs act on device memory (not measurable here).
 
-``--learn-steps K`` (default 8) also trains the main job's GRPO run
-(``examples/grpo_smollm2_arithmetic.yaml``) for K steps with the fp32 baseline and with the
+``--learn-steps K`` (default 8) also trains the quick job's GRPO run
+(``examples/grpo_smollm2_arithmetic_quick.yaml``) for K steps with the fp32 baseline and with the
 recommended combination, and reports validation accuracy before and after: the memory knobs
 must not cost learning.
 
@@ -161,7 +161,9 @@ def _child_learn(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(os.cpu_count() or 1)
     out = Path(tempfile.mkdtemp(prefix="bench_memory_learn_"))
-    example = Path(__file__).resolve().parents[1] / "examples" / "grpo_smollm2_arithmetic.yaml"
+    example = (
+        Path(__file__).resolve().parents[1] / "examples" / "grpo_smollm2_arithmetic_quick.yaml"
+    )
     overrides = [
         f"actor_rollout_ref.model.path={args.model_dir}",
         # a reference policy in both runs, so the fp8 reference has something to replace

@@ -31,7 +31,7 @@ PRESETS = {
         "critic.ppo_mini_batch_size=2",
         "critic.ppo_micro_batch_size_per_device=2",
     ],
-    # the main job's batch (examples/grpo_smollm2_arithmetic.yaml), with a critic (GAE)
+    # the quick job's batch (examples/grpo_smollm2_arithmetic_quick.yaml), with a critic (GAE)
     "main": [
         "data.train_batch_size=8",
         "data.max_prompt_length=64",

@@ -214,3 +214,22 @@ def test_math_pred_and_invalid_truth():
     for truth in ["", "  ", None, r"\boxed{}"]:
         assert math_dataset.compute_score(r"\boxed{1}", truth)["invalid_ground_truth"] == 1.0
     assert math_dataset.compute_score(r"\boxed{4}", 4)["score"] == 1.0  # numeric truth
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "95 96 97 98 99 100",  # the truth listed, but not last
+        "95, 94, 93",
+        "It is 95 or 94 or 96",
+        r"95 \boxed{94}",  # an explicit form wins over every listed number
+        "answer: 94 95",  # inside the form: the first number only
+        "answer: 95\nanswer: 96",  # the last marker only
+        "= 95 = 96",
+    ],
+)
+def test_arithmetic_listing_candidates_scores_one_guess_only(response):
+    # the reward the main job trains on must not be gamed by listing many numbers: exactly
+    # one number per response is compared, so a list that contains the truth elsewhere scores 0
+    out = arithmetic.compute_score(response, "95")
+    assert out["score"] == 0.0 and out["pred"] != "95", out

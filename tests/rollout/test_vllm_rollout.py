@@ -89,7 +89,7 @@ def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
             "-m",
             "verl.trainer.main_ppo",
             "--config",
-            str(ROOT / "examples/grpo_smollm2_arithmetic.yaml"),
+            str(ROOT / "examples/grpo_smollm2_arithmetic_quick.yaml"),
             "actor_rollout_ref.rollout.name=vllm",
             # fp32 on both sides: the bounds below are the engine's fidelity, not bf16's
             # rounding. The preset's precision auto trains in bf16 on this CPU and the engine
