@@ -127,7 +127,7 @@ def test_main_job_is_the_harder_task_with_per_op_validation(tmp_path):
     assert cfg.trainer.val_group_by == ["op"]
     assert cfg.algorithm.filter_groups.enable
     assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
-    assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq) == (36, 12)
+    assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq) == (48, 12)
     _, (val_file,) = prepare_data_files(cfg, tmp_path)
     val = [r.data["extra_info"] for r in read_records(val_file).records]
     per_op = Counter(info["op"] for info in val)
