@@ -110,8 +110,10 @@ def _resolve_auto(cfg: Any, role: str) -> str:
     if get_path(cfg, f"{group}.model").dtype != "fp32":
         return "none"
     choice = auto_select_precision(run_device(cfg))[role]
-    # the groups with a train engine (a role not built here has no strategy to ask)
-    trained_by = group in ("actor_rollout_ref", "critic") and role in active_roles(cfg)
+    # a group with a train engine (a role not built here has no strategy to ask)
+    trained_by = role in active_roles(cfg) and any(
+        _ROLES[r].group == group for r in TRAINABLE_ROLES
+    )
     if trained_by and cfg.engine_strategy(group) == "fsdp2":
         if choice in WEIGHT_ONLY:
             return "bf16"

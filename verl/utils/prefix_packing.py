@@ -30,12 +30,6 @@ import torch
 from verl.utils.packing import _MIN_CAPACITY, PackedBatch, bins_and_width, row_lengths
 
 
-def _lengths(attention_mask: torch.Tensor, response_len: int) -> tuple[list[int], list[int]]:
-    mask = attention_mask.bool()
-    prompt_width = mask.shape[1] - response_len
-    return mask[:, :prompt_width].sum(-1).tolist(), mask[:, prompt_width:].sum(-1).tolist()
-
-
 def prompt_groups(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
 ) -> list[list[int]]:
@@ -55,7 +49,7 @@ def prompt_groups(
         )
     prompt_width = input_ids.shape[1] - response_len
     ids = input_ids[:, :prompt_width].cpu()
-    prompt_lens, _ = _lengths(attention_mask[:, :prompt_width].cpu(), 0)
+    prompt_lens = attention_mask[:, :prompt_width].cpu().bool().sum(-1).tolist()
     groups: dict[bytes, list[int]] = {}
     for i, p in enumerate(prompt_lens):
         key = ids[i, prompt_width - p :].numpy().tobytes()
