@@ -30,7 +30,8 @@ Three settings per workload:
   ``gradient_checkpointing=True`` (its defaults);
 - ``defaults``: only the workload's own keys (prompts, n, new tokens, lr, GRPO without KL,
   one optimizer step per batch, the reward) and each library's defaults for everything
-  else. verl: fp32, micro-batches by its token budget, no checkpointing. TRL 1.16
+  else. verl: precision ``auto`` (bf16 autocast on a CPU with native bf16, else fp32),
+  micro-batches by its token budget, no checkpointing. TRL 1.16
   ``GRPOConfig``: ``per_device_train_batch_size=8`` (so ``gradient_accumulation_steps`` =
   samples / 8 makes one optimizer step per batch), ``bf16=True``,
   ``gradient_checkpointing=True``, ``loss_type="dapo"``, linear schedule, no weight decay.
