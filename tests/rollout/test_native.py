@@ -463,3 +463,33 @@ def test_compiled_decode_inductor_same_greedy_tokens_as_eager(model, tokenizer, 
     torch.testing.assert_close(
         a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-4, rtol=1e-4
     )
+
+
+@pytest.mark.parametrize("engine_name", ["native", "hf"])
+def test_bf16_autocast_casts_each_weight_once_per_generation(model, tokenizer, batch, engine_name):
+    """Under autocast the weights' bf16 casts come from autocast's cache: their number does
+    not grow with the decode steps (under torch.inference_mode autocast caches nothing and a
+    bf16 rollout cast every weight again at every step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = build_rollout(engine_name, model, tokenizer)
+
+    def weight_casts(max_new: int) -> int:
+        params = SamplingParams(n=2, max_new_tokens=max_new, temperature=1.0, stop_token_ids=[])
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof,
+        ):
+            engine.generate(batch, params)
+        return sum(
+            e.count
+            for e in prof.key_averages(group_by_input_shape=True)
+            if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] in weight_shapes
+        )
+
+    weight_shapes = [list(p.shape) for p in model.parameters() if p.dim() == 2]
+
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    short, long = weight_casts(2), weight_casts(8)
+    assert short == long
+    assert linears <= long <= 2 * linears  # each weight (tied head: maybe once more) once

@@ -94,7 +94,8 @@ class HFRollout(RolloutEngine):
         max_new = params.max_new_tokens
         # A fixed seed must not leave the global RNG changed; seed=None draws from it.
         rng = torch.random.fork_rng(devices=[]) if params.seed is not None else nullcontext()
-        with eval_mode(self.module), torch.inference_mode(), rng:
+        # no_grad, not inference_mode: autocast caches its weight casts only outside it
+        with eval_mode(self.module), torch.no_grad(), rng:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.module.generate(
