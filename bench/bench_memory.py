@@ -74,6 +74,8 @@ def _base_overrides(model_dir: str, out: Path) -> list[str]:
         "algorithm.adv_estimator=grpo",
         "trainer.device=cpu",
         "trainer.mixed_precision=none",  # the fp32 baseline (the default, auto, may be bf16)
+        # no checkpointing unless a configuration asks (the default, null, turns it on here)
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"trainer.default_local_dir={out}",
         f"trainer.log_dir={out}",
     ]

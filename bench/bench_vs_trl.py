@@ -31,7 +31,8 @@ Three settings per workload:
 - ``defaults``: only the workload's own keys (prompts, n, new tokens, lr, GRPO without KL,
   one optimizer step per batch, the reward) and each library's defaults for everything
   else. verl: precision ``auto`` (bf16 autocast on a CPU with native bf16, else fp32),
-  micro-batches by its token budget, no checkpointing. TRL 1.16
+  micro-batches by its token budget, activation checkpointing ``null`` (on for W3, off for
+  W1/W2: it turns on when a micro-batch's activations are estimated above 512 MiB). TRL 1.16
   ``GRPOConfig``: ``per_device_train_batch_size=8`` (so ``gradient_accumulation_steps`` =
   samples / 8 makes one optimizer step per batch), ``bf16=True``,
   ``gradient_checkpointing=True``, ``loss_type="dapo"``, linear schedule, no weight decay.
@@ -261,7 +262,11 @@ def verl_overrides(
             "actor_rollout_ref.actor.logprob_chunk_size=512",
         ]
     else:
-        overrides += ["trainer.mixed_precision=fp32"]
+        overrides += [
+            "trainer.mixed_precision=fp32",
+            # stated: the default (null) would turn it on for W3's one 32-row micro-batch
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        ]
     return overrides
 
 

@@ -149,10 +149,11 @@ def test_the_defaults_setting_sets_only_the_workloads_keys(bench, tmp_path):
     actor, default_actor = cfg.actor_rollout_ref.actor, default.actor_rollout_ref.actor
     assert cfg.data.train_batch_size == 32 and cfg.actor_rollout_ref.rollout.n == 8
     assert actor.ppo_mini_batch_size == 32 and not actor.use_kl_loss  # one step per batch
-    # everything else is the library's default: the token budget, no autocast, no checkpointing
+    # everything else is the library's default: the token budget, precision and
+    # checkpointing auto
     assert actor.uses_token_budget and actor.token_budget == default_actor.token_budget
     assert cfg.trainer.mixed_precision == default.trainer.mixed_precision
-    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None  # auto
     assert actor.optim.weight_decay == default_actor.optim.weight_decay
     assert actor.loss_agg_mode is None and actor.logprob_chunk_size == 512
 

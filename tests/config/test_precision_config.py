@@ -233,7 +233,7 @@ def test_flat_keys_map_onto_their_nested_twins():
     assert t.use_flash_attention is True
     assert arr.actor.grad_clip == cfg.critic.grad_clip == 0.5
     assert arr.model.enable_gradient_checkpointing is True
-    assert cfg.critic.model.enable_gradient_checkpointing is False
+    assert cfg.critic.model.enable_gradient_checkpointing is None  # not named: auto
     for fc in (arr.actor.fsdp_config, cfg.critic.fsdp_config):
         assert fc.reshard_after_forward is False
         assert fc.param_offload and fc.optimizer_offload

@@ -393,3 +393,30 @@ def test_forward_backward_refuses_a_non_scalar_metric():
 
     with pytest.raises(TypeError, match=r"metric 'per_row' of micro-batch 0 must be a scalar"):
         engine.forward_backward([(x, y)], loss_fn)
+
+
+def test_checkpointed_update_casts_weights_uncached_and_matches_the_plain_one():
+    """Under bf16 autocast with activation checkpointing, forward_backward turns autocast's
+    cache of cast weights off (it would hold a bf16 copy of every weight for the whole
+    forward); the gradients are those of the same update without checkpointing."""
+    from verl.models import build_tiny_model, enable_activation_checkpointing
+
+    ids = torch.randint(3, 700, (3, 12), generator=torch.Generator().manual_seed(4))
+    grads, cache_flags = {}, {}
+    for ckpt in (False, True):
+        model = build_tiny_model(seed=3)
+        if ckpt:
+            enable_activation_checkpointing(model)
+        engine = build_engine("single", model, OptimSpec(lr=1e-3), autocast_dtype="bf16")
+        seen = []
+
+        def loss_fn(module, mb, seen=seen):
+            seen.append(torch.is_autocast_cache_enabled())
+            return module(input_ids=mb, use_cache=False).logits.float().pow(2).mean(), {}
+
+        engine.forward_backward([ids[:2], ids[2:]], loss_fn)
+        grads[ckpt] = {n: p.grad.clone() for n, p in engine.module.named_parameters()}
+        cache_flags[ckpt] = seen
+    assert cache_flags == {False: [True, True], True: [False, False]}
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-5, atol=1e-7)

@@ -77,3 +77,28 @@ def test_attention_implementation_falls_back_to_sdpa_on_cpu(caplog):
         assert attention_implementation(True, "cpu") == "sdpa"
     logged = [r for r in caplog.records if "attention runs as sdpa" in r.getMessage()]
     assert len(logged) == 1
+
+
+def test_null_checkpointing_follows_the_activation_estimate(caplog):
+    from verl.models.precision import (
+        ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN,
+        AUTO_CHECKPOINTING_MIN_BYTES,
+        estimated_activation_bytes,
+        resolve_activation_checkpointing,
+    )
+
+    model = build_tiny_model()  # 2 layers, hidden 64
+    per_token = 2 * 64 * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN
+    assert estimated_activation_bytes(model, 10) == 10 * per_token
+    at_threshold = AUTO_CHECKPOINTING_MIN_BYTES // per_token
+    key = "actor_rollout_ref.model.enable_gradient_checkpointing"
+    with caplog.at_level("INFO", logger="verl.models.precision"):
+        assert resolve_activation_checkpointing(None, model, at_threshold, key) is False
+        assert resolve_activation_checkpointing(None, model, at_threshold + 1, key) is True
+    assert f"{key}=null: off (a micro-batch of up to {at_threshold} tokens" in caplog.text
+    assert f"{key}=null: on (a micro-batch of up to {at_threshold + 1} tokens" in caplog.text
+    # a stated choice wins either way; a model without layer/hidden sizes stays off
+    assert resolve_activation_checkpointing(True, model, 1, key) is True
+    assert resolve_activation_checkpointing(False, model, 10**9, key) is False
+    assert estimated_activation_bytes(nn.Linear(2, 2), 10) is None
+    assert resolve_activation_checkpointing(None, nn.Linear(2, 2), 10**9, key) is False

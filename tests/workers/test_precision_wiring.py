@@ -245,3 +245,41 @@ def test_reward_model_is_stored_in_its_precision():
     ids = torch.randint(0, len(tok), (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert _compute_dtypes(worker.module, lambda: worker.module(ids)) == {torch.bfloat16}
+
+
+def test_null_checkpointing_is_decided_per_role_by_its_micro_batch_tokens(model_dir):
+    """enable_gradient_checkpointing=null (the default): on for a role whose micro-batch
+    could hold more activations than verl.models.precision's threshold, off otherwise."""
+    from verl.models.precision import (
+        ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN as PER_UNIT,
+    )
+    from verl.models.precision import (
+        AUTO_CHECKPOINTING_MIN_BYTES,
+        is_activation_checkpointing,
+    )
+
+    cfg = _config(model_dir)
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None
+    assert cfg.critic.model.enable_gradient_checkpointing is None
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor.init_model(total_steps=1)
+    hf = actor.engine.module.config
+    tokens_at_threshold = AUTO_CHECKPOINTING_MIN_BYTES // (
+        hf.num_hidden_layers * hf.hidden_size * PER_UNIT
+    )
+    assert cfg.actor_rollout_ref.actor.token_budget < tokens_at_threshold
+    assert not is_activation_checkpointing(actor.engine.module)
+
+    # a token budget above the threshold turns the actor's on; the critic's row-count
+    # micro-batches (2 rows of prompt + response) stay below it
+    cfg = _config(
+        model_dir,
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_device={tokens_at_threshold + 1}",
+        "critic.ppo_micro_batch_size_per_device=2",
+    )
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor.init_model(total_steps=1)
+    assert is_activation_checkpointing(actor.engine.module)
+    critic = CriticWorker(cfg, tokenizer=actor.tokenizer)
+    critic.init_model(total_steps=1)
+    assert not is_activation_checkpointing(critic.engine.module)

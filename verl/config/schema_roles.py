@@ -69,6 +69,12 @@ class MicroBatchSplit:
         budget = self.ppo_max_token_len_per_device
         return DEFAULT_TOKEN_BUDGET if budget is None else budget
 
+    def max_update_tokens(self, max_sequence_len: int) -> int:
+        """Most tokens one update micro-batch can hold: the token budget, or the row count
+        times ``max_sequence_len`` (prompt + response) for row-count micro-batches."""
+        rows = self.rows_per_micro_batch()
+        return self.token_budget if rows is None else rows * max_sequence_len
+
 
 @dataclass
 class ModelConfig:
@@ -80,7 +86,11 @@ class ModelConfig:
     )
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = model path")
     trust_remote_code: bool = entry(False, "allow model code shipped with the checkpoint")
-    enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
+    enable_gradient_checkpointing: bool | None = entry(
+        None,
+        "recompute activations in backward; null = on when a micro-batch's activations are "
+        "estimated above 512 MiB (docs/memory.md)",
+    )
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
     lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight", ge=0)
@@ -419,7 +429,11 @@ class CriticModelConfig:
     path: str | None = entry(None, "value model path; null = actor_rollout_ref.model.path")
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = the model's")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
-    enable_gradient_checkpointing: bool = entry(False, "recompute activations in backward")
+    enable_gradient_checkpointing: bool | None = entry(
+        None,
+        "recompute activations in backward; null = on when a micro-batch's activations are "
+        "estimated above 512 MiB (docs/memory.md)",
+    )
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
     lora_rank: int = entry(
         0, "LoRA adapter rank of the body (peft; the value head trains fully); 0 = off", ge=0

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from verl.engine.optim import OptimSpec, build_adamw, build_lr_scheduler
-from verl.models.precision import resolve_dtype
+from verl.models.precision import is_activation_checkpointing, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -295,11 +295,16 @@ class TrainEngine(ABC):
         """
         return _yielding(self.resident(), self.module)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """``torch.autocast`` in ``autocast_dtype``, or a no-op when training in float32."""
+    def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` in ``autocast_dtype``, or a no-op when training in float32.
+
+        ``cache_enabled=False``: no cache of cast weights (each use casts its weight anew).
+        """
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(
+            device_type=self.device.type, dtype=self.autocast_dtype, cache_enabled=cache_enabled
+        )
 
     # ---- training --------------------------------------------------------------------
 
@@ -339,10 +344,15 @@ class TrainEngine(ABC):
         if len(loss_scales) != n:
             raise ValueError(f"got {len(loss_scales)} loss_scales for {n} micro-batches")
 
+        # With activation checkpointing a forward keeps only the blocks' inputs, and
+        # autocast's cache of cast weights (a reduced-precision copy of every weight, alive
+        # until the forward ends) would be the largest thing it holds: it is off then, each
+        # weight is cast where it is used, as the recomputation in backward does anyway.
+        cache_casts = not is_activation_checkpointing(self.module)
         collected: list[dict[str, Any]] = []
         with self.train_mode():
             for i, (micro_batch, scale) in enumerate(zip(micro_batches, loss_scales)):
-                with self.autocast():
+                with self.autocast(cache_enabled=cache_casts):
                     loss, metrics = loss_fn(self.module, micro_batch)
                 if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
                     raise TypeError(

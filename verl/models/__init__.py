@@ -10,6 +10,7 @@ from verl.models.loading import (
 )
 from verl.models.precision import (
     attention_implementation,
+    checkpoint_if_configured,
     enable_activation_checkpointing,
     resolve_dtype,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_tokenizer",
     "check_vocab_covers_tokenizer",
+    "checkpoint_if_configured",
     "embedded_model_dir",
     "enable_activation_checkpointing",
     "is_embedded_alias",

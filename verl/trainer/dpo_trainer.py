@@ -66,6 +66,7 @@ class DPOTrainer(OfflineTrainer):
     """
 
     kind = "dpo"
+    sequences_per_row = 2
     console_keys = (
         "train/loss",
         "rewards/accuracies",

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from verl.config import DPOConfig, SFTConfig, to_dict
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
-from verl.models import enable_activation_checkpointing, load_causal_lm, load_tokenizer
+from verl.models import checkpoint_if_configured, load_causal_lm, load_tokenizer
 from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
 from verl.trainer.checkpoint import CheckpointError, CheckpointManager
@@ -71,6 +71,8 @@ class OfflineTrainer:
     """
 
     kind = "offline"
+    # sequences one row of data.micro_batch_size_per_device is (a preference pair: two)
+    sequences_per_row = 1
     console_keys: tuple[str, ...] = ("train/loss", "train/grad_norm", "train/lr")
 
     def __init__(
@@ -126,8 +128,14 @@ class OfflineTrainer:
         lora = lora_spec_from_config(m)
         if lora is not None:  # only the adapters train; DPO's reference is the initial model
             model = apply_lora(model, lora)
-        if m.enable_gradient_checkpointing:
-            enable_activation_checkpointing(model)
+        checkpoint_if_configured(
+            model,
+            m.enable_gradient_checkpointing,
+            self.sequences_per_row
+            * config.data.micro_batch_size_per_device
+            * config.data.max_length,
+            "model.enable_gradient_checkpointing",
+        )
         self.engine: TrainEngine = build_engine(
             self.strategy,
             module=model,

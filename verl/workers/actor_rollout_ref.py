@@ -36,7 +36,7 @@ from verl.engine import OptimSpec, build_engine
 from verl.models import (
     attention_implementation,
     check_vocab_covers_tokenizer,
-    enable_activation_checkpointing,
+    checkpoint_if_configured,
     load_causal_lm,
     load_tokenizer,
     resolve_dtype,
@@ -187,8 +187,13 @@ class ActorRolloutRefWorker(Worker):
                 self.device,
                 reload=None if given else lambda: load_causal_lm(**load_kwargs).state_dict(),
             )
-        if arr.model.enable_gradient_checkpointing:
-            enable_activation_checkpointing(module)
+        data = self.config.data
+        checkpoint_if_configured(
+            module,
+            arr.model.enable_gradient_checkpointing,
+            arr.actor.max_update_tokens(data.max_prompt_length + data.max_response_length),
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
+        )
         self.engine = build_engine(
             strategy,
             module=module,

@@ -18,7 +18,7 @@ from verl.engine import OptimSpec, build_engine
 from verl.models import (
     CausalLMWithValueHead,
     check_vocab_covers_tokenizer,
-    enable_activation_checkpointing,
+    checkpoint_if_configured,
     resolve_dtype,
 )
 from verl.models.lora import (
@@ -126,8 +126,13 @@ class CriticWorker(Worker):
         lora = lora_spec_from_config(ccfg.model)
         if lora is not None:
             module = apply_lora_to_value_model(module, lora)
-        if ccfg.model.enable_gradient_checkpointing:
-            enable_activation_checkpointing(module)
+        data = self.config.data
+        checkpoint_if_configured(
+            module,
+            ccfg.model.enable_gradient_checkpointing,
+            ccfg.max_update_tokens(data.max_prompt_length + data.max_response_length),
+            "critic.model.enable_gradient_checkpointing",
+        )
         strategy = self.config.engine_strategy("critic")
         self.engine = build_engine(
             strategy,
