@@ -424,3 +424,15 @@ def test_missing_serving_package_names_the_extra():
         "needs the 'sglang' package; pip install -e '.[sglang]' on a machine with a CUDA GPU"
         in (joined)
     )
+
+
+def test_max_update_tokens_counts_what_a_micro_batch_computes():
+    cfg = load_config()
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.max_update_tokens(64, 16, 8) == actor.token_budget  # token budget (default)
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_device=16"])
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.max_update_tokens(64, 16) == 16 * (64 + 16)  # every row its own prompt
+    # 16 rows of groups of 8 sharing a prompt: at most 3 prompts (2 groups, or parts of 3)
+    assert actor.max_update_tokens(64, 16, 8) == 16 * 16 + 3 * 64
+    assert actor.max_update_tokens(64, 16, 32) == 16 * 16 + 2 * 64

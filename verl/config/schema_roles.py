@@ -69,11 +69,18 @@ class MicroBatchSplit:
         budget = self.ppo_max_token_len_per_device
         return DEFAULT_TOKEN_BUDGET if budget is None else budget
 
-    def max_update_tokens(self, max_sequence_len: int) -> int:
-        """Most tokens one update micro-batch can hold: the token budget, or the row count
-        times ``max_sequence_len`` (prompt + response) for row-count micro-batches."""
+    def max_update_tokens(
+        self, max_prompt: int, max_response: int, rows_per_prompt: int = 1
+    ) -> int:
+        """Most tokens one update micro-batch computes: the token budget, or for row-count
+        micro-batches each row's prompt and response. With ``rows_per_prompt`` > 1 (packed
+        with shared prompts, ``rollout.n`` rows per prompt) the rows of a micro-batch carry
+        at most ``ceil(rows / rows_per_prompt) + 1`` prompts."""
         rows = self.rows_per_micro_batch()
-        return self.token_budget if rows is None else rows * max_sequence_len
+        if rows is None:
+            return self.token_budget
+        prompts = rows if rows_per_prompt <= 1 else min(rows, -(-rows // rows_per_prompt) + 1)
+        return rows * max_response + prompts * max_prompt
 
 
 @dataclass

@@ -119,8 +119,9 @@ def is_activation_checkpointing(model: nn.Module) -> bool:
 ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 64
 # ``enable_gradient_checkpointing: null`` turns checkpointing on above this estimate. Below
 # it the memory saved is small next to what any training process holds (~330 MiB for
-# torch + transformers alone); above it the saving is large and its cost is one more forward
-# per micro-batch, which measured 5-10% of the update on SmolLM2 (docs/memory.md).
+# torch + transformers alone); above it the saving is large. The cost is one more forward
+# per micro-batch: +18-24% of the update on SmolLM2 in 1024-token micro-batches, +36% in
+# the main job's small ones (~300 packed tokens), measured in docs/memory.md.
 AUTO_CHECKPOINTING_MIN_BYTES = 512 * 2**20
 
 

@@ -187,11 +187,14 @@ class ActorRolloutRefWorker(Worker):
                 self.device,
                 reload=None if given else lambda: load_causal_lm(**load_kwargs).state_dict(),
             )
-        data = self.config.data
+        data, actor = self.config.data, arr.actor
+        shared = actor.pack_sequences and actor.share_prompt_prefix
         checkpoint_if_configured(
             module,
             arr.model.enable_gradient_checkpointing,
-            arr.actor.max_update_tokens(data.max_prompt_length + data.max_response_length),
+            actor.max_update_tokens(
+                data.max_prompt_length, data.max_response_length, arr.rollout.n if shared else 1
+            ),
             "actor_rollout_ref.model.enable_gradient_checkpointing",
         )
         self.engine = build_engine(

@@ -130,7 +130,7 @@ class CriticWorker(Worker):
         checkpoint_if_configured(
             module,
             ccfg.model.enable_gradient_checkpointing,
-            ccfg.max_update_tokens(data.max_prompt_length + data.max_response_length),
+            ccfg.max_update_tokens(data.max_prompt_length, data.max_response_length),
             "critic.model.enable_gradient_checkpointing",
         )
         strategy = self.config.engine_strategy("critic")
