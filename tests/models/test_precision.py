@@ -102,3 +102,10 @@ def test_null_checkpointing_follows_the_activation_estimate(caplog):
     assert resolve_activation_checkpointing(False, model, 10**9, key) is False
     assert estimated_activation_bytes(nn.Linear(2, 2), 10) is None
     assert resolve_activation_checkpointing(None, nn.Linear(2, 2), 10**9, key) is False
+
+
+def test_the_config_help_states_the_auto_checkpointing_threshold():
+    from verl.config.schema_roles import CHECKPOINTING_HELP
+    from verl.models.precision import AUTO_CHECKPOINTING_MIN_BYTES
+
+    assert f"estimated above {AUTO_CHECKPOINTING_MIN_BYTES >> 20} MiB" in CHECKPOINTING_HELP

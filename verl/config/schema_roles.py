@@ -29,6 +29,13 @@ from verl.registry import POLICY_LOSSES
 # CPU (README "Against TRL", docs/memory.md) as near the fastest split while holding a
 # fraction of the activations of one micro-batch of the whole mini-batch.
 DEFAULT_TOKEN_BUDGET = 1024
+# Help of the actor's and critic's enable_gradient_checkpointing. The threshold and the
+# estimate live in verl.models.precision (AUTO_CHECKPOINTING_MIN_BYTES), which the config
+# layer may not import; tests/models/test_precision.py checks that the two agree.
+CHECKPOINTING_HELP = (
+    "recompute activations in backward; null = on when a micro-batch's activations are "
+    "estimated above 512 MiB (docs/memory.md)"
+)
 
 
 class MicroBatchSplit:
@@ -93,11 +100,7 @@ class ModelConfig:
     )
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = model path")
     trust_remote_code: bool = entry(False, "allow model code shipped with the checkpoint")
-    enable_gradient_checkpointing: bool | None = entry(
-        None,
-        "recompute activations in backward; null = on when a micro-batch's activations are "
-        "estimated above 512 MiB (docs/memory.md)",
-    )
+    enable_gradient_checkpointing: bool | None = entry(None, CHECKPOINTING_HELP)
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
     lora_rank: int = entry(0, "LoRA adapter rank (peft); 0 = train every weight", ge=0)
@@ -436,11 +439,7 @@ class CriticModelConfig:
     path: str | None = entry(None, "value model path; null = actor_rollout_ref.model.path")
     tokenizer_path: str | None = entry(None, "tokenizer directory; null = the model's")
     dtype: Dtype = entry("fp32", "parameter dtype of the loaded model")
-    enable_gradient_checkpointing: bool | None = entry(
-        None,
-        "recompute activations in backward; null = on when a micro-batch's activations are "
-        "estimated above 512 MiB (docs/memory.md)",
-    )
+    enable_gradient_checkpointing: bool | None = entry(None, CHECKPOINTING_HELP)
     override_config: dict[str, Any] = entry({}, "entries that override the HF model config")
     lora_rank: int = entry(
         0, "LoRA adapter rank of the body (peft; the value head trains fully); 0 = off", ge=0

@@ -117,8 +117,9 @@ def is_activation_checkpointing(model: nn.Module) -> bool:
 # forward + backward of 612 packed tokens, 2026-11-26): checkpointing lowered the peak by
 # 690 MiB under bf16 autocast and 530-650 MiB in fp32, 55-66 bytes per token x layer x hidden.
 ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 64
-# ``enable_gradient_checkpointing: null`` turns checkpointing on above this estimate. Below
-# it the memory saved is small next to what any training process holds (~330 MiB for
+# ``enable_gradient_checkpointing: null`` turns checkpointing on above this estimate (the
+# config's help text, verl.config.schema_roles.CHECKPOINTING_HELP, states it too). Below it
+# the memory saved is small next to what any training process holds (~330 MiB for
 # torch + transformers alone); above it the saving is large. The cost is one more forward
 # per micro-batch: +18-24% of the update on SmolLM2 in 1024-token micro-batches, +36% in
 # the main job's small ones (~300 packed tokens), measured in docs/memory.md.
