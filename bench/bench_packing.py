@@ -18,7 +18,10 @@ micro-batches are the workers' own (``verl.workers.micro_batching.split_micro_ba
 - ``packed_budget``: packed, micro-batches by a budget of real tokens;
 - ``shared`` / ``shared_budget``: as ``packed`` / ``packed_budget`` with shared-prompt
   packing (``share_prefix=True``: each group's prompt computed once, group-aware
-  micro-batches whose budget counts a prompt once).
+  micro-batches whose budget counts a prompt once);
+- ``shared_budget_masked``: ``shared_budget`` with attention over each bin under its full
+  ``(bins, width, width)`` mask instead of block by block (``verl.utils.block_attention``,
+  used by every packed configuration above when the model's attention is ``sdpa``).
 
 ``logprob`` is the no-grad pass (old / reference log-probs); ``update`` is forward +
 backward of the summed response log-probs (the actor update without the optimizer step).
@@ -29,11 +32,13 @@ threads), which other tenants of a shared machine inflate far less than wall tim
     python bench/bench_packing.py                          # W3 shape, 30 layers, 3 repeats
     python bench/bench_packing.py --layers 4 --repeats 1   # quick
     python bench/bench_packing.py --shape w2               # W2 shape
+    python bench/bench_packing.py --autocast bf16 --configs shared_budget shared_budget_masked
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -42,11 +47,20 @@ import time
 import torch
 from _common import W2_MODEL_KWARGS
 
+import verl.utils.torch_functional as tf
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.micro_batching import split_micro_batches
 
-CONFIGS = ("padded", "grouped", "packed", "packed_budget", "shared", "shared_budget")
+CONFIGS = (
+    "padded",
+    "grouped",
+    "packed",
+    "packed_budget",
+    "shared",
+    "shared_budget",
+    "shared_budget_masked",
+)
 # per shape: rows, prompt, response, group, layers, micro-batch rows, token budget
 SHAPES = {
     "w3": dict(rows=32, prompt=46, response=48, group=4, layers=30, micro=4, budget=4 * 94),
@@ -101,7 +115,22 @@ def _batch(rows: int, prompt: int, response: int, group: int, vocab: int, seed: 
     return DataProto.from_dict(tensors=tensors)
 
 
+AUTOCAST: torch.dtype | None = None
+
+
+@contextlib.contextmanager
+def _block_attention_off():
+    """Packed passes attend under the bins' full masks (the path before block attention)."""
+    real = tf.block_attention_layers
+    tf.block_attention_layers = lambda model: 0
+    try:
+        yield
+    finally:
+        tf.block_attention_layers = real
+
+
 def _micro(data: DataProto, response: int, config: str, budget: int, micro: int):
+    config = config.removesuffix("_masked")
     packed = config != "padded" and config != "grouped"
     share = config.startswith("shared")
     if config in ("padded", "packed", "shared"):
@@ -137,10 +166,15 @@ def _run(
     model, data: DataProto, response: int, config: str, mode: str, budget: int, micro: int
 ) -> float:
     micro = _micro(data, response, config, budget, micro)
+    masked = config.endswith("_masked")
     start = time.process_time()
     for mb in micro:
         b = mb.data.batch
-        with torch.set_grad_enabled(mode == "update"):
+        with (
+            torch.set_grad_enabled(mode == "update"),
+            _block_attention_off() if masked else contextlib.nullcontext(),
+            torch.autocast("cpu", dtype=AUTOCAST, enabled=AUTOCAST is not None),
+        ):
             lp, _ = compute_response_log_probs(
                 model,
                 b["input_ids"],
@@ -170,7 +204,12 @@ def main() -> None:
         help="torch threads (1: CPU time is not inflated by threads spinning on a busy machine)",
     )
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument(
+        "--autocast", choices=("fp32", "bf16"), default="fp32", help="bf16: CPU bf16 autocast"
+    )
     args = parser.parse_args()
+    global AUTOCAST
+    AUTOCAST = torch.bfloat16 if args.autocast == "bf16" else None
     for key, value in SHAPES[args.shape].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

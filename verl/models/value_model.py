@@ -75,10 +75,12 @@ class CausalLMWithValueHead(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        **model_kwargs: Any,
     ) -> torch.Tensor:
         """Values for every position.
 
-        input_ids, attention_mask, position_ids: (batch, seq_len). Returns (batch, seq_len)
+        input_ids, attention_mask, position_ids: (batch, seq_len); ``model_kwargs`` go to the
+        HF body (e.g. a packed batch's block-attention plan). Returns (batch, seq_len)
         float32; the value at position t estimates the return from the state ending at token t.
         """
         out = self.model(
@@ -86,6 +88,7 @@ class CausalLMWithValueHead(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **model_kwargs,
         )
         hidden = out.last_hidden_state
         w, b = self.value_head.weight, self.value_head.bias

@@ -9,7 +9,10 @@ attention mask, transformers (>= 4.5x, 5.x) detects the restarts and builds a
 block-diagonal causal mask (``masking_utils.find_packed_sequence_indices``) for the eager
 and sdpa kernels; flash-attention uses them as varlen boundaries. Attention never crosses a
 sequence, so every token sees exactly what it saw in the padded row, and the results agree
-with the padded pass up to float rounding (tests: within 1e-5).
+with the padded pass up to float rounding (tests: within 1e-5). With sdpa attention the
+packer's ``blocks`` (one per sequence) let :mod:`verl.utils.block_attention` attend each
+sequence's own keys only instead of the whole bin under a mask
+(:func:`verl.utils.torch_functional.packed_forward`).
 
 The capacity is at least the longest sequence; by default bins hold between
 ``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
@@ -49,6 +52,9 @@ class PackedBatch:
     labels: torch.Tensor
     response_mask: torch.Tensor
     attention_mask: torch.Tensor | None = None
+    # the attention structure as blocks (verl.utils.block_attention.Block): each real token is
+    # a query of exactly one block; None when the packer did not record them
+    blocks: list[tuple[int, int, int, int]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -204,4 +210,5 @@ def pack_sequences(
         response_index=response_index.to(device),
         labels=labels.to(device),
         response_mask=response_mask.to(device),
+        blocks=[(starts[i], lengths[i], 0, 0) for i in range(rows) if lengths[i] > 0],
     )

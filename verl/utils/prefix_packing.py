@@ -135,6 +135,7 @@ def pack_shared_prefix(
     segment = torch.full((size,), -1, dtype=torch.long)
     branch = torch.zeros(size, dtype=torch.long)
     row_index: list[torch.Tensor | None] = [None] * rows
+    blocks: list[tuple[int, int, int, int]] = []
     for b, members in enumerate(bins):
         offset = b * width
         for u in members:
@@ -144,6 +145,7 @@ def pack_shared_prefix(
             flat_ids[offset : offset + p] = ids[unit[0], prompt_width - p : prompt_width]
             flat_pos[offset : offset + p] = torch.arange(p)
             segment[offset : offset + p] = u
+            blocks.append((offset, p, 0, 0))
             offset += p
             for k, i in enumerate(unit, start=1):
                 r = response_lens[i]
@@ -154,6 +156,7 @@ def pack_shared_prefix(
                 # token 0 is predicted by the prompt's last state, token j by token j - 1
                 row_index[i] = torch.arange(offset - 1, offset + r - 1)
                 row_index[i][:1] = prompt_at + p - 1
+                blocks.append((offset, r, prompt_at, p))
                 offset += r
     # filler at the end of each bin: a causal sequence of its own, positions from 0
     filler = (segment < 0).view(len(bins), width)
@@ -184,4 +187,5 @@ def pack_shared_prefix(
         labels=labels.to(device),
         response_mask=response_mask.to(device),
         attention_mask=mask.to(device),
+        blocks=blocks,
     )

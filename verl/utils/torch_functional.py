@@ -19,6 +19,7 @@ any top-k / top-p filtering, which is the convention the rollout engines sample 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from verl.utils import block_attention
 from verl.utils.packing import PackedBatch, pack_sequences
 from verl.utils.prefix_packing import pack_shared_prefix, prompt_groups
 
@@ -346,6 +348,7 @@ def compute_response_log_probs(
 # attend; autocast would cast a float one), eager adds it to the scores, so it wants 0 / -inf
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 _fallback_logged: set[str] = set()
+_NO_MASK_PLACEHOLDER = torch.zeros(1, 1, 1, 1, dtype=torch.bool)
 
 
 def pack_batch(
@@ -410,15 +413,65 @@ def packed_response_hidden(
         ``packed.response_mask (rows, R)`` places them (``packed.labels`` are their ids).
     """
     packed = pack_batch(base_model, input_ids, attention_mask, response_len, share_prefix)
-    out = base_model(
-        input_ids=packed.input_ids,
-        # None: block-diagonal causal mask from the restarting positions
-        attention_mask=packed_attention_mask(base_model, packed.attention_mask),
-        position_ids=packed.position_ids,
-        use_cache=False,
-    )
+    with packed_forward(base_model, packed) as kwargs:
+        out = base_model(input_ids=packed.input_ids, use_cache=False, **kwargs)
     flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
     return flat[packed.response_index], packed
+
+
+def block_attention_layers(model: nn.Module) -> int:
+    """Attention layers of ``model`` (a HF base or causal-LM model) that would compute a
+    packed batch block by block (:mod:`verl.utils.block_attention`), or 0 when its attention
+    cannot: not transformers' ``sdpa``, a model type outside the plain-head set, or a
+    sliding window."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+        return 0
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return 0
+    if getattr(config, "sliding_window", None) is not None and getattr(
+        config, "use_sliding_window", True
+    ):
+        return 0
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return 0
+    return int(config.num_hidden_layers)
+
+
+@contextlib.contextmanager
+def packed_forward(model: nn.Module, packed: PackedBatch):
+    """The keyword arguments of a forward of ``model`` (a HF base model, or a module that
+    passes them on to one) on ``packed``: ``position_ids`` and either a block-attention plan
+    (each sequence attends its own keys only; used when the packer recorded its blocks, the
+    model's attention is ``sdpa`` and the plan computes fewer query-key pairs than the bins'
+    full masks) or the packed attention mask. On leaving, checks that every attention layer
+    used the plan."""
+    layers = block_attention_layers(model) if packed.blocks is not None else 0
+    bins, width = packed.input_ids.shape
+    plan = None
+    if layers:
+        plan = block_attention.plan_block_attention(
+            packed.blocks, bins * width, packed.input_ids.device
+        )
+        if plan.pairs >= bins * width * width:
+            plan = None
+    if plan is None:
+        # attention_mask None: block-diagonal causal mask from the restarting positions
+        yield {
+            "attention_mask": packed_attention_mask(model, packed.attention_mask),
+            "position_ids": packed.position_ids,
+        }
+        return
+    block_attention.install()
+    yield {
+        # transformers passes a 4D mask through untouched; all-False so that a layer which
+        # ignored the plan would attend nowhere (NaN) rather than across sequences
+        "attention_mask": _NO_MASK_PLACEHOLDER,
+        "position_ids": packed.position_ids,
+        block_attention.PLAN_KWARG: plan,
+    }
+    plan.check_used(layers)
 
 
 def packed_attention_mask(model: nn.Module, allowed: torch.Tensor | None) -> torch.Tensor | None:

@@ -31,7 +31,7 @@ from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
-from verl.utils.torch_functional import pack_batch, packed_attention_mask, supports_packing
+from verl.utils.torch_functional import pack_batch, packed_forward, supports_packing
 from verl.workers.checkpointing import (
     load_worker_checkpoint,
     save_hf_metadata,
@@ -70,11 +70,8 @@ def _response_values(
             body, b["input_ids"], b["attention_mask"], response_len, ccfg.share_prompt_prefix
         )
         # through the module's own forward (FSDP2 gathers the value head in its hooks)
-        values = module(
-            input_ids=packed.input_ids,
-            attention_mask=packed_attention_mask(body, packed.attention_mask),
-            position_ids=packed.position_ids,
-        )
+        with packed_forward(body, packed) as kwargs:
+            values = module(input_ids=packed.input_ids, **kwargs)
         mask = packed.response_mask
         flat = values.reshape(-1)[packed.response_index].float()
         return flat.new_zeros(mask.shape).masked_scatter(mask, flat)
