@@ -251,3 +251,36 @@ def test_shape_rounding_changes_no_value_and_bounds_the_shapes(pack, share_prefi
     if pack:  # the packed width (the transformer's token dimension) is rounded too
         widths = [s[-1] for s in rows_seen if len(s) == 2]
         assert widths and all(w % 8 == 0 for w in widths)
+
+
+@pytest.mark.parametrize("uses", ["log_probs", "both", "entropy_metric_only"])
+def test_fused_log_prob_entropy_matches_autograd(uses):
+    """_LogProbEntropy (the LM head's scoring: one log-sum-exp and one probability tensor
+    for both outputs) against autograd through log_softmax, with -inf logits in one row."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 11, generator=gen) * 3
+    logits[2, [0, 7]] = float("-inf")  # banned tokens
+    labels = torch.tensor([1, 3, 5, 10, 0, 2])
+    w_lp = torch.randn(6, generator=gen)
+    w_ent = torch.randn(6, generator=gen)
+
+    def loss(lp, ent):
+        total = (lp * w_lp).sum()
+        return total + (ent * w_ent).sum() if uses == "both" else total
+
+    x_ref = logits.clone().requires_grad_()
+    logp = torch.log_softmax(x_ref, -1)
+    lp_ref = logp.gather(-1, labels[:, None]).squeeze(-1)
+    ent_ref = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    (g_ref,) = torch.autograd.grad(loss(lp_ref, ent_ref), x_ref)
+
+    x = logits.clone().requires_grad_()
+    lp, ent = tf._LogProbEntropy.apply(x, labels, uses != "log_probs")
+    if uses == "log_probs":
+        assert ent is None
+    else:
+        assert torch.allclose(ent, ent_ref.detach(), atol=1e-5)
+    (g,) = torch.autograd.grad(loss(lp, ent), x)
+    assert torch.allclose(lp, lp_ref.detach(), atol=1e-5)
+    assert torch.isfinite(g).all()
+    assert float((g - g_ref).abs().max()) <= 1e-5

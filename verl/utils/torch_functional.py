@@ -123,6 +123,49 @@ class _ChunkedEntropy(torch.autograd.Function):
         return grad, None
 
 
+class _LogProbEntropy(torch.autograd.Function):
+    """Log-probabilities of ``labels`` and (``with_entropy``) entropies of the rows of a
+    float32 ``(rows, vocab)`` logits tensor in one pass: one log-sum-exp and one probability
+    tensor serve both, and backward recomputes the probabilities once for both gradients
+    (the entropy's only when the entropy reached the loss)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+        ctx.set_materialize_grads(False)
+        lse = torch.logsumexp(logits, dim=-1)
+        log_probs = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
+        entropy = mean_logit = None
+        if with_entropy:
+            weighted = torch.sub(logits, lse[:, None]).exp_().mul_(logits)
+            # a -inf logit (a banned token) has p = 0: 0 * -inf is nan, and nansum drops it
+            mean_logit = weighted.nansum(-1)
+            del weighted
+            entropy = lse - mean_logit  # H = logsumexp(x) - E_p[x]
+        ctx.save_for_backward(logits, labels, lse, mean_logit)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy):
+        logits, labels, lse, mean_logit = ctx.saved_tensors
+        probs = torch.sub(logits, lse[:, None]).exp_()
+        g = grad_log_probs.float() if grad_log_probs is not None else None
+        if grad_entropy is not None:
+            # dH/dx_j = -p_j (x_j - E_p[x]); d log p_label / dx_j = onehot_j - p_j
+            grad = torch.sub(logits, mean_logit[:, None])
+            grad.masked_fill_(probs == 0, 0.0)  # -inf logits get zero gradient, not nan
+            grad.mul_(-grad_entropy.float()[:, None])
+            if g is not None:
+                grad.sub_(g[:, None])
+            grad.mul_(probs)
+        elif g is not None:
+            grad = probs.mul_(-g[:, None])
+        else:
+            return None, None, None
+        if g is not None:
+            grad.scatter_add_(-1, labels[:, None], g[:, None])
+        return grad, None, None
+
+
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> torch.Tensor:
@@ -177,9 +220,7 @@ def _head_logprobs(
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    n_rows = max(logits.shape[0], 1)  # 0 rows: a micro-batch of empty responses only
-    log_probs = _ChunkedLogProb.apply(logits, labels, n_rows)
-    entropy = _ChunkedEntropy.apply(logits, n_rows) if calculate_entropy else None
+    log_probs, entropy = _LogProbEntropy.apply(logits, labels, calculate_entropy)
     sum_pi_squared = None
     if calculate_sum_pi_squared:
         sum_pi_squared = torch.softmax(logits, dim=-1).square().sum(dim=-1).detach()
