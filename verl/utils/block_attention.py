@@ -161,11 +161,12 @@ def _attend(group: _Group, q, k, v, scale, dropout):
     low_precision = dtype in (torch.bfloat16, torch.float16)
     if device == "cpu" and low_precision and small and dropout == 0.0:
         rep = heads // kv_heads
+        # q, k, v in the compute dtype, as autocast hands them to SDPA (and as saved)
         with torch.autocast(device, enabled=False):
             out = _SmallAttention.apply(
-                q.reshape(b, kv_heads, rep * lq, dim),
-                k,
-                v,
+                q.to(dtype).reshape(b, kv_heads, rep * lq, dim),
+                k.to(dtype),
+                v.to(dtype),
                 group.stacked_mask(rep),
                 scale,
                 dtype,
