@@ -172,11 +172,16 @@ def _attend(group: _Group, q, k, v, scale, dropout):
                 dtype,
             )
         return out.view(b, heads, lq, -1)
-    if kv_heads != heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    # enable_gqa (torch >= 2.5): the key and value heads are not repeated (nor saved repeated)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=group.mask, dropout_p=dropout, scale=scale, is_causal=group.mask is None
+        q,
+        k,
+        v,
+        attn_mask=group.mask,
+        dropout_p=dropout,
+        scale=scale,
+        is_causal=group.mask is None,
+        enable_gqa=kv_heads != heads,
     )
 
 
