@@ -27,7 +27,7 @@ sequences.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -61,16 +61,19 @@ class _Group:
     mask: torch.Tensor | None  # (B, 1, Lq, Lk) True = attend; None = plain causal (is_causal)
     keep: torch.Tensor  # (n,) query slots (into B * Lq) that are real tokens
     dest: torch.Tensor  # (n,) their flat positions
+    _stacked: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def stacked_mask(self, rep: int) -> torch.Tensor:
         """The mask for ``rep`` query heads per key head stacked along the query rows,
-        ``(B, 1, rep * Lq, Lk)``."""
-        b, lq, lk = self.shape
-        mask = self.mask
-        if mask is None:
-            mask = torch.ones(lq, lk, dtype=torch.bool, device=self.q_index.device).tril()
-            mask = mask.expand(b, 1, lq, lk)
-        return mask.repeat(1, 1, rep, 1) if rep > 1 else mask
+        ``(B, 1, rep * Lq, Lk)``; built once per plan, read by every layer."""
+        if rep not in self._stacked:
+            b, lq, lk = self.shape
+            mask = self.mask
+            if mask is None:
+                mask = torch.ones(lq, lk, dtype=torch.bool, device=self.q_index.device).tril()
+                mask = mask.expand(b, 1, lq, lk)
+            self._stacked[rep] = mask.repeat(1, 1, rep, 1) if rep > 1 else mask
+        return self._stacked[rep]
 
 
 class BlockAttentionPlan:
@@ -81,7 +84,6 @@ class BlockAttentionPlan:
         self.groups = groups
         self.num_positions = num_positions
         self.calls = 0
-        self._lock = threading.Lock()
 
     @property
     def pairs(self) -> int:
@@ -89,8 +91,7 @@ class BlockAttentionPlan:
         return sum(b * q * k for b, q, k in (g.shape for g in self.groups))
 
     def mark_used(self) -> None:
-        with self._lock:
-            self.calls += 1
+        self.calls += 1
 
     def check_used(self, layers: int) -> None:
         """Raise unless ``layers`` attention layers computed with this plan (call after the
@@ -355,13 +356,5 @@ def install() -> None:
             )
             return out, None
 
-        sdpa_or_block_attention.verl_block_attention = True
         AttentionInterface.register("sdpa", sdpa_or_block_attention)
         _installed["sdpa"] = original
-
-
-def installed() -> bool:
-    """Whether transformers' ``"sdpa"`` entry is the block-attention wrapper."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return getattr(ALL_ATTENTION_FUNCTIONS["sdpa"], "verl_block_attention", False)

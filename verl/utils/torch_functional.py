@@ -465,9 +465,9 @@ def block_attention_layers(model: nn.Module) -> int:
     packed batch block by block (:mod:`verl.utils.block_attention`), or 0 when its attention
     cannot: not transformers' ``sdpa``, a model type outside the plain-head set, or a
     sliding window."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+    if not supports_packing(model):
         return 0
+    config = model.config
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return 0
     if getattr(config, "sliding_window", None) is not None and getattr(
