@@ -54,3 +54,14 @@ def test_static_mode_writes_at_the_column_tensor_and_returns_the_whole_buffer():
     cache.update(step, step, 0)
     with pytest.raises(RuntimeError, match="max_len=6"):
         cache.advance(2)
+
+
+def test_round_to_stores_rounded_values_in_the_cache_dtype():
+    cache = PreallocatedKVCache(1, rows=2, max_len=4, dtype=torch.float32, round_to=torch.bfloat16)
+    k = torch.randn(2, 1, 3, 4)
+    v = torch.randn(2, 1, 3, 4, dtype=torch.bfloat16)
+    keys, values = cache.layers[0].update(k, v)
+    assert keys.dtype == values.dtype == torch.float32
+    assert torch.equal(keys, k.to(torch.bfloat16).float())
+    assert not torch.equal(keys, k)  # rounding happened
+    assert torch.equal(values, v.float())

@@ -493,3 +493,73 @@ def test_bf16_autocast_casts_each_weight_once_per_generation(model, tokenizer, b
     short, long = weight_casts(2), weight_casts(8)
     assert short == long
     assert linears <= long <= 2 * linears  # each weight (tied head: maybe once more) once
+
+
+def _decode_engines(model, tokenizer, monkeypatch):
+    """An engine whose decode steps take verl's decode attention (counted) and one whose
+    steps take transformers' sdpa."""
+    from verl.utils import decode_attention as da
+
+    calls: list[int] = []
+    real = da.decode_attention
+    monkeypatch.setattr(da, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ours = NativeRollout(model, tokenizer)
+    theirs = NativeRollout(model, tokenizer)
+    theirs._decode_attention = False
+    return ours, theirs, calls
+
+
+def test_decode_attention_path_equals_transformers_sdpa_in_fp32(
+    model, tokenizer, batch, monkeypatch
+):
+    """Decode steps go through verl's decode attention (once per layer and step) and, in
+    fp32, sample what transformers' sdpa path samples, with the same log-probs."""
+    ours, theirs, calls = _decode_engines(model, tokenizer, monkeypatch)
+    params = SamplingParams(n=2, max_new_tokens=10, temperature=1.0, seed=5, stop_token_ids=[])
+    a = ours.generate(batch, params)
+    assert len(calls) == model.config.num_hidden_layers * (params.max_new_tokens - 1)
+    b = theirs.generate(batch, params)
+    assert len(calls) == model.config.num_hidden_layers * (params.max_new_tokens - 1)
+    assert ours._cache_precision(torch.device("cpu")) == (None, None)
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    torch.testing.assert_close(
+        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5, rtol=0
+    )
+
+
+def test_decode_attention_under_bf16_is_closer_to_the_training_pass(
+    model, tokenizer, batch, monkeypatch
+):
+    """Under bf16 autocast the decode path computes the training pass's block-attention
+    numerics, so its log-probs sit closer to what the update computes for the same samples
+    (packed, shared prompts) than transformers' bf16 SDPA path's do (measured: mean gap
+    ~0.011 vs ~0.018 on this model)."""
+    from verl.utils.torch_functional import compute_response_log_probs
+
+    ours, theirs, calls = _decode_engines(model, tokenizer, monkeypatch)
+    low = torch.bfloat16
+
+    def gap(engine, seed):
+        params = SamplingParams(n=2, max_new_tokens=10, seed=seed, stop_token_ids=[])
+        with torch.autocast("cpu", dtype=low), torch.no_grad():
+            out = engine.generate(batch, params)
+            trained, _ = compute_response_log_probs(
+                model,
+                out.batch["input_ids"],
+                out.batch["attention_mask"],
+                out.batch["position_ids"],
+                params.max_new_tokens,
+                pack=True,
+                share_prefix=True,
+            )
+        mask = out.batch["response_mask"].bool()
+        return (out.batch["rollout_log_probs"] - trained)[mask].abs().mean().item()
+
+    with torch.autocast("cpu", dtype=low):
+        assert ours._cache_precision(torch.device("cpu")) == (torch.float32, low)
+        assert theirs._cache_precision(torch.device("cpu")) == (low, None)
+    seeds = range(3)
+    ours_gap = sum(gap(ours, s) for s in seeds)
+    assert calls  # the path ran
+    theirs_gap = sum(gap(theirs, s) for s in seeds)
+    assert ours_gap < theirs_gap

@@ -33,12 +33,22 @@ __all__ = ["PreallocatedKVCache"]
 class _PreallocatedLayer(CacheLayerMixin):
     is_sliding = False
 
-    def __init__(self, rows: int, max_len: int, repeats: int, static: bool = False) -> None:
+    def __init__(
+        self,
+        rows: int,
+        max_len: int,
+        repeats: int,
+        static: bool = False,
+        dtype: torch.dtype | None = None,
+        round_to: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.rows = rows
         self.max_len = max_len
         self.repeats = repeats
         self.static = static
+        self.store_dtype = dtype
+        self.round_to = round_to
         self.length = 0
         # static mode: the next column to write, as a tensor so a compiled step reads no int
         self.column = torch.zeros(1, dtype=torch.long)
@@ -48,10 +58,11 @@ class _PreallocatedLayer(CacheLayerMixin):
         # A static cache hands attention its unwritten columns too (masked): they must hold
         # zeros, not allocator garbage, since a masked NaN still turns the output into NaN.
         alloc = torch.zeros if self.static else torch.empty
-        like = {"dtype": key_states.dtype, "device": key_states.device}
+        dtype = self.store_dtype or key_states.dtype
+        like = {"dtype": dtype, "device": key_states.device}
         self.keys = alloc(self.rows, heads, self.max_len, k_dim, **like)
         self.values = alloc(self.rows, heads, self.max_len, value_states.shape[-1], **like)
-        self.dtype, self.device = key_states.dtype, key_states.device
+        self.dtype, self.device = dtype, key_states.device
         self.column = self.column.to(self.device)
         self.is_initialized = True
 
@@ -64,20 +75,22 @@ class _PreallocatedLayer(CacheLayerMixin):
         start, end = self.length, self.length + new
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: {end} tokens > max_len={self.max_len}")
-        if not self.is_initialized:
+        first = not self.is_initialized
+        if first:
             self.lazy_initialization(key_states, value_states)
-            if self.repeats > 1:
-                # Fan the prompts out to their samples: a broadcast write, no extra copy.
-                b, h = key_states.shape[:2]
-                n = self.repeats
-                k_view = self.keys.view(b, n, h, self.max_len, -1)
-                v_view = self.values.view(b, n, h, self.max_len, -1)
-                k_view[:, :, :, start:end] = key_states.unsqueeze(1)
-                v_view[:, :, :, start:end] = value_states.unsqueeze(1)
-                self.length = end
-                self.column.fill_(end)
-                # The prefill's own attention needs only the un-repeated prompt rows.
-                return key_states, value_states
+        key_states, value_states = self._stored(key_states), self._stored(value_states)
+        if first and self.repeats > 1:
+            # Fan the prompts out to their samples: a broadcast write, no extra copy.
+            b, h = key_states.shape[:2]
+            n = self.repeats
+            k_view = self.keys.view(b, n, h, self.max_len, -1)
+            v_view = self.values.view(b, n, h, self.max_len, -1)
+            k_view[:, :, :, start:end] = key_states.unsqueeze(1)
+            v_view[:, :, :, start:end] = value_states.unsqueeze(1)
+            self.length = end
+            self.column.fill_(end)
+            # The prefill's own attention needs only the un-repeated prompt rows.
+            return key_states, value_states
         self.keys[:, :, start:end] = key_states
         self.values[:, :, start:end] = value_states
         self.length = end
@@ -90,10 +103,16 @@ class _PreallocatedLayer(CacheLayerMixin):
         # No Python int is read or written here: a compiled decode step keeps one graph for
         # every column. ``length`` is advanced by the caller (``PreallocatedKVCache.advance``).
         index = self.column + torch.arange(key_states.shape[-2], device=self.column.device)
-        self.keys.index_copy_(2, index, key_states)
-        self.values.index_copy_(2, index, value_states)
+        self.keys.index_copy_(2, index, self._stored(key_states))
+        self.values.index_copy_(2, index, self._stored(value_states))
         self.column.add_(key_states.shape[-2])
         return self.keys, self.values
+
+    def _stored(self, states: torch.Tensor) -> torch.Tensor:
+        """``states`` as the cache holds them: rounded to ``round_to``, in the cache's dtype."""
+        if self.round_to is not None:
+            states = states.to(self.round_to)
+        return states.to(self.dtype)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.static and self.is_initialized:
@@ -129,15 +148,30 @@ class PreallocatedKVCache(Cache):
     ``repeats`` > 1 makes the first write (prefill of ``rows // repeats`` prompts) fill the
     rows in ``repeat_interleave`` order. Pass it as ``past_key_values`` with
     ``use_cache=True``; the caller supplies ``position_ids`` and the attention mask.
+
+    ``dtype``: the buffers' dtype (default: that of the first keys written). ``round_to``:
+    keys and values are rounded to this dtype before they are stored, e.g. float32 buffers
+    holding bf16 values, which the decode attention of :mod:`verl.utils.decode_attention`
+    reads under bf16 autocast without converting the cache at every step.
     """
 
     def __init__(
-        self, num_layers: int, rows: int, max_len: int, repeats: int = 1, static: bool = False
+        self,
+        num_layers: int,
+        rows: int,
+        max_len: int,
+        repeats: int = 1,
+        static: bool = False,
+        dtype: torch.dtype | None = None,
+        round_to: torch.dtype | None = None,
     ) -> None:
         if rows % repeats:
             raise ValueError(f"rows={rows} is not a multiple of repeats={repeats}")
         super().__init__(
-            layers=[_PreallocatedLayer(rows, max_len, repeats, static) for _ in range(num_layers)]
+            layers=[
+                _PreallocatedLayer(rows, max_len, repeats, static, dtype, round_to)
+                for _ in range(num_layers)
+            ]
         )
         self.static = static
 

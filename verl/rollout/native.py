@@ -44,6 +44,8 @@ from verl.rollout.base import (
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.sampling import sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
+from verl.utils import block_attention
+from verl.utils.decode_attention import DECODE_KWARG
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,11 @@ class NativeRollout(RolloutEngine):
                 sorted(set(layer_types)),
             )
             self.compile_decode = False
+        # Decode steps of an sdpa model go through verl's decode attention (CPU; elsewhere
+        # the registered wrapper hands them to transformers' sdpa unchanged).
+        self._decode_attention = self._mask_mode == "sdpa"
+        if self._decode_attention:
+            block_attention.install()
         # peft wrappers take **kwargs and pass them on: read the wrapped model's signature.
         base = module.get_base_model() if hasattr(module, "get_base_model") else module
         params = inspect.signature(base.forward).parameters
@@ -179,8 +186,11 @@ class NativeRollout(RolloutEngine):
         mask: torch.Tensor,
         position_ids: torch.Tensor,
         cache: PreallocatedKVCache,
+        decode: bool = False,
     ) -> torch.Tensor:
-        """One model call; returns the last position's logits (rows, vocab)."""
+        """One model call; returns the last position's logits (rows, vocab). ``decode``: one
+        new token per row (the attention may take verl's decode path)."""
+        extra = {DECODE_KWARG: True} if decode and self._decode_attention else {}
         out = self.module(
             input_ids=input_ids,
             attention_mask=mask,
@@ -188,6 +198,7 @@ class NativeRollout(RolloutEngine):
             use_cache=True,
             **{self._cache_kwarg: cache},
             **self._logits_kwargs,
+            **extra,
         )
         return out.logits[:, -1, :]
 
@@ -203,6 +214,23 @@ class NativeRollout(RolloutEngine):
                 self._forward, backend=self.compile_backend, dynamic=False
             )
         return self._compiled_forward
+
+    def _cache_precision(
+        self, device: torch.device
+    ) -> tuple[torch.dtype | None, torch.dtype | None]:
+        """``(dtype, round_to)`` of the KV cache. Without autocast: the keys' own dtype.
+        Under autocast the attention reads keys and values in the autocast dtype (SDPA and
+        eager matmuls cast them to it), so the cache holds them in it, instead of float32
+        keys (the rotary embedding's output) that every step would convert again; on a CPU
+        with verl's decode attention it holds float32 values rounded to it, which that
+        path's fp32 score matmul reads as they are (:mod:`verl.utils.decode_attention`)."""
+        kind = device.type
+        if not torch.is_autocast_enabled(kind):
+            return None, None
+        low = torch.get_autocast_dtype(kind)
+        if kind == "cpu" and self._decode_attention:
+            return torch.float32, low
+        return low, None
 
     def _to_model_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """4-D boolean ``allowed`` (True = attend) in the form the attention expects."""
@@ -274,7 +302,16 @@ class NativeRollout(RolloutEngine):
             # One compiled graph per (rows, cache width): round the width up so batches
             # whose prompts differ by a few tokens share it.
             max_len = -(-max_len // _STATIC_LEN_STEP) * _STATIC_LEN_STEP
-        cache = PreallocatedKVCache(self._num_layers, rows, max_len, repeats=n, static=static)
+        kv_dtype, kv_round = self._cache_precision(device)
+        cache = PreallocatedKVCache(
+            self._num_layers,
+            rows,
+            max_len,
+            repeats=n,
+            static=static,
+            dtype=kv_dtype,
+            round_to=kv_round,
+        )
         # kv_real: columns a query may attend to. Eager decode hands the attention only the
         # filled prefix; a static cache hands it every column, unwritten ones masked.
         kv_real = torch.full((rows, max_len), not static, dtype=torch.bool, device=device)
@@ -337,6 +374,7 @@ class NativeRollout(RolloutEngine):
                     self._decode_mask(kv_real, max_len, dtype),
                     next_pos.unsqueeze(1),
                     cache,
+                    decode=True,
                 )
                 cache.advance(1)
             else:
@@ -345,6 +383,7 @@ class NativeRollout(RolloutEngine):
                     self._decode_mask(kv_real, length, dtype),
                     next_pos.unsqueeze(1),
                     cache,
+                    decode=True,
                 )
             next_pos += 1
 

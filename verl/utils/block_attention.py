@@ -18,7 +18,9 @@ rounding (``tests/utils/test_block_attention.py``).
 
 The model's attention reaches this path through transformers' attention registry:
 :func:`install` registers a wrapper under ``"sdpa"`` that computes block attention when the
-forward is given ``verl_block_plan=...`` and is transformers' own ``sdpa`` otherwise. The
+forward is given ``verl_block_plan=...`` (and the decode-step attention of
+:mod:`verl.utils.decode_attention` when given ``verl_decode_attention=True``) and is
+transformers' own ``sdpa`` otherwise. The
 plan counts the layers that used it, so a model whose attention bypassed the wrapper is
 detected (:meth:`BlockAttentionPlan.check_used`) instead of silently attending across
 sequences.
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from verl.utils import decode_attention
 
 # (q_start, q_len, prefix_start, prefix_len), flat positions into bins * width
 Block = tuple[int, int, int, int]
@@ -328,7 +332,9 @@ _install_lock = threading.Lock()
 def install() -> None:
     """Register the block-attention wrapper as transformers' ``"sdpa"`` attention (once per
     process): with ``verl_block_plan`` in the forward's keyword arguments a layer computes
-    :func:`block_attention`; without it, transformers' own ``sdpa`` function runs unchanged."""
+    :func:`block_attention`; with ``verl_decode_attention=True`` (the native rollout's decode
+    steps) :func:`verl.utils.decode_attention.decode_attention` where it applies; otherwise
+    transformers' own ``sdpa`` function runs unchanged."""
     with _install_lock:
         if "sdpa" in _installed:
             return
@@ -338,7 +344,13 @@ def install() -> None:
 
         def sdpa_or_block_attention(module, query, key, value, attention_mask, **kwargs):
             plan = kwargs.pop(PLAN_KWARG, None)
+            decode = kwargs.pop(decode_attention.DECODE_KWARG, False)
             if plan is None:
+                if decode and decode_attention.applies(query, key, attention_mask, kwargs):
+                    out = decode_attention.decode_attention(
+                        query, key, value, attention_mask, scaling=kwargs.get("scaling")
+                    )
+                    return out, None
                 return original(module, query, key, value, attention_mask, **kwargs)
             for unsupported in ("sliding_window", "softcap", "position_bias"):
                 if kwargs.get(unsupported) is not None:
