@@ -253,10 +253,12 @@ def test_shape_rounding_changes_no_value_and_bounds_the_shapes(pack, share_prefi
         assert widths and all(w % 8 == 0 for w in widths)
 
 
+@pytest.mark.parametrize("disposable", [False, True])
 @pytest.mark.parametrize("uses", ["log_probs", "both", "entropy_metric_only"])
-def test_fused_log_prob_entropy_matches_autograd(uses):
+def test_fused_log_prob_entropy_matches_autograd(uses, disposable):
     """_LogProbEntropy (the LM head's scoring: one log-sum-exp and one probability tensor
-    for both outputs) against autograd through log_softmax, with -inf logits in one row."""
+    for both outputs) against autograd through log_softmax, with -inf logits in one row;
+    with ``disposable`` backward writes its gradient into the logits it was given."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 11, generator=gen) * 3
     logits[2, [0, 7]] = float("-inf")  # banned tokens
@@ -275,7 +277,8 @@ def test_fused_log_prob_entropy_matches_autograd(uses):
     (g_ref,) = torch.autograd.grad(loss(lp_ref, ent_ref), x_ref)
 
     x = logits.clone().requires_grad_()
-    lp, ent = tf._LogProbEntropy.apply(x, labels, uses != "log_probs")
+    given = x * 1.0  # a non-leaf the function may overwrite
+    lp, ent = tf._LogProbEntropy.apply(given, labels, uses != "log_probs", disposable)
     if uses == "log_probs":
         assert ent is None
     else:
@@ -284,3 +287,5 @@ def test_fused_log_prob_entropy_matches_autograd(uses):
     assert torch.allclose(lp, lp_ref.detach(), atol=1e-5)
     assert torch.isfinite(g).all()
     assert float((g - g_ref).abs().max()) <= 1e-5
+    overwritten = not torch.equal(given.detach(), logits)
+    assert overwritten == (disposable and uses == "both")

@@ -127,21 +127,33 @@ class _LogProbEntropy(torch.autograd.Function):
     """Log-probabilities of ``labels`` and (``with_entropy``) entropies of the rows of a
     float32 ``(rows, vocab)`` logits tensor in one pass: one log-sum-exp and one probability
     tensor serve both, and backward recomputes the probabilities once for both gradients
-    (the entropy's only when the entropy reached the loss)."""
+    (the entropy's only when the entropy reached the loss).
+
+    Every vocabulary-wide temporary is a fresh allocation of ``rows x vocab`` floats, which
+    a CPU fills page by page (a 100 MB chunk: ~20 ms of page faults per temporary against
+    ~6 ms for the arithmetic), so there are as few as the math allows: forward one (the
+    shifted exponentials, reused for the entropy's mean logit), backward one (the
+    probabilities). ``disposable=True`` lets backward write the gradient into ``logits``
+    itself: only for logits that nothing else reads after this function (a checkpointed
+    chunk's, which backward recomputes)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, disposable):
         ctx.set_materialize_grads(False)
-        lse = torch.logsumexp(logits, dim=-1)
+        top = logits.amax(dim=-1)
+        shifted = torch.sub(logits, top[:, None]).exp_()  # exp(x - max)
+        total = shifted.sum(-1)
+        lse = total.log().add_(top)
         log_probs = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
         entropy = mean_logit = None
         if with_entropy:
-            weighted = torch.sub(logits, lse[:, None]).exp_().mul_(logits)
-            # a -inf logit (a banned token) has p = 0: 0 * -inf is nan, and nansum drops it
-            mean_logit = weighted.nansum(-1)
-            del weighted
+            # E_p[x] = sum exp(x - max) x / sum exp(x - max); a -inf logit (a banned token)
+            # has p = 0: 0 * -inf is nan, and nansum drops it
+            mean_logit = shifted.mul_(logits).nansum(-1).div_(total)
             entropy = lse - mean_logit  # H = logsumexp(x) - E_p[x]
+        del shifted
         ctx.save_for_backward(logits, labels, lse, mean_logit)
+        ctx.disposable = bool(disposable)
         return log_probs, entropy
 
     @staticmethod
@@ -151,19 +163,22 @@ class _LogProbEntropy(torch.autograd.Function):
         g = grad_log_probs.float() if grad_log_probs is not None else None
         if grad_entropy is not None:
             # dH/dx_j = -p_j (x_j - E_p[x]); d log p_label / dx_j = onehot_j - p_j
-            grad = torch.sub(logits, mean_logit[:, None])
-            grad.masked_fill_(probs == 0, 0.0)  # -inf logits get zero gradient, not nan
+            if ctx.disposable:
+                grad = logits.sub_(mean_logit[:, None])
+            else:
+                grad = torch.sub(logits, mean_logit[:, None])
             grad.mul_(-grad_entropy.float()[:, None])
             if g is not None:
                 grad.sub_(g[:, None])
-            grad.mul_(probs)
+            # a -inf logit has p = 0 and an infinite (x - E_p[x]): its 0 * inf is nan -> 0
+            grad.mul_(probs).nan_to_num_(nan=0.0)
         elif g is not None:
             grad = probs.mul_(-g[:, None])
         else:
-            return None, None, None
+            return None, None, None, None
         if g is not None:
             grad.scatter_add_(-1, labels[:, None], g[:, None])
-        return grad, None, None
+        return grad, None, None, None
 
 
 def logprobs_from_logits(
@@ -213,14 +228,19 @@ def _head_logprobs(
     temperature: float,
     calculate_entropy: bool,
     calculate_sum_pi_squared: bool = False,
+    disposable: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Apply the LM head to ``hidden (rows, H)`` and score ``labels (rows,)``."""
+    """Apply the LM head to ``hidden (rows, H)`` and score ``labels (rows,)``.
+    ``disposable``: backward may overwrite the logits (see :class:`_LogProbEntropy`): only
+    when this call is checkpointed, so that backward reads a recomputed copy."""
     # The head's output may be bf16 under autocast; the chunk is small, so upcast it whole
     # before dividing by the temperature to keep the division in float32.
-    logits = lm_head(hidden).float()
+    out = lm_head(hidden)
+    logits = out.float()
     if temperature != 1.0:
-        logits = logits / temperature
-    log_probs, entropy = _LogProbEntropy.apply(logits, labels, calculate_entropy)
+        # in place on the float32 copy of a bf16 head output (one temporary fewer)
+        logits = logits.div_(temperature) if logits is not out else logits / temperature
+    log_probs, entropy = _LogProbEntropy.apply(logits, labels, calculate_entropy, disposable)
     sum_pi_squared = None
     if calculate_sum_pi_squared:
         sum_pi_squared = torch.softmax(logits, dim=-1).square().sum(dim=-1).detach()
@@ -561,7 +581,7 @@ def _score_chunks(
             calculate_sum_pi_squared,
         )
         if use_checkpoint:
-            lp, ent, sps = checkpoint(_head_logprobs, *args, use_reentrant=False)
+            lp, ent, sps = checkpoint(_head_logprobs, *args, True, use_reentrant=False)
         else:
             lp, ent, sps = _head_logprobs(*args)
         rows = slice(0, e - s)
