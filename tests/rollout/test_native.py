@@ -509,22 +509,17 @@ def _decode_engines(model, tokenizer, monkeypatch):
     return ours, theirs, calls
 
 
-def test_decode_attention_path_equals_transformers_sdpa_in_fp32(
-    model, tokenizer, batch, monkeypatch
-):
-    """Decode steps go through verl's decode attention (once per layer and step) and, in
-    fp32, sample what transformers' sdpa path samples, with the same log-probs."""
+def test_decode_steps_in_fp32_stay_on_transformers_sdpa(model, tokenizer, batch, monkeypatch):
+    """In fp32 the decode steps take transformers' sdpa (the decode path is for autocast):
+    samples and log-probs bit for bit those of an engine that never asks for it."""
     ours, theirs, calls = _decode_engines(model, tokenizer, monkeypatch)
     params = SamplingParams(n=2, max_new_tokens=10, temperature=1.0, seed=5, stop_token_ids=[])
     a = ours.generate(batch, params)
-    assert len(calls) == model.config.num_hidden_layers * (params.max_new_tokens - 1)
     b = theirs.generate(batch, params)
-    assert len(calls) == model.config.num_hidden_layers * (params.max_new_tokens - 1)
+    assert not calls
     assert ours._cache_precision(torch.device("cpu")) == (None, None)
     assert torch.equal(a.batch["responses"], b.batch["responses"])
-    torch.testing.assert_close(
-        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5, rtol=0
-    )
+    assert torch.equal(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"])
 
 
 def test_decode_attention_under_bf16_is_closer_to_the_training_pass(
@@ -560,6 +555,7 @@ def test_decode_attention_under_bf16_is_closer_to_the_training_pass(
         assert theirs._cache_precision(torch.device("cpu")) == (low, None)
     seeds = range(3)
     ours_gap = sum(gap(ours, s) for s in seeds)
-    assert calls  # the path ran
+    # the path ran once per layer and decode step
+    assert len(calls) == len(seeds) * model.config.num_hidden_layers * (10 - 1)
     theirs_gap = sum(gap(theirs, s) for s in seeds)
     assert ours_gap < theirs_gap

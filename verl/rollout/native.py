@@ -136,8 +136,8 @@ class NativeRollout(RolloutEngine):
                 sorted(set(layer_types)),
             )
             self.compile_decode = False
-        # Decode steps of an sdpa model go through verl's decode attention (CPU; elsewhere
-        # the registered wrapper hands them to transformers' sdpa unchanged).
+        # Decode steps of an sdpa model go through verl's decode attention (CPU autocast;
+        # otherwise the registered wrapper hands them to transformers' sdpa unchanged).
         self._decode_attention = self._mask_mode == "sdpa"
         if self._decode_attention:
             block_attention.install()

@@ -18,11 +18,13 @@ cached key and value once, and no head is repeated. :func:`decode_attention` com
   are already rounded to the autocast dtype (``PreallocatedKVCache(dtype=float32,
   round_to=bf16)``): the matmuls read them without a copy, and fp32 matmuls on these small
   shapes measured faster here than bf16 SDPA (W2's shape: 0.43 vs 0.74 ms);
-- otherwise one ``scaled_dot_product_attention`` call in the inputs' dtype.
+- otherwise one ``scaled_dot_product_attention`` call in the inputs' dtype (transformers'
+  result within 1e-6).
 
 The native rollout engine asks for it (``verl_decode_attention=True`` in the forward's
 keyword arguments); :func:`verl.utils.block_attention.install`'s ``"sdpa"`` wrapper routes
-the call here when :func:`applies` and to transformers' own function otherwise.
+the call here when :func:`applies` (CPU autocast to bf16 / fp16) and to transformers' own
+function otherwise.
 """
 
 from __future__ import annotations
@@ -39,10 +41,18 @@ _UNSUPPORTED = ("sliding_window", "softcap", "position_bias", "s_aux", "sinks")
 
 
 def applies(query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict) -> bool:
-    """Whether :func:`decode_attention` computes this call: a CPU tensor with one query
+    """Whether the registered ``"sdpa"`` wrapper computes this call with
+    :func:`decode_attention`: a CPU tensor under autocast to bf16 / fp16, one query
     position, key heads dividing the query heads, no dropout, a mask of one row per batch
-    row (broadcast over heads or one per query head) and no feature it does not implement."""
+    row (broadcast over heads or one per query head) and no feature it does not implement.
+    In fp32 transformers' function keeps the call: stacking measured no faster there (W2's
+    fp32 generation 0.66 s either way) and its results differ from transformers' in the last
+    bits, which would change fp32 runs that are compared bit for bit with earlier ones."""
     if query.device.type != "cpu" or query.shape[2] != 1:
+        return False
+    if not torch.is_autocast_enabled("cpu"):
+        return False
+    if torch.get_autocast_dtype("cpu") not in (torch.bfloat16, torch.float16):
         return False
     heads, kv_heads = query.shape[1], key.shape[1]
     if kv_heads == 0 or heads % kv_heads or kwargs.get("dropout", 0.0):
