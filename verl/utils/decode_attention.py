@@ -96,11 +96,9 @@ def decode_attention(
     with torch.autocast(device, enabled=False):
         scores = torch.matmul(q.to(low).float(), _rounded(key, low).transpose(-1, -2))
         scores.mul_(scale)
-        if mask is None:
-            pass
-        elif mask.dtype == torch.bool:
+        if mask is not None and mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))
-        else:
+        elif mask is not None:
             scores.add_(mask.float())
         probs = torch.softmax(scores, dim=-1).to(low).float()
         out = torch.matmul(probs, _rounded(value, low)).to(low)
