@@ -290,3 +290,11 @@ def test_worker_died_error_message_and_pickling():
         "killed by SIGKILL",
         "compute_values",
     )
+
+
+def test_a_stop_request_reaches_every_worker_and_the_first_wins():
+    group = make_worker_group("local", DoublerWorker, ResourcePool([2]))
+    assert [w.stop_signum for w in group.workers] == [None, None]
+    group.request_stop(15)
+    group.request_stop(2)
+    assert [w.stop_signum for w in group.workers] == [15, 15]

@@ -110,6 +110,14 @@ class ToyWorker(Worker):
         return start, time.time()
 
     @register(Dispatch.ONE_TO_ALL)
+    def wait_for_stop(self, timeout_s: float) -> int | None:
+        """Polls ``stop_signum`` like a training loop; the request, or None at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.stop_signum is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.stop_signum
+
+    @register(Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"bad rank {rank}")
@@ -278,6 +286,15 @@ def test_result_timeout_leaves_the_call_running(pair):
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] still running"):
         future.result(timeout=0.1)
     assert len(future.result(timeout=30)) == 2
+
+
+def test_a_stop_request_reaches_the_ranks_while_a_call_runs(pair):
+    future = pair.submit("wait_for_stop", 60.0)
+    with pytest.raises(TimeoutError):
+        future.result(timeout=0.3)  # both ranks are busy in the call
+    pair.request_stop(signal.SIGTERM)
+    pair.request_stop(signal.SIGINT)  # the first request wins
+    assert future.result(timeout=30) == [signal.SIGTERM, signal.SIGTERM]
 
 
 def test_submit_with_local_backend_returns_completed_future():

@@ -1,20 +1,24 @@
 """A driver killed or stopped by a signal leaves nothing behind (issue 20, item 2).
 
-Each test runs ``python -m verl.trainer.main_ppo`` in a child process with a custom reward
-(so scoring runs in forked reward workers) that announces itself and then dawdles, so the
-signal lands in the middle of step 2's scoring. Every process the child starts inherits
-an environment variable unique to the test, which finds them even after they have been
-re-parented.
+The RL tests run ``python -m verl.trainer.main_ppo`` in a child process with a custom
+reward (so scoring runs in forked reward workers) that announces itself and then dawdles,
+so the signal lands in the middle of step 2's scoring; the last runs ``main_sft`` on two
+FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group. Every process the
+child starts inherits an environment variable unique to the test, which finds them even
+after they have been re-parented.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,26 +75,37 @@ def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, st
     return child, mark, calls
 
 
-def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_path):
-    child, mark, _ = _start(rl_config, tmp_path)
+@contextlib.contextmanager
+def _reaped(child: subprocess.Popen, mark: str) -> Iterator[None]:
+    """Whatever the test asserts, the child and every process it started end with it."""
     try:
-        started = processes_with_env(MARK, mark)
-        workers = [pid for pid in started if pid != child.pid]
-        assert workers, f"expected reward worker processes beside the driver: {started}"
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        left = wait_until_gone(MARK, mark, 10.0)
-        assert not left, f"still alive 10 s after the driver's SIGKILL: {left}"
+        yield
     finally:
         child.kill()
         child.wait()
         kill_processes_with_env(MARK, mark)
 
 
+def _assert_all_gone(mark: str, after: str) -> None:
+    left = wait_until_gone(MARK, mark, 10.0)
+    assert not left, f"still alive 10 s after {after}: {left}"
+
+
+def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_path):
+    child, mark, _ = _start(rl_config, tmp_path)
+    with _reaped(child, mark):
+        started = processes_with_env(MARK, mark)
+        workers = [pid for pid in started if pid != child.pid]
+        assert workers, f"expected reward worker processes beside the driver: {started}"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        _assert_all_gone(mark, "the driver's SIGKILL")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp_path, sig):
     child, mark, _ = _start(rl_config, tmp_path, "trainer.save_freq=100")
-    try:
+    with _reaped(child, mark):
         os.kill(child.pid, sig)
         _, stderr = child.communicate(timeout=120)
         stderr = stderr.decode()
@@ -99,9 +114,61 @@ def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp
         # save_freq=100 would not have saved at step 2: this is the stop's own checkpoint.
         assert (tmp_path / "global_step_2" / "checkpoint.json").is_file()
         assert not (tmp_path / "huggingface").exists()  # no export of a stopped run
-        left = wait_until_gone(MARK, mark, 10.0)
-        assert not left, f"still alive 10 s after the run stopped: {left}"
-    finally:
-        child.kill()
-        child.wait()
-        kill_processes_with_env(MARK, mark)
+        _assert_all_gone(mark, "the run stopped")
+
+
+def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path):
+    """SIGINT to the whole process group of ``main_sft`` on two FSDP2 ranks, as a terminal's
+    Ctrl-C sends it: the ranks finish the step under way, save, and the driver exits 130."""
+    from verl.config import load_sft_config
+
+    cfg = load_sft_config(
+        overrides=[
+            f"model.path={tiny_model_dir}",
+            "data.arithmetic.train_size=64",
+            "data.train_batch_size=4",
+            "data.micro_batch_size_per_device=2",
+            "trainer.total_training_steps=400",  # far more than the test waits for
+            "trainer.save_freq=1000",  # only the stop saves
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[jsonl]",
+            "trainer.device=cpu",
+            "trainer.n_gpus_per_node=2",
+            "engine.strategy=fsdp2",
+            "trainer.num_threads=1",
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.log_dir={tmp_path}",
+        ]
+    )
+    config_file = tmp_path / "sft.yaml"
+    config_file.write_text(to_yaml(cfg))
+    mark = uuid.uuid4().hex
+    child = subprocess.Popen(
+        [sys.executable, "-m", "verl.trainer.main_sft", "--config", str(config_file)],
+        env={**os.environ, MARK: mark},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    with _reaped(child, mark):
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            if child.poll() is not None:
+                pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+            assert time.monotonic() < deadline, "the run never logged step 2"
+            time.sleep(0.1)
+        os.killpg(child.pid, signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+        stderr = stderr.decode()
+        assert child.returncode == 130, stderr[-3000:]
+        stopped = re.search(r"run stopped by SIGINT after step (\d+); checkpoint: (\S+)", stderr)
+        assert stopped, stderr[-3000:]
+        step = int(stopped.group(1))
+        assert 2 <= step < 400
+        assert Path(stopped.group(2)) == tmp_path / f"global_step_{step}"
+        assert (tmp_path / f"global_step_{step}" / "checkpoint.json").is_file()
+        assert not (tmp_path / "huggingface").exists()
+        _assert_all_gone(mark, "the run stopped")

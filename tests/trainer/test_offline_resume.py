@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,12 @@ from verl.trainer.checkpoint import (
     read_manifest,
 )
 from verl.trainer.dpo_trainer import DPOTrainer
-from verl.trainer.offline_launch import OfflineTrainWorker, start_rank_group, train_on_ranks
+from verl.trainer.offline_launch import (
+    OfflineTrainWorker,
+    start_rank_group,
+    train_on_ranks,
+    wait_forwarding_stops,
+)
 from verl.trainer.sft_trainer import SFTTrainer
 from verl.trainer.stopping import RunInterrupted
 
@@ -446,3 +452,67 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tiny_model_d
     second.train()
     assert second.resumed_from == tmp_path / "run" / "global_step_1"
     assert_same_metrics(first.history + second.history, straight.history)
+
+
+class StopWaitingWorker(OfflineTrainWorker):
+    """At the start of step 3 (after step 2 is done): says so (a marker file) and waits for
+    the driver's forwarded stop request before it trains that step."""
+
+    def __init__(self, kind, config, marker_dir: str) -> None:
+        super().__init__(kind, config)
+        self.marker_dir = marker_dir
+
+    def build_trainer(self):
+        trainer = super().build_trainer()
+        real_step = trainer.train_step
+
+        def train_step(micro_batches):
+            if trainer.global_step == 3:
+                Path(self.marker_dir, f"rank{self.rank}").touch()
+                deadline = time.monotonic() + 120
+                while self.stop_signum is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            return real_step(micro_batches)
+
+        trainer.train_step = train_step
+        return trainer
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_on_the_drivers_sigterm_after_the_step_and_resume(
+    ray_session, tiny_model_dir, tmp_path
+):
+    straight = train_on_ranks(
+        "sft", make_config("sft", tiny_model_dir, tmp_path / "straight", *TWO_RANKS)
+    )
+    run_dir = tmp_path / "run"
+    cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS, "trainer.save_freq=4")
+    handler_before = signal.getsignal(signal.SIGTERM)
+    group, stop = start_rank_group("sft", cfg, StopWaitingWorker, marker_dir=str(tmp_path))
+    try:
+        future = group.submit("train")
+        deadline = time.monotonic() + 300
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+            assert not future.done(), future.result()
+            assert time.monotonic() < deadline, "the ranks never reached step 3"
+            time.sleep(0.1)
+        # A real signal to this process: the handler runs in the main thread, which waits on
+        # the ranks in wait_forwarding_stops; it forwards the request to both ranks.
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        results = wait_forwarding_stops(group, future)
+    finally:
+        stop()
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+    # the ranks finished step 3 (it had begun), agreed to stop, saved, and returned
+    assert results["stopped"] == (signal.SIGTERM, 3, str(run_dir / "global_step_3"))
+    assert complete_checkpoints(run_dir) == [(3, run_dir / "global_step_3")]
+    assert not (run_dir / "huggingface").exists()
+    assert [row["step"] for row in logged_steps(run_dir)] == [1, 2, 3]
+
+    resumed = train_on_ranks("sft", cfg)
+    assert resumed["resumed_from"] == str(run_dir / "global_step_3")
+    assert_same_metrics(logged_steps(run_dir)[:3] + resumed["history"], straight["history"])
+    assert_bitwise(
+        load_file(run_dir / "huggingface" / "model.safetensors"),
+        load_file(tmp_path / "straight" / "huggingface" / "model.safetensors"),
+    )

@@ -75,6 +75,10 @@ class LocalWorkerGroup(WorkerGroup):
                 raise
         return outputs
 
+    def request_stop(self, signum: int) -> None:
+        for worker in self._workers:
+            worker.request_stop(signum)
+
     def _role_view(self, role: str) -> LocalWorkerGroup:
         view = LocalWorkerGroup.__new__(LocalWorkerGroup)
         WorkerGroup.__init__(view, self._worker_cls, self._world_size, role=role)

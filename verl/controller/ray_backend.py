@@ -218,6 +218,13 @@ class _WorkerHost:
         """Answered from a thread of its own, also while ``execute`` runs: the process runs."""
         return os.getpid()
 
+    @ray.method(concurrency_group=HEARTBEAT_GROUP)
+    def request_stop(self, signum: int) -> None:
+        """``Worker.request_stop`` from the heartbeat's thread, so it lands while ``execute``
+        runs (a flag the running call polls; nothing else is touched)."""
+        if self._worker is not None:
+            self._worker.request_stop(signum)
+
     def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
         role, method = target
@@ -576,6 +583,12 @@ class RayWorkerGroup(WorkerGroup):
         view._resource_pool = self._resource_pool
         view._actors = self._actors
         return view
+
+    def request_stop(self, signum: int) -> None:
+        if self._actors.closed:
+            return
+        # not waited for: a dead rank's error is collected quietly at shutdown
+        self._actors.abandoned.extend(h.request_stop.remote(signum) for h in self._actors.handles)
 
     def shutdown(self) -> None:
         """Kill the actors (of every role, for a colocated group) and release the pool.

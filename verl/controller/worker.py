@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DistInfo", "Worker", "instantiate_worker"]
 
 _INFO_ATTR = "_verl_dist_info"
+_STOP_ATTR = "_verl_stop_signum"
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -148,6 +149,16 @@ class Worker:
     @property
     def master_port(self) -> int | None:
         return self.dist_info.master_port
+
+    def request_stop(self, signum: int) -> None:
+        """Ask this worker's long-running call (a training loop) to stop at its next stopping
+        point. ``WorkerGroup.request_stop`` delivers it, also while a call runs."""
+        self.__dict__.setdefault(_STOP_ATTR, signum)
+
+    @property
+    def stop_signum(self) -> int | None:
+        """The signal number of the first stop request, or None: a loop polls this."""
+        return self.__dict__.get(_STOP_ATTR)
 
 
 W = TypeVar("W", bound=Worker)

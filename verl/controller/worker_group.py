@@ -292,6 +292,15 @@ class WorkerGroup(ABC):
         """
         return None
 
+    @abstractmethod
+    def request_stop(self, signum: int) -> None:
+        """Ask every worker to stop its long-running call at its next stopping point.
+
+        Sets ``Worker.stop_signum`` (the first request wins) and returns at once; a call
+        that polls it (the offline trainer's step loop) ends as it would on that signal. A
+        remote backend delivers it while a call runs, on the worker's heartbeat thread.
+        """
+
     def __enter__(self) -> WorkerGroup:
         return self
 

@@ -12,21 +12,38 @@ writes the files other than the engine shards. The driver waits and gets rank 0'
 
 ``python -m verl.trainer.main_sft trainer.n_gpus_per_node=2`` does the same. A run killed
 in the middle (driver or a rank) resumes from its last checkpoint like a one-process run.
+
+SIGTERM / SIGINT to the driver stop the run as they stop a one-process run: the driver
+forwards the request to the ranks (``WorkerGroup.request_stop``), rank 0 reads it after the
+step under way and broadcasts it, every rank saves the stop's checkpoint (when
+``trainer.save_freq > 0``) and returns, and :func:`train_on_ranks` raises
+:class:`~verl.trainer.stopping.RunInterrupted` (exit code 143 / 130 on the command line). A
+second signal stops at once: the ranks are killed, the last complete checkpoint stays.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from verl.config import DPOConfig, SFTConfig
-from verl.controller import Dispatch, ResourcePool, Worker, WorkerGroup, make_worker_group, register
+from verl.controller import (
+    Dispatch,
+    GroupFuture,
+    ResourcePool,
+    Worker,
+    WorkerGroup,
+    make_worker_group,
+    register,
+)
+from verl.trainer.stopping import RunInterrupted, StopRequests
 from verl.utils.device import resolve_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OfflineTrainWorker", "start_rank_group", "train_on_ranks"]
+__all__ = ["OfflineTrainWorker", "start_rank_group", "train_on_ranks", "wait_forwarding_stops"]
 
 
 def trainer_class(kind: str) -> type:
@@ -56,8 +73,18 @@ class OfflineTrainWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True)
     def train(self) -> dict[str, Any]:
-        """Build the trainer and train; rank 0's results (history, checkpoint, hf_dir, ...)."""
-        return self.build_trainer().train()
+        """Build the trainer and train; rank 0's results (history, checkpoint, hf_dir, ...).
+
+        A run stopped by a forwarded signal returns ``{"stopped": (signum, step,
+        checkpoint)}`` instead of raising (Ray would report the ``KeyboardInterrupt`` it is
+        as a failure of the task)."""
+        trainer = self.build_trainer()
+        trainer.stop_source = lambda: self.stop_signum
+        try:
+            return trainer.train()
+        except RunInterrupted as stopped:
+            checkpoint = None if stopped.checkpoint is None else str(stopped.checkpoint)
+            return {"stopped": (stopped.signum, stopped.step, checkpoint)}
 
 
 def start_rank_group(
@@ -107,6 +134,24 @@ def train_on_ranks(kind: str, config: SFTConfig | DPOConfig) -> dict[str, Any]:
     group, stop = start_rank_group(kind, config)
     try:
         logger.info("%s on %d FSDP2 ranks (Ray)", kind, group.world_size)
-        return group.train()
+        results = wait_forwarding_stops(group, group.train.submit())
     finally:
         stop()
+    if "stopped" in results:
+        signum, step, checkpoint = results["stopped"]
+        raise RunInterrupted(signum, step, None if checkpoint is None else Path(checkpoint))
+    return results
+
+
+def wait_forwarding_stops(group: WorkerGroup, future: GroupFuture, poll_s: float = 0.5) -> Any:
+    """``future.result()``, forwarding a SIGTERM / SIGINT that reaches this (main) thread
+    meanwhile to ``group`` once; a second signal raises ``RunInterrupted`` here at once."""
+    forwarded = False
+    with StopRequests() as requests:
+        while True:
+            try:
+                return future.result(timeout=poll_s)
+            except TimeoutError:
+                if requests.signum is not None and not forwarded:
+                    group.request_stop(requests.signum)
+                    forwarded = True

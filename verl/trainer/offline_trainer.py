@@ -9,7 +9,7 @@ loop, validation schedule, logging, periodic checkpoints with exact resume, the 
         metrics = train_step(next batch of micro-batches)       # the subclass's loss
         log; validate every trainer.test_freq steps
         checkpoint every trainer.save_freq steps and after the last (verl.trainer.offline_checkpoint)
-        SIGTERM / SIGINT (one process): checkpoint after this step, raise RunInterrupted
+        SIGTERM / SIGINT: checkpoint after this step, raise RunInterrupted
     validate; save the model as a HF directory
 
 One process, or SPMD over the ranks of a ``torch.distributed`` group (``engine.strategy``
@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,9 @@ class OfflineTrainer:
         self.last_checkpoint: Path | None = None
         self._resume_checked = False
         self._stop = StopRequests()
+        # Several ranks: the launcher's stop requests (the driver's signals), polled by rank 0
+        # after each step and broadcast, so every rank stops after the same step.
+        self.stop_source: Callable[[], int | None] | None = None
         self.prepare()
 
     # ------------------------------------------------------------------ hooks
@@ -293,7 +296,7 @@ class OfflineTrainer:
         try:
             if self.run_lock is not None:
                 self.run_lock.acquire()
-            if self.world_size == 1:  # Ray stops the ranks of a multi-process run
+            if self.world_size == 1:  # several ranks: the launcher forwards the driver's
                 self._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
             self.resume()
             if t.val_before_train and self.resumed_from is None:
@@ -345,14 +348,22 @@ class OfflineTrainer:
                 self.log(metrics, self.global_step)
                 self.history.append(metrics)
                 advance(progress, metrics)
-                stop = self._stop.requested
+                signum = self._stop_signum()
+                stop = signum is not None
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stop):
                     self.save_checkpoint()
                 if stop:
                     saved = self.last_checkpoint if t.save_freq > 0 else None
-                    raise RunInterrupted(self._stop.signum, self.global_step, saved)
+                    raise RunInterrupted(signum, self.global_step, saved)
                 if last:
                     break
+
+    def _stop_signum(self) -> int | None:
+        """The signal that asked the run to stop after this step, or None; every rank
+        gets rank 0's answer."""
+        if self.world_size == 1:
+            return self._stop.signum
+        return self.broadcast(self.stop_source() if self.stop_source is not None else None)
 
     def _validate(self, log: bool = True) -> dict[str, float]:
         val = self.evaluate()
