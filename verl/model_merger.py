@@ -47,7 +47,15 @@ __all__ = ["load_role_state_dict", "main", "merge_checkpoint"]
 # role -> the worker group whose checkpoint directory holds it (verl.config.roles)
 ROLES = {role: ROLE_SPECS[role].group for role in TRAINABLE_ROLES}
 # Files of the stored HF directory that save_pretrained writes itself.
-_MODEL_FILES = {"config.json", "generation_config.json"}
+_MODEL_FILES = {"config.json", "generation_config.json", ADAPTER_CONFIG}
+
+
+def _is_model_file(name: str) -> bool:
+    """Written by the export itself: configs, and weights (a checkpoint saved with
+    ``save_contents`` ``hf_model`` keeps the model's own beside the tokenizer)."""
+    return name in _MODEL_FILES or name.endswith((".safetensors", ".bin", ".index.json"))
+
+
 EXIT_BAD_INPUT = 2
 
 
@@ -190,7 +198,7 @@ def merge_checkpoint(
         else:
             _write_critic(hf_dir, state, tmp, trust_remote_code)
         for item in hf_dir.iterdir():  # tokenizer files, chat template
-            if item.is_file() and item.name not in _MODEL_FILES | {ADAPTER_CONFIG}:
+            if item.is_file() and not _is_model_file(item.name):
                 shutil.copy2(item, tmp / item.name)
     logger.info(
         "exported the %s of %s (step %s, saved by %d rank(s), %s) to %s",

@@ -583,6 +583,53 @@ def test_export_gives_the_trained_actor_and_critic(rl_config, tmp_path, tiny_mod
     assert exported == AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"]
 
 
+HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+HF_WEIGHTS = Path("huggingface") / "model.safetensors"  # under a checkpoint's actor/
+
+
+def test_hf_model_in_save_contents_puts_a_loadable_model_in_each_checkpoint(rl_config, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = tmp_path / "run"
+    cfg = rl_config(
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        HF_MODEL,
+        f"trainer.default_local_dir={run_dir}",
+    )
+    result = RLTrainer(cfg).fit()
+    step1 = run_dir / "global_step_1"
+    hf = step1 / "actor" / "huggingface"
+    assert "actor/huggingface/model.safetensors" in read_manifest(step1, verify=True)["files"]
+    weights = load_file(hf / "model.safetensors")
+    # the weights of the run's final export (the same step), bit for bit
+    assert_bitwise(weights, load_file(Path(result["hf_dir"]) / "model.safetensors"))
+    # verl export of the checkpoint builds them from the engine's state: the same again
+    merged = merge_checkpoint(step1, tmp_path / "merged")
+    assert_bitwise(load_file(merged / "model.safetensors"), weights)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    assert_bitwise(
+        {k: v for k, v in model.state_dict().items() if k in weights},
+        weights,
+    )
+    assert AutoTokenizer.from_pretrained(hf)("1 + 2")["input_ids"]
+    # resume reads the engine's state, not the HF copy: a run resumes from this checkpoint
+    # (an upstream config's explicit load_contents says what null does)
+    longer = RLTrainer(
+        rl_config(
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=1",
+            "trainer.val_before_train=false",
+            HF_MODEL,
+            "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer,extra]",
+            f"trainer.default_local_dir={run_dir}",
+        )
+    )
+    longer.fit()
+    assert longer.resumed_from == step1 and longer.global_step == 2
+
+
 def test_export_cli_errors(tmp_path, capsys):
     assert merger_main(["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -620,7 +667,8 @@ def test_two_fsdp2_ranks_resume_export_and_load_in_one_process(rl_config, ray_se
     assert straight.actor_rollout_wg.world_size == 2
     straight.fit()
 
-    cfg = rl_config(*two_ranks, f"trainer.default_local_dir={run_dir}")
+    # hf_model: the ranks gather the full weights for rank 0 to write at every save
+    cfg = rl_config(*two_ranks, HF_MODEL, f"trainer.default_local_dir={run_dir}")
     first = RLTrainer(cfg)
     _crash_at(first, 3)
     with pytest.raises(_Crash):
@@ -649,6 +697,7 @@ def test_two_fsdp2_ranks_resume_export_and_load_in_one_process(rl_config, ray_se
     want = load_file(straight_dir / "huggingface" / "model.safetensors")
     assert got.keys() == want.keys()
     assert max((got[k] - want[k]).abs().max().item() for k in got) < 1e-6
+    assert_bitwise(load_file(run_dir / "global_step_4" / "actor" / HF_WEIGHTS), got)
 
     diffs = _export_diffs(run_dir / "global_step_4", tmp_path / "hf", *live)
     assert diffs["log_prob"] < 1e-5 and diffs["value"] < 1e-5, diffs

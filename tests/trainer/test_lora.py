@@ -94,16 +94,23 @@ def test_lora_trains_only_adapters_and_the_reference_is_the_base_model(
         torch.testing.assert_close(merged[name], saved[name], rtol=0, atol=1e-6)
 
 
+# the checkpoints of the resume test also hold the merged HF model
+HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+
+
 @pytest.mark.slow
 def test_lora_resume_is_bit_for_bit(rl_config, tmp_path):
     straight = RLTrainer(
-        rl_config(*LORA, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}/a"),
+        rl_config(
+            *LORA, HF_MODEL, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}/a"
+        ),
         reward_fn=even_token_reward,
     )
     straight.fit()
     first = RLTrainer(
         rl_config(
             *LORA,
+            HF_MODEL,
             "trainer.save_freq=1",
             "trainer.total_training_steps=1",
             f"trainer.default_local_dir={tmp_path}/b",
@@ -112,7 +119,9 @@ def test_lora_resume_is_bit_for_bit(rl_config, tmp_path):
     )
     first.fit()
     resumed = RLTrainer(
-        rl_config(*LORA, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}/b"),
+        rl_config(
+            *LORA, HF_MODEL, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}/b"
+        ),
         reward_fn=even_token_reward,
     )
     resumed.fit()
@@ -121,3 +130,16 @@ def test_lora_resume_is_bit_for_bit(rl_config, tmp_path):
         checkpoint_tensors(tmp_path / "a" / "global_step_2"),
         checkpoint_tensors(tmp_path / "b" / "global_step_2"),
     )
+    # hf_model: the checkpoint's merged model is the run's final export, its adapters sit
+    # in lora_adapter/, and verl export of the checkpoint folds them in to the same weights
+    hf = tmp_path / "a" / "global_step_2" / "actor" / "huggingface"
+    assert (hf / LORA_ADAPTER_DIR / "adapter_config.json").is_file()
+    saved = load_file(hf / "model.safetensors")
+    assert_bitwise(saved, load_file(tmp_path / "a" / "huggingface" / "model.safetensors"))
+    merged = load_file(
+        merge_checkpoint(tmp_path / "a" / "global_step_2", tmp_path / "merged")
+        / "model.safetensors"
+    )
+    assert merged.keys() == saved.keys()
+    for name in merged:
+        torch.testing.assert_close(merged[name], saved[name], rtol=0, atol=1e-6)

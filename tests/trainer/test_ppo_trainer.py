@@ -169,7 +169,15 @@ def test_ppo_with_critic_runs(rl_config):
     [
         (
             "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
-            "partial checkpoints are not implemented",
+            "partial checkpoints are not implemented (it lacks optimizer, extra;",
+        ),
+        (
+            "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+            "hf_model is implemented for the actor only",
+        ),
+        (
+            "actor_rollout_ref.actor.checkpoint.load_contents=[model]",
+            "partial loads are not implemented (it lacks optimizer, extra;",
         ),
     ],
 )

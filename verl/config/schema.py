@@ -380,9 +380,14 @@ class TrainerConfig:
         """Data-parallel ranks of a worker group (``actor_rollout_ref``, ``critic``, ...)."""
         return self.device_map.dp_size(group)
 
+    def trained_section(self, group: str) -> Any:
+        """The section of the role a worker group trains: ``actor_rollout_ref`` -> its
+        ``actor``, ``critic`` -> ``critic``."""
+        return self.actor_rollout_ref.actor if group == "actor_rollout_ref" else self.critic
+
     def engine_strategy(self, group: str) -> str:
         """The train engine of ``actor_rollout_ref`` or ``critic``: auto = fsdp2 iff > 1 rank."""
-        section = self.actor_rollout_ref.actor if group == "actor_rollout_ref" else self.critic
+        section = self.trained_section(group)
         if section.strategy != "auto":
             return section.strategy
         return "fsdp2" if self.dp_size(group) > 1 else "single"

@@ -156,7 +156,13 @@ class CheckpointConfig:
 
     save_contents: list[CheckpointContent] = entry(
         ["model", "optimizer", "extra"],
-        "parts saved and restored: model, optimizer, extra (scheduler, RNG)",
+        "parts saved: model, optimizer, extra (scheduler, RNG), all needed to resume; "
+        "+ hf_model (actor): a loadable HF model in huggingface/",
+    )
+    load_contents: list[CheckpointContent] | None = entry(
+        None,
+        "parts restored on resume: null = model, optimizer, extra (hf_model is never read); "
+        "only all three are implemented",
     )
 
 

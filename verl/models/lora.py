@@ -242,6 +242,12 @@ def lora_scaling(source: torch.nn.Module | Mapping[str, Any]) -> float:
 
 
 def adapter_scaling(config_dir: str | os.PathLike[str]) -> float | None:
-    """:func:`lora_scaling` of the ``adapter_config.json`` in ``config_dir``, if there is one."""
-    path = Path(config_dir) / ADAPTER_CONFIG
-    return lora_scaling(json.loads(path.read_text())) if path.is_file() else None
+    """:func:`lora_scaling` of the ``adapter_config.json`` in ``config_dir`` (or in its
+    ``lora_adapter/``, where a HF export keeps the adapters), if there is one."""
+    for path in (
+        Path(config_dir) / ADAPTER_CONFIG,
+        Path(config_dir) / LORA_ADAPTER_DIR / ADAPTER_CONFIG,
+    ):
+        if path.is_file():
+            return lora_scaling(json.loads(path.read_text()))
+    return None

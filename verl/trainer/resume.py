@@ -240,9 +240,12 @@ class RunCheckpointer:
             for role, group in self.roles.items():
                 role_dir = tmp / ROLE_DIRS[role]
                 # Submitted together: roles on pools of their own write at the same time.
+                contents = cfg.trained_section(role).checkpoint.save_contents
                 pending.append(
                     group.save_checkpoint.submit(
-                        str(role_dir), hf_config_dir=str(role_dir / HF_CONFIG_DIR)
+                        str(role_dir),
+                        hf_config_dir=str(role_dir / HF_CONFIG_DIR),
+                        hf_weights="hf_model" in contents,
                     )
                 )
                 roles[role] = {

@@ -82,6 +82,10 @@ def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], li
     return train_files, val_files
 
 
+# what every checkpoint holds: exact resume needs all of it
+RESUME_CONTENTS = ("model", "optimizer", "extra")
+
+
 class NotSupportedYet(NotImplementedError):
     """A configured feature that this build of the trainer does not implement yet."""
 
@@ -97,11 +101,27 @@ def check_supported(cfg: TrainerConfig) -> None:
         ("actor_rollout_ref.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint),
         ("critic.checkpoint", cfg.critic.checkpoint),
     ):
-        if set(ckpt.save_contents) != {"model", "optimizer", "extra"}:
+        missing = [part for part in RESUME_CONTENTS if part not in ckpt.save_contents]
+        if missing:
             problems.append(
                 f"{section}.save_contents={list(ckpt.save_contents)}: partial checkpoints are "
-                "not implemented (a checkpoint always holds model, optimizer and extra state, "
-                "which exact resume needs); leave it [model, optimizer, extra]"
+                f"not implemented (it lacks {', '.join(missing)}; a checkpoint always holds "
+                "model, optimizer and extra state, which exact resume needs); list all three "
+                "(hf_model may be added)"
             )
+        load = ckpt.load_contents
+        missing = [part for part in RESUME_CONTENTS if load is not None and part not in load]
+        if missing:
+            problems.append(
+                f"{section}.load_contents={list(load)}: partial loads are not implemented (it "
+                f"lacks {', '.join(missing)}; resume restores model, optimizer and extra "
+                "state); leave it null or list all three"
+            )
+    if "hf_model" in cfg.critic.checkpoint.save_contents:
+        problems.append(
+            f"critic.checkpoint.save_contents={list(cfg.critic.checkpoint.save_contents)}: "
+            "hf_model is implemented for the actor only; export the critic of a checkpoint "
+            "with `verl export --role critic`"
+        )
     if problems:
         raise NotSupportedYet("; ".join(problems))

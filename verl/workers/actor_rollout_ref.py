@@ -564,13 +564,16 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, hf_config_dir: str | None = None) -> None:
+    def save_checkpoint(
+        self, path: str, hf_config_dir: str | None = None, hf_weights: bool = False
+    ) -> None:
         """Write this rank's share of a run checkpoint (a collective under FSDP2).
 
         The actor engine (weights, optimizer, LR schedule), this rank's RNG and call
         counters go under ``path``; rank 0 writes the HF config and tokenizer to
-        ``hf_config_dir`` for export. The reference policy is not saved: it is the initial
-        model, loaded again from ``model.path`` on resume.
+        ``hf_config_dir`` for export, or with ``hf_weights`` (``save_contents`` has
+        ``hf_model``) the whole model as :meth:`save_hf` writes it. The reference policy is
+        not saved: it is the initial model, loaded again from ``model.path`` on resume.
         """
         save_worker_checkpoint(
             self.engine,
@@ -579,7 +582,11 @@ class ActorRolloutRefWorker(Worker):
             world_size=self.world_size,
             counters={"update_calls": self._update_calls, "generate_calls": self._generate_calls},
         )
-        if hf_config_dir is not None and self.rank == 0:
+        if hf_weights:
+            if hf_config_dir is None:
+                raise ValueError("hf_weights=True needs hf_config_dir")
+            self.save_hf(hf_config_dir)
+        elif hf_config_dir is not None and self.rank == 0:
             save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
             if is_lora_model(self.engine.module):  # export folds the adapters in (model_merger)
                 lora_config_of(self.engine.module).save_pretrained(hf_config_dir)

@@ -201,10 +201,16 @@ class CriticWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, hf_config_dir: str | None = None) -> None:
+    def save_checkpoint(
+        self, path: str, hf_config_dir: str | None = None, hf_weights: bool = False
+    ) -> None:
         """Write this rank's share of a run checkpoint (a collective under FSDP2): the critic
         engine, this rank's RNG and update counter; rank 0 writes the body's HF config (and
-        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``."""
+        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``.
+        ``hf_weights`` (the actor's ``hf_model``) is refused: ``verl export --role critic``
+        writes the critic's model."""
+        if hf_weights:
+            raise ValueError("critic checkpoints do not hold a HF model (save_contents hf_model)")
         save_worker_checkpoint(
             self.engine,
             path,
