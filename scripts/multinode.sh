@@ -9,7 +9,7 @@
 #
 # The job runs `python -m verl.trainer.main_ppo` with trainer.backend=ray and
 # trainer.ray_address=auto, so the driver joins the running cluster instead of starting
-# one. The dashboard (needed by `ray job submit`) binds to 127.0.0.1 unless
+# one; VERL_TRAINER=sft (or dpo) submits `main_sft` (`main_dpo`) the same way. The dashboard (needed by `ray job submit`) binds to 127.0.0.1 unless
 # VERL_DASHBOARD_HOST says otherwise; reach it through an SSH tunnel. Needs the `ray`
 # extra (`pip install 'verl[ray]'`, which includes the dashboard) on every node, the same
 # Python environment and the model/data paths visible on every node.
@@ -20,7 +20,7 @@
 # node (Ray can bind them to loopback only, not to one address): the token is what keeps
 # others out, so keep the cluster on a private network as well.
 #
-# Env: VERL_RAY_PORT (6379), VERL_DASHBOARD_HOST (127.0.0.1), VERL_DASHBOARD_PORT (8265),
+# Env: VERL_TRAINER (ppo; sft, dpo), VERL_RAY_PORT (6379), VERL_DASHBOARD_HOST (127.0.0.1), VERL_DASHBOARD_PORT (8265),
 #      VERL_NUM_CPUS / VERL_NUM_GPUS (Ray's auto-detection when unset), PYTHON (python3).
 set -euo pipefail
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
@@ -54,8 +54,13 @@ case "$cmd" in
         ;;
     submit)
         # no --working-dir: verl is installed in every node's environment
+        case "${VERL_TRAINER:-ppo}" in
+            ppo) entry=(verl.trainer.main_ppo trainer.backend=ray) ;;
+            sft | dpo) entry=("verl.trainer.main_${VERL_TRAINER}") ;;
+            *) echo "VERL_TRAINER=$VERL_TRAINER: use ppo, sft or dpo" >&2; exit 2 ;;
+        esac
         ray job submit --address="http://$dash_host:$dash_port" -- \
-            "$python_bin" -m verl.trainer.main_ppo trainer.backend=ray trainer.ray_address=auto "$@"
+            "$python_bin" -m "${entry[@]}" trainer.ray_address=auto "$@"
         ;;
     stop)
         ray stop

@@ -418,6 +418,19 @@ def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path
             "engine.strategy=auto",
             "data.train_batch_size=6",
         )
+    # two nodes of one rank each count as two ranks
+    with pytest.raises(ConfigError) as err:
+        make_config("sft", tiny_model_dir, run_dir, "trainer.nnodes=2")
+    assert "trainer.nnodes=2 x trainer.n_gpus_per_node=1 = 2: the single engine" in str(err.value)
+    with pytest.raises(ConfigError, match=r"3 micro-batches per step, which trainer\.nnodes=2 x"):
+        make_config(
+            "dpo",
+            tiny_model_dir,
+            run_dir,
+            "trainer.nnodes=2",
+            "engine.strategy=auto",
+            "data.train_batch_size=6",
+        )
     # A valid two-rank config, built in one process: the ranks are started elsewhere.
     cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
     with pytest.raises(ValueError, match=r"verl\.trainer\.offline_launch\.train_on_ranks"):

@@ -241,16 +241,27 @@ class RunSectionConfig:
 
 
 @dataclass
-class RunConfig(RunSectionConfig):
-    """The ``trainer:`` section of an RL run: the shared keys, resources and precision."""
+class ClusterRunConfig(RunSectionConfig):
+    """The shared keys, and the machines and devices the run spans (RL, SFT, DPO)."""
 
     nnodes: int = entry(1, "machines", ge=1)
     n_gpus_per_node: int = entry(1, "devices (GPUs, or CPU processes) per machine", ge=1)
-    backend: Backend = entry(
-        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
-    )
     ray_address: str | None = entry(
         None, "Ray cluster to join (e.g. auto); null = RAY_ADDRESS or a new local cluster"
+    )
+
+    @property
+    def world_size(self) -> int:
+        """Devices in the cluster: ``nnodes * n_gpus_per_node``."""
+        return self.nnodes * self.n_gpus_per_node
+
+
+@dataclass
+class RunConfig(ClusterRunConfig):
+    """The ``trainer:`` section of an RL run: the shared keys, resources and precision."""
+
+    backend: Backend = entry(
+        "auto", "worker groups: local (in-process), ray, or auto (local for one process)"
     )
     ray_dashboard: bool = entry(False, "start the Ray dashboard (bound to 127.0.0.1)")
     worker_heartbeat_timeout: float | None = entry(
@@ -366,7 +377,7 @@ class TrainerConfig:
     @property
     def world_size(self) -> int:
         """Devices in the cluster: ``nnodes * n_gpus_per_node``."""
-        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+        return self.trainer.world_size
 
     @property
     def device_map(self) -> DeviceMap:

@@ -18,7 +18,7 @@ from typing import Literal, TypeVar
 
 from verl.config._fields import Strategy, entry
 from verl.config.load import ConfigProblem, load_validated, show
-from verl.config.schema import ArithmeticConfig, RunSectionConfig
+from verl.config.schema import ArithmeticConfig, ClusterRunConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
 from verl.config.validate import (
     Checks,
@@ -119,8 +119,9 @@ class OfflineEngineConfig:
 
     strategy: Strategy = entry(
         "single",
-        "train engine: single (one process), fsdp2 (sharded; needed with "
-        "trainer.n_gpus_per_node > 1) or auto (fsdp2 on several devices, else single)",
+        "train engine: single (one process), fsdp2 (sharded; needed on more than one "
+        "device: trainer.nnodes x trainer.n_gpus_per_node) or auto (fsdp2 on several devices, "
+        "else single)",
     )
     grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     logprob_chunk_size: int = entry(
@@ -147,17 +148,12 @@ class PreferenceLossConfig:
 
 
 @dataclass
-class OfflineRunConfig(RunSectionConfig):
-    """The ``trainer:`` section of an offline run: the shared keys and the devices."""
+class OfflineRunConfig(ClusterRunConfig):
+    """The ``trainer:`` section of an offline run: the shared keys and the devices (more
+    than one in all: engine.strategy=fsdp2 ranks on Ray workers, one per device)."""
 
     experiment_name: str = entry("offline", "run name (trackers, default dirs)", nonempty=True)
     test_freq: int = entry(-1, "validation loss every N steps; -1 = only at the end", ge=1, off=-1)
-    n_gpus_per_node: int = entry(
-        1,
-        "devices (GPUs, or CPU processes) to train on; > 1 runs engine.strategy=fsdp2 ranks "
-        "on Ray workers",
-        ge=1,
-    )
 
 
 @dataclass
@@ -251,24 +247,38 @@ def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
         )
 
 
+def ranks_named(trainer: ClusterRunConfig) -> str:
+    """The keys that set the number of ranks, with their values, for messages."""
+    per_node = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}"
+    if trainer.nnodes == 1:
+        return per_node
+    return f"trainer.nnodes={trainer.nnodes} x {per_node} = {trainer.world_size}"
+
+
 def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
-    ranks, d = cfg.trainer.n_gpus_per_node, cfg.data
+    t, d = cfg.trainer, cfg.data
+    ranks = t.world_size
     if ranks <= 1:
         return
+    keys = (
+        ("trainer.nnodes", "trainer.n_gpus_per_node")
+        if t.nnodes > 1
+        else ("trainer.n_gpus_per_node",)
+    )
     if cfg.engine.strategy == "single":
         c.error(
-            ("trainer.n_gpus_per_node", "engine.strategy"),
-            f"trainer.n_gpus_per_node={ranks}: the single engine trains in one process; set "
+            (*keys, "engine.strategy"),
+            f"{ranks_named(t)}: the single engine trains in one process; set "
             "engine.strategy=fsdp2 (or auto)",
         )
-    c.package("trainer.n_gpus_per_node", str(ranks), "ray", "pip install 'verl[ray]'")
+    c.package(keys[0], str(getattr(t, keys[0].split(".")[1])), "ray", "pip install 'verl[ray]'")
     micro_batches = -(-d.train_batch_size // max(d.micro_batch_size_per_device, 1))
     if d.train_batch_size >= 1 and micro_batches % ranks:
         c.error(
             ("data.train_batch_size", "data.micro_batch_size_per_device"),
             f"data.train_batch_size={d.train_batch_size} in micro-batches of "
             f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} gives "
-            f"{micro_batches} micro-batches per step, which trainer.n_gpus_per_node={ranks} "
+            f"{micro_batches} micro-batches per step, which {ranks_named(t)} "
             f"ranks cannot share equally; make it a multiple of {ranks}",
         )
 

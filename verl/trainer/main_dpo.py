@@ -26,7 +26,7 @@ def run_dpo(cfg: DPOConfig) -> dict[str, Any]:
     from verl.trainer.dpo_trainer import DPOTrainer
 
     transformers.utils.logging.disable_progress_bar()
-    if cfg.trainer.n_gpus_per_node > 1:
+    if cfg.trainer.world_size > 1:
         from verl.trainer.offline_launch import train_on_ranks
 
         return train_on_ranks("dpo", cfg)

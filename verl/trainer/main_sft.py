@@ -92,7 +92,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     from verl.trainer.sft_trainer import SFTTrainer
 
     transformers.utils.logging.disable_progress_bar()
-    if cfg.trainer.n_gpus_per_node > 1:
+    if cfg.trainer.world_size > 1:
         from verl.trainer.offline_launch import train_on_ranks
 
         return train_on_ranks("sft", cfg)

@@ -1,7 +1,9 @@
 """Running an offline trainer (SFT, DPO / IPO / KTO) on several FSDP2 ranks through Ray.
 
-``trainer.n_gpus_per_node=N`` (N > 1) starts N Ray actors, one per device (CPU processes on
-a machine without GPUs), joined in one ``torch.distributed`` group by the Ray backend
+``trainer.nnodes x trainer.n_gpus_per_node`` > 1 starts one Ray actor per device (CPU
+processes on a machine without GPUs), ``n_gpus_per_node`` on each of ``nnodes`` nodes of the
+Ray cluster (``trainer.ray_address`` joins one; the nodes share the run's directories, as
+with the RL trainer), joined in one ``torch.distributed`` group by the Ray backend
 (``verl.controller``). Each actor builds the same trainer with ``engine.strategy=fsdp2``
 and runs :meth:`~verl.trainer.offline_trainer.OfflineTrainer.train` SPMD: the ranks read the
 same batches and split each step's micro-batches; rank 0 logs, holds the run lock and
@@ -93,22 +95,22 @@ def start_rank_group(
     worker_cls: type[OfflineTrainWorker] | None = None,
     **worker_kwargs: Any,
 ) -> tuple[WorkerGroup, Any]:
-    """Start ``trainer.n_gpus_per_node`` ranks of ``worker_cls`` (default
+    """Start ``trainer.nnodes x trainer.n_gpus_per_node`` ranks of ``worker_cls`` (default
     :class:`OfflineTrainWorker`, built with ``kind``, ``config`` and ``worker_kwargs``) on
     Ray; returns the group and a function that stops it (and Ray, if this call started it)."""
     import ray
 
     from verl.controller.ray_backend import RayOptions, ensure_ray
 
-    ranks = config.trainer.n_gpus_per_node
-    device_type = resolve_device(config.trainer.device).type
+    t = config.trainer
+    device_type = resolve_device(t.device).type
     started = not ray.is_initialized()
-    ensure_ray(num_cpus=max(os.cpu_count() or 1, ranks))
+    ensure_ray(num_cpus=max(os.cpu_count() or 1, t.world_size), address=t.ray_address)
     try:
         group = make_worker_group(
             "ray",
             worker_cls or OfflineTrainWorker,
-            ResourcePool([ranks], use_gpu=device_type == "cuda", name=kind),
+            ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=device_type == "cuda", name=kind),
             kind=kind,
             config=config,
             **worker_kwargs,
@@ -128,12 +130,17 @@ def start_rank_group(
 
 
 def train_on_ranks(kind: str, config: SFTConfig | DPOConfig) -> dict[str, Any]:
-    """Train ``config`` (``kind``: sft or dpo) on ``trainer.n_gpus_per_node`` FSDP2 ranks;
-    returns rank 0's results."""
+    """Train ``config`` (``kind``: sft or dpo) on ``trainer.nnodes x
+    trainer.n_gpus_per_node`` FSDP2 ranks; returns rank 0's results."""
     config.validate()
     group, stop = start_rank_group(kind, config)
     try:
-        logger.info("%s on %d FSDP2 ranks (Ray)", kind, group.world_size)
+        logger.info(
+            "%s on %d FSDP2 ranks (Ray), nodes by rank: %s",
+            kind,
+            group.world_size,
+            ", ".join(str(node) for node in group.nodes),
+        )
         results = wait_forwarding_stops(group, group.train.submit())
     finally:
         stop()

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from verl.config import DPOConfig, SFTConfig, to_dict
+from verl.config.schema_offline import ranks_named
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
 from verl.models import checkpoint_if_configured, load_causal_lm, load_tokenizer
@@ -187,12 +188,12 @@ class OfflineTrainer:
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_strategy(self, config: SFTConfig | DPOConfig) -> str:
-        """The engine strategy: single in one process, fsdp2 over a process group whose
-        size is ``trainer.n_gpus_per_node`` (``verl.trainer.offline_launch`` starts it)."""
-        ranks = config.trainer.n_gpus_per_node
-        if ranks != self.world_size:
+        """The engine strategy: single in one process, fsdp2 over a process group of
+        ``trainer.nnodes x trainer.n_gpus_per_node`` ranks (``verl.trainer.offline_launch``
+        starts it)."""
+        if config.trainer.world_size != self.world_size:
             raise ValueError(
-                f"trainer.n_gpus_per_node={ranks} but this process is one of "
+                f"{ranks_named(config.trainer)} but this process is one of "
                 f"{self.world_size}: start several ranks with "
                 "verl.trainer.offline_launch.train_on_ranks (or python -m "
                 "verl.trainer.main_sft / main_dpo), or set trainer.n_gpus_per_node=1"
