@@ -298,3 +298,25 @@ def test_a_stop_request_reaches_every_worker_and_the_first_wins():
     group.request_stop(15)
     group.request_stop(2)
     assert [w.stop_signum for w in group.workers] == [15, 15]
+
+
+class CountsCloses(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_shutdown_closes_every_worker_once_and_leaves_them_readable():
+    group = make_worker_group("local", CountsCloses, ResourcePool([2]))
+    group.shutdown()
+    group.shutdown()
+    assert [w.closed for w in group.workers] == [1, 1]
+    # colocated: every role's worker, through any role's view
+    cls = create_colocated_worker_cls({"actor": CountsCloses, "critic": CountsCloses})
+    roles = LocalWorkerGroup(cls, ResourcePool([2])).spawn()
+    roles["critic"].shutdown()
+    roles["actor"].shutdown()
+    assert [w.closed for r in ("actor", "critic") for w in roles[r].workers] == [1, 1, 1, 1]

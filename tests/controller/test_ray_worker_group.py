@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,6 +161,21 @@ class CriticLike(Worker):
             "rank": self.rank,
             "placement_group": ray.get_runtime_context().get_placement_group_id(),
         }
+
+
+class ClosingWorker(Worker):
+    """Leaves a file per rank when closed."""
+
+    def __init__(self, marker_dir: str) -> None:
+        super().__init__()
+        self.marker_dir = marker_dir
+
+    @register(Dispatch.ONE_TO_ALL)
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        Path(self.marker_dir, f"closed{self.rank}").touch()
 
 
 class FailsToStart(Worker):
@@ -346,6 +362,23 @@ def test_colocated_roles_share_processes_and_pools_share_placement(pair):
     with pytest.raises(RuntimeError, match="shut down"):
         roles["actor"].describe("late")
     wg.shutdown()  # idempotent
+
+
+def test_shutdown_closes_idle_workers_and_kills_busy_ones_at_once(ray_session, tmp_path):
+    idle_dir, busy_dir = tmp_path / "idle", tmp_path / "busy"
+    idle_dir.mkdir()
+    busy_dir.mkdir()
+    idle = RayWorkerGroup(ClosingWorker, ResourcePool([2], name="idle"), str(idle_dir))
+    idle.nap(0.0)
+    idle.shutdown()
+    assert sorted(os.listdir(idle_dir)) == ["closed0", "closed1"]
+    # a call still runs: no close (it would wait behind the call), the actors die now
+    busy = RayWorkerGroup(ClosingWorker, ResourcePool([2], name="busy"), str(busy_dir))
+    busy.submit("nap", 60.0)
+    start = time.monotonic()
+    busy.shutdown()
+    assert time.monotonic() - start < 10
+    assert os.listdir(busy_dir) == []
 
 
 def test_worker_that_fails_to_start_names_rank_and_frees_the_pool(ray_session):

@@ -218,7 +218,8 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
         ROLLOUT_BACKENDS.remove("test_sglang_fake")
     (fake,) = FakeSGLangEngine.instances
     events = [name for name, _ in fake.calls if name != "update_weights_from_tensor"]
-    # start-up push, then per step: wake, generate, sleep, wake, push, sleep; then validation
+    # start-up push, then per step: wake, generate, sleep, wake, push, sleep; then
+    # validation; then the trainer's close shuts the engine down (the worker's close)
     push = ["flush_cache"]
     wake, sleep = "resume_memory_occupation", "release_memory_occupation"
     assert events == [
@@ -226,6 +227,7 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
         sleep,
         *[wake, "generate", sleep, wake, *push, sleep] * 2,
         *[wake, "generate", sleep],
+        "shutdown",
     ]
     assert all(tags == ["kv_cache"] for name, tags in fake.calls if name in (wake, sleep))
     actor = trainer.actor_rollout_wg.workers[0].engine.module

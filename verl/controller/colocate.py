@@ -46,6 +46,10 @@ class ColocatedWorker(Worker):
             for role, spec in self.role_specs.items()
         }
 
+    def close(self) -> None:
+        for worker in self.role_workers.values():
+            worker.close()
+
     def call_role(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` of the ``role`` worker on this rank (the remote-backend entry)."""
         return getattr(self.role_workers[role], method)(*args, **kwargs)

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LocalWorkerGroup"]
 
+_CLOSED_ATTR = "_verl_closed"
+
 
 class LocalWorkerGroup(WorkerGroup):
     """``resource_pool.world_size`` in-process workers of ``worker_cls``, called rank by rank."""
@@ -74,6 +76,14 @@ class LocalWorkerGroup(WorkerGroup):
                     e.add_note(f"(in {type(worker).__name__}.{method_name} on rank {rank})")
                 raise
         return outputs
+
+    def shutdown(self) -> None:
+        """``Worker.close`` on every worker (of every role, for a colocated group), once; the
+        worker objects stay readable (a test may inspect them after a run)."""
+        for worker in self._workers:
+            if not worker.__dict__.get(_CLOSED_ATTR):
+                worker.__dict__[_CLOSED_ATTR] = True
+                worker.close()
 
     def request_stop(self, signum: int) -> None:
         for worker in self._workers:

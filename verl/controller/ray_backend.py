@@ -82,6 +82,10 @@ _DEATH_GRACE_S = 2.0
 
 _DEATH_ERRORS = (RayActorError, WorkerCrashedError, OutOfMemoryError)
 
+# How long shutdown waits for idle workers' ``Worker.close`` (an inference engine's own
+# shutdown) before killing the actors anyway.
+_CLOSE_GRACE_S = 15.0
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -225,6 +229,11 @@ class _WorkerHost:
         if self._worker is not None:
             self._worker.request_stop(signum)
 
+    def close_worker(self) -> None:
+        """``Worker.close`` before the actor is killed (releases engines, temporary files)."""
+        if self._worker is not None:
+            self._worker.close()
+
     def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
         role, method = target
@@ -254,12 +263,39 @@ class _Actors:
     # results of ranks a failed call stopped waiting for; kept (not dropped) so that Ray does
     # not report their errors as unhandled, and collected quietly at shutdown
     abandoned: list[Any] = field(default_factory=list)
+    # the calls started on the workers (``execute``), to tell at shutdown whether any runs
+    running: list[Any] = field(default_factory=list)
+
+    def started(self, refs: list[Any]) -> None:
+        """Note the refs of a call just started (and forget the finished ones)."""
+        if self.running:
+            _, self.running = ray.wait(self.running, num_returns=len(self.running), timeout=0)
+        self.running.extend(refs)
+
+    def _close_workers(self) -> None:
+        """``Worker.close`` on every rank, when none is running a call or has died (a busy or
+        broken group is killed at once: a stop that must be quick is not held up)."""
+        if self.dead is not None or not self.handles:
+            return
+        if self.running:
+            _, busy = ray.wait(self.running, num_returns=len(self.running), timeout=0)
+            if busy:
+                return
+        refs = [handle.close_worker.remote() for handle in self.handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e:  # closing is best effort; the kill below follows anyway
+                logger.warning("%s: closing a worker failed: %s", self.label, e)
+        self.abandoned.extend(ref for ref in refs if ref not in ready)
 
     def shutdown(self) -> None:
         if self.closed:
             return
         self.closed = True
         if ray.is_initialized():
+            self._close_workers()
             for handle in self.handles:
                 try:
                     ray.kill(handle, no_restart=True)
@@ -570,6 +606,7 @@ class RayWorkerGroup(WorkerGroup):
             handle.execute.remote(target, *args, **kwargs)
             for handle, (args, kwargs) in zip(self._actors.handles, calls, strict=True)
         ]
+        self._actors.started(refs)
         return _RayPending(self._actors, self._label, method_name, refs)
 
     def _execute(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
@@ -591,7 +628,9 @@ class RayWorkerGroup(WorkerGroup):
         self._actors.abandoned.extend(h.request_stop.remote(signum) for h in self._actors.handles)
 
     def shutdown(self) -> None:
-        """Kill the actors (of every role, for a colocated group) and release the pool.
+        """Close the workers (``Worker.close``, when no call runs and none died; at most
+        ``_CLOSE_GRACE_S``), kill the actors (of every role, for a colocated group) and
+        release the pool.
 
         The pool's placement groups are removed once no other group uses them. Idempotent.
         """

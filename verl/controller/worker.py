@@ -155,6 +155,12 @@ class Worker:
         point. ``WorkerGroup.request_stop`` delivers it, also while a call runs."""
         self.__dict__.setdefault(_STOP_ATTR, signum)
 
+    def close(self) -> None:
+        """Release what the worker holds outside its process's memory (an inference engine,
+        temporary files). Its group's ``shutdown`` calls it once, before a remote backend
+        kills the process; no-op by default."""
+        return None
+
     @property
     def stop_signum(self) -> int | None:
         """The signal number of the first stop request, or None: a loop polls this."""

@@ -285,10 +285,11 @@ class WorkerGroup(ABC):
         return {role: self._role_view(role) for role in self._worker_cls.role_specs}
 
     def shutdown(self) -> None:
-        """Release the group's worker processes (nothing to release for in-process workers).
+        """Close the workers (``Worker.close``) and release the group's processes.
 
-        A remote backend kills its workers; the per-role groups of ``spawn()`` share them, so
-        shutting down one role's group shuts down every role. Calls afterwards raise.
+        A remote backend kills its workers after closing them; the per-role groups of
+        ``spawn()`` share them, so shutting down one role's group shuts down every role.
+        Calls afterwards raise (remote) or find no worker (local). Idempotent.
         """
         return None
 

@@ -199,6 +199,12 @@ class RolloutEngine(abc.ABC):
         """Undo :meth:`sleep` before generating; no-op by default."""
         return None
 
+    def close(self) -> None:
+        """Release what the engine holds outside this object (an inference engine's
+        processes, memory and temporary files); the worker calls it once, at shutdown.
+        No-op by default."""
+        return None
+
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module) -> Iterator[None]:

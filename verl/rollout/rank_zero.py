@@ -199,9 +199,8 @@ class RankZeroRollout(RolloutEngine):
             self.engine.wake_up()
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def _broadcast_flag(flag: int | None) -> int:

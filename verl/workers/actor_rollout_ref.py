@@ -545,6 +545,12 @@ class ActorRolloutRefWorker(Worker):
 
         return loss_fn
 
+    def close(self) -> None:
+        """Release the rollout engine (an inference engine's processes, memory and model
+        directory); the worker group's shutdown calls it."""
+        if self.rollout is not None:
+            self.rollout.close()
+
     # ------------------------------------------------------------------ export
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf(self, out_dir: str) -> str:
