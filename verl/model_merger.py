@@ -127,17 +127,11 @@ def _build_actor(hf_dir: Path, state: dict[str, torch.Tensor], trust_remote_code
 def _write_critic(
     hf_dir: Path, state: dict[str, torch.Tensor], out: Path, trust_remote_code: bool
 ) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModel
 
-    from verl.models.value_model import VALUE_HEAD_FILENAME
+    from verl.models.value_model import save_value_head, split_critic_state
 
-    body_state = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
-    head_state = {
-        k[len("value_head.") :]: v.contiguous()
-        for k, v in state.items()
-        if k.startswith("value_head.")
-    }
+    body_state, head_state = split_critic_state(state)
     if not head_state:
         raise CheckpointError("critic: the checkpoint has no value_head.* weights")
     config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
@@ -148,7 +142,7 @@ def _write_critic(
     body.to_empty(device="cpu")
     _fill(body, body_state, "critic body")
     body.save_pretrained(out, safe_serialization=True)
-    save_file(head_state, out / VALUE_HEAD_FILENAME, metadata={"format": "pt"})
+    save_value_head(head_state, out)
 
 
 def merge_checkpoint(

@@ -561,6 +561,7 @@ def test_export_gives_the_trained_actor_and_critic(rl_config, tmp_path, tiny_mod
             "algorithm.adv_estimator=gae",
             "critic.ppo_mini_batch_size=2",
             "critic.ppo_micro_batch_size_per_device=2",
+            CRITIC_HF_MODEL,
             f"trainer.default_local_dir={tmp_path / 'run'}",
         )
     )
@@ -581,10 +582,24 @@ def test_export_gives_the_trained_actor_and_critic(rl_config, tmp_path, tiny_mod
     text = "What is 12 + 7?\nAnswer: 19"
     exported = AutoTokenizer.from_pretrained(actor)(text)["input_ids"]
     assert exported == AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"]
+    # the critic's hf_model: the checkpoint holds what the export wrote, bit for bit
+    assert_same_critic_files(checkpoint / "critic" / "huggingface", tmp_path / "hf" / "critic")
 
 
 HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+CRITIC_HF_MODEL = "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 HF_WEIGHTS = Path("huggingface") / "model.safetensors"  # under a checkpoint's actor/
+
+
+def assert_same_critic_files(saved: Path, exported: Path) -> None:
+    """A checkpoint's critic/huggingface and ``verl export --role critic``'s directory
+    hold the same body and value head, and the saved one loads as a critic."""
+    from verl.models import CausalLMWithValueHead
+    from verl.models.value_model import VALUE_HEAD_FILENAME
+
+    for name in ("model.safetensors", VALUE_HEAD_FILENAME):
+        assert_bitwise(load_file(saved / name), load_file(exported / name))
+    CausalLMWithValueHead.from_pretrained(saved)
 
 
 def test_hf_model_in_save_contents_puts_a_loadable_model_in_each_checkpoint(rl_config, tmp_path):
@@ -668,7 +683,7 @@ def test_two_fsdp2_ranks_resume_export_and_load_in_one_process(rl_config, ray_se
     straight.fit()
 
     # hf_model: the ranks gather the full weights for rank 0 to write at every save
-    cfg = rl_config(*two_ranks, HF_MODEL, f"trainer.default_local_dir={run_dir}")
+    cfg = rl_config(*two_ranks, HF_MODEL, CRITIC_HF_MODEL, f"trainer.default_local_dir={run_dir}")
     first = RLTrainer(cfg)
     _crash_at(first, 3)
     with pytest.raises(_Crash):
@@ -701,6 +716,9 @@ def test_two_fsdp2_ranks_resume_export_and_load_in_one_process(rl_config, ray_se
 
     diffs = _export_diffs(run_dir / "global_step_4", tmp_path / "hf", *live)
     assert diffs["log_prob"] < 1e-5 and diffs["value"] < 1e-5, diffs
+    assert_same_critic_files(
+        run_dir / "global_step_4" / "critic" / "huggingface", tmp_path / "hf" / "critic"
+    )
 
     # The two-rank checkpoint in one process (single engine): DCP re-shards to full tensors.
     one = RLTrainer(

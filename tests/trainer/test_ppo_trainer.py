@@ -172,8 +172,8 @@ def test_ppo_with_critic_runs(rl_config):
             "partial checkpoints are not implemented (it lacks optimizer, extra;",
         ),
         (
-            "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-            "hf_model is implemented for the actor only",
+            "critic.model.lora_rank=4 critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+            "hf_model is not implemented for a LoRA critic (critic.model.lora_rank=4)",
         ),
         (
             "actor_rollout_ref.actor.checkpoint.load_contents=[model]",
@@ -185,7 +185,7 @@ def test_unsupported_settings_fail_before_loading(rl_config, override, phrase):
     from verl.trainer.setup import NotSupportedYet
 
     with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
-        RLTrainer(rl_config(override))
+        RLTrainer(rl_config(*override.split()))
 
 
 def test_reward_model_scores_replace_rules(rl_config, tmp_path):

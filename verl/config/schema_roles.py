@@ -157,7 +157,7 @@ class CheckpointConfig:
     save_contents: list[CheckpointContent] = entry(
         ["model", "optimizer", "extra"],
         "parts saved: model, optimizer, extra (scheduler, RNG), all needed to resume; "
-        "+ hf_model (actor): a loadable HF model in huggingface/",
+        "+ hf_model: a loadable HF model in huggingface/ (not for a LoRA critic)",
     )
     load_contents: list[CheckpointContent] | None = entry(
         None,

@@ -162,9 +162,26 @@ class CausalLMWithValueHead(nn.Module):
         save_dir = Path(save_dir)
         save_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(save_dir)
-        head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
-        save_file(head, save_dir / VALUE_HEAD_FILENAME, metadata={"format": "pt"})
+        save_value_head(self.value_head.state_dict(), save_dir)
         return save_dir
+
+
+def split_critic_state(
+    state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A critic's full state dict as ``(body, head)``: the HF body's weights (``model.``
+    stripped: what the body's ``save_pretrained`` takes) and the value head's
+    (``value_head.`` stripped)."""
+    body = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
+    head = {k[len("value_head.") :]: v for k, v in state.items() if k.startswith("value_head.")}
+    return body, head
+
+
+def save_value_head(head: Mapping[str, torch.Tensor], save_dir: str | os.PathLike) -> None:
+    """Write the value head's weights as ``value_head.safetensors`` in ``save_dir`` (what
+    :meth:`CausalLMWithValueHead.from_pretrained` loads beside the body)."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in head.items()}
+    save_file(tensors, Path(save_dir) / VALUE_HEAD_FILENAME, metadata={"format": "pt"})
 
 
 def load_reward_model(

@@ -117,11 +117,11 @@ def check_supported(cfg: TrainerConfig) -> None:
                 f"lacks {', '.join(missing)}; resume restores model, optimizer and extra "
                 "state); leave it null or list all three"
             )
-    if "hf_model" in cfg.critic.checkpoint.save_contents:
+    if "hf_model" in cfg.critic.checkpoint.save_contents and cfg.critic.model.lora_rank > 0:
         problems.append(
             f"critic.checkpoint.save_contents={list(cfg.critic.checkpoint.save_contents)}: "
-            "hf_model is implemented for the actor only; export the critic of a checkpoint "
-            "with `verl export --role critic`"
+            f"hf_model is not implemented for a LoRA critic (critic.model.lora_rank="
+            f"{cfg.critic.model.lora_rank}); export it with `verl export --role critic`"
         )
     if problems:
         raise NotSupportedYet("; ".join(problems))

@@ -474,6 +474,27 @@ def save_hf_model(
     )
 
 
+def save_critic_model(
+    module: Any,
+    tokenizer: Any,
+    out_dir: str | os.PathLike[str],
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a critic (``CausalLMWithValueHead``) as ``verl export --role critic`` does: the
+    body as a HF directory plus ``value_head.safetensors``, atomically. ``state_dict``: the
+    full weights when the module holds shards (FSDP2)."""
+    from verl.models.value_model import save_value_head, split_critic_state
+
+    body, head = split_critic_state(state_dict if state_dict is not None else module.state_dict())
+    return atomic_save_pretrained(
+        module.model,
+        tokenizer,
+        out_dir,
+        state_dict=body,
+        extra=lambda tmp: save_value_head(head, tmp),
+    )
+
+
 def own_old_log_prob_metrics(data: DataProto, recorded: list) -> dict[str, float]:
     """The old-log-prob pass's metrics from an update that stood in for it.
 

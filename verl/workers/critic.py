@@ -42,6 +42,7 @@ from verl.workers.common import (
     micro_batches,
     precision_options,
     run_ppo_update,
+    save_critic_model,
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
@@ -206,11 +207,9 @@ class CriticWorker(Worker):
     ) -> None:
         """Write this rank's share of a run checkpoint (a collective under FSDP2): the critic
         engine, this rank's RNG and update counter; rank 0 writes the body's HF config (and
-        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``.
-        ``hf_weights`` (the actor's ``hf_model``) is refused: ``verl export --role critic``
-        writes the critic's model."""
-        if hf_weights:
-            raise ValueError("critic checkpoints do not hold a HF model (save_contents hf_model)")
+        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``, or with
+        ``hf_weights`` (``save_contents`` has ``hf_model``) the whole critic as that export
+        writes it (body + ``value_head.safetensors``; not for a LoRA critic)."""
         save_worker_checkpoint(
             self.engine,
             path,
@@ -218,7 +217,14 @@ class CriticWorker(Worker):
             world_size=self.world_size,
             counters={"update_calls": self._update_calls},
         )
-        if hf_config_dir is not None and self.rank == 0:
+        if hf_weights:
+            if hf_config_dir is None or is_lora_model(self.engine.module):
+                raise ValueError("hf_weights needs hf_config_dir and a critic without LoRA")
+            sharded = self.config.engine_strategy("critic") == "fsdp2"
+            state = self.engine.state_dict_for_save() if sharded else None
+            if self.rank == 0:
+                save_critic_model(self.engine.module, self.tokenizer, hf_config_dir, state)
+        elif hf_config_dir is not None and self.rank == 0:
             save_hf_metadata(self.engine.module, self.tokenizer, hf_config_dir)
             if is_lora_model(self.engine.module):  # export folds the adapters in (model_merger)
                 lora_config_of(self.engine.module).save_pretrained(hf_config_dir)
