@@ -9,8 +9,11 @@ native meaning that could change results is refused with :class:`AliasError`, wh
 gives the native spelling; one whose effect the native code already has, or that cannot
 change results here, is dropped with a note saying why.
 
+Upstream verl's run-script keys (``*_per_gpu``, ``trainer.critic_warmup``, ...) have a table
+of their own, :mod:`verl.compat.upstream`, which :func:`translate_tree` applies first.
+
 Two entry points, each called once by the config package (its only dependency on this
-module, which imports nothing of verl and never torch):
+module, which imports nothing of verl but that table, and never torch):
 
 * :func:`translate_flat_kwargs` — keyword arguments of ``TrainerConfig(...)``
   (called from ``verl/config/schema.py``, ``_init_with_flat_keys``);
@@ -31,6 +34,8 @@ import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from verl.compat.upstream import translate_upstream
 
 logger = logging.getLogger("verl.compat")
 
@@ -161,6 +166,7 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
     with their torch dtypes named. Raises :class:`AliasError`.
     """
     out = replace_dtypes(copy.deepcopy(dict(tree)))
+    translate_upstream(out, root, AliasError)  # upstream verl's run-script keys
     if root != "TrainerConfig":
         return out
     for where, (section, model) in _TRAINABLE.items():

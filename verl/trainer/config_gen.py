@@ -87,14 +87,51 @@ def table_markers(kind: str) -> tuple[str, str]:
     )
 
 
+def upstream_table() -> str:
+    """A markdown table of upstream verl's run-script keys and how each is read here
+    (``verl.compat.upstream``): renamed, dropped (with the reason) or refused."""
+    from verl.compat.upstream import OFFLINE_UPSTREAM_KEYS, UPSTREAM_KEYS
+
+    lines = ["| upstream key | trainer | read as |", "|---|---|---|"]
+    rows = [(k, "RL", v) for k, v in UPSTREAM_KEYS.items()]
+    rows += [(k, "SFT, DPO", v) for k, v in OFFLINE_UPSTREAM_KEYS.items()]
+    rows.append(("`*_per_gpu` (any section)", "all", None))
+    for key, trainer, entry in rows:
+        if entry is None:
+            read = "renamed `*_per_device`"
+        elif entry.native is not None:
+            read = f"renamed `{entry.native}`"
+            if entry.value is not None:  # data.filter_overlong_prompts
+                read = f"true: `{entry.native}=drop`; false: dropped ({entry.reason})"
+        else:
+            read = f"dropped: {entry.reason}"
+        if entry is not None and entry.keeps is not None and entry.refusal:
+            kept = ", ".join(show(v) for v in entry.keeps)
+            read = f"{kept}: {read}; other values refused: {entry.refusal}"
+        name = key if key.startswith("`") else f"`{key}`"
+        cells = (name, trainer, read)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+UPSTREAM_MARKERS = (
+    "<!-- BEGIN GENERATED UPSTREAM KEYS TABLE (python -m verl.trainer.config_gen docs FILE) -->",
+    "<!-- END GENERATED UPSTREAM KEYS TABLE -->",
+)
+
+
 def with_tables(doc: str) -> str:
-    """``doc`` with every marked key table (PPO, SFT, DPO) regenerated from the schema."""
-    for kind, (cls, _, _) in KINDS.items():
-        begin, end = table_markers(kind)
+    """``doc`` with every marked table (the PPO, SFT, DPO keys; upstream verl's keys)
+    regenerated from the schema and the alias table."""
+    tables = [
+        (table_markers(kind), lambda c=cls: config_table(c)) for kind, (cls, _, _) in KINDS.items()
+    ]
+    tables.append((UPSTREAM_MARKERS, upstream_table))
+    for (begin, end), make in tables:
         head, found_begin, rest = doc.partition(begin)
         _, found_end, tail = rest.partition(end)
         if found_begin and found_end:
-            doc = f"{head}{begin}\n{config_table(cls)}{end}{tail}"
+            doc = f"{head}{begin}\n{make()}{end}{tail}"
         elif found_begin or found_end:
             raise ValueError(f"unbalanced markers {begin!r} ... {end!r}")
     return doc

@@ -1,0 +1,327 @@
+"""Upstream verl's run-script keys, read onto this schema.
+
+Upstream verl's example scripts (``examples/*/run_*.sh``) set keys that this schema spells
+differently, or that configure machinery this build does not have (GPU engine knobs,
+Ascend features, sequence parallelism). So that such a script runs as pasted, each key of
+:data:`UPSTREAM_KEYS` is, by its value:
+
+- **renamed** to the native key with the same meaning (``*_per_gpu`` becomes
+  ``*_per_device`` everywhere; ``model.use_remove_padding`` is ``pack_sequences``);
+- **dropped with a note** when the value asks for what happens here anyway, or for a
+  setting that changes speed or memory and never results (an engine's eager mode, batch
+  balancing across ranks, the log-prob passes' token budgets);
+- **refused** (:class:`~verl.compat.aliases.AliasError`) when the value would change results
+  and has no native meaning; the message says what to use instead.
+
+Every rename and drop logs one WARNING on the ``verl.compat`` logger naming the native
+key or the reason. :func:`translate_upstream` runs inside
+:func:`verl.compat.aliases.translate_tree`, so YAML files and command-line overrides read
+the same table. ``docs/config.md`` lists it (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("verl.compat")
+
+__all__ = ["OFFLINE_UPSTREAM_KEYS", "UPSTREAM_KEYS", "UpstreamKey", "translate_upstream"]
+
+DROP = object()  # UpstreamKey.value's answer for "drop this value with the reason"
+
+
+@dataclass(frozen=True)
+class UpstreamKey:
+    """How one upstream key is read.
+
+    ``native``: the key it becomes (``None``: dropped). ``keeps``: the values that are
+    dropped or renamed (``None``: any value); another value is refused with ``refusal``.
+    ``reason``: why a dropped key changes nothing here. ``value``: maps the upstream value
+    to the native one (default: unchanged), or to :data:`DROP` to drop it after all.
+    """
+
+    native: str | None = None
+    reason: str = ""
+    keeps: tuple[Any, ...] | None = None
+    refusal: str = ""
+    value: Callable[[Any], Any] | None = None
+
+
+def _drop(reason: str, keeps: tuple[Any, ...] | None = None, refusal: str = "") -> UpstreamKey:
+    return UpstreamKey(reason=reason, keeps=keeps, refusal=refusal)
+
+
+_NO_SP = (
+    "sequence parallelism (Ulysses) is not implemented here; set it to 1 (long sequences: "
+    "activation checkpointing, actor.logprob_chunk_size, a smaller token budget)"
+)
+_LOG_PROB_BUDGET = (
+    "the log-prob passes micro-batch by the actor's own settings (actor.use_dynamic_bsz, "
+    "actor.ppo_max_token_len_per_device, rollout/ref.log_prob_micro_batch_size_per_device); "
+    "micro-batching changes memory and speed, never the log-probs"
+)
+_NOT_HERE = "is not implemented here; leave it null"
+
+# The RL trainer's keys (TrainerConfig), upstream spelling -> how it is read.
+UPSTREAM_KEYS: dict[str, UpstreamKey] = {
+    # data
+    "data.filter_overlong_prompts": UpstreamKey(
+        native="data.truncation",
+        keeps=(True, False),
+        value=lambda on: "drop" if on else DROP,
+        reason="prompts over data.max_prompt_length then follow data.truncation (default error)",
+    ),
+    "data.return_raw_chat": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
+    "data.return_raw_input_ids": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
+    "data.return_full_prompt": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
+    "data.reward_fn_key": _drop(
+        "the reward function is chosen by each row's data_source column",
+        keeps=("data_source",),
+        refusal="rewards are chosen by the data_source column; rename your column to it",
+    ),
+    "data.custom_cls.path": _drop(
+        "no custom dataset class",
+        keeps=(None,),
+        refusal="custom dataset classes are not supported; give parquet/jsonl files with a "
+        "prompt column (docs/data.md)",
+    ),
+    "data.custom_cls.name": _drop(
+        "no custom dataset class", keeps=(None,), refusal="see data.custom_cls.path"
+    ),
+    # model, actor, rollout, reference
+    "actor_rollout_ref.hybrid_engine": _drop(
+        "the actor, the rollout and the reference always share one worker (hybrid engine)",
+        keeps=(True,),
+        refusal="the rollout always shares the actor's worker here; a separate rollout pool "
+        "is resource_pool.* with rollout.name=vllm",
+    ),
+    "actor_rollout_ref.model.use_remove_padding": UpstreamKey(
+        native="actor_rollout_ref.actor.pack_sequences"
+    ),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _drop(
+        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
+    ),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _drop(
+        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
+    ),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": _drop(
+        "one engine rank generates",
+        keeps=(1,),
+        refusal="tensor-parallel rollout engines are not available here (the weight push is "
+        "in-process); set 1 (native: rollout.vllm.tensor_parallel_size)",
+    ),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": UpstreamKey(
+        native="actor_rollout_ref.rollout.vllm.gpu_memory_utilization"
+    ),
+    "actor_rollout_ref.rollout.enforce_eager": UpstreamKey(
+        native="actor_rollout_ref.rollout.vllm.enforce_eager"
+    ),
+    "actor_rollout_ref.rollout.free_cache_engine": _drop(
+        "a rollout engine sleeps after generating and wakes before, always"
+    ),
+    "actor_rollout_ref.rollout.calculate_log_probs": _drop(
+        "every rollout returns its sampling log-probs (rollout_log_probs), and the rollout/* "
+        "mismatch metrics are logged every step"
+    ),
+    "actor_rollout_ref.rollout.mode": _drop(
+        "generation runs in the worker (sync)",
+        keeps=("sync",),
+        refusal="upstream's server-mode rollout is not here: one-step-off asynchronous "
+        "training is trainer.async_rollout=true, tools and turns rollout.multi_turn",
+    ),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": _drop(
+        "a vLLM scheduling limit (speed and memory); not passed on"
+    ),
+    "actor_rollout_ref.rollout.max_num_seqs": _drop(
+        "a vLLM scheduling limit (speed and memory); not passed on"
+    ),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": _drop(
+        "a vLLM scheduling choice (speed and memory); not passed on"
+    ),
+    "actor_rollout_ref.rollout.disable_log_stats": _drop("vLLM's own statistics are not logged"),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _drop(_LOG_PROB_BUDGET),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _drop(_LOG_PROB_BUDGET),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": _drop(_LOG_PROB_BUDGET),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": _drop(_LOG_PROB_BUDGET),
+    # critic
+    "critic.model.use_remove_padding": UpstreamKey(native="critic.pack_sequences"),
+    "critic.ulysses_sequence_parallel_size": _drop(
+        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
+    ),
+    "critic.forward_max_token_len_per_gpu": _drop(
+        "the critic's value pass micro-batches by critic.ppo_max_token_len_per_device "
+        "(or critic.forward_micro_batch_size_per_device); memory and speed only"
+    ),
+    "critic.model.fsdp_config.param_offload": UpstreamKey(
+        native="critic.fsdp_config.param_offload"
+    ),
+    "critic.model.fsdp_config.optimizer_offload": UpstreamKey(
+        native="critic.fsdp_config.optimizer_offload"
+    ),
+    "critic.model.fsdp_config.reshard_after_forward": UpstreamKey(
+        native="critic.fsdp_config.reshard_after_forward"
+    ),
+    # trainer
+    "trainer.critic_warmup": _drop(
+        "the critic and the actor both update from the first step",
+        keeps=(0,),
+        refusal="critic warm-up steps (critic updates only) are not implemented here; set 0",
+    ),
+    "trainer.balance_batch": _drop(
+        "it reorders rows across data-parallel ranks for speed; losses are aggregated over "
+        "the whole batch, and micro-batches here are token-budgeted per rank"
+    ),
+    "trainer.max_actor_ckpt_to_keep": UpstreamKey(native="trainer.max_ckpt_to_keep"),
+    "trainer.max_critic_ckpt_to_keep": UpstreamKey(native="trainer.max_ckpt_to_keep"),
+    "trainer.del_local_ckpt_after_load": _drop(
+        "checkpoints are kept after a resume",
+        keeps=(False,),
+        refusal="checkpoints are never deleted on load here (retention: trainer.max_ckpt_to_keep)",
+    ),
+    "trainer.esi_redundant_time": _drop(
+        "an Ascend elastic-training setting; nothing here reads it"
+    ),
+    "trainer.ray_wait_register_center_timeout": _drop(
+        "upstream's worker registration; Ray worker groups here report a start-up failure "
+        "by rank (trainer.worker_heartbeat_timeout for stalls)"
+    ),
+    "trainer.default_hdfs_dir": _drop(
+        "no HDFS copy", keeps=(None,), refusal="copying checkpoints to HDFS " + _NOT_HERE
+    ),
+    "trainer.val_only": _drop(
+        "the run trains",
+        keeps=(False,),
+        refusal="a validation-only run is `verl eval` here (docs/cli.md); set false",
+    ),
+    "trainer.rollout_data_dir": _drop(
+        "no rollout dump",
+        keeps=(None,),
+        refusal="dumping rollouts to a directory " + _NOT_HERE + " (metrics go "
+        "to trainer.logger; samples: trainer.log_val_generations)",
+    ),
+    "trainer.validation_data_dir": _drop(
+        "no validation dump",
+        keeps=(None,),
+        refusal="dumping validation generations to a directory "
+        + _NOT_HERE
+        + " (trainer.log_val_generations logs them as a table)",
+    ),
+    "ray_init.num_cpus": _drop(
+        "a local Ray cluster gets max(the machine's CPUs, the run's processes) logical CPUs"
+    ),
+    "ray_init.timeline_json_file": _drop(
+        "no Ray timeline", keeps=(None,), refusal="Ray timelines " + _NOT_HERE
+    ),
+}
+
+# FSDP wrapping knobs, wherever upstream puts a role's fsdp_config
+for _fsdp in (
+    "actor_rollout_ref.actor.fsdp_config",
+    "actor_rollout_ref.ref.fsdp_config",
+    "critic.model.fsdp_config",
+):
+    UPSTREAM_KEYS[f"{_fsdp}.fsdp_size"] = _drop(
+        "FSDP2 shards over all of the role's ranks",
+        keeps=(-1,),
+        refusal="hybrid sharding (FSDP within groups of ranks) is not implemented; set -1",
+    )
+    UPSTREAM_KEYS[f"{_fsdp}.wrap_policy.min_num_params"] = _drop(
+        "FSDP2 wraps each decoder layer (and the whole model) here; the wrapping changes "
+        "memory and speed, not results"
+    )
+    UPSTREAM_KEYS[f"{_fsdp}.wrap_policy.transformer_layer_cls_to_wrap"] = _drop(
+        "FSDP2 wraps each decoder layer (the model's own layer class) here"
+    )
+
+# The offline trainers' keys (SFTConfig, DPOConfig), read the same way.
+OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
+    "model.partial_pretrain": UpstreamKey(native="model.path"),
+    "trainer.default_hdfs_dir": UPSTREAM_KEYS["trainer.default_hdfs_dir"],
+    "model.fsdp_config.param_offload": _drop(
+        "the offline engine keeps parameters where it trains them",
+        keeps=(False,),
+        refusal="CPU offload of the offline trainers is not implemented; set false",
+    ),
+    "model.fsdp_config.cpu_offload": _drop(
+        "the offline engine keeps parameters where it trains them",
+        keeps=(False,),
+        refusal="CPU offload of the offline trainers is not implemented; set false",
+    ),
+    "ulysses_sequence_parallel_size": _drop("no sequence parallelism", keeps=(1,), refusal=_NO_SP),
+    "use_remove_padding": _drop("SFT pads or packs by data.packing"),
+}
+
+
+def translate_upstream(tree: dict[str, Any], root: str, error: type[Exception]) -> None:
+    """Read ``tree``'s upstream keys in place (see the module docstring); ``error`` is the
+    exception raised for a refused value."""
+    table = UPSTREAM_KEYS if root == "TrainerConfig" else OFFLINE_UPSTREAM_KEYS
+    for path, key in table.items():
+        found, value = _pop(tree, path)
+        if not found:
+            continue
+        if key.keeps is not None and value not in key.keeps:
+            raise error(f"{path}={value!r}: {key.refusal or key.reason}")
+        native_value = key.value(value) if key.value is not None else value
+        if key.native is None or native_value is DROP:
+            logger.warning("%s=%r is dropped: %s", path, value, key.reason)
+            continue
+        _set(tree, key.native, native_value, path, error)
+    _rename_per_gpu(tree, "", error)
+
+
+def _pop(tree: dict[str, Any], path: str) -> tuple[bool, Any]:
+    """Remove ``path`` from ``tree``; ``(found, value)``. Emptied parents are removed."""
+    *parents, last = path.split(".")
+    chain = [tree]
+    for part in parents:
+        node = chain[-1].get(part)
+        if not isinstance(node, dict):
+            return False, None
+        chain.append(node)
+    if last not in chain[-1]:
+        return False, None
+    value = chain[-1].pop(last)
+    for parent, part in zip(reversed(chain[:-1]), reversed(parents), strict=True):
+        if parent[part]:
+            break
+        del parent[part]
+    return True, value
+
+
+def _set(tree: dict[str, Any], path: str, value: Any, alias: str, error: type[Exception]) -> None:
+    *parents, last = path.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise error(f"{alias} sets {path}, but {part} is not a mapping")
+    if last in node and node[last] != value:
+        raise error(
+            f"{alias} sets {path}={value!r}, but {path} is also given as {node[last]!r}; give "
+            "one of them"
+        )
+    node[last] = value
+    logger.warning("config alias %s -> %s=%r (the native spelling)", alias, path, value)
+
+
+def _rename_per_gpu(node: dict[str, Any], prefix: str, error: type[Exception]) -> None:
+    """``*_per_gpu`` keys become ``*_per_device`` (upstream says GPU where this says device)."""
+    for name in list(node):
+        value = node[name]
+        if isinstance(value, dict):
+            _rename_per_gpu(value, f"{prefix}{name}.", error)
+        if name.endswith("_per_gpu"):
+            native = name[: -len("_per_gpu")] + "_per_device"
+            if native in node and node[native] != value:
+                raise error(
+                    f"{prefix}{name}={value!r} and {prefix}{native}={node[native]!r} are the "
+                    "same key; give one of them"
+                )
+            node[native] = node.pop(name)
+            logger.warning(
+                "config alias %s%s -> %s%s (the native spelling)", prefix, name, prefix, native
+            )
