@@ -74,6 +74,9 @@ def _check_native(cfg) -> None:
     assert cfg.critic.ppo_micro_batch_size_per_device == 2
     assert cfg.critic.fsdp_config.param_offload and cfg.critic.fsdp_config.optimizer_offload
     assert cfg.trainer.max_ckpt_to_keep == 3
+    # upstream's own trainer keys, native here (tests/trainer/test_run_options.py)
+    assert cfg.trainer.critic_warmup == 0 and cfg.trainer.val_only is False
+    assert cfg.trainer.rollout_data_dir is None and cfg.trainer.validation_data_dir is None
 
 
 def test_an_upstream_run_script_loads_with_a_note_per_key(caplog):
@@ -108,9 +111,7 @@ def test_the_same_keys_in_a_yaml_file(tmp_path):
         ("actor_rollout_ref.rollout.mode=async", "trainer.async_rollout=true"),
         ("actor_rollout_ref.hybrid_engine=False", "shares the actor's worker"),
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "hybrid sharding"),
-        ("trainer.critic_warmup=5", "critic warm-up steps"),
-        ("trainer.val_only=True", "`verl eval`"),
-        ("trainer.rollout_data_dir=/tmp/rollouts", "dumping rollouts"),
+        ("ray_init.timeline_json_file=/tmp/t.json", "Ray timelines"),
         ("trainer.del_local_ckpt_after_load=True", "never deleted on load"),
         ("data.reward_fn_key=source", "data_source column"),
         ("data.custom_cls.path=my_dataset.py", "custom dataset classes"),

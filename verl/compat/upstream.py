@@ -165,11 +165,6 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
         native="critic.fsdp_config.reshard_after_forward"
     ),
     # trainer
-    "trainer.critic_warmup": _drop(
-        "the critic and the actor both update from the first step",
-        keeps=(0,),
-        refusal="critic warm-up steps (critic updates only) are not implemented here; set 0",
-    ),
     "trainer.balance_batch": _drop(
         "it reorders rows across data-parallel ranks for speed; losses are aggregated over "
         "the whole batch, and micro-batches here are token-budgeted per rank"
@@ -190,24 +185,6 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     ),
     "trainer.default_hdfs_dir": _drop(
         "no HDFS copy", keeps=(None,), refusal="copying checkpoints to HDFS " + _NOT_HERE
-    ),
-    "trainer.val_only": _drop(
-        "the run trains",
-        keeps=(False,),
-        refusal="a validation-only run is `verl eval` here (docs/cli.md); set false",
-    ),
-    "trainer.rollout_data_dir": _drop(
-        "no rollout dump",
-        keeps=(None,),
-        refusal="dumping rollouts to a directory " + _NOT_HERE + " (metrics go "
-        "to trainer.logger; samples: trainer.log_val_generations)",
-    ),
-    "trainer.validation_data_dir": _drop(
-        "no validation dump",
-        keeps=(None,),
-        refusal="dumping validation generations to a directory "
-        + _NOT_HERE
-        + " (trainer.log_val_generations logs them as a table)",
     ),
     "ray_init.num_cpus": _drop(
         "a local Ray cluster gets max(the machine's CPUs, the run's processes) logical CPUs"

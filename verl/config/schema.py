@@ -275,6 +275,25 @@ class RunConfig(ClusterRunConfig):
     log_val_generations: int = entry(
         0, "validation samples (prompt, response, score) logged as a table per validation", ge=0
     )
+    rollout_data_dir: str | None = entry(
+        None,
+        "write each training step's rollouts to <dir>/<step>.jsonl (prompt, response, "
+        "ground_truth, score, data_source, step); may contain {project_name}, {experiment_name}",
+    )
+    validation_data_dir: str | None = entry(
+        None, "write each validation's generations to <dir>/<step>.jsonl (as rollout_data_dir)"
+    )
+    critic_warmup: int = entry(
+        0,
+        "first steps that update only the critic, so the actor's first update has a trained "
+        "value function (needs a critic)",
+        ge=0,
+    )
+    val_only: bool = entry(
+        False,
+        "validate once (the resumed checkpoint, else the initial model) and stop: no "
+        "training, no export",
+    )
     async_rollout: bool = entry(
         False,
         "one-step-off training: generate the next batches on a copy of the policy while the "

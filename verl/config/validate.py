@@ -579,6 +579,12 @@ def _check_trainer(c: Checks, cfg: TrainerConfig) -> None:
     t, p = cfg.trainer, "trainer"
     check_run(c, t, p)
     check_async_rollout(c, cfg)
+    if t.critic_warmup > 0 and not cfg.critic_enabled:
+        c.error(
+            (f"{p}.critic_warmup", "algorithm.adv_estimator"),
+            f"{p}.critic_warmup={t.critic_warmup}: the run has no critic "
+            f"(algorithm.adv_estimator={cfg.algorithm.adv_estimator}); set it to 0",
+        )
     if t.nnodes > 1 and t.backend == "local":
         c.error(
             (f"{p}.nnodes", f"{p}.backend"),

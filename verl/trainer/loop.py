@@ -26,6 +26,7 @@ from verl.protocol import DataProto
 from verl.trainer.dynamic_sampling import collect_informative_groups
 from verl.trainer.metrics import compute_data_metrics, compute_throughput_metrics, timer
 from verl.trainer.progress import advance
+from verl.trainer.samples import generation_samples, write_samples
 from verl.trainer.stopping import RunInterrupted, diverged_error, loss_not_finite
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = [
     "fit",
     "train_loop",
     "train_step",
+    "validate_only",
 ]
 
 
@@ -57,6 +59,8 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
         trainer.run_lock.acquire()  # released by close()
         trainer._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
         trainer.resume()
+        if cfg.val_only:
+            return validate_only(trainer)
         if cfg.val_before_train and trainer.val_dataset is not None:
             if trainer.resumed_from is None:
                 val = trainer.validate()
@@ -94,6 +98,20 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
             progress.close()
         trainer.close()
     return results
+
+
+def validate_only(trainer: RLTrainer) -> dict[str, Any]:
+    """``trainer.val_only``: one validation of the model as resumed (or as loaded), logged
+    at its step; no training, no checkpoint, no export."""
+    if trainer.val_dataset is None:
+        raise ValueError(
+            "trainer.val_only=true needs validation data: set data.val_files (or the "
+            "built-in data's data.arithmetic.val_size > 0)"
+        )
+    val = trainer.validate()
+    trainer.validation_history.append({"step": trainer.global_step, **val})
+    trainer.tracker.log(val, step=trainer.global_step)
+    return {"val_only": val, "resumed_from": trainer.resumed_from}
 
 
 def train_loop(trainer: RLTrainer, progress: tqdm) -> None:
@@ -163,6 +181,10 @@ def train_step(
     metrics |= trainer.update_policy(gen)
     step_seconds = time.perf_counter() - start
     metrics["timing_s/step"] = step_seconds
+    if trainer.rollout_data_dir is not None:  # outside the step's time
+        scores = gen.batch["token_level_scores"].sum(-1).tolist()
+        rows = generation_samples(gen, scores, trainer.tokenizer, len(gen))
+        write_samples(trainer.rollout_data_dir, trainer.global_step, rows)
     metrics |= compute_data_metrics(gen, trainer.config.data.max_response_length)
     metrics |= compute_throughput_metrics(gen, step_seconds)
     return metrics

@@ -73,6 +73,12 @@ def run_ppo(cfg: TrainerConfig) -> dict:
 
 def format_results(results: dict, seconds: float) -> str:
     """A before/after validation table and the run's wall time, for the console."""
+    if "val_only" in results:  # trainer.val_only: one validation, nothing trained
+        where = results.get("resumed_from") or "the initial model"
+        lines = [f"validation of {where}:"]
+        lines += [f"  {k}: {v:.4f}" for k, v in sorted(results["val_only"].items())]
+        lines.append(f"wall time: {seconds / 60:.1f} min")
+        return "\n".join(lines)
     before = results.get("val_before", {})
     after = results.get("val_after", {})
     lines = []

@@ -73,8 +73,13 @@ from verl.trainer.passes import old_log_prob_pass
 from verl.trainer.profiling import StepProfiler
 from verl.trainer.resume import RunCheckpointer, resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
-from verl.trainer.samples import generation_samples
-from verl.trainer.setup import check_supported, resolve_run_dirs, seed_everything
+from verl.trainer.samples import generation_samples, write_samples
+from verl.trainer.setup import (
+    check_supported,
+    resolve_run_dirs,
+    resolve_sample_dirs,
+    seed_everything,
+)
 from verl.trainer.stopping import StopRequests
 from verl.trainer.tracking import Tracker
 
@@ -117,6 +122,7 @@ class RLTrainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
+        self.rollout_data_dir, self.validation_data_dir = resolve_sample_dirs(cfg)
         self.profiler = StepProfiler(cfg.trainer.profile_steps, self.run_dir)
         # One run per directory: fail now if another run holds them; fit() takes the lock.
         self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
@@ -374,11 +380,15 @@ class RLTrainer:
         b["returns"] = returns
 
     def update_policy(self, gen: DataProto) -> dict[str, Any]:
-        """Critic then actor updates on a batch from :meth:`collect_data`."""
+        """Critic then actor updates on a batch from :meth:`collect_data`; the actor waits
+        for the first ``trainer.critic_warmup`` steps."""
         metrics: dict[str, Any] = {}
         if self.critic_wg is not None:
             with timer("update_critic", metrics):
                 metrics |= self.critic_wg.update_critic(gen)
+        if self.global_step <= self.config.trainer.critic_warmup:
+            metrics["actor/critic_warmup"] = 1.0
+            return metrics
         with timer("update_actor", metrics):
             metrics |= self.actor_rollout_wg.update_actor(gen)
         return metrics
@@ -424,6 +434,7 @@ class RLTrainer:
         sources: list[str] = []
         infos: list[Any] = []
         table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
+        dumped: list[dict[str, Any]] = []  # every sample, for trainer.validation_data_dir
         for start in range(0, len(self.val_dataset), bs):
             items = [
                 self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
@@ -442,12 +453,16 @@ class RLTrainer:
             batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
             want = cfg.trainer.log_val_generations - len(table)
             table += generation_samples(gen, batch_scores, self.tokenizer, want)
+            if self.validation_data_dir is not None:
+                dumped += generation_samples(gen, batch_scores, self.tokenizer, len(gen))
             scores.extend(batch_scores)
             # a scorer that reports no accuracy counts its score as the accuracy
             accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
             sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
             infos.extend(gen.non_tensor_batch.get("extra_info", [None] * len(batch_scores)))
         self.tracker.log_generations(table, step=self.global_step)
+        if self.validation_data_dir is not None:
+            write_samples(self.validation_data_dir, self.global_step, dumped)
         return compute_validation_metrics(accs, scores, sources, infos, cfg.trainer.val_group_by)
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,19 +1,23 @@
 """Generated batches as readable rows: decoded prompt and response text with their score.
 
-Used for the validation table (``trainer.log_val_generations``) and by ``verl generate`` /
-``verl eval``. Prompts are left-padded (``prompts`` with the first ``P`` columns of
+Used for the validation table (``trainer.log_val_generations``), the per-step files of
+``trainer.rollout_data_dir`` / ``validation_data_dir`` (:func:`write_samples`) and by
+``verl generate`` / ``verl eval``. Prompts are left-padded (``prompts`` with the first ``P`` columns of
 ``attention_mask``), responses right-padded (``responses`` with ``response_mask``); special
 tokens are skipped.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.atomic_io import write_text_atomic
 
 
 def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -53,3 +57,12 @@ def generation_samples(
         row["score"] = float(scores[i])
         out.append(row)
     return out
+
+
+def write_samples(out_dir: Path, step: int, rows: Sequence[dict[str, Any]]) -> Path:
+    """Write ``rows`` (:func:`generation_samples`), each with ``"step": step``, as
+    ``<out_dir>/<step>.jsonl``, atomically (a resumed run rewrites the steps it repeats)."""
+    path = Path(out_dir) / f"{step}.jsonl"
+    lines = (json.dumps({**row, "step": step}, ensure_ascii=False) for row in rows)
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    return path

@@ -6,6 +6,7 @@ import logging
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,21 +31,40 @@ def resolve_run_dirs(cfg: TrainerConfig) -> tuple[Path, Path]:
     ``{experiment_name}`` placeholders.
     """
     t = cfg.trainer
-    names = {"project_name": t.project_name, "experiment_name": t.experiment_name}
-    ckpt_dir = Path(os.path.expanduser(t.default_local_dir.format(**names)))
-    log_dir = Path(os.path.expanduser((t.log_dir or t.default_local_dir).format(**names)))
-    for key, path in (("trainer.log_dir", log_dir), ("trainer.default_local_dir", ckpt_dir)):
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / f".verl-write-test-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
-        except OSError as err:
-            raise ValueError(
-                f"{key}={str(path)!r} is not a writable directory ({err.strerror or err}): "
-                "point it at a directory this user can create and write"
-            ) from err
+    log_dir = _writable_dir("trainer.log_dir", t.log_dir or t.default_local_dir, t)
+    ckpt_dir = _writable_dir("trainer.default_local_dir", t.default_local_dir, t)
     return log_dir, ckpt_dir
+
+
+def resolve_sample_dirs(cfg: TrainerConfig) -> tuple[Path | None, Path | None]:
+    """``(rollout_data_dir, validation_data_dir)``: created and checked writable like
+    :func:`resolve_run_dirs`, or None where not set."""
+    t = cfg.trainer
+    return tuple(  # type: ignore[return-value]
+        None if value is None else _writable_dir(f"trainer.{key}", value, t)
+        for key, value in (
+            ("rollout_data_dir", t.rollout_data_dir),
+            ("validation_data_dir", t.validation_data_dir),
+        )
+    )
+
+
+def _writable_dir(key: str, template: str, t: Any) -> Path:
+    """The directory of ``template`` (``{project_name}``, ``{experiment_name}`` filled in),
+    created if missing; a ``ValueError`` naming ``key`` if it cannot be written."""
+    names = {"project_name": t.project_name, "experiment_name": t.experiment_name}
+    path = Path(os.path.expanduser(template.format(**names)))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".verl-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(
+            f"{key}={str(path)!r} is not a writable directory ({err.strerror or err}): "
+            "point it at a directory this user can create and write"
+        ) from err
+    return path
 
 
 def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], list[str]]:
