@@ -15,11 +15,67 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from verl.config import ConfigError, TrainerConfig, load_config, to_yaml
+from verl.config.load import ConfigProblem
 
 EXIT_CONFIG_ERROR = 2
+
+
+def add_config_file_args(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``, and Hydra's spelling of it that upstream verl's scripts use:
+    ``--config-path DIR --config-name NAME`` (see :func:`config_file`)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML file merged over the defaults")
+    parser.add_argument(
+        "--config-path", metavar="DIR", help="Hydra style: the directory of --config-name"
+    )
+    parser.add_argument(
+        "--config-name",
+        metavar="NAME",
+        help="Hydra style: NAME.yaml in --config-path (the packaged defaults' own name, e.g. "
+        "ppo_trainer, means the defaults)",
+    )
+
+
+def config_file(args: argparse.Namespace, defaults_name: str) -> str | None:
+    """The YAML file the arguments name: ``--config``, or ``--config-name`` looked up in
+    ``--config-path`` (relative to the working directory, then to ``verl/trainer``, as
+    Hydra resolves it beside the entry module). The packaged defaults' own name
+    (``defaults_name``) not found there means the defaults. Raises ``ConfigError``."""
+    name, where = args.config_name, args.config_path
+    if name is None:
+        if where is not None:
+            raise ConfigError([ConfigProblem("--config-path", "--config-path needs --config-name")])
+        return args.config
+    if args.config is not None:
+        raise ConfigError(
+            [ConfigProblem("--config-name", "give --config or --config-name, not both")]
+        )
+    stem = name[: -len(".yaml")] if name.endswith(".yaml") else name
+    tried = []
+    for base in (Path(where or "."), Path(__file__).parent / (where or "config")):
+        candidate = base / f"{stem}.yaml"
+        if candidate.is_file() and candidate.resolve() != _packaged(defaults_name):
+            return str(candidate)
+        tried.append(str(candidate))
+    if stem == defaults_name:
+        return None
+    raise ConfigError(
+        [
+            ConfigProblem(
+                "--config-name",
+                f"--config-name {name!r}: no such file (looked for {', '.join(tried)}); this build's "
+                f"packaged config is {defaults_name} (its defaults), anything else is a YAML "
+                "file of yours (--config FILE)",
+            )
+        ]
+    )
+
+
+def _packaged(name: str) -> Path:
+    return (Path(__file__).parent / "config" / f"{name}.yaml").resolve()
 
 
 def build_parser(prog: str = "python -m verl.trainer.main_ppo") -> argparse.ArgumentParser:
@@ -27,7 +83,7 @@ def build_parser(prog: str = "python -m verl.trainer.main_ppo") -> argparse.Argu
         prog=prog,
         description="Train a language model with PPO/GRPO. Settings: docs/config.md.",
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML file merged over the defaults")
+    add_config_file_args(parser)
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit"
     )
@@ -47,7 +103,7 @@ def config_from_argv(
     """Parse arguments and load the validated config (raises ``ConfigError``). Torch-free."""
     parser = build_parser() if prog is None else build_parser(prog)
     args = parser.parse_intermixed_args(argv)
-    return load_config(args.config, args.overrides), args
+    return load_config(config_file(args, "ppo_trainer"), args.overrides), args
 
 
 def run_ppo(cfg: TrainerConfig) -> dict:

@@ -19,7 +19,7 @@ from typing import Any
 
 from verl.config import ConfigError, SFTConfig, load_sft_config
 from verl.trainer.config_gen import default_yaml
-from verl.trainer.main_ppo import execute
+from verl.trainer.main_ppo import add_config_file_args, config_file, execute
 
 EXIT_CONFIG_ERROR = 2
 
@@ -27,7 +27,7 @@ EXIT_CONFIG_ERROR = 2
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The argument parser shared by the offline entry points (SFT, DPO)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", metavar="FILE", help="YAML file merged over the defaults")
+    add_config_file_args(parser)
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit"
     )
@@ -78,7 +78,7 @@ def run_offline(
         sys.stdout.write(default_yaml(kind))
         return 0
     try:
-        cfg = load(args.config, args.overrides)
+        cfg = load(config_file(args, f"{kind}_trainer"), args.overrides)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
