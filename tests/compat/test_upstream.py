@@ -164,3 +164,30 @@ def test_docs_list_every_upstream_key():
     text = DOCS.read_text()
     missing = [key for key in {**UPSTREAM_KEYS, **OFFLINE_UPSTREAM_KEYS} if f"`{key}`" not in text]
     assert not missing, f"docs/config.md does not list {missing}"
+
+
+@pytest.mark.slow
+def test_an_upstream_run_script_trains(tmp_path, capsys):
+    """The script's keys through ``main_ppo`` as a shell would pass them: two GAE steps on a
+    tiny model, checkpointed, exported."""
+    from verl.trainer import main_ppo
+
+    model = save_tiny_model_dir(tmp_path / "model", arch="qwen2")
+    sizes = [
+        f"actor_rollout_ref.model.path={model}",
+        "data.train_batch_size=4",
+        "data.max_response_length=6",
+        "data.arithmetic.train_size=16",
+        "data.arithmetic.val_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        "trainer.logger=['console']",
+        "trainer.mixed_precision=none",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"trainer.log_dir={tmp_path / 'run'}",
+    ]
+    argv = ["--config-path=config", "--config-name=ppo_trainer", *SCRIPT, *sizes]
+    assert main_ppo.main(argv) == 0, capsys.readouterr().err[-3000:]
+    assert (tmp_path / "run" / "global_step_2" / "critic").is_dir()
+    assert (tmp_path / "run" / "huggingface" / "model.safetensors").is_file()
