@@ -3,9 +3,10 @@
 The RL tests run ``python -m verl.trainer.main_ppo`` in a child process with a custom
 reward (so scoring runs in forked reward workers) that announces itself and then dawdles,
 so the signal lands in the middle of step 2's scoring; the last runs ``main_sft`` on two
-FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group. Every process the
-child starts inherits an environment variable unique to the test, which finds them even
-after they have been re-parented.
+FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group; another runs
+upstream's ``torchrun -m verl.trainer.fsdp_sft_trainer`` on two ranks and stops it with
+SIGTERM. Every process the child starts inherits an environment variable unique to the
+test, which finds them even after they have been re-parented.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from verl.config import to_yaml
+from verl.utils.distributed import find_free_port
 from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
@@ -171,4 +173,67 @@ def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path
         assert Path(stopped.group(2)) == tmp_path / f"global_step_{step}"
         assert (tmp_path / f"global_step_{step}" / "checkpoint.json").is_file()
         assert not (tmp_path / "huggingface").exists()
+        _assert_all_gone(mark, "the run stopped")
+
+
+def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tmp_path):
+    """``torchrun --nproc_per_node=2 -m verl.trainer.fsdp_sft_trainer`` with upstream's keys:
+    two FSDP2 ranks in torchrun's process group (no Ray), a two-rank checkpoint, the export;
+    then SIGTERM to torchrun mid-run stops both ranks after the same step, with its
+    checkpoint."""
+    from verl.trainer.checkpoint import read_manifest
+
+    def launch(run_dir: Path, steps: int) -> subprocess.Popen:
+        args = [
+            f"model.partial_pretrain={tiny_model_dir}",
+            "data.arithmetic.train_size=64",
+            "data.train_batch_size=4",
+            "data.micro_batch_size_per_gpu=2",
+            f"trainer.total_training_steps={steps}",
+            "trainer.save_freq=1000",
+            "trainer.logger=[jsonl]",
+            "trainer.device=cpu",
+            "trainer.num_threads=1",
+            "ulysses_sequence_parallel_size=1",
+            f"trainer.default_local_dir={run_dir}",
+            f"trainer.log_dir={run_dir}",
+        ]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+        torchrun += [f"--master_port={find_free_port()}", "--master_addr=127.0.0.1"]
+        return subprocess.Popen(
+            [*torchrun, "-m", "verl.trainer.fsdp_sft_trainer", *args],
+            env={**os.environ, MARK: mark, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+        )
+
+    mark = uuid.uuid4().hex
+    done = launch(tmp_path / "done", 2)
+    with _reaped(done, mark):
+        _, stderr = done.communicate(timeout=240)
+        assert done.returncode == 0, stderr.decode()[-3000:]
+    manifest = read_manifest(tmp_path / "done" / "global_step_2", verify=True)
+    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    assert (tmp_path / "done" / "huggingface" / "model.safetensors").is_file()
+
+    run_dir = tmp_path / "stopped"
+    child = launch(run_dir, 400)
+    with _reaped(child, mark):
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            if child.poll() is not None:
+                pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+            assert time.monotonic() < deadline, "the run never logged step 2"
+            time.sleep(0.1)
+        child.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+        _, stderr = child.communicate(timeout=120)
+        stderr = stderr.decode()
+        stopped = re.findall(r"run stopped by SIGTERM after step (\d+); checkpoint: (\S+)", stderr)
+        assert len(stopped) == 2 and stopped[0] == stopped[1], stderr[-3000:]
+        step = int(stopped[0][0])
+        assert Path(stopped[0][1]) == run_dir / f"global_step_{step}"
+        read_manifest(run_dir / f"global_step_{step}", verify=True)
         _assert_all_gone(mark, "the run stopped")

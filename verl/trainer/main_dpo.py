@@ -23,14 +23,10 @@ def run_dpo(cfg: DPOConfig) -> dict[str, Any]:
     """Train on a validated config (imports torch and transformers); returns the results."""
     import transformers
 
-    from verl.trainer.dpo_trainer import DPOTrainer
+    from verl.trainer.offline_launch import train_offline
 
     transformers.utils.logging.disable_progress_bar()
-    if cfg.trainer.world_size > 1:
-        from verl.trainer.offline_launch import train_on_ranks
-
-        return train_on_ranks("dpo", cfg)
-    return DPOTrainer(cfg).train()
+    return train_offline("dpo", cfg)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m verl.trainer.main_dpo") -> int:

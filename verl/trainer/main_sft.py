@@ -89,14 +89,10 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     """Train on a validated config (imports torch and transformers); returns the results."""
     import transformers
 
-    from verl.trainer.sft_trainer import SFTTrainer
+    from verl.trainer.offline_launch import train_offline
 
     transformers.utils.logging.disable_progress_bar()
-    if cfg.trainer.world_size > 1:
-        from verl.trainer.offline_launch import train_on_ranks
-
-        return train_on_ranks("sft", cfg)
-    return SFTTrainer(cfg).train()
+    return train_offline("sft", cfg)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m verl.trainer.main_sft") -> int:

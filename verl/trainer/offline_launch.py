@@ -15,6 +15,11 @@ writes the files other than the engine shards. The driver waits and gets rank 0'
 ``python -m verl.trainer.main_sft trainer.n_gpus_per_node=2`` does the same. A run killed
 in the middle (driver or a rank) resumes from its last checkpoint like a one-process run.
 
+Launched by ``torchrun`` instead (upstream verl's way: ``torchrun --nproc_per_node=N -m
+verl.trainer.fsdp_sft_trainer ...``), each process is one rank already:
+:func:`train_in_process_group` joins torchrun's process group and trains SPMD without Ray
+(``main_sft`` / ``main_dpo`` take this path when torchrun's environment says so).
+
 SIGTERM / SIGINT to the driver stop the run as they stop a one-process run: the driver
 forwards the request to the ranks (``WorkerGroup.request_stop``), rank 0 reads it after the
 step under way and broadcasts it, every rank saves the stop's checkpoint (when
@@ -45,7 +50,15 @@ from verl.utils.device import resolve_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OfflineTrainWorker", "start_rank_group", "train_on_ranks", "wait_forwarding_stops"]
+__all__ = [
+    "OfflineTrainWorker",
+    "launched_by_torchrun",
+    "start_rank_group",
+    "train_in_process_group",
+    "train_offline",
+    "train_on_ranks",
+    "wait_forwarding_stops",
+]
 
 
 def trainer_class(kind: str) -> type:
@@ -162,3 +175,63 @@ def wait_forwarding_stops(group: WorkerGroup, future: GroupFuture, poll_s: float
                 if requests.signum is not None and not forwarded:
                     group.request_stop(requests.signum)
                     forwarded = True
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of several ranks that ``torchrun`` started."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_WORLD_SIZE" in os.environ
+
+
+def train_in_process_group(kind: str, config: SFTConfig | DPOConfig) -> dict[str, Any]:
+    """Train ``config`` as this rank of a ``torchrun`` launch; returns this rank's results.
+
+    The ranks' layout comes from torchrun's environment (``WORLD_SIZE``, ``RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT``): a config left at one device
+    takes it (``nnodes`` x ``n_gpus_per_node``), one that names another layout is refused,
+    and ``engine.strategy`` single becomes fsdp2 (one copy per rank would train nothing
+    together). A SIGTERM / SIGINT that torchrun passes on stops every rank after the same
+    step (rank 0's request is broadcast), with the stop's checkpoint.
+    """
+    import torch.distributed as dist
+
+    from verl.utils.distributed import init_distributed
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    t = config.trainer
+    if t.world_size == 1:
+        t.nnodes, t.n_gpus_per_node = world // per_node, per_node
+    elif t.world_size != world:
+        raise ValueError(
+            f"trainer.nnodes x trainer.n_gpus_per_node = {t.world_size}, but torchrun started "
+            f"{world} ranks: leave them at 1 (torchrun's layout is taken) or make them agree"
+        )
+    if config.engine.strategy == "single":
+        logger.info("engine.strategy=single on %d torchrun ranks: training with fsdp2", world)
+        config.engine.strategy = "fsdp2"
+    config.validate()
+    init_distributed(
+        rank,
+        world,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        device_type=resolve_device(t.device).type,
+    )
+    try:
+        trainer = trainer_class(kind)(config)
+        requests = StopRequests()
+        trainer.stop_source = lambda: requests.signum
+        with requests:
+            return trainer.train()
+    finally:
+        dist.destroy_process_group()
+
+
+def train_offline(kind: str, config: SFTConfig | DPOConfig) -> dict[str, Any]:
+    """Train ``config`` (``kind``: sft or dpo) where it says: as this rank of a torchrun
+    launch, on ``nnodes x n_gpus_per_node`` Ray ranks, or in this process."""
+    if launched_by_torchrun():
+        return train_in_process_group(kind, config)
+    if config.trainer.world_size > 1:
+        return train_on_ranks(kind, config)
+    return trainer_class(kind)(config).train()
