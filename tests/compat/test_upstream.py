@@ -155,9 +155,14 @@ def test_an_upstream_sft_script_loads(tmp_path):
             "trainer.default_hdfs_dir=null",
             "ulysses_sequence_parallel_size=1",
             "use_remove_padding=True",
+            "data.prompt_key=extra_info",
+            "+data.prompt_dict_keys=['question']",
+            "data.response_key=extra_info",
+            "+data.response_dict_keys=['answer']",
         ]
     )
     assert cfg.model.path == str(model) and cfg.data.micro_batch_size_per_device == 2
+    assert cfg.data.prompt_dict_keys == ["question"] and cfg.data.response_dict_keys == ["answer"]
 
 
 def test_docs_list_every_upstream_key():

@@ -102,6 +102,38 @@ def test_prompt_response_rows_equal_the_chat_form(tmp_path: Path, tokenizer):
     assert first["position_ids"].tolist() == list(range(len(first["input_ids"])))
 
 
+def test_prompt_and_response_inside_a_mapping_column(tmp_path: Path, tokenizer):
+    """Upstream's GSM8K SFT layout: prompt_key=extra_info with prompt_dict_keys=[question]."""
+    flat = SFTDataset(
+        write_records([{"prompt": "What is 2 + 3?", "response": "5"}], tmp_path / "flat.jsonl"),
+        tokenizer,
+    )
+    rows = [
+        {"extra_info": {"question": "What is 2 + 3?", "answer": "5", "index": 0}},
+        {"extra_info": {"question": "What is 1 + 1?"}},  # no answer
+        {"extra_info": "not a mapping"},
+    ]
+    path = write_records(rows, tmp_path / "nested.jsonl")
+    keys = dict(
+        prompt_key="extra_info",
+        response_key="extra_info",
+        prompt_path=["question"],
+        response_path=["answer"],
+    )
+    with pytest.raises(DatasetValidationError) as err:
+        SFTDataset(path, tokenizer, **keys)
+    assert [p.replace(f"{tmp_path}/", "") for p in err.value.problems] == [
+        "nested.jsonl line 2: missing column(s) ['extra_info.answer']: a row needs 'messages' "
+        "(chat messages) or 'extra_info.question' and 'extra_info.answer'",
+        "nested.jsonl line 3: missing column(s) ['extra_info.question', 'extra_info.answer']: "
+        "a row needs 'messages' (chat messages) or 'extra_info.question' and "
+        "'extra_info.answer'",
+    ]
+    nested = SFTDataset(write_records(rows[:1], tmp_path / "one.jsonl"), tokenizer, **keys)
+    assert nested[0]["input_ids"].tolist() == flat[0]["input_ids"].tolist()
+    assert nested[0]["loss_mask"].tolist() == flat[0]["loss_mask"].tolist()
+
+
 def test_plain_text_rows_train_on_response_and_eos(tmp_path: Path, tokenizer):
     path = write_records([{"prompt": "3 + 4 =", "response": " 7"}], tmp_path / "plain.jsonl")
     ds = SFTDataset(path, tokenizer, apply_chat_template=False)

@@ -53,6 +53,12 @@ class SFTDataConfig:
     )
     prompt_key: str = entry("prompt", "column of the prompt (text or chat messages)", nonempty=True)
     response_key: str = entry("response", "column of the response text", nonempty=True)
+    prompt_dict_keys: list[str] = entry(
+        [],
+        "keys leading into the prompt column's value when it is a mapping (e.g. prompt_key="
+        "extra_info with [question]); empty = the column is the prompt",
+    )
+    response_dict_keys: list[str] = entry([], "the same for the response column (e.g. [answer])")
     apply_chat_template: bool = entry(
         True, "render with the tokenizer's chat template; false = prompt + response + eos"
     )

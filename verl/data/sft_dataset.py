@@ -166,6 +166,9 @@ class SFTDataset(RowDataset):
             "truncate" (or its older spelling "right": keep the first ``max_length``
             tokens; a sample left without loss tokens is dropped) or "drop".
         messages_key / prompt_key / response_key: column names (see the module docstring).
+        prompt_path / response_path: keys leading into the prompt / response column's value
+            when it is a mapping (``prompt_key="extra_info"``, ``prompt_path=["question"]``:
+            the prompt is ``row["extra_info"]["question"]``).
         apply_chat_template: render with the chat template (False: plain concatenation,
             prompt/response rows only).
         max_reported_problems: how many problems the validation error lists.
@@ -189,11 +192,19 @@ class SFTDataset(RowDataset):
         response_key: str = "response",
         apply_chat_template: bool = True,
         max_reported_problems: int = 20,
+        prompt_path: Sequence[str] = (),
+        response_path: Sequence[str] = (),
     ) -> None:
         if max_length is not None and max_length < 2:
             raise ValueError(f"max_length={max_length} must be >= 2 (or None)")
         self.max_length = max_length
-        self.keys = (messages_key, prompt_key, response_key)
+        # prompt and response as (name for messages, column, keys into its value)
+        self.keys = (
+            messages_key,
+            ".".join([prompt_key, *prompt_path]),
+            ".".join([response_key, *response_path]),
+        )
+        self._columns = ((prompt_key, tuple(prompt_path)), (response_key, tuple(response_path)))
         self._setup(data_files, tokenizer, truncation, apply_chat_template)
         rows = self._read_rows(self.validate_row, self.tokenize_row, max_reported_problems)
         if max_length is not None:
@@ -239,14 +250,14 @@ class SFTDataset(RowDataset):
             if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
                 return [f"{messages_key!r} has no assistant message with content: nothing to learn"]
             return []
-        missing = [k for k in (prompt_key, response_key) if row.get(k) is None]
+        prompt, response = self._prompt_and_response(row)
+        missing = [k for k, v in ((prompt_key, prompt), (response_key, response)) if v is None]
         if missing:
             return [
                 f"missing column(s) {missing}: a row needs {messages_key!r} (chat messages) "
                 f"or {prompt_key!r} and {response_key!r}"
             ]
         problems = []
-        prompt, response = row[prompt_key], row[response_key]
         if isinstance(prompt, str):
             if not prompt.strip():
                 problems.append(f"empty prompt: {prompt_key!r} is blank")
@@ -264,14 +275,24 @@ class SFTDataset(RowDataset):
 
     def tokenize_row(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         """``(input_ids, loss_mask)`` of a valid row."""
-        messages_key, prompt_key, response_key = self.keys
+        messages_key = self.keys[0]
         if row.get(messages_key) is not None:
             return tokenize_conversation(self.tokenizer, row[messages_key])
-        prompt, response = row[prompt_key], row[response_key]
+        prompt, response = self._prompt_and_response(row)
         if not self.apply_chat_template:
             return _tokenize_plain(self.tokenizer, prompt, response)
         messages = as_messages(prompt, "user") + as_messages(response, "assistant")
         return tokenize_conversation(self.tokenizer, messages)
+
+    def _prompt_and_response(self, row: dict[str, Any]) -> tuple[Any, Any]:
+        """The prompt and response of a prompt/response row (None where one is missing)."""
+        out = []
+        for column, path in self._columns:
+            value = row.get(column)
+            for key in path:
+                value = value.get(key) if isinstance(value, Mapping) else None
+            out.append(value)
+        return out[0], out[1]
 
     def _keep_start(self, row: Row) -> bool:
         ids, mask = row.encoded

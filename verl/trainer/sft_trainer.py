@@ -79,6 +79,8 @@ class SFTTrainer(OfflineTrainer):
             messages_key=d.messages_key,
             prompt_key=d.prompt_key,
             response_key=d.response_key,
+            prompt_path=d.prompt_dict_keys,
+            response_path=d.response_dict_keys,
             apply_chat_template=d.apply_chat_template,
         )
         self.train_dataset = SFTDataset(train_files, **kwargs)
