@@ -2,6 +2,8 @@
 
     python -m verl.model_merger --checkpoint checkpoints/verl/default/global_step_100 --out hf/
     python -m verl.model_merger --checkpoint .../global_step_100 --out hf_critic/ --role critic
+    python -m verl.model_merger merge --backend fsdp --local_dir .../global_step_100/actor \
+        --target_dir hf/                      # upstream verl's command: ``verl merge``'s flags
 
 ``--checkpoint`` is a complete ``global_step_N`` directory written by the RL trainer (see
 ``verl/trainer/checkpoint.py``). The weights are read from the role's engine checkpoint in
@@ -223,8 +225,14 @@ def build_parser(prog: str = "python -m verl.model_merger") -> argparse.Argument
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Command-line entry; returns the exit code."""
+    """Command-line entry; returns the exit code. ``merge ...`` (upstream verl's command
+    line) is read by ``verl merge`` (:mod:`verl.cli.merge`), which calls back here."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["merge"]:
+        from verl.cli.merge import main as merge_main
+
+        return merge_main(argv, prog=prog or "python -m verl.model_merger")
     args = (build_parser() if prog is None else build_parser(prog)).parse_args(argv)
     try:
         out = merge_checkpoint(

@@ -623,6 +623,10 @@ def test_hf_model_in_save_contents_puts_a_loadable_model_in_each_checkpoint(rl_c
     # verl export of the checkpoint builds them from the engine's state: the same again
     merged = merge_checkpoint(step1, tmp_path / "merged")
     assert_bitwise(load_file(merged / "model.safetensors"), weights)
+    # upstream verl's command for the same export
+    upstream = ["merge", "--backend", "fsdp", "--local_dir", str(step1 / "actor")]
+    assert merger_main([*upstream, "--target_dir", str(tmp_path / "upstream")]) == 0
+    assert_bitwise(load_file(tmp_path / "upstream" / "model.safetensors"), weights)
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     assert_bitwise(
         {k: v for k, v in model.state_dict().items() if k in weights},
@@ -664,6 +668,11 @@ def test_export_cli_errors(tmp_path, capsys):
 
     assert cli.main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # upstream's command line, through verl merge: a role the checkpoint lacks is named
+    step = tmp_path / "run" / "global_step_1"
+    args = ["merge", "--local_dir", str(step / "critic"), "--target_dir", str(tmp_path / "t")]
+    assert merger_main(args) == 2
+    assert "has no critic" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- two FSDP2 ranks
