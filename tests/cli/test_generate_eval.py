@@ -262,3 +262,33 @@ def test_eval_takes_the_lengths_of_the_run_that_trained_the_model(tmp_path):
     assert run_config_file(str(plain)) is None
     args = build_parser().parse_args(["--model", str(plain), "--data", "x"])
     assert load_rollout_config(args, build_parser()).data.max_response_length == 64
+
+
+def test_upstream_main_generation_command_line(tiny_model_dir, arith_file, tmp_path, capsys):
+    """``python -m verl.trainer.main_generation`` with upstream's keys: the rows of
+    ``verl generate``, with upstream's ``responses`` column of n_samples texts."""
+    from verl.trainer import main_generation
+
+    out = tmp_path / "gens.parquet"
+    argv = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={arith_file}",
+        "data.prompt_key=prompt",
+        "data.n_samples=2",
+        f"data.output_path={out}",
+        "data.batch_size=4",
+        "rollout.temperature=1.0",
+        "rollout.top_k=-1",
+        "rollout.top_p=1.0",
+        "rollout.response_length=5",
+        "rollout.tensor_model_parallel_size=1",
+        "trainer.n_gpus_per_node=1",
+    ]
+    assert main_generation.main(argv) == 0, capsys.readouterr().err
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 5 and all(len(row["responses"]) == 2 for row in rows)
+    assert all(1 <= n <= 5 for row in rows for n in row["response_lengths"])
+    assert main_generation.main([*argv, "rollout.gpu_layers=3"]) == 2
+    assert "rollout.gpu_layers: not an upstream main_generation key" in capsys.readouterr().err
+    assert main_generation.main(argv[:1]) == 2
+    assert "data.path is required" in capsys.readouterr().err
