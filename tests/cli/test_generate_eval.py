@@ -6,6 +6,7 @@ import json
 import logging
 import math
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -292,3 +293,40 @@ def test_upstream_main_generation_command_line(tiny_model_dir, arith_file, tmp_p
     assert "rollout.gpu_layers: not an upstream main_generation key" in capsys.readouterr().err
     assert main_generation.main(argv[:1]) == 2
     assert "data.path is required" in capsys.readouterr().err
+
+
+def test_upstream_main_eval_command_line(tmp_path, capsys):
+    """``python -m verl.trainer.main_eval`` on upstream's layout (ground truth inside
+    reward_model, its own response column name): verl eval's table and upstream's
+    test_score lines, computed by the arithmetic scorer."""
+    from verl.trainer import main_eval
+
+    rows = [
+        {
+            "source": "arithmetic",
+            "outs": ["Answer: 5", "Answer: 4"],
+            "reward_model": {"ground_truth": "5"},
+        },
+        {
+            "source": "arithmetic",
+            "outs": ["Answer: 9", "Answer: 9"],
+            "reward_model": {"ground_truth": "9"},
+        },
+    ]
+    path = tmp_path / "gens.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    argv = [f"data.path={path}", "data.response_key=outs", "data.data_source_key=source"]
+    assert main_eval.main(argv) == 0
+    out = capsys.readouterr().out
+    want = [
+        default_compute_score("arithmetic", r, row["reward_model"]["ground_truth"])
+        for row in rows
+        for r in row["outs"]
+    ]
+    want = [w["score"] if isinstance(w, dict) else w for w in want]
+    assert f"test_score/arithmetic: {sum(want) / len(want):.4f}" in out
+    assert "overall" in out
+    assert main_eval.main([f"data.path={path}"]) == 2
+    assert "missing column(s) ['data_source', 'responses']" in capsys.readouterr().err
+    assert main_eval.main([*argv, "data.batch_size=4"]) == 2
+    assert "data.batch_size: not an upstream main_eval key" in capsys.readouterr().err
