@@ -381,12 +381,13 @@ class RLTrainer:
 
     def update_policy(self, gen: DataProto) -> dict[str, Any]:
         """Critic then actor updates on a batch from :meth:`collect_data`; the actor waits
-        for the first ``trainer.critic_warmup`` steps."""
+        for the first ``trainer.critic_warmup`` steps of the loop (``global_step`` 1..N; the
+        step-by-step API, which leaves ``global_step`` at 0, always updates both)."""
         metrics: dict[str, Any] = {}
         if self.critic_wg is not None:
             with timer("update_critic", metrics):
                 metrics |= self.critic_wg.update_critic(gen)
-        if self.global_step <= self.config.trainer.critic_warmup:
+        if 0 < self.global_step <= self.config.trainer.critic_warmup:
             metrics["actor/critic_warmup"] = 1.0
             return metrics
         with timer("update_actor", metrics):
