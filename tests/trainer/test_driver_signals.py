@@ -200,6 +200,9 @@ def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tm
         ]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
         torchrun += [f"--master_port={find_free_port()}", "--master_addr=127.0.0.1"]
+        # torchrun's own logs under the test's directory (by default a /tmp directory it
+        # never removes)
+        torchrun += [f"--log-dir={run_dir}-torchrun-logs"]
         return subprocess.Popen(
             [*torchrun, "-m", "verl.trainer.fsdp_sft_trainer", *args],
             env={**os.environ, MARK: mark, "OMP_NUM_THREADS": "1"},
