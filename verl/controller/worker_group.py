@@ -289,7 +289,7 @@ class WorkerGroup(ABC):
 
         A remote backend kills its workers after closing them; the per-role groups of
         ``spawn()`` share them, so shutting down one role's group shuts down every role.
-        Calls afterwards raise (remote) or find no worker (local). Idempotent.
+        Calls afterwards raise (remote); in-process workers stay readable, closed. Idempotent.
         """
         return None
 

@@ -41,6 +41,7 @@ __all__ = [
     "fit",
     "train_loop",
     "train_step",
+    "validate_and_log",
     "validate_only",
 ]
 
@@ -63,10 +64,7 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
             return validate_only(trainer)
         if cfg.val_before_train and trainer.val_dataset is not None:
             if trainer.resumed_from is None:
-                val = trainer.validate()
-                trainer.validation_history.append({"step": 0, **val})
-                trainer.tracker.log(val, step=0)
-                results["val_before"] = val
+                results["val_before"] = validate_and_log(trainer, step=0)
             else:
                 logger.info("resumed at step %d: val_before_train skipped", trainer.global_step)
         progress = tqdm(
@@ -81,9 +79,7 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
             not trainer.validation_history
             or trainer.validation_history[-1]["step"] != trainer.global_step
         ):
-            val = trainer.validate()
-            trainer.validation_history.append({"step": trainer.global_step, **val})
-            trainer.tracker.log(val, step=trainer.global_step)
+            validate_and_log(trainer, trainer.global_step)
         results["last_metrics"] = trainer.history[-1] if trainer.history else {}
         if trainer.validation_history:
             results["val_after"] = {
@@ -108,10 +104,17 @@ def validate_only(trainer: RLTrainer) -> dict[str, Any]:
             "trainer.val_only=true needs validation data: set data.val_files (or the "
             "built-in data's data.arithmetic.val_size > 0)"
         )
-    val = trainer.validate()
-    trainer.validation_history.append({"step": trainer.global_step, **val})
-    trainer.tracker.log(val, step=trainer.global_step)
+    val = validate_and_log(trainer, trainer.global_step)
     return {"val_only": val, "resumed_from": trainer.resumed_from}
+
+
+def validate_and_log(trainer: RLTrainer, step: int) -> dict[str, float]:
+    """A validation outside the step loop: recorded in ``validation_history`` and logged at
+    ``step``; returns its metrics."""
+    val = trainer.validate()
+    trainer.validation_history.append({"step": step, **val})
+    trainer.tracker.log(val, step=step)
+    return val
 
 
 def train_loop(trainer: RLTrainer, progress: tqdm) -> None:
