@@ -166,7 +166,7 @@ def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict
     with their torch dtypes named. Raises :class:`AliasError`.
     """
     out = replace_dtypes(copy.deepcopy(dict(tree)))
-    translate_upstream(out, root, AliasError)  # upstream verl's run-script keys
+    translate_upstream(out, root, AliasError, _put)  # upstream verl's run-script keys
     if root != "TrainerConfig":
         return out
     for where, (section, model) in _TRAINABLE.items():

@@ -232,9 +232,15 @@ OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
 }
 
 
-def translate_upstream(tree: dict[str, Any], root: str, error: type[Exception]) -> None:
+def translate_upstream(
+    tree: dict[str, Any],
+    root: str,
+    error: type[Exception],
+    put: Callable[[dict[str, Any], str, Any, str], None],
+) -> None:
     """Read ``tree``'s upstream keys in place (see the module docstring); ``error`` is the
-    exception raised for a refused value."""
+    exception raised for a refused value, ``put(tree, native key, value, upstream key)``
+    sets a renamed key (the alias module's own setter: its conflict check and note)."""
     table = UPSTREAM_KEYS if root == "TrainerConfig" else OFFLINE_UPSTREAM_KEYS
     for path, key in table.items():
         found, value = _pop(tree, path)
@@ -246,7 +252,7 @@ def translate_upstream(tree: dict[str, Any], root: str, error: type[Exception]) 
         if key.native is None or native_value is DROP:
             logger.warning("%s=%r is dropped: %s", path, value, key.reason)
             continue
-        _set(tree, key.native, native_value, path, error)
+        put(tree, key.native, native_value, path)
     _rename_per_gpu(tree, "", error)
 
 
@@ -267,22 +273,6 @@ def _pop(tree: dict[str, Any], path: str) -> tuple[bool, Any]:
             break
         del parent[part]
     return True, value
-
-
-def _set(tree: dict[str, Any], path: str, value: Any, alias: str, error: type[Exception]) -> None:
-    *parents, last = path.split(".")
-    node = tree
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise error(f"{alias} sets {path}, but {part} is not a mapping")
-    if last in node and node[last] != value:
-        raise error(
-            f"{alias} sets {path}={value!r}, but {path} is also given as {node[last]!r}; give "
-            "one of them"
-        )
-    node[last] = value
-    logger.warning("config alias %s -> %s=%r (the native spelling)", alias, path, value)
 
 
 def _rename_per_gpu(node: dict[str, Any], prefix: str, error: type[Exception]) -> None:
