@@ -88,6 +88,16 @@ def _reaped(child: subprocess.Popen, mark: str) -> Iterator[None]:
         kill_processes_with_env(MARK, mark)
 
 
+def _wait_for_step_2(child: subprocess.Popen, metrics: Path, timeout_s: float) -> None:
+    """Until the run's ``metrics.jsonl`` has two rows (steps 1 and 2 logged)."""
+    deadline = time.monotonic() + timeout_s
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        if child.poll() is not None:
+            pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+        assert time.monotonic() < deadline, "the run never logged step 2"
+        time.sleep(0.1)
+
+
 def _assert_all_gone(mark: str, after: str) -> None:
     left = wait_until_gone(MARK, mark, 10.0)
     assert not left, f"still alive 10 s after {after}: {left}"
@@ -155,13 +165,7 @@ def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path
         start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
     with _reaped(child, mark):
-        metrics = tmp_path / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            if child.poll() is not None:
-                pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
-            assert time.monotonic() < deadline, "the run never logged step 2"
-            time.sleep(0.1)
+        _wait_for_step_2(child, tmp_path / "metrics.jsonl", 300)
         os.killpg(child.pid, signal.SIGINT)
         _, stderr = child.communicate(timeout=120)
         stderr = stderr.decode()
@@ -224,13 +228,7 @@ def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tm
     run_dir = tmp_path / "stopped"
     child = launch(run_dir, 400)
     with _reaped(child, mark):
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            if child.poll() is not None:
-                pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
-            assert time.monotonic() < deadline, "the run never logged step 2"
-            time.sleep(0.1)
+        _wait_for_step_2(child, run_dir / "metrics.jsonl", 240)
         child.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
         _, stderr = child.communicate(timeout=120)
         stderr = stderr.decode()
