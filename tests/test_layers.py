@@ -1,4 +1,4 @@
-"""The layering of DESIGN: each package imports only from the layers below it."""
+"""The layering of docs/concepts.md: each package imports only from the layers below it."""
 
 from __future__ import annotations
 

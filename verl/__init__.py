@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from verl.utils.lazy import lazy_exports
 
-__version__ = "0.1.0"
+__version__ = "0.2.1"
 
 # public name -> module that defines it
 _LAZY = {

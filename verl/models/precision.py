@@ -114,7 +114,7 @@ def is_activation_checkpointing(model: nn.Module) -> bool:
 
 # Activation memory a decoder layer keeps for backward without checkpointing, in bytes per
 # token and per unit of hidden size. Measured on SmolLM2-135M (30 layers, hidden 576, one
-# forward + backward of 612 packed tokens, 2026-11-26): checkpointing lowered the peak by
+# forward + backward of 612 packed tokens): checkpointing lowered the peak by
 # 690 MiB under bf16 autocast and 530-650 MiB in fp32, 55-66 bytes per token x layer x hidden.
 ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 64
 # ``enable_gradient_checkpointing: null`` turns checkpointing on above this estimate (the

@@ -1,6 +1,6 @@
 """The single-controller RL loop: PPO, GRPO and their relatives.
 
-``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way DESIGN.md draws it
+``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way docs/concepts.md draws it
 (the loop is :mod:`verl.trainer.loop`; the phases of a step are the methods here)::
 
     for batch in loader:
