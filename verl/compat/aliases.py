@@ -23,6 +23,14 @@ module, which imports nothing of verl but that table, and never torch):
   same tree translation (called from ``verl/config/load.py``, ``apply_override``), so that
   ``trainer.fsdp_init=true`` means on the command line what it means in a YAML file.
 
+Two spellings of one native key (an alias and the native key, or two aliases) must give
+the same value, in a YAML file and on the command line alike: :class:`KeySources` records
+which spelling set each native key, and a second spelling with another value is refused
+with one message naming both keys and values (:func:`conflict_message`), unless the
+upstream table reconciles the pair (:func:`verl.compat.upstream.reconcile`). The same key
+given twice on the command line is an ordinary override (the last wins), and so is a
+command-line key over a YAML file's. Values quoted in messages are cut to 200 characters.
+
 The user-facing tables are ``docs/tutorials/000_mixed_precision.md`` and
 ``docs/tutorials/001_fsdp.md``.
 """
@@ -32,16 +40,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from verl.compat.upstream import translate_upstream
+from verl.compat.upstream import reconcile, short_repr, translate_upstream
 
 logger = logging.getLogger("verl.compat")
 
 __all__ = [
     "DTYPE_NAMES",
     "AliasError",
+    "KeySources",
+    "Spelling",
+    "conflict_message",
     "precision_name",
     "replace_dtypes",
     "translate_flat_kwargs",
@@ -72,9 +83,68 @@ _DATALOADER_KEYS = {  # data.train_dataloader.<key> -> the native key
 }
 
 
+_MISSING = object()
+
+
 class AliasError(ValueError):
     """A key or value spelled for another verl that has no native counterpart here; the
     message names the key and the native spelling to use instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spelling:
+    """One assignment of a native key: ``key`` and ``value`` as the user wrote them (an
+    alias or the native key itself), ``native`` the value it sets, ``source`` where it
+    was written (``"file"`` or ``"command line"``)."""
+
+    key: str
+    value: Any
+    native: Any
+    source: str
+
+
+def conflict_message(path: str, first: Spelling, second: Spelling) -> str:
+    """The one message for two spellings that set the native key ``path`` differently: the
+    same whichever came first (the native key, then the aliases by name)."""
+    first, second = sorted((first, second), key=lambda s: (s.key != path, s.key))
+
+    def given(s: Spelling) -> str:
+        text = f"{s.key}={short_repr(s.value)}"
+        if s.key != path:
+            text += f" (sets {path}={short_repr(s.native)})"
+        return text
+
+    return f"{given(first)} and {given(second)} set the same key; give one of them"
+
+
+class KeySources:
+    """Which spelling set each native key of one config being loaded.
+
+    :meth:`claim` gives the value a native key takes when one more spelling sets it: the
+    same key again replaces it (an override), a command-line key replaces a YAML file's,
+    and two different spellings from one source must agree, unless
+    :func:`~verl.compat.upstream.reconcile` says what the pair means.
+    """
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, Spelling] = {}
+
+    def claim(self, path: str, new: Spelling, current: Any = _MISSING) -> Any:
+        """The value ``path`` takes when ``new`` sets it; ``current`` is the value the tree
+        already holds there when no spelling of this object set it (a native key written in
+        the same source). Raises :class:`AliasError` for two spellings that disagree."""
+        old = self._by_path.get(path)
+        if old is None and current is not _MISSING:
+            old = Spelling(path, current, current, new.source)
+        value = new.native
+        if old is not None and old.key != new.key and old.native != new.native:
+            merged, value = reconcile(path, {old.key: old.native, new.key: new.native})
+            if not merged:
+                if old.source == new.source:
+                    raise AliasError(conflict_message(path, old, new))
+                value = new.native
+        self._by_path[path] = dataclasses.replace(new, native=value)
+        return value
 
 
 def note(alias: str, native: str) -> None:
@@ -143,7 +213,7 @@ def _drop_shard_dims(hybrid: dict[str, Any]) -> dict[str, Any]:
         dim = hybrid.pop(key)
         if not isinstance(dim, int) or isinstance(dim, bool) or dim not in (0, 1):
             raise AliasError(
-                f"hybrid_engine_config.{key}={dim!r}: a shard dim is 0 or 1; FSDP2 here "
+                f"hybrid_engine_config.{key}={short_repr(dim)}: a shard dim is 0 or 1; FSDP2 here "
                 "shards every parameter along dim 0 (there is no native key), drop it"
             )
         logger.warning(
@@ -159,35 +229,88 @@ def _drop_shard_dims(hybrid: dict[str, Any]) -> dict[str, Any]:
 # --- the YAML tree of load_config(path) ---------------------------------------------------
 
 
-def translate_tree(tree: Mapping[str, Any], root: str = "TrainerConfig") -> dict[str, Any]:
+def translate_tree(
+    tree: Mapping[str, Any],
+    root: str = "TrainerConfig",
+    *,
+    errors: list[str] | None = None,
+    sources: KeySources | None = None,
+    source: str = "file",
+) -> dict[str, Any]:
     """The user YAML ``tree`` with the tutorial keys mapped onto ``root``'s schema.
 
-    Only the RL config (``root="TrainerConfig"``) has aliases; other trees are returned
-    with their torch dtypes named. Raises :class:`AliasError`.
+    Only the RL config (``root="TrainerConfig"``) has the tutorials' aliases; every root
+    reads upstream verl's keys (:mod:`verl.compat.upstream`) and has its torch dtypes
+    named. ``sources`` records which spelling set each native key (``source``: where the
+    tree was written). Raises :class:`AliasError` for the first refused key; with an
+    ``errors`` list, every refused key's message is appended there instead, the key is
+    left out, and every other key is still translated.
     """
+    collected: list[str] = [] if errors is None else errors
+    start = len(collected)
+    sources = KeySources() if sources is None else sources
+
+    def put(
+        node: dict[str, Any], path: str, value: Any, alias: str, written: Any = _MISSING
+    ) -> None:
+        _put(node, path, value, alias, written, sources, source)
+
     out = replace_dtypes(copy.deepcopy(dict(tree)))
-    translate_upstream(out, root, AliasError, _put)  # upstream verl's run-script keys
-    if root != "TrainerConfig":
-        return out
+    translate_upstream(out, root, AliasError, put, collected)  # upstream's run-script keys
+    if root == "TrainerConfig":
+        for step in _TUTORIAL_STEPS:
+            try:
+                step(out, put)
+            except AliasError as exc:
+                collected.append(str(exc))
+    if errors is None and len(collected) > start:
+        raise AliasError("\n".join(collected[start:]))
+    return out
+
+
+def _tutorial_parallel(out: dict[str, Any], put: _Put) -> None:
     for where, (section, model) in _TRAINABLE.items():
         parent = _get(out, where)
         if isinstance(parent, dict) and "parallel_config" in parent:
             block = parent.pop("parallel_config")
-            _parallel_config(out, ".".join(where), block, section, model)
+            _parallel_config(out, ".".join(where), block, section, model, put)
+
+
+def _tutorial_rollout(out: dict[str, Any], put: _Put) -> None:
     rollout = _get(out, ("actor_rollout_ref", "rollout"))
     if isinstance(rollout, dict) and "parallel_config" in rollout:
-        _rollout_parallel_config(out, rollout.pop("parallel_config"))
+        _rollout_parallel_config(out, rollout.pop("parallel_config"), put)
+
+
+def _tutorial_trainer(out: dict[str, Any], put: _Put) -> None:
     trainer = out.get("trainer")
     if isinstance(trainer, dict) and "fsdp_init" in trainer:
-        _fsdp_init(out, trainer.pop("fsdp_init"))
+        on = _bool(trainer.pop("fsdp_init"), "trainer.fsdp_init")
+        strategy = "fsdp2" if on else "single"
+        put(out, "actor_rollout_ref.actor.strategy", strategy, "trainer.fsdp_init")
     if isinstance(trainer, dict) and "rollout_batch_size" in trainer:
         # tutorial 001 section 7.3 puts it beside trainer.async_rollout
         size = trainer.pop("rollout_batch_size")
-        _put(out, "data.rollout_batch_size", size, "trainer.rollout_batch_size")
+        put(out, "data.rollout_batch_size", size, "trainer.rollout_batch_size")
+
+
+def _tutorial_data(out: dict[str, Any], put: _Put) -> None:
     data = out.get("data")
     if isinstance(data, dict) and "train_dataloader" in data:
-        _train_dataloader(out, data.pop("train_dataloader"))
-    return out
+        block = _mapping(data.pop("train_dataloader"), "data.train_dataloader")
+        unknown = set(block) - set(_DATALOADER_KEYS)
+        if unknown:
+            raise AliasError(
+                f"data.train_dataloader has unknown keys {sorted(unknown)}; it takes "
+                f"{', '.join(_DATALOADER_KEYS)} (the native data keys are "
+                "data.train_batch_size, data.shuffle, data.seed)"
+            )
+        for key, value in block.items():
+            put(out, _DATALOADER_KEYS[key], value, f"data.train_dataloader.{key}")
+
+
+_Put = Callable[..., None]  # put(tree, native key, value, alias[, value as written])
+_TUTORIAL_STEPS = (_tutorial_parallel, _tutorial_rollout, _tutorial_trainer, _tutorial_data)
 
 
 def translate_override(key: str, value: Any, root: str = "TrainerConfig") -> list[tuple[str, Any]]:
@@ -218,7 +341,7 @@ def _leaves(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
 
 
 def _parallel_config(
-    tree: dict[str, Any], where: str, block: Any, section: str, model: str
+    tree: dict[str, Any], where: str, block: Any, section: str, model: str, put: _Put
 ) -> None:
     block = _mapping(block, f"{where}.parallel_config")
     unknown = set(block) - {*_PARALLEL_KEYS, "activation_checkpointing"}
@@ -231,7 +354,7 @@ def _parallel_config(
     for key, value in block.items():
         alias = f"{where}.parallel_config.{key}"
         for path, native in _parallel_assignments(alias, key, value, section, model):
-            _put(tree, path, native, alias)
+            put(tree, path, native, alias, value)
 
 
 def _parallel_assignments(
@@ -243,14 +366,14 @@ def _parallel_assignments(
         if kind in ("fsdp", "fsdp2"):
             return [(f"{section}.strategy", "fsdp2")]
         raise AliasError(
-            f"{alias}={value!r}: the engines here are {section}.strategy=fsdp2 (FSDP2), "
+            f"{alias}={short_repr(value)}: the engines here are {section}.strategy=fsdp2 (FSDP2), "
             "single (one process, no wrapping) or auto; Megatron-LM and DDP are not available"
         )
     if key == "sharding_strategy":
         name = str(value).upper()
         if name not in _SHARDING:
             raise AliasError(
-                f"{alias}={value!r}: use FULL_SHARD ({fsdp}.reshard_after_forward=true) or "
+                f"{alias}={short_repr(value)}: use FULL_SHARD ({fsdp}.reshard_after_forward=true) or "
                 f"SHARD_GRAD_OP ({fsdp}.reshard_after_forward=false)"
             )
         return [(f"{fsdp}.reshard_after_forward", _SHARDING[name])]
@@ -282,12 +405,12 @@ def _mixed_precision(value: Any, alias: str) -> Any:
             "fp8}, with bf16 for the trained roles (trainer.mixed_precision=bf16)"
         )
     raise AliasError(
-        f"{alias}={value!r}: use true (bf16 compute), false, bf16, fp16, or a mapping "
+        f"{alias}={short_repr(value)}: use true (bf16 compute), false, bf16, fp16, or a mapping "
         "{param_dtype, reduce_dtype, buffer_dtype}"
     )
 
 
-def _rollout_parallel_config(tree: dict[str, Any], block: Any) -> None:
+def _rollout_parallel_config(tree: dict[str, Any], block: Any, put: _Put) -> None:
     """The rollout shares the actor's module (hybrid engine): its block may only agree."""
     where = "actor_rollout_ref.rollout.parallel_config"
     block = _mapping(block, where)
@@ -309,30 +432,11 @@ def _rollout_parallel_config(tree: dict[str, Any], block: Any) -> None:
             current = _get(tree, tuple(path.split(".")))
             if current is not None and current != native:
                 raise AliasError(
-                    f"{alias}={value!r} differs from {path}={current!r}: the rollout generates "
-                    "with the actor's own FSDP module and weights (hybrid engine), so it has "
-                    f"no setting of its own; set {path} once"
+                    f"{alias}={short_repr(value)} differs from {path}={short_repr(current)}: the "
+                    "rollout generates with the actor's own FSDP module and weights (hybrid "
+                    f"engine), so it has no setting of its own; set {path} once"
                 )
-            _put(tree, path, native, alias)
-
-
-def _fsdp_init(tree: dict[str, Any], value: Any) -> None:
-    on = _bool(value, "trainer.fsdp_init")
-    strategy = "fsdp2" if on else "single"
-    _put(tree, "actor_rollout_ref.actor.strategy", strategy, "trainer.fsdp_init")
-
-
-def _train_dataloader(tree: dict[str, Any], block: Any) -> None:
-    block = _mapping(block, "data.train_dataloader")
-    unknown = set(block) - set(_DATALOADER_KEYS)
-    if unknown:
-        raise AliasError(
-            f"data.train_dataloader has unknown keys {sorted(unknown)}; it takes "
-            f"{', '.join(_DATALOADER_KEYS)} (the native data keys are data.train_batch_size, "
-            "data.shuffle, data.seed)"
-        )
-    for key, value in block.items():
-        _put(tree, _DATALOADER_KEYS[key], value, f"data.train_dataloader.{key}")
+            put(tree, path, native, alias, value)
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -340,13 +444,13 @@ def _train_dataloader(tree: dict[str, Any], block: Any) -> None:
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
-        raise AliasError(f"{where} must be a mapping, got {value!r}")
+        raise AliasError(f"{where} must be a mapping, got {short_repr(value)}")
     return dict(value)
 
 
 def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise AliasError(f"{where}={value!r}: must be true or false")
+        raise AliasError(f"{where}={short_repr(value)}: must be true or false")
     return value
 
 
@@ -359,8 +463,18 @@ def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
-def _put(tree: dict[str, Any], path: str, value: Any, alias: str) -> None:
-    """Set ``path`` to ``value``; a different value already given there is an error."""
+def _put(
+    tree: dict[str, Any],
+    path: str,
+    value: Any,
+    alias: str,
+    written: Any = _MISSING,
+    sources: KeySources | None = None,
+    source: str = "file",
+) -> None:
+    """Set ``path`` to ``value`` for the spelling ``alias`` (which the user wrote with the
+    value ``written``, default ``value``); another spelling of ``path`` with a different
+    value is an error (:meth:`KeySources.claim`)."""
     parts = path.split(".")
     node = tree
     for part in parts[:-1]:
@@ -369,10 +483,8 @@ def _put(tree: dict[str, Any], path: str, value: Any, alias: str) -> None:
             raise AliasError(f"{alias} sets {path}, but {'.'.join(parts[:-1])} is not a mapping")
         node = child
     last = parts[-1]
-    if last in node and node[last] != value:
-        raise AliasError(
-            f"{alias} sets {path}={value!r}, but {path} is also given as {node[last]!r}; "
-            "give one of them"
-        )
-    node[last] = value
-    note(alias, f"{path}={value!r}")
+    sources = KeySources() if sources is None else sources
+    current = node.get(last, _MISSING)
+    spelled = value if written is _MISSING else written
+    node[last] = sources.claim(path, Spelling(alias, spelled, value, source), current)
+    note(alias, f"{path}={short_repr(node[last])}")

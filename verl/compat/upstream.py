@@ -17,6 +17,12 @@ Every rename and drop logs one WARNING on the ``verl.compat`` logger naming the 
 key or the reason. :func:`translate_upstream` runs inside
 :func:`verl.compat.aliases.translate_tree`, so YAML files and command-line overrides read
 the same table. ``docs/config.md`` lists it (a test keeps the two in step).
+
+Two spellings of one native key (an upstream key and the native key, or two upstream keys)
+must agree, in a YAML file and on the command line alike; :func:`reconcile` holds the one
+pair whose upstream meaning combines two different values: ``data.filter_overlong_prompts=
+True`` with ``data.truncation=error`` (or ``left``) drops long prompts, because upstream
+filters them out before its truncation applies to what remains.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from typing import Any
 
 logger = logging.getLogger("verl.compat")
 
-__all__ = ["OFFLINE_UPSTREAM_KEYS", "UPSTREAM_KEYS", "UpstreamKey", "translate_upstream"]
+__all__ = [
+    "OFFLINE_UPSTREAM_KEYS",
+    "UPSTREAM_KEYS",
+    "UpstreamKey",
+    "reconcile",
+    "short_repr",
+    "translate_upstream",
+]
 
 DROP = object()  # UpstreamKey.value's answer for "drop this value with the reason"
 
@@ -41,6 +54,7 @@ class UpstreamKey:
     dropped or renamed (``None``: any value); another value is refused with ``refusal``.
     ``reason``: why a dropped key changes nothing here. ``value``: maps the upstream value
     to the native one (default: unchanged), or to :data:`DROP` to drop it after all.
+    ``combined``: how it reads beside the native key it sets (:func:`reconcile`).
     """
 
     native: str | None = None
@@ -48,6 +62,7 @@ class UpstreamKey:
     keeps: tuple[Any, ...] | None = None
     refusal: str = ""
     value: Callable[[Any], Any] | None = None
+    combined: str = ""
 
 
 def _drop(reason: str, keeps: tuple[Any, ...] | None = None, refusal: str = "") -> UpstreamKey:
@@ -73,6 +88,8 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
         keeps=(True, False),
         value=lambda on: "drop" if on else DROP,
         reason="prompts over data.max_prompt_length then follow data.truncation (default error)",
+        combined="with true, data.truncation=error or left (upstream filters before it "
+        "truncates) is read as drop; data.truncation=truncate is refused",
     ),
     "data.return_raw_chat": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
     "data.return_raw_input_ids": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
@@ -236,24 +253,64 @@ def translate_upstream(
     tree: dict[str, Any],
     root: str,
     error: type[Exception],
-    put: Callable[[dict[str, Any], str, Any, str], None],
+    put: Callable[..., None],
+    errors: list[str] | None = None,
 ) -> None:
     """Read ``tree``'s upstream keys in place (see the module docstring); ``error`` is the
-    exception raised for a refused value, ``put(tree, native key, value, upstream key)``
-    sets a renamed key (the alias module's own setter: its conflict check and note)."""
+    exception raised for a refused value, ``put(tree, native key, value, upstream key,
+    upstream value)`` sets a renamed key (the alias module's own setter: its conflict check
+    and note).
+
+    With an ``errors`` list, each refused key's message is appended there and the key is
+    removed, and the other keys are still read (one message per problem); without one the
+    first refusal is raised.
+    """
     table = UPSTREAM_KEYS if root == "TrainerConfig" else OFFLINE_UPSTREAM_KEYS
     for path, key in table.items():
         found, value = _pop(tree, path)
         if not found:
             continue
-        if key.keeps is not None and value not in key.keeps:
-            raise error(f"{path}={value!r}: {key.refusal or key.reason}")
-        native_value = key.value(value) if key.value is not None else value
-        if key.native is None or native_value is DROP:
-            logger.warning("%s=%r is dropped: %s", path, value, key.reason)
-            continue
-        put(tree, key.native, native_value, path)
-    _rename_per_gpu(tree, "", error)
+        try:
+            if key.keeps is not None and value not in key.keeps:
+                raise error(f"{path}={short_repr(value)}: {key.refusal or key.reason}")
+            native_value = key.value(value) if key.value is not None else value
+            if key.native is None or native_value is DROP:
+                logger.warning("%s=%s is dropped: %s", path, short_repr(value), key.reason)
+                continue
+            put(tree, key.native, native_value, path, value)
+        except error as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
+    _rename_per_gpu(tree, tree, "", error, put, errors)
+
+
+def reconcile(path: str, spellings: dict[str, Any]) -> tuple[bool, Any]:
+    """``(True, value)`` when the native key ``path``, given by the two keys of
+    ``spellings`` (key as written -> the native value it sets) with different values,
+    has one upstream meaning; else ``(False, None)`` (the two are a conflict)."""
+    filtered, truncation = spellings.get(_FILTER), spellings.get("data.truncation")
+    if path != "data.truncation" or filtered != "drop" or truncation not in ("error", "left"):
+        return False, None
+    logger.info(
+        "%s=True with data.truncation=%s: prompts over data.max_prompt_length are dropped "
+        "(data.truncation=drop), as upstream filters them out before its truncation "
+        "applies to the prompts that remain",
+        _FILTER,
+        truncation,
+    )
+    return True, "drop"
+
+
+_FILTER = "data.filter_overlong_prompts"
+_SHORT = 200  # characters of a value quoted in a message
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to :data:`_SHORT` characters (a message quotes the value, never
+    a whole file's worth of it)."""
+    text = repr(value)
+    return text if len(text) <= _SHORT else f"{text[:_SHORT]}... ({len(text)} characters)"
 
 
 def _pop(tree: dict[str, Any], path: str) -> tuple[bool, Any]:
@@ -275,20 +332,26 @@ def _pop(tree: dict[str, Any], path: str) -> tuple[bool, Any]:
     return True, value
 
 
-def _rename_per_gpu(node: dict[str, Any], prefix: str, error: type[Exception]) -> None:
-    """``*_per_gpu`` keys become ``*_per_device`` (upstream says GPU where this says device)."""
+def _rename_per_gpu(
+    tree: dict[str, Any],
+    node: dict[str, Any],
+    prefix: str,
+    error: type[Exception],
+    put: Callable[..., None],
+    errors: list[str] | None,
+) -> None:
+    """``*_per_gpu`` keys become ``*_per_device`` (upstream says GPU where this says device),
+    each set through ``put`` on the whole ``tree`` (its conflict check and note)."""
     for name in list(node):
         value = node[name]
         if isinstance(value, dict):
-            _rename_per_gpu(value, f"{prefix}{name}.", error)
+            _rename_per_gpu(tree, value, f"{prefix}{name}.", error, put, errors)
         if name.endswith("_per_gpu"):
             native = name[: -len("_per_gpu")] + "_per_device"
-            if native in node and node[native] != value:
-                raise error(
-                    f"{prefix}{name}={value!r} and {prefix}{native}={node[native]!r} are the "
-                    "same key; give one of them"
-                )
-            node[native] = node.pop(name)
-            logger.warning(
-                "config alias %s%s -> %s%s (the native spelling)", prefix, name, prefix, native
-            )
+            del node[name]
+            try:
+                put(tree, f"{prefix}{native}", value, f"{prefix}{name}")
+            except error as exc:
+                if errors is None:
+                    raise
+                errors.append(str(exc))

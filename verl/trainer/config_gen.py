@@ -103,6 +103,8 @@ def upstream_table() -> str:
             read = f"renamed `{entry.native}`"
             if entry.value is not None:  # data.filter_overlong_prompts
                 read = f"true: `{entry.native}=drop`; false: dropped ({entry.reason})"
+            if entry.combined:
+                read += f"; {entry.combined}"
         else:
             read = f"dropped: {entry.reason}"
         if entry is not None and entry.keeps is not None and entry.refusal:
