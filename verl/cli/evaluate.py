@@ -48,12 +48,20 @@ def build_parser(prog: str = "verl eval") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "verl eval") -> int:
-    """Print the metrics table; exit code 0, or 2 for bad arguments, config or data."""
+    """Print the metrics table; exit code 0, 2 for bad arguments, config or data (an
+    unwritable ``--json`` included, found before any generation), 1 when writing it fails."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser(prog)
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if (args.generations is None) == (args.data is None):
         parser.error("give either --data (with --model) or --generations, not both or neither")
+    if args.json:
+        from verl.utils.writable import OutputPathError, check_output_file
+
+        try:  # before any generation: a bad path found afterwards loses the work
+            check_output_file(args.json, "--json")
+        except OutputPathError as exc:
+            parser.error(str(exc))
     from verl.config import ConfigError
     from verl.data import DatasetValidationError
     from verl.trainer.evaluation import evaluate_rows, format_report
@@ -81,5 +89,15 @@ def main(argv: list[str] | None = None, prog: str = "verl eval") -> int:
         return 2
     print(format_report(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        from verl.utils.atomic_io import write_text_atomic
+
+        try:  # temporary file renamed into place: a full disk leaves no half-written file
+            write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
+        except OSError as exc:
+            print(
+                f"{prog}: error: cannot write --json {args.json!r}: {exc.strerror or exc}; "
+                "the metrics above were not saved (the file, if any, is unchanged)",
+                file=sys.stderr,
+            )
+            return 1
     return 0

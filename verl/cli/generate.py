@@ -39,12 +39,19 @@ def build_parser(prog: str = "verl generate") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "verl generate") -> int:
-    """Write the generations; exit code 0, or 2 for bad arguments, config or data."""
+    """Write the generations; exit code 0, 2 for bad arguments, config or data (an
+    unwritable ``--out`` included, found before the model loads), 1 when the write fails."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser(prog)
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if not args.out.endswith(OUT_SUFFIXES):
         parser.error(f"--out {args.out!r}: must end with .parquet or .jsonl")
+    from verl.utils.writable import OutputPathError, check_output_file
+
+    try:  # before the model loads: a bad path found after generating loses the work
+        check_output_file(args.out, "--out")
+    except OutputPathError as exc:
+        parser.error(str(exc))
     missing = [f for f in args.data if not Path(f).is_file()]
     if missing:
         parser.error(f"--data {missing[0]!r}: no such file")
@@ -63,7 +70,15 @@ def main(argv: list[str] | None = None, prog: str = "verl generate") -> int:
     except (DatasetValidationError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    path = write_records(rows, args.out)
+    try:
+        path = write_records(rows, args.out)
+    except OSError as exc:  # e.g. the disk filled up: the write is atomic, nothing is left
+        print(
+            f"{prog}: error: cannot write --out {args.out!r}: {exc.strerror or exc}; "
+            "nothing was written (the file, if any, is unchanged)",
+            file=sys.stderr,
+        )
+        return 1
     samples = sum(len(row["responses"]) for row in rows)
     print(
         f"wrote {len(rows)} prompts x {cfg.actor_rollout_ref.rollout.n} = {samples} responses "

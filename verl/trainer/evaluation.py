@@ -11,6 +11,11 @@ that at least one of ``k`` responses drawn without replacement is correct,
 ``1 - C(n - c, k) / C(n, k)`` (Chen et al., 2021), averaged over prompts; ``k <= n``.
 ``mean@n`` is the mean accuracy over all ``n`` responses of all prompts (what the mean of
 ``k`` responses estimates, for any ``k <= n``); ``score/mean@n`` the same for the score.
+
+Prompts may have different numbers of responses: every metric is then the mean over
+prompts of each prompt's own value (its mean over its own responses, its pass@k from its
+own ``n``), so each prompt weighs the same; ``k`` may not exceed any prompt's ``n``. A
+``responses`` value that is a plain string is one response.
 """
 
 from __future__ import annotations
@@ -46,49 +51,95 @@ def default_ks(n: int) -> list[int]:
 def evaluate_rows(rows: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> dict:
     """``{"overall": metrics, "by_source": {data_source: metrics}}`` of scored ``rows``.
 
-    Metrics: ``prompts``, ``n`` (the fewest responses of a prompt), ``acc/mean@n``,
-    ``score/mean@n`` and ``pass@k`` for each ``k`` of ``ks`` (default :func:`default_ks`).
-    Raises ``ValueError`` naming the problem when there are no rows, a row has no
-    responses, or a ``k`` exceeds ``n``.
+    Metrics: ``prompts``, ``n`` and ``n_max`` (the fewest and the most responses of a
+    prompt), ``acc/mean@n``, ``score/mean@n`` and ``pass@k`` for each ``k`` of ``ks``
+    (default :func:`default_ks` of the fewest). Every metric is a mean over prompts of the
+    prompt's own value, so prompts with different numbers of responses each weigh one:
+    a prompt's mean is over its own responses and its pass@k uses its own ``n``. The
+    ``n`` in the names is the fewest responses of any prompt of the report, the same in
+    every group. Raises ``ValueError`` naming the row when there are no rows, a row has no
+    responses or a non-numeric score, its columns disagree in length, or a ``k`` exceeds a
+    row's number of responses.
     """
     if not rows:
         raise ValueError("no generations to evaluate (the file or dataset has no rows)")
-    for i, row in enumerate(rows):
-        if not row["accs"]:
-            raise ValueError(f"row {i} ({row.get('data_source')}) has no responses")
-        if len(row["accs"]) != len(row["scores"]):
-            raise ValueError(f"row {i}: {len(row['accs'])} accs but {len(row['scores'])} scores")
-    n = min(len(row["accs"]) for row in rows)
+    checked = [_checked(i, row) for i, row in enumerate(rows)]
+    fewest = min(range(len(checked)), key=lambda i: len(checked[i]["accs"]))
+    n = len(checked[fewest]["accs"])
     ks = default_ks(n) if ks is None else sorted(set(ks))
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
-        raise ValueError(f"k={bad[0]}: pass@k needs 1 <= k <= n, and n={n} responses per prompt")
+        src = checked[fewest]["data_source"]
+        raise ValueError(
+            f"k={bad[0]}: pass@k needs 1 <= k <= n, and n={n} responses per prompt "
+            f"(row {fewest}, data_source {src!r}, has {n}); lower --k or drop that row"
+        )
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for row in rows:
+    for row in checked:
         groups[str(row["data_source"])].append(row)
     return {
-        "overall": _metrics(rows, ks),
-        "by_source": {src: _metrics(group, ks) for src, group in sorted(groups.items())},
+        "overall": _metrics(checked, ks, n),
+        "by_source": {src: _metrics(group, ks, n) for src, group in sorted(groups.items())},
     }
 
 
-def _metrics(rows: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str, float]:
-    accs = [a for row in rows for a in row["accs"]]
-    scores = [s for row in rows for s in row["scores"]]
-    n = min(len(row["accs"]) for row in rows)
+def _checked(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Row ``i`` with ``accs`` / ``scores`` as lists of floats (a lone number is one
+    response), or ``ValueError`` naming the row and what is wrong."""
+    where = f"row {i} ({row.get('data_source')})"
+    out = dict(row)
+    for key in ("accs", "scores"):
+        if key not in row:
+            raise ValueError(f"{where}: no {key!r} column; score the rows first")
+        values = as_response_list(row[key])
+        try:
+            out[key] = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {key!r} must be numbers, got {values!r}") from None
+    if not out["accs"]:
+        raise ValueError(f"{where} has no responses")
+    if len(out["accs"]) != len(out["scores"]):
+        raise ValueError(f"{where}: {len(out['accs'])} accs but {len(out['scores'])} scores")
+    if "responses" in row and len(as_response_list(row["responses"])) != len(out["accs"]):
+        raise ValueError(
+            f"{where}: {len(as_response_list(row['responses']))} responses but "
+            f"{len(out['accs'])} accs"
+        )
+    return out
+
+
+def _metrics(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], n: int) -> dict[str, float]:
+    sizes = [len(row["accs"]) for row in rows]
     out: dict[str, float] = {
         "prompts": len(rows),
-        "n": n,
-        f"acc/mean@{n}": sum(accs) / len(accs),
-        f"score/mean@{n}": sum(scores) / len(scores),
+        "n": min(sizes),
+        "n_max": max(sizes),
+        f"acc/mean@{n}": _mean([_mean(row["accs"]) for row in rows]),
+        f"score/mean@{n}": _mean([_mean(row["scores"]) for row in rows]),
     }
     for k in ks:
         per_prompt = [
             pass_at_k(len(row["accs"]), sum(a > CORRECT_ABOVE for a in row["accs"]), k)
             for row in rows
         ]
-        out[f"pass@{k}"] = sum(per_prompt) / len(per_prompt)
+        out[f"pass@{k}"] = _mean(per_prompt)
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def as_response_list(value: Any) -> list[Any]:
+    """A column holding one value per response as a list: a string (or a number) is one
+    response, never a sequence of characters; a list, tuple or array is taken as is."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes | int | float):
+        return [value]
+    if isinstance(value, Mapping):
+        raise ValueError(f"expected a list of responses, got a mapping {value!r}")
+    return list(value)
 
 
 def read_generations(path: str | Path) -> list[dict[str, Any]]:
@@ -111,6 +162,10 @@ def read_generations(path: str | Path) -> list[dict[str, Any]]:
                 f"{path} row {i}: missing column(s) {missing}; a generations file has one row "
                 "per prompt with data_source and responses (a list), as `verl generate` writes"
             )
+        try:  # a plain string is one response, not a list of characters
+            row["responses"] = as_response_list(row["responses"])
+        except ValueError as exc:
+            raise ValueError(f"{path} row {i}: 'responses': {exc}") from None
     return rows
 
 
@@ -129,7 +184,7 @@ def score_rows(
         if "ground_truth" not in row:
             raise ValueError(f"row {i}: no scores and no ground_truth to score the responses by")
         scores, accs = [], []
-        for response in row["responses"]:
+        for response in as_response_list(row["responses"]):
             result = compute_score(
                 data_source=row["data_source"],
                 solution_str=response,
@@ -145,13 +200,16 @@ def score_rows(
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    """The report as a fixed-width table: one line per data source, then ``overall``."""
+    """The report as a fixed-width table: one line per data source, then ``overall``
+    (``n`` is ``fewest-most`` where prompts have different numbers of responses)."""
     overall = report["overall"]
-    columns = [k for k in overall if k not in ("prompts", "n")]
+    columns = [k for k in overall if k not in ("prompts", "n", "n_max")]
     header = f"{'data_source':<24} {'prompts':>7} {'n':>3} " + " ".join(f"{c:>12}" for c in columns)
     lines = [header]
     items = [*report["by_source"].items(), ("overall", overall)]
     for name, m in items:
         cells = " ".join(f"{m[c]:>12.4f}" for c in columns)
-        lines.append(f"{name:<24} {int(m['prompts']):>7} {int(m['n']):>3} {cells}")
+        n, most = int(m["n"]), int(m.get("n_max", m["n"]))
+        sizes = str(n) if most == n else f"{n}-{most}"  # responses per prompt differ
+        lines.append(f"{name:<24} {int(m['prompts']):>7} {sizes:>3} {cells}")
     return "\n".join(lines)
