@@ -256,3 +256,25 @@ def test_no_validation_split(tmp_path):
     assert len(read_records(train).records) == 6
     with pytest.raises(ValueError, match="val_size=-1 >= 0"):
         write_arithmetic_dataset(tmp_path, train_size=6, val_size=-1)
+
+
+def test_digits_beyond_int64_are_refused_with_a_message(tmp_path, capsys):
+    """`--digits 50` used to end in pyarrow's OverflowError traceback (the operands are
+    int64 columns); 18 digits is the most an int64 holds, and it writes."""
+    from verl import cli
+
+    out = tmp_path / "big"
+    argv = ["data", "arithmetic", "--out", str(out), "--train-size", "3", "--val-size", "2"]
+    assert cli.main([*argv, "--digits", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "--digits 50: must be >= 1 and <= 18" in err and "Traceback" not in err
+    assert cli.main([*argv, "--digits", "2", "--max-digits", "19"]) == 2
+    assert "--max-digits 19: must be >= --digits 2 and <= 18" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"digits=\(1, 40\): operands may have at most 18"):
+        make_arithmetic_rows(3, digits=(1, 40))
+    assert cli.main([*argv, "--digits", "18", "--ops", "*"]) == 0
+    rows = [r.data for r in read_records(out / "train.parquet").records]
+    a, b = rows[0]["extra_info"]["a"], rows[0]["extra_info"]["b"]
+    assert len(str(a)) == len(str(b)) == 18
+    assert rows[0]["reward_model"]["ground_truth"] == str(a * b)

@@ -67,6 +67,10 @@ DATA_SOURCE = "arithmetic"
 
 Problem = tuple[int, str, int]
 Digits = int | tuple[int, int]  # exactly n digits, or from lo to hi digits
+# The operands are stored as integers in ``extra_info`` (``a``, ``b``), which parquet holds
+# as int64: at most 18 digits (10**18 - 1 < 2**63). Answers are strings, so a product of
+# two 18-digit operands (36 digits) is fine.
+MAX_DIGITS = 18
 
 
 def digit_bounds(digits: Digits) -> tuple[int, int]:
@@ -81,6 +85,11 @@ def _check_args(digits: Digits, ops: Sequence[str], prompt_style: str) -> None:
     lo, hi = digit_bounds(digits)
     if lo < 1 or hi < lo:
         raise ValueError(f"digits={digits} must be >= 1 (a range (lo, hi) needs 1 <= lo <= hi)")
+    if hi > MAX_DIGITS:
+        raise ValueError(
+            f"digits={digits}: operands may have at most {MAX_DIGITS} digits (they are stored "
+            "as 64-bit integers in extra_info)"
+        )
     if not ops:
         raise ValueError("ops is empty; choose from '+', '-', '*'")
     bad = [op for op in ops if op not in OPERATORS]
@@ -353,8 +362,13 @@ def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.Argu
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--train-size", type=int, default=1000)
     p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--digits", type=int, default=1, help="digits per operand (>= 1)")
-    p.add_argument("--max-digits", type=int, default=None, help="operands up to this many digits")
+    p.add_argument("--digits", type=int, default=1, help=f"digits per operand (1 to {MAX_DIGITS})")
+    p.add_argument(
+        "--max-digits",
+        type=int,
+        default=None,
+        help=f"operands up to this many digits (at most {MAX_DIGITS})",
+    )
     p.add_argument("--ops", nargs="+", default=["+", "-", "*"], help="subset of + - '*'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=FORMATS, default="parquet", dest="fmt")
@@ -370,10 +384,15 @@ def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.Argu
 def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.arithmetic") -> int:
     parser = _build_parser(prog)
     args = parser.parse_args(argv)
-    if args.digits < 1:
-        parser.error(f"--digits {args.digits}: must be >= 1")
-    if args.max_digits is not None and args.max_digits < args.digits:
-        parser.error(f"--max-digits {args.max_digits}: must be >= --digits {args.digits}")
+    if not 1 <= args.digits <= MAX_DIGITS:
+        parser.error(
+            f"--digits {args.digits}: must be >= 1 and <= {MAX_DIGITS} (operands are stored "
+            "as 64-bit integers)"
+        )
+    if args.max_digits is not None and not args.digits <= args.max_digits <= MAX_DIGITS:
+        parser.error(
+            f"--max-digits {args.max_digits}: must be >= --digits {args.digits} and <= {MAX_DIGITS}"
+        )
     digits = args.digits if args.max_digits is None else (args.digits, args.max_digits)
     if args.train_size < 1 or args.val_size < 1:
         parser.error("--train-size and --val-size must be >= 1")
