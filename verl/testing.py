@@ -66,27 +66,16 @@ def checkpoint_tensors(step_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _dcp_tensors(dcp_dir: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a distributed checkpoint, flattened to ``a/b/c`` names."""
-    import tempfile
+    """The tensors of a distributed checkpoint as ``{top-level key}/{flattened name}``
+    (``model/lm_head.weight``, ``optim/state.model.lm_head.weight.exp_avg``), read through
+    :mod:`verl.engine.dcp_io`'s restricted loaders (nothing is unpickled freely)."""
+    from verl.engine.dcp_io import dcp_tensor_keys, read_dcp_tensors
 
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(dcp_dir, Path(tmp) / "full.pt")
-        tree = torch.load(Path(tmp) / "full.pt", weights_only=False)
+    prefixes = sorted({key.split(".", 1)[0] for key in dcp_tensor_keys(str(dcp_dir))})
     out: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            out[prefix] = node
-        elif isinstance(node, Mapping):
-            for key, value in node.items():
-                walk(f"{prefix}/{key}" if prefix else str(key), value)
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                walk(f"{prefix}/{i}", value)
-
-    walk("", tree)
+    for prefix in prefixes:
+        tensors = read_dcp_tensors(str(dcp_dir), prefix)
+        out |= {f"{prefix}/{name}": t for name, t in tensors.items()}
     return out
 
 

@@ -67,7 +67,12 @@ class MetadataSafeReader(FileSystemReader):
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata dataclasses and the few torch / stdlib values they hold."""
+    """Admits DCP's metadata classes and the few torch / stdlib values they hold.
+
+    Every admitted global is named exactly: a dotted name (pickle protocol 4 resolves
+    ``module`` + ``"os.system"`` attribute by attribute, reaching anything a module
+    imports) and any other name of DCP's modules are refused.
+    """
 
     _ALLOWED = frozenset(
         {
@@ -78,14 +83,32 @@ class _RestrictedUnpickler(pickle.Unpickler):
             ("collections", "OrderedDict"),
         }
     )
+    # DCP's metadata dataclasses and enum (torch.distributed.checkpoint.metadata /
+    # .filesystem; admitted from any DCP module, as long as the name is such a class there)
+    _DCP_CLASSES = frozenset(
+        {
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+            "_StorageInfo",
+        }
+    )
 
     def find_class(self, module: str, name: str) -> Any:
-        if (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module, name) in self._ALLOWED
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        ):
-            return super().find_class(module, name)
+        if "." not in name:
+            if (module, name) in self._ALLOWED:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return super().find_class(module, name)
+            if module.startswith("torch.distributed.checkpoint.") and name in self._DCP_CLASSES:
+                found = super().find_class(module, name)
+                if isinstance(found, type):
+                    return found
         raise pickle.UnpicklingError(
             f"refusing to unpickle {module}.{name} from a checkpoint's DCP metadata"
         )
