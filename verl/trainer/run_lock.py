@@ -12,15 +12,22 @@ SIGKILL leaves no lock behind, only the holder's description in the file. The ne
 the lock over and logs a WARNING naming the dead holder. On a network file system ``flock``
 is as reliable as the server's locking (Linux NFS maps it to POSIX byte-range locks). Where
 ``fcntl`` does not exist (Windows) runs are not locked, with a warning.
+
+The lock file is opened with ``O_NOFOLLOW`` and must be a regular file: a ``.verl-run.lock``
+planted as a symbolic link (which would make the run truncate and overwrite the file it
+points to), a directory, a FIFO or a device is refused with :class:`RunLockError` naming it,
+and nothing is written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterable
@@ -34,7 +41,7 @@ except ImportError:  # pragma: no cover - Windows
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOCK_FILE", "RunDirectoryInUse", "RunLock"]
+__all__ = ["LOCK_FILE", "RunDirectoryInUse", "RunLock", "RunLockError"]
 
 LOCK_FILE = ".verl-run.lock"
 
@@ -55,7 +62,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
-class RunDirectoryInUse(RuntimeError):
+class RunLockError(RuntimeError):
+    """A run directory cannot be locked: its lock file is unusable, or another run holds it."""
+
+
+class RunDirectoryInUse(RunLockError):
     """Another live process holds the lock of a run directory."""
 
 
@@ -139,7 +150,7 @@ class RunLock:
                 os.close(fd)  # the last descriptor of the lock closed drops the flock
 
     def _lock_one(self, path: Path, quiet: bool) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_lock_file(path)
         _HELD_FDS.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -180,3 +191,46 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _unusable(what: str) -> RunLockError:
+    return RunLockError(
+        f"{what}. verl writes who holds the lock into this file; remove or rename it, or give "
+        "this run another trainer.default_local_dir / trainer.log_dir"
+    )
+
+
+def _open_lock_file(path: Path) -> int:
+    """A descriptor of the regular file ``path`` (created if missing), never through a
+    symbolic link; :class:`RunLockError` for anything else found there."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    except OSError as err:
+        raise _unusable(f"cannot inspect the run lock {path}: {err.strerror or err}") from None
+    if found is not None and stat.S_ISLNK(found.st_mode):
+        raise _unusable(
+            f"the run lock {path} is a symbolic link (to {os.readlink(path)}), not a file"
+        )
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        raise _unusable(f"the run lock {path} is a directory")
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        raise _unusable(f"the run lock {path} is not a regular file")
+    # O_NOFOLLOW: a link planted between the check and the open is refused all the same;
+    # O_NONBLOCK: a FIFO planted then does not block the open (it is refused below).
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK):
+            what = f"the run lock {path} is a symbolic link, not a file"
+        elif err.errno == errno.EISDIR:
+            what = f"the run lock {path} is a directory"
+        else:
+            what = f"cannot open the run lock {path}: {err.strerror or err}"
+        raise _unusable(what) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _unusable(f"the run lock {path} is not a regular file")
+    return fd
