@@ -130,6 +130,54 @@ def test_non_utf8_line(tmp_path, tokenizer):
     ]
 
 
+def test_lone_surrogate_names_line_and_column(tmp_path, tokenizer):
+    """A "\\ud800" escape decodes to half a UTF-16 pair, which no tokenizer or writer takes
+    (it used to surface as the tokenizer's TypeError, a raw traceback)."""
+    bad = (
+        b'{"data_source": "a", "prompt": [{"role": "user", "content": "1+\\ud800?"}], '
+        b'"reward_model": {"ground_truth": "2"}}'
+    )
+    pair = (
+        b'{"data_source": "a", "prompt": "\\ud83d\\ude00", "reward_model": {"ground_truth": "1"}}'
+    )
+    path = _jsonl(tmp_path / "t.jsonl", [GOOD, bad, pair])
+    with pytest.raises(DatasetValidationError) as err:
+        RLHFDataset(path, tokenizer)
+    assert err.value.problems == [
+        f"{path} line 2: column 'prompt' [0] 'content' character 3 (\\ud800) is a lone "
+        "surrogate, not a Unicode character (a \\uXXXX escape of half a UTF-16 pair); it "
+        "cannot be tokenised or written as UTF-8: remove it or write the whole character"
+    ]
+    str(err.value).encode("utf-8")  # the message itself is printable
+    # a whole pair (an emoji written with ensure_ascii) is one character and loads
+    assert len(RLHFDataset(_jsonl(tmp_path / "ok.jsonl", [GOOD, pair]), tokenizer)) == 2
+    # a .json array the same
+    array = tmp_path / "t.json"
+    array.write_bytes(b"[" + GOOD + b", " + bad + b"]")
+    with pytest.raises(DatasetValidationError, match=r"t.json item 2: column 'prompt' \[0\]"):
+        RLHFDataset(str(array), tokenizer)
+
+
+def test_non_utf8_parquet_string_names_row_and_column(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    prompts = [b"1+1?", b"caf\xe9?", b"2+2?"]  # row 2 holds Latin-1 bytes, not UTF-8
+    table = pa.table(
+        {
+            "data_source": ["a"] * 3,
+            "prompt": pa.array(prompts, pa.binary()).cast(pa.string(), safe=False),
+            "reward_model": [{"ground_truth": "2"}] * 3,
+        }
+    )
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path)
+    with pytest.raises(DatasetValidationError) as err:
+        RLHFDataset(path, tokenizer)
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith(f"{path} row 2: column 'prompt' is not valid UTF-8")
+
+
 # ---------------------------------------------------------------------- prompt length
 @pytest.fixture
 def long_and_short(tmp_path):

@@ -6,6 +6,11 @@ report many problems at once. Row numbers are 1-based: the physical line number 
 lines files (blank lines are skipped but counted), the row number for parquet, the item
 number for a `.json` file holding one JSON array.
 
+Text must be Unicode: a JSON row holding a lone surrogate (a ``\\ud800`` escape without
+its pair) and a parquet row whose strings are not UTF-8 are problems naming the row and
+the column, never passed on (they would fail later in the tokenizer, a logger or a
+writer) and never silently replaced.
+
 Writing goes to a temporary file renamed into place, so an interrupted write never leaves a
 half-written dataset behind.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +121,76 @@ def _read_parquet(path: str) -> RecordFile:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: cannot read as parquet: {e}") from e
-    rows = table.to_pylist()
+    try:
+        rows = table.to_pylist()
+    except UnicodeDecodeError:  # a string column holds bytes that are not UTF-8
+        return RecordFile(path, list(table.column_names), _parquet_rows_one_by_one(path, table))
     records = [Record(path, i + 1, "row", row) for i, row in enumerate(rows)]
     return RecordFile(path, list(table.column_names), records)
+
+
+def _parquet_rows_one_by_one(path: str, table: Any) -> list[Record]:
+    """The rows of ``table`` converted one at a time, so that a row whose strings are not
+    valid UTF-8 becomes a problem naming its row and column, and the others still read."""
+    records = []
+    for i in range(table.num_rows):
+        row: dict[str, Any] = {}
+        problem = None
+        for name in table.column_names:
+            try:
+                row[name] = table.column(name)[i].as_py()
+            except UnicodeDecodeError as e:
+                problem = (
+                    f"column {name!r} is not valid UTF-8 ({e.reason} at byte {e.start}); "
+                    "fix the text where the file was written"
+                )
+                break
+        records.append(Record(path, i + 1, "row", None if problem else row, problem))
+    return records
+
+
+# A JSON "\uXXXX" escape of a UTF-16 surrogate (D800-DFFF): only then can json.loads return
+# a string holding a lone surrogate. Checked on the raw text first, so that rows without
+# one cost a regex scan, not a walk over every string.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where the first lone surrogate in ``value`` (a JSON value) is, e.g.
+    ``"'prompt' [0] 'content' character 11 (\\ud800)"``, or None when there is none.
+
+    A lone surrogate (a ``\\ud800`` escape without its pair) is not a Unicode character: it
+    cannot be encoded as UTF-8, so tokenizers, loggers and file writers fail on it.
+    """
+    if isinstance(value, str):
+        for pos, char in enumerate(value):
+            if "\ud800" <= char <= "\udfff":  # json.loads joins a valid pair into one
+                return f"{where} character {pos + 1} (\\u{ord(char):04x})".strip()
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate(key, f"{where} key") or lone_surrogate(item, f"{where} {key!r}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for j, item in enumerate(value):
+            found = lone_surrogate(item, f"{where} [{j}]")
+            if found:
+                return found
+    return None
+
+
+def _surrogate_problem(obj: Any, text: str) -> str | None:
+    if not _SURROGATE_ESCAPE.search(text):
+        return None
+    found = lone_surrogate(obj)
+    if found is None:
+        return None
+    return (
+        f"column {found} is a lone surrogate, not a Unicode character (a \\uXXXX escape "
+        "of half a UTF-16 pair); it cannot be tokenised or written as UTF-8: remove it or "
+        "write the whole character"
+    )
 
 
 def _read_json(path: str) -> RecordFile:
@@ -164,8 +237,12 @@ def _read_json_array(path: str, raw: bytes) -> list[Record]:
     except json.JSONDecodeError as e:
         return [Record(path, e.lineno, "line", None, f"invalid JSON: {e.msg}")]
     out = []
+    check = _SURROGATE_ESCAPE.search(text) is not None
     for i, item in enumerate(items, start=1):
-        if isinstance(item, dict):
+        problem = _surrogate_problem(item, text) if check and isinstance(item, dict) else None
+        if problem is not None:
+            out.append(Record(path, i, "item", None, problem))
+        elif isinstance(item, dict):
             out.append(Record(path, i, "item", item))
         else:
             out.append(
@@ -181,6 +258,9 @@ def _parse_json_object(path: str, number: int, unit: str, text: str) -> Record:
         return Record(path, number, unit, None, f"invalid JSON at column {e.colno}: {e.msg}")
     if not isinstance(obj, dict):
         return Record(path, number, unit, None, f"expected a JSON object, got {type(obj).__name__}")
+    problem = _surrogate_problem(obj, text)
+    if problem is not None:
+        return Record(path, number, unit, None, problem)
     return Record(path, number, unit, obj)
 
 

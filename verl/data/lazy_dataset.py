@@ -31,7 +31,12 @@ from typing import Any
 import torch
 
 from verl.data.base import RowDataset
-from verl.data.io import DatasetValidationError, _parse_json_object
+from verl.data.io import (
+    DatasetValidationError,
+    Record,
+    _parquet_rows_one_by_one,
+    _parse_json_object,
+)
 from verl.data.rl_dataset import (
     RLHFDataset,
     char_window,
@@ -159,8 +164,16 @@ class LazyRLHFDataset(RowDataset):
                 import pyarrow.parquet as pq
 
                 table = pq.ParquetFile(path).read_row_group(group)
-                self._cache = (f, group, table.to_pylist())
-            return self._cache[2][pos]
+                try:
+                    rows: list[Any] = table.to_pylist()
+                except UnicodeDecodeError:  # a string that is not UTF-8: name its row
+                    records = _parquet_rows_one_by_one(path, table)
+                    rows = [r if r.problem else r.data for r in records]
+                self._cache = (f, group, rows)
+            row = self._cache[2][pos]
+            if isinstance(row, Record):
+                raise DatasetValidationError([f"{path} row {number}: {row.problem}"])
+            return row
         with open(path, "rb") as fh:
             fh.seek(pos)
             raw = fh.readline()
