@@ -86,3 +86,7 @@ def main(argv: list[str] | None = None, prog: str = "verl config") -> int:
     else:
         from verl.trainer import main_dpo as entry
     return entry.main([*rest, *args.overrides], prog=prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.config"))

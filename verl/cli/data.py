@@ -49,3 +49,7 @@ def main(argv: list[str] | None = None, prog: str = "verl data") -> int:
         return 2
     module = importlib.import_module(TOOLS[tool][0])
     return module.main(rest, prog=f"{prog} {tool}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.data"))

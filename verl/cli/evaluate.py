@@ -101,3 +101,7 @@ def main(argv: list[str] | None = None, prog: str = "verl eval") -> int:
             )
             return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.evaluate"))

@@ -85,3 +85,7 @@ def main(argv: list[str] | None = None, prog: str = "verl generate") -> int:
         f"to {path}"
     )
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.generate"))

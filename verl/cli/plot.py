@@ -58,3 +58,7 @@ def main(argv: list[str] | None = None, prog: str = "verl plot") -> int:
         print(f"not in the log: {note}", file=sys.stderr)
     print(path)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.plot"))

@@ -54,7 +54,9 @@ class UpstreamKey:
     dropped or renamed (``None``: any value); another value is refused with ``refusal``.
     ``reason``: why a dropped key changes nothing here. ``value``: maps the upstream value
     to the native one (default: unchanged), or to :data:`DROP` to drop it after all.
-    ``combined``: how it reads beside the native key it sets (:func:`reconcile`).
+    ``reads``: the docs table's account of a key whose reading is more than a rename or a
+    drop. ``choice``: the key is a Hydra config-group choice (``engine=fsdp``): only a
+    string value is read by this entry, a mapping there is the native section.
     """
 
     native: str | None = None
@@ -62,7 +64,8 @@ class UpstreamKey:
     keeps: tuple[Any, ...] | None = None
     refusal: str = ""
     value: Callable[[Any], Any] | None = None
-    combined: str = ""
+    reads: str = ""
+    choice: bool = False
 
 
 def _drop(reason: str, keeps: tuple[Any, ...] | None = None, refusal: str = "") -> UpstreamKey:
@@ -80,6 +83,27 @@ _LOG_PROB_BUDGET = (
 )
 _NOT_HERE = "is not implemented here; leave it null"
 
+
+def _strategy(key: str, fsdp: str, why: str) -> UpstreamKey:
+    """A native strategy key that also takes upstream's value ``fsdp`` (FSDP1), read as
+    ``fsdp``: FSDP1 and FSDP2 shard the same data-parallel training (the same results)."""
+    return UpstreamKey(
+        native=key,
+        value=lambda value: fsdp if value == "fsdp" else value,
+        reads=f"fsdp: `{fsdp}` ({why}); the native values as they are",
+    )
+
+
+_RL_FSDP = "upstream's FSDP1; FSDP2 shards the same training, with the same results"
+# The offline engine runs fsdp2 in a process group (torchrun, or Ray ranks) and one process
+# unwrapped: auto is fsdp2 on several ranks, single on one, as upstream's FSDP on one rank
+# is one process's training.
+_OFFLINE_FSDP = (
+    "FSDP2 on several ranks (torchrun or trainer.n_gpus_per_node), one unwrapped process on "
+    "one: upstream's FSDP1 on one rank trains the same"
+)
+
+
 # The RL trainer's keys (TrainerConfig), upstream spelling -> how it is read.
 UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     # data
@@ -88,8 +112,10 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
         keeps=(True, False),
         value=lambda on: "drop" if on else DROP,
         reason="prompts over data.max_prompt_length then follow data.truncation (default error)",
-        combined="with true, data.truncation=error or left (upstream filters before it "
-        "truncates) is read as drop; data.truncation=truncate is refused",
+        reads="true: `data.truncation=drop`, also beside data.truncation=error or left "
+        "(upstream filters long prompts out before it truncates what remains), refused beside "
+        "data.truncation=truncate; false: dropped (prompts over data.max_prompt_length then "
+        "follow data.truncation, default error)",
     ),
     "data.return_raw_chat": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
     "data.return_raw_input_ids": _drop("every batch keeps each row's raw prompt (raw_prompt)"),
@@ -115,6 +141,10 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
         refusal="the rollout always shares the actor's worker here; a separate rollout pool "
         "is resource_pool.* with rollout.name=vllm",
     ),
+    "actor_rollout_ref.actor.strategy": _strategy(
+        "actor_rollout_ref.actor.strategy", "fsdp2", _RL_FSDP
+    ),
+    "critic.strategy": _strategy("critic.strategy", "fsdp2", _RL_FSDP),
     "actor_rollout_ref.model.use_remove_padding": UpstreamKey(
         native="actor_rollout_ref.actor.pack_sequences"
     ),
@@ -230,7 +260,20 @@ for _fsdp in (
         "FSDP2 wraps each decoder layer (the model's own layer class) here"
     )
 
-# The offline trainers' keys (SFTConfig, DPOConfig), read the same way.
+_SFT_NO_SP = (
+    "sequence parallelism (Ulysses) is not implemented yet; set it to 1 (long samples: "
+    "model.enable_gradient_checkpointing, engine.logprob_chunk_size, a smaller "
+    "data.micro_batch_size_per_device)"
+)
+_SAME_LOSS = (
+    "a step's loss does not depend on how the step is split into micro-batches "
+    "(data.micro_batch_size_per_device); memory and speed only"
+)
+
+
+# The offline trainers' keys (SFTConfig, DPOConfig), read the same way: the old trainer
+# (fsdp_sft_trainer's top-level keys) and the engine-based one (sft_trainer, upstream's
+# sft_trainer_engine.yaml with its engine/optim/model config-group choices).
 OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     "model.partial_pretrain": UpstreamKey(native="model.path"),
     "trainer.default_hdfs_dir": UPSTREAM_KEYS["trainer.default_hdfs_dir"],
@@ -246,6 +289,43 @@ OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     ),
     "ulysses_sequence_parallel_size": _drop("no sequence parallelism", keeps=(1,), refusal=_NO_SP),
     "use_remove_padding": _drop("SFT pads or packs by data.packing"),
+    "engine": UpstreamKey(
+        native="engine.strategy",
+        keeps=("fsdp", "fsdp2"),
+        value=lambda _: "auto",
+        refusal="the offline engines here are FSDP2 (engine=fsdp) and one process "
+        "(engine.strategy=single); Megatron-LM is not available",
+        reads=f"fsdp, fsdp2 (a config-group choice): `engine.strategy=auto` ({_OFFLINE_FSDP}); "
+        "other values refused: Megatron-LM is not available",
+        choice=True,
+    ),
+    "engine.strategy": _strategy("engine.strategy", "auto", _OFFLINE_FSDP),
+    "engine.ulysses_sequence_parallel_size": _drop(
+        "no sequence parallelism", keeps=(1,), refusal=_SFT_NO_SP
+    ),
+    "optim": UpstreamKey(
+        keeps=("fsdp",),
+        reason="the optimizer is AdamW set by the optim.* keys (upstream's fsdp optimizer group)",
+        refusal="Megatron-LM's optimizer is not available; optim=fsdp is AdamW (optim.*)",
+        choice=True,
+    ),
+    "model": UpstreamKey(
+        keeps=("hf_model",),
+        reason="the model is a HuggingFace directory or hub id (model.path)",
+        refusal="the model here is a HuggingFace directory or hub id: model=hf_model, model.path",
+        choice=True,
+    ),
+    "model.use_remove_padding": _drop(
+        "padding never enters the loss, so removing it changes memory and speed only; "
+        "packing here is data.packing, which also changes how many samples a step holds, so "
+        "it is a separate choice"
+    ),
+    "optim.clip_grad": UpstreamKey(native="engine.grad_clip"),
+    "data.use_dynamic_bsz": _drop(_SAME_LOSS),
+    "data.max_token_len_per_gpu": _drop(_SAME_LOSS),
+    "data.pad_mode": _drop(
+        "samples are right-padded (packed with data.packing); padding never enters the loss"
+    ),
 }
 
 
@@ -267,6 +347,8 @@ def translate_upstream(
     """
     table = UPSTREAM_KEYS if root == "TrainerConfig" else OFFLINE_UPSTREAM_KEYS
     for path, key in table.items():
+        if key.choice and not isinstance(tree.get(path), str):
+            continue  # a config-group choice is a string; a mapping is the native section
         found, value = _pop(tree, path)
         if not found:
             continue
@@ -274,6 +356,9 @@ def translate_upstream(
             if key.keeps is not None and value not in key.keeps:
                 raise error(f"{path}={short_repr(value)}: {key.refusal or key.reason}")
             native_value = key.value(value) if key.value is not None else value
+            if key.native == path and native_value == value:  # a native value, as it is
+                _restore(tree, path, value)
+                continue
             if key.native is None or native_value is DROP:
                 logger.warning("%s=%s is dropped: %s", path, short_repr(value), key.reason)
                 continue
@@ -288,7 +373,15 @@ def translate_upstream(
 def reconcile(path: str, spellings: dict[str, Any]) -> tuple[bool, Any]:
     """``(True, value)`` when the native key ``path``, given by the two keys of
     ``spellings`` (key as written -> the native value it sets) with different values,
-    has one upstream meaning; else ``(False, None)`` (the two are a conflict)."""
+    has one upstream meaning; else ``(False, None)`` (the two are a conflict).
+
+    - ``data.filter_overlong_prompts=True`` with ``data.truncation=error`` or ``left``:
+      drop (upstream filters long prompts out before it truncates what remains);
+    - the config-group choice ``engine=fsdp`` with ``engine.strategy``: the strategy
+      (the choice selects the engine's group, the key sets the strategy within it).
+    """
+    if path == "engine.strategy" and set(spellings) == {"engine", "engine.strategy"}:
+        return True, spellings["engine.strategy"]
     filtered, truncation = spellings.get(_FILTER), spellings.get("data.truncation")
     if path != "data.truncation" or filtered != "drop" or truncation not in ("error", "left"):
         return False, None
@@ -311,6 +404,15 @@ def short_repr(value: Any) -> str:
     a whole file's worth of it)."""
     text = repr(value)
     return text if len(text) <= _SHORT else f"{text[:_SHORT]}... ({len(text)} characters)"
+
+
+def _restore(tree: dict[str, Any], path: str, value: Any) -> None:
+    """Put back what :func:`_pop` took (its emptied parents included)."""
+    *parents, last = path.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
 
 
 def _pop(tree: dict[str, Any], path: str) -> tuple[bool, Any]:

@@ -99,15 +99,13 @@ def upstream_table() -> str:
     for key, trainer, entry in rows:
         if entry is None:
             read = "renamed `*_per_device`"
+        elif entry.reads:  # more than a rename or a drop (data.filter_overlong_prompts)
+            read = entry.reads
         elif entry.native is not None:
             read = f"renamed `{entry.native}`"
-            if entry.value is not None:  # data.filter_overlong_prompts
-                read = f"true: `{entry.native}=drop`; false: dropped ({entry.reason})"
-            if entry.combined:
-                read += f"; {entry.combined}"
         else:
             read = f"dropped: {entry.reason}"
-        if entry is not None and entry.keeps is not None and entry.refusal:
+        if entry is not None and entry.keeps is not None and entry.refusal and not entry.reads:
             kept = ", ".join(show(v) for v in entry.keeps)
             read = f"{kept}: {read}; other values refused: {entry.refusal}"
         name = key if key.startswith("`") else f"`{key}`"

@@ -13,6 +13,13 @@
 with checkpoints every ``trainer.save_freq`` steps and exact resume (``trainer.resume_mode``),
 in one process or on several FSDP2 ranks: see ``verl.trainer.offline_trainer``.
 
+Run as a module it is :mod:`verl.trainer.main_sft` (upstream verl's entry point of its
+engine-based SFT trainer, whose keys ``engine=fsdp``, ``engine.strategy=fsdp``,
+``model.use_remove_padding``, ... are read by ``verl.compat.upstream``)::
+
+    python -m verl.trainer.sft_trainer model.path=... data.train_files=... data.messages_key=messages
+    torchrun --nproc_per_node=2 -m verl.trainer.sft_trainer engine=fsdp ...   # one rank each
+
 The loss of an optimizer step is the mean negative log-likelihood over all its loss tokens,
 whatever the micro-batching (the engine accumulates exactly). With ``data.packing=true`` the
 samples are packed into sequences of up to ``data.max_length`` tokens, run with
@@ -166,3 +173,11 @@ class SFTTrainer(OfflineTrainer):
         finally:
             self.packing = packing
         return {"val/loss": nll / max(tokens, 1.0)}
+
+
+if __name__ == "__main__":
+    import sys
+
+    from verl.trainer.main_sft import main
+
+    sys.exit(main(prog="python -m verl.trainer.sft_trainer"))
