@@ -15,16 +15,18 @@
         critic.update_critic(gen); actor_rollout.update_actor(gen)
         log, validate, save a checkpoint every trainer.save_freq steps
 
-With ``trainer.async_rollout=true`` the first line takes a batch generated earlier, on a
-copy of the policy, while this step's work runs (:mod:`verl.trainer.async_rollout`).
+The first two lines (and DAPO's filter) are the step's batch source, chosen when the
+trainer is built (:mod:`verl.trainer.batch_source`): one batch, dynamic sampling, or with
+``trainer.async_rollout=true`` a batch generated earlier on a copy of the policy while the
+previous step trained (:mod:`verl.trainer.async_rollout`). :meth:`RLTrainer.train_step` is
+the step; :mod:`verl.trainer.loop` runs the steps.
 
 Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
 any forward pass is spent on them.
 
 The parts of a run (tokenizer, data, rewards, KL controller, the role worker groups and
-their models) are built by :mod:`verl.trainer.build`; this module holds the phases of a
-step, and :mod:`verl.trainer.loop` drives them.
+their models) are built by :mod:`verl.trainer.build`.
 The driver holds no model: every tensor-heavy call goes through a worker group. Where the
 workers run (in this process, or one Ray actor per device with FSDP2 sharding, roles
 colocated or on pools of their own) is decided once, by ``verl.trainer.placement`` from
@@ -41,8 +43,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +53,13 @@ import numpy as np
 import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
+from verl.algorithms.pf_ppo import pf_ppo_indices
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
 from verl.trainer import loop
 from verl.trainer.async_rollout import AsyncRollout, build_async_rollout
+from verl.trainer.batch_source import build_batch_source, draws
 from verl.trainer.build import (
     build_data,
     build_kl_controller,
@@ -65,7 +70,9 @@ from verl.trainer.build import (
 )
 from verl.trainer.checkpoint import CheckpointManager
 from verl.trainer.metrics import (
+    compute_data_metrics,
     compute_rollout_mismatch_metrics,
+    compute_throughput_metrics,
     compute_validation_metrics,
     timer,
 )
@@ -175,6 +182,15 @@ class RLTrainer:
             except BaseException:
                 self.placement.shutdown()
                 raise
+        self.batch_source = build_batch_source(
+            cfg,
+            # late-bound: a subclass or test that replaces a phase changes what runs
+            generate_and_score=lambda prompts: self.generate_and_score(prompts),
+            score=lambda gen, metrics: self.score_responses(gen, metrics),
+            pipeline=self.async_rollout,
+            version=lambda: self.global_step - 1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -394,32 +410,49 @@ class RLTrainer:
             metrics |= self.actor_rollout_wg.update_actor(gen)
         return metrics
 
-    # ------------------------------------------------------------------ the loop
-    # The loop itself is verl.trainer.loop; these methods are its seams (a subclass or a
-    # test may replace one of them).
+    # ------------------------------------------------------------------ the step
+    def train_step(
+        self, batch: DataProto, next_batch: Callable[[], DataProto] | None = None
+    ) -> dict[str, Any]:
+        """One RL step from the prompt batch ``batch``; returns its metrics.
+
+        ``next_batch`` draws further prompt batches from the loader, for the batch sources
+        that need more than one (dynamic sampling, filling the asynchronous queue).
+        """
+        start = time.perf_counter()
+        # responses, scored: how they were made is the batch source's business
+        draw = draws(batch, next_batch, "the batch source")
+        gen, metrics = self.batch_source.next(draw)
+        # old and reference log-probs, values, the in-reward KL, advantages
+        gen, more = self.prepare_update(gen, self.old_log_prob_pass)
+        metrics |= more
+        if self.config.algorithm.use_pf_ppo:  # PF-PPO: redraw the responses by score
+            gen, more = self._pf_ppo_redraw(gen)
+            metrics |= more
+        metrics |= self.update_policy(gen)  # critic, then actor
+        step_seconds = time.perf_counter() - start
+        metrics["timing_s/step"] = step_seconds
+        if self.rollout_data_dir is not None:  # outside the step's time
+            scores = gen.batch["token_level_scores"].sum(-1).tolist()
+            rows = generation_samples(gen, scores, self.tokenizer, len(gen))
+            write_samples(self.rollout_data_dir, self.global_step, rows)
+        metrics |= compute_data_metrics(gen, self.config.data.max_response_length)
+        metrics |= compute_throughput_metrics(gen, step_seconds)
+        return metrics
+
+    def _pf_ppo_redraw(self, gen: DataProto) -> tuple[DataProto, dict[str, Any]]:
+        """PF-PPO: the step's responses redrawn with replacement, weighted by score."""
+        pf = self.config.algorithm.pf_ppo
+        scores = gen.batch["token_level_scores"].sum(-1)
+        seed = self.config.trainer.seed * 1_000_003 + self.global_step
+        rows, metrics = pf_ppo_indices(scores, pf.reweight_method, pf.weight_pow, seed=seed)
+        return gen[rows], metrics
+
+    # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         """Train for ``total_steps`` steps; returns the last step's metrics and validation
         (:func:`verl.trainer.loop.fit`: resume, validate, train, validate, export)."""
         return loop.fit(self)
-
-    def train_step(
-        self, batch: DataProto, next_batch: Callable[[], DataProto] | None = None
-    ) -> dict[str, Any]:
-        """Collect one step's data from ``batch``, update critic and actor; return metrics
-        (:func:`verl.trainer.loop.train_step`). ``next_batch`` draws further prompt batches
-        (DAPO dynamic sampling)."""
-        return loop.train_step(self, batch, next_batch)
-
-    def _collect_step_data(
-        self, batch: DataProto, next_batch: Callable[[], DataProto] | None
-    ) -> tuple[DataProto, dict[str, Any]]:
-        return loop.collect_step_data(self, batch, next_batch)
-
-    def _train_loop(self, progress: Any) -> None:
-        loop.train_loop(self, progress)
-
-    def _batch_stream(self) -> Iterator[DataProto]:
-        return loop.batch_stream(self)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
