@@ -330,6 +330,22 @@ class RunConfig(ClusterRunConfig):
         "loss or grad norm; 0 = never stop",
         ge=0,
     )
+    divergence_max_grad_norm: float = entry(
+        1e5,
+        "a step whose actor or critic pre-clip grad norm is above this looks diverged: not "
+        "checkpointed, and max_consecutive_divergent_steps in a row (or the final step) stop "
+        "the run with an error; 0 = not checked (docs/reliability.md)",
+        ge=0,
+    )
+    divergence_max_policy_kl: float = entry(
+        10.0,
+        "the same for |actor/approx_kl|, the per-token KL in nats the update moved the policy "
+        "within one step (0 when it is one optimizer step); 0 = not checked",
+        ge=0,
+    )
+    max_consecutive_divergent_steps: int = entry(
+        1, "steps in a row past a divergence bound that stop the run", ge=1
+    )
     use_flash_attention: bool = entry(
         False, "flash attention where installed and supported, else SDPA (logged once)"
     )

@@ -25,8 +25,8 @@ from verl.trainer.progress import advance
 from verl.trainer.stopping import (
     DivergenceGuard,
     RunInterrupted,
-    divergence_error,
     diverged_error,
+    divergence_error,
     loss_not_finite,
 )
 

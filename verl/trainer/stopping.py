@@ -16,13 +16,25 @@ Handlers are installed only while a run is in progress and only from the main th
 A step whose actor update had a non-finite loss is never checkpointed, and one in the
 final step ends the run with :func:`diverged_error` (the model it would validate and
 export is broken; the previous export stays).
+
+A run can also diverge with finite numbers (a learning rate of 10: the weights grow 28-fold
+and the gradient norm reaches 1.6e6, or the policy collapses onto one token). The
+:class:`DivergenceGuard` flags a step whose pre-clip gradient norm (actor or critic) is
+above ``trainer.divergence_max_grad_norm`` or whose update moved the policy by more than
+``trainer.divergence_max_policy_kl`` nats per token (``|actor/approx_kl|``). A flagged step
+is never checkpointed, and ``trainer.max_consecutive_divergent_steps`` of them in a row, or
+one in the final step, end the run with :class:`TrainingDivergedError` naming the metric,
+its bound and the last checkpoint, which holds the last step that was not flagged. The
+bounds are orders of magnitude above sane values (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -94,4 +106,86 @@ def diverged_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) 
         f"training diverged, so the model is neither validated nor exported; {kept}. "
         "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip "
         "gradients harder."
+    )
+
+
+class TrainingDivergedError(RuntimeError):
+    """Training diverged while its numbers stayed finite (see :class:`DivergenceGuard`)."""
+
+
+@dataclass
+class DivergenceGuard:
+    """Flags steps whose metrics show a finite divergence and counts them in a row.
+
+    Args:
+        max_grad_norm: bound on ``actor/grad_norm`` and ``critic/grad_norm`` (pre-clip
+            global L2 norms); 0 = not checked.
+        max_policy_kl: bound on ``|actor/approx_kl|``, the mean per-token KL (nats) between
+            the policy that sampled the batch and the one the update left; 0 = not checked.
+            It is 0 by construction when the update is one optimizer step (one mini-batch,
+            one epoch), so then only the gradient norm is checked.
+        patience: flagged steps in a row that stop the run (>= 1).
+    """
+
+    max_grad_norm: float
+    max_policy_kl: float
+    patience: int = 1
+    streak: int = 0
+
+    @classmethod
+    def from_config(cls, run: Any) -> DivergenceGuard:
+        """The guard of a ``trainer:`` section."""
+        return cls(
+            run.divergence_max_grad_norm,
+            run.divergence_max_policy_kl,
+            run.max_consecutive_divergent_steps,
+        )
+
+    def check(self, metrics: dict[str, Any]) -> str | None:
+        """Why the step of ``metrics`` looks diverged (None when it does not); counts the
+        flagged steps in a row. Non-finite values are the non-finite guard's business."""
+        reasons = []
+        if self.max_grad_norm > 0:
+            for role in ("actor", "critic"):
+                norm = metrics.get(f"{role}/grad_norm")
+                if norm is not None and math.isfinite(norm) and norm > self.max_grad_norm:
+                    reasons.append(
+                        f"{role}/grad_norm={norm:.4g} > "
+                        f"trainer.divergence_max_grad_norm={self.max_grad_norm:g}"
+                    )
+        kl = metrics.get("actor/approx_kl")
+        if (
+            self.max_policy_kl > 0
+            and kl is not None
+            and math.isfinite(kl)
+            and abs(kl) > self.max_policy_kl
+        ):
+            reasons.append(
+                f"|actor/approx_kl|={abs(kl):.4g} > "
+                f"trainer.divergence_max_policy_kl={self.max_policy_kl:g}"
+            )
+        self.streak = self.streak + 1 if reasons else 0
+        return "; ".join(reasons) or None
+
+    @property
+    def tripped(self) -> bool:
+        """Whether the flagged steps in a row reached ``patience``."""
+        return self.streak >= self.patience
+
+
+def divergence_error(
+    step: int, reason: str, guard: DivergenceGuard, checkpoint: Path | None
+) -> TrainingDivergedError:
+    """The error that ends a run the :class:`DivergenceGuard` flagged at ``step``."""
+    kept = (
+        f"the last checkpoint, of a step before the divergence, is {checkpoint}"
+        if checkpoint
+        else "no checkpoint was saved before it"
+    )
+    return TrainingDivergedError(
+        f"training diverged at step {step}: {reason} ({guard.streak} step(s) in a row; "
+        f"trainer.max_consecutive_divergent_steps={guard.patience}). The flagged steps were "
+        f"not saved and the model is neither validated nor exported; {kept}. Lower "
+        "actor_rollout_ref.actor.optim.lr (or critic.optim.lr), check the reward scale, or "
+        "raise the bound (0 turns the check off) if the run is known to be sane."
     )
