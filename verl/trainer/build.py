@@ -9,6 +9,7 @@ itself lives in the trainer. Every function takes the validated
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.data.lazy_dataset import LazyRLHFDataset
 from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
-from verl.models import load_tokenizer
+from verl.models import load_tokenizer, resolve_model_path
 from verl.protocol import DataProto
 from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
 from verl.tools import tool_schemas
@@ -33,6 +34,8 @@ from verl.trainer.placement import Placement, place_roles
 from verl.trainer.setup import prepare_data_files
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "RLData",
     "build_data",
@@ -41,18 +44,101 @@ __all__ = [
     "build_roles",
     "build_tokenizer",
     "load_compute_score",
+    "module_source",
+    "module_tokenizer",
     "optimizer_steps_per_step",
 ]
 
 
-def build_tokenizer(cfg: TrainerConfig, tokenizer: Any = None) -> Any:
-    """``tokenizer`` (or the one at the model's tokenizer path), left-padding."""
+def build_tokenizer(
+    cfg: TrainerConfig, tokenizer: Any = None, module: torch.nn.Module | None = None
+) -> Any:
+    """``tokenizer`` (or the one at the model's tokenizer path), left-padding.
+
+    With an actor ``module`` built outside the config (the Python API's ``actor_model``),
+    the tokenizer must be the module's own, never silently the default model's
+    (:func:`module_tokenizer`).
+    """
+    if module is not None:
+        tokenizer = module_tokenizer(cfg, module, tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(
             cfg.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
         )
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def module_source(obj: Any) -> str | None:
+    """Where a model or tokenizer object was loaded from: its ``name_or_path`` (for a model
+    also ``config._name_or_path``); ``None`` when it does not say."""
+    name = getattr(obj, "name_or_path", None) or getattr(
+        getattr(obj, "config", None), "_name_or_path", None
+    )
+    return str(name) if isinstance(name, str | Path) and str(name) else None
+
+
+def _same_source(a: str, b: str) -> bool:
+    """Whether two model paths name one model (local directories and the embedded model's
+    names compared as resolved directories, anything else as text)."""
+    try:
+        return resolve_model_path(a) == resolve_model_path(b)
+    except OSError:
+        return a.rstrip("/") == b.rstrip("/")
+
+
+def module_tokenizer(cfg: TrainerConfig, module: torch.nn.Module, tokenizer: Any = None) -> Any:
+    """The tokenizer of an actor ``module`` passed as an object: ``tokenizer`` when given,
+    else the configured tokenizer path's when the config names one, else the one saved
+    where the module came from (its ``name_or_path``).
+
+    Raises ``ValueError`` naming both sources when the module's ``name_or_path`` and the
+    tokenizer's source (the ``tokenizer`` object's, or the configured path) differ, and
+    naming what to pass when the tokenizer cannot be known: without this, a module with a
+    vocabulary of its own would train with the default model's tokenizer whenever its
+    embedding table is at least as large (the only check, ``check_vocab_covers_tokenizer``,
+    catches the opposite case only).
+    """
+    model = cfg.actor_rollout_ref.model
+    source = module_source(module)
+    pass_one = (
+        "pass tokenizer=<the model's tokenizer>, or set actor_rollout_ref.model.path (or "
+        "model.tokenizer_path) to the directory the model and its tokenizer were saved to"
+    )
+    if tokenizer is not None:
+        given = module_source(tokenizer)
+        if source and given and not _same_source(source, given):
+            raise ValueError(
+                f"actor model name_or_path={source!r} but the tokenizer's name_or_path="
+                f"{given!r}: a model and a tokenizer from two sources need not share token "
+                "ids; pass the tokenizer saved with the model"
+            )
+        return tokenizer
+    configured = model.tokenizer_path is not None or model.path != type(model)().path
+    if configured:
+        key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
+        if source and not _same_source(source, cfg.tokenizer_path):
+            raise ValueError(
+                f"actor model name_or_path={source!r} but the tokenizer would be loaded from "
+                f"actor_rollout_ref.{key}={cfg.tokenizer_path!r}: a model and a tokenizer "
+                f"from two sources need not share token ids; {pass_one}"
+            )
+        return None  # the configured path's tokenizer
+    if source is None:
+        raise ValueError(
+            "the actor model object has no name_or_path and no tokenizer or model path is "
+            f"configured: its tokenizer cannot be known (the default model's, "
+            f"{model.path!r}, need not match its token ids); {pass_one}"
+        )
+    try:
+        loaded = load_tokenizer(source, trust_remote_code=model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"the actor model's name_or_path={source!r} names no loadable tokenizer "
+            f"({exc}); {pass_one}"
+        ) from exc
+    logger.info("tokenizer: the actor model's own, from its name_or_path %s", source)
+    return loaded
 
 
 class _Collate:
