@@ -336,6 +336,33 @@ def compute_response_log_probs(
     if callable(get_base):
         model = get_base()
 
+    from verl.engine.ulysses import sequence_parallel_of
+
+    sp = sequence_parallel_of(model)
+    if sp is not None:  # this rank computes 1/sp of the tokens (verl.engine.ulysses)
+        shard, labels, place = sequence_parallel_inputs(
+            model, sp, input_ids, attention_mask, position_ids, response_len, pack, share_prefix
+        )
+        with shard.forward_kwargs() as kwargs:
+            out = model.model(input_ids=shard.input_ids, use_cache=False, **kwargs)
+        results = _score_chunks(
+            model.lm_head,
+            shard.select(out.last_hidden_state),
+            shard.select_wanted(labels),
+            temperature,
+            chunk_size,
+            calculate_entropy,
+            calculate_sum_pi_squared,
+        )
+        # one gather for all per-token outputs: (rows, k) -> every rank's, in batch order
+        present = [v for v in results if v is not None]
+        gathered = shard.gather(torch.stack(present, dim=-1)).unbind(-1)
+        it = iter(gathered)
+        log_probs, entropy, sps = (None if v is None else place(next(it)) for v in results)
+        if sps is not None:
+            sps = sps.detach()
+        return (log_probs, entropy, sps) if calculate_sum_pi_squared else (log_probs, entropy)
+
     if pack and _has_plain_head(model):
         hidden, packed = packed_response_hidden(
             model.model, input_ids, attention_mask, response_len, share_prefix
@@ -478,6 +505,56 @@ def packed_response_hidden(
         out = base_model(input_ids=packed.input_ids, use_cache=False, **kwargs)
     flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
     return flat[packed.response_index], packed
+
+
+def sequence_parallel_inputs(
+    model: nn.Module,
+    sp,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    pack: bool,
+    share_prefix: bool,
+):
+    """A ``(rows, P + R)`` batch split along its tokens for this rank of ``sp``
+    (:func:`verl.engine.ulysses.shard_tokens`), packed (shared-prompt packed with
+    ``share_prefix``) or padded, with the wanted positions those that predict the response
+    tokens.
+
+    Args:
+        model: the causal LM or value model (its ``config`` and body ``model.model``).
+
+    Returns:
+        ``(shard, labels (n,), place)``: ``place(values (n,))`` puts per-wanted-position
+        values into the ``(rows, R)`` layout (padded response positions 0 when packed).
+    """
+    from verl.engine.ulysses import num_attention_layers, padded_blocks, shard_tokens
+
+    if not supports_packing(model):
+        raise NotImplementedError(
+            f"sequence parallelism: model_type="
+            f"{getattr(getattr(model, 'config', None), 'model_type', None)!r} has no plain "
+            "head path; set ulysses_sequence_parallel_size=1"
+        )
+    layers = num_attention_layers(model)
+    rows, seq_len = input_ids.shape
+    if pack:
+        packed = pack_batch(model.model, input_ids, attention_mask, response_len, share_prefix)
+        shard = shard_tokens(
+            sp, packed.input_ids, packed.position_ids, packed.blocks, packed.response_index, layers
+        )
+        mask = packed.response_mask
+
+        def place(values: torch.Tensor) -> torch.Tensor:
+            return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+        return shard, packed.labels, place
+    columns = torch.arange(seq_len - response_len - 1, seq_len - 1, device=input_ids.device)
+    wanted = (torch.arange(rows, device=input_ids.device)[:, None] * seq_len + columns).reshape(-1)
+    shard = shard_tokens(sp, input_ids, position_ids, padded_blocks(attention_mask), wanted, layers)
+    labels = input_ids[:, -response_len:].reshape(-1)
+    return shard, labels, lambda values: values.view(rows, response_len)
 
 
 def block_attention_layers(model: nn.Module) -> int:
