@@ -22,16 +22,42 @@ directory plus ``value_head.safetensors``. Weights keep the dtype they were trai
 (its checkpoint's HF directory holds ``adapter_config.json``) is exported with the adapters
 folded into the weights: a plain model, loadable without peft.
 
-Exit codes: 0 written, 2 bad input (missing / incomplete checkpoint, existing output).
+Before anything is read, every file of the checkpoint is compared with the size and CRC-32
+its manifest recorded (the check resume makes, :func:`verl.trainer.checkpoint.read_manifest`):
+a damaged file is named and nothing is written. A manifest without the CRC-32 of each file
+is refused unless ``--allow-missing-checksums`` (files without one are then checked by size
+alone).
+
+The output (:func:`check_output`) never overlaps a run: ``--out`` may not be, contain or lie
+inside a checkpoint (``global_step_N``, a directory holding ``checkpoint.json``, the
+checkpoint exported) or a run directory (one holding ``global_step_*``,
+``latest_checkpointed_iteration.txt`` or ``.verl-run.lock``); inside a run directory it may
+be a new folder of another name than those and ``huggingface`` (the run's final export).
+Upstream's habit of merging into ``global_step_N/actor/huggingface`` is refused: that
+folder is part of the checkpoint. ``--overwrite`` replaces only a previous export: a flat
+directory of files holding the :data:`EXPORT_MARKER` every export writes, or (exports
+written before the marker) ``config.json`` and ``*.safetensors``.
+
+The output location is created before the weights are read (an unwritable one fails
+first), the free space is compared with the weights' size, and everything is written into
+a temporary sibling renamed into place at the end, so a full disk or any error leaves no
+half-written export and the previous one untouched.
+
+Exit codes: 0 written, 2 bad input (missing / incomplete / damaged checkpoint, unsafe or
+existing output), 1 the export could not be written (disk full, permissions).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,12 +65,29 @@ import torch
 from verl.config.roles import ROLES as ROLE_SPECS
 from verl.config.roles import TRAINABLE_ROLES
 from verl.models.lora import ADAPTER_CONFIG, adapter_scaling, merged_state_dict
-from verl.trainer.checkpoint import HF_CONFIG_DIR, CheckpointError, read_manifest
+from verl.trainer.checkpoint import (
+    HF_CONFIG_DIR,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    CheckpointError,
+    ChecksumsMissing,
+    describe_write_error,
+    read_manifest,
+)
+from verl.trainer.run_lock import LOCK_FILE
 from verl.utils.atomic_io import replace_dir_atomically
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_role_state_dict", "main", "merge_checkpoint"]
+__all__ = [
+    "EXPORT_MARKER",
+    "ExportWriteError",
+    "UnsafeOutput",
+    "check_output",
+    "load_role_state_dict",
+    "main",
+    "merge_checkpoint",
+]
 
 # role -> the worker group whose checkpoint directory holds it (verl.config.roles)
 ROLES = {role: ROLE_SPECS[role].group for role in TRAINABLE_ROLES}
@@ -59,6 +102,169 @@ def _is_model_file(name: str) -> bool:
 
 
 EXIT_BAD_INPUT = 2
+EXIT_WRITE_FAILED = 1
+# Written into every export (last): what --overwrite recognises as a previous export.
+EXPORT_MARKER = ".verl-export.json"
+_CHECKPOINT_NAME = re.compile(r"^\.?global_step_\d+")  # also .tmp- / .damaged- / .deleting-
+# Names a run writes in its directory (besides global_step_*): never an export's output.
+_RUN_NAMES = frozenset({LATEST_FILE, LOCK_FILE, HF_CONFIG_DIR})
+# Room left beside an export's estimated size (configs, tokenizer, file system overhead).
+_SPACE_MARGIN = 16 << 20
+
+
+class UnsafeOutput(ValueError):
+    """The export's output would replace or overlap a checkpoint, a run, or something that
+    is not a previous export."""
+
+
+class ExportWriteError(RuntimeError):
+    """The export could not be written (disk full, no permission); nothing was left."""
+
+
+def _checkpoint_reason(path: Path) -> str | None:
+    """Why ``path`` is a checkpoint directory, or None."""
+    if (path / MANIFEST_FILE).is_file():
+        return f"it holds {MANIFEST_FILE}"
+    if _CHECKPOINT_NAME.match(path.name) and path.is_dir():
+        return "it is named like a checkpoint"
+    return None
+
+
+def _run_reason(path: Path) -> str | None:
+    """Why ``path`` is a run directory (what it holds), or None."""
+    held = [name for name in (LATEST_FILE, LOCK_FILE) if (path / name).exists()]
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if _CHECKPOINT_NAME.match(entry.name) and entry.is_dir(follow_symlinks=False):
+                    held.append(entry.name)
+                    break
+    except OSError:
+        pass
+    return f"it holds {', '.join(held)}" if held else None
+
+
+def _is_previous_export(path: Path) -> bool:
+    """A flat directory of regular files with the export marker, or (older exports) with
+    ``config.json`` and ``*.safetensors``."""
+    names = []
+    for entry in os.scandir(path):
+        if not entry.is_file(follow_symlinks=False):
+            return False
+        names.append(entry.name)
+    if EXPORT_MARKER in names:
+        return True
+    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
+
+
+def check_output(
+    out: str | os.PathLike[str], checkpoint: str | os.PathLike[str], overwrite: bool
+) -> None:
+    """Refuse an output that would overlap a checkpoint or a run, or replace anything but
+    a previous export (the rules in the module docstring).
+
+    Raises:
+        UnsafeOutput: naming the path and why.
+        FileExistsError: ``out`` is a non-empty previous export and ``overwrite`` is False.
+    """
+    out, checkpoint = Path(out), Path(checkpoint)
+    real_out, real_ckpt = out.resolve(), checkpoint.resolve()
+    keep = "choose an output directory outside the checkpoint and run directories"
+    owned = (
+        f"a checkpoint's files (its {HF_CONFIG_DIR}/ folder too) belong to it, and retention "
+        "deletes it whole"
+    )
+    if real_out == real_ckpt or real_out.is_relative_to(real_ckpt):
+        where = "is" if real_out == real_ckpt else "is inside"
+        raise UnsafeOutput(
+            f"--out {out} {where} the checkpoint {checkpoint} being exported: {owned}; {keep}"
+        )
+    if real_ckpt.is_relative_to(real_out):
+        raise UnsafeOutput(
+            f"--out {out} contains the checkpoint {checkpoint} being exported: writing the "
+            f"export there would delete it; {keep}"
+        )
+    for above in [real_out, *real_out.parents]:
+        why = _checkpoint_reason(above) if above.is_dir() else None
+        if why is not None:
+            what = "is" if above == real_out else "is inside"
+            raise UnsafeOutput(
+                f"--out {out} {what} the checkpoint {above} ({why}): {owned}; {keep}"
+            )
+    why = _run_reason(real_out) if real_out.is_dir() else None
+    if why is not None:
+        raise UnsafeOutput(
+            f"--out {out} is a run directory ({why}); replacing it would delete the run's "
+            f"checkpoints; {keep}"
+        )
+    for run in real_out.parents:
+        why = _run_reason(run)
+        if why is None:
+            continue
+        first = real_out.relative_to(run).parts[0]
+        if first in _RUN_NAMES or _CHECKPOINT_NAME.match(first):
+            raise UnsafeOutput(
+                f"--out {out} is {run / first}, which the run in {run} writes ({why}); "
+                f"write the export to another folder"
+            )
+    if real_out.exists() and not real_out.is_dir():
+        raise UnsafeOutput(f"--out {out} exists and is not a directory")
+    if real_out.is_dir() and any(real_out.iterdir()):
+        previous = _is_previous_export(real_out)
+        if not overwrite:
+            hint = (
+                "pass --overwrite to replace it"
+                if previous
+                else "it is not a previous export, which is all --overwrite replaces; "
+                "choose another --out"
+            )
+            raise FileExistsError(f"{out} exists and is not empty; {hint}")
+        if not previous:
+            raise UnsafeOutput(
+                f"--out {out} is not empty and is not a previous export (no {EXPORT_MARKER}, "
+                "or it holds folders or links): --overwrite replaces only an export "
+                "directory; remove it yourself or choose another --out"
+            )
+
+
+@contextmanager
+def _export_dir(out: Path) -> Iterator[Path]:
+    """The temporary sibling the export is written into (created first: an unwritable
+    location fails before any weight is read), published as ``out`` when the block ends;
+    a failed write is an :class:`ExportWriteError` and leaves nothing behind."""
+    fix = "free space or choose another --out"
+    try:
+        with replace_dir_atomically(out) as tmp:
+            yield tmp
+    except (CheckpointError, UnsafeOutput, ExportWriteError):
+        raise
+    except Exception as err:
+        from safetensors import SafetensorError
+
+        if not isinstance(err, OSError | SafetensorError):
+            raise
+        parent = out.parent if out.parent.exists() else Path(os.path.abspath(os.sep))
+        raise ExportWriteError(
+            f"writing the export to {out} failed: {describe_write_error(err, parent, fix)}; "
+            f"nothing was left at {out} (a previous export there is untouched)"
+        ) from err
+
+
+def _check_space(tmp: Path, state: dict[str, torch.Tensor], hf_dir: Path) -> None:
+    seen, need = set(), _SPACE_MARGIN
+    for tensor in state.values():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
+        if key not in seen:
+            seen.add(key)
+            need += tensor.numel() * tensor.element_size()
+    need += sum(p.stat().st_size for p in hf_dir.iterdir() if p.is_file())
+    free = shutil.disk_usage(tmp).free
+    if free < need:
+        raise ExportWriteError(
+            f"not enough space to export to {tmp.parent}: the export needs about "
+            f"{need / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are free; free space or "
+            "choose another --out (nothing was written)"
+        )
 
 
 def load_role_state_dict(role_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -68,6 +274,7 @@ def load_role_state_dict(role_dir: str | os.PathLike[str]) -> dict[str, torch.Te
     engine, any number of ranks). Keys are the module's parameter names
     (``model.layers.0...``, ``lm_head.weight``); a tied weight may appear under one name.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from verl.engine.dcp_io import read_dcp_tensors
@@ -76,7 +283,13 @@ def load_role_state_dict(role_dir: str | os.PathLike[str]) -> dict[str, torch.Te
 
     role_dir = Path(role_dir)
     if (role_dir / MODEL_FILE).is_file():
-        return load_file(role_dir / MODEL_FILE)
+        try:
+            return load_file(role_dir / MODEL_FILE)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(
+                f"{role_dir / MODEL_FILE} is not a readable safetensors file (truncated or "
+                f"damaged?): {err}"
+            ) from err
     if (role_dir / DCP_DIR).is_dir():
         return read_dcp_tensors(str(role_dir / DCP_DIR), "model")
     raise CheckpointError(
@@ -154,21 +367,34 @@ def merge_checkpoint(
     *,
     overwrite: bool = False,
     trust_remote_code: bool = False,
+    allow_missing_checksums: bool = False,
 ) -> Path:
     """Write ``role``'s weights in ``checkpoint`` as a HF model directory at ``out``.
 
+    Args:
+        allow_missing_checksums: export a checkpoint whose manifest lacks files' CRC-32
+            (they are checked by size only); refused otherwise.
+
     Raises:
-        CheckpointError: the checkpoint is missing, incomplete, or lacks the role.
-        FileExistsError: ``out`` exists and is not empty, and ``overwrite`` is False.
+        CheckpointError: the checkpoint is missing, incomplete, damaged (a file's size or
+            CRC-32 differs from its manifest), lacks checksums or lacks the role.
+        UnsafeOutput: ``out`` overlaps a checkpoint or run, or is not a previous export.
+        FileExistsError: ``out`` is a previous export and ``overwrite`` is False.
+        ExportWriteError: writing failed (full disk, permissions); nothing was left.
     """
     if role not in ROLES:
         raise ValueError(f"role={role!r}: choose one of {sorted(ROLES)}")
     checkpoint, out = Path(checkpoint), Path(out)
-    manifest = read_manifest(checkpoint)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
-    if out.resolve().is_relative_to(checkpoint.resolve()):
-        raise ValueError(f"--out {out} must not be inside the checkpoint {checkpoint}")
+    read_manifest(checkpoint)  # a clear error for a missing / incomplete directory first
+    check_output(out, checkpoint, overwrite)
+    try:
+        manifest = read_manifest(
+            checkpoint, verify=True, require_checksums=not allow_missing_checksums
+        )
+    except ChecksumsMissing as err:
+        raise ChecksumsMissing(
+            f"{err}; pass --allow-missing-checksums to export it with sizes checked only"
+        ) from err
     saved_role = manifest["roles"].get(ROLES[role])
     if saved_role is None:
         raise CheckpointError(
@@ -183,11 +409,12 @@ def merge_checkpoint(
             "so it cannot be exported"
         )
 
-    state = load_role_state_dict(role_dir)
-    scaling = adapter_scaling(hf_dir)
-    if scaling is not None:  # a LoRA actor: the adapters folded into the base weights
-        state = merged_state_dict(state, scaling)
-    with replace_dir_atomically(out) as tmp:
+    with _export_dir(out) as tmp:
+        state = load_role_state_dict(role_dir)
+        scaling = adapter_scaling(hf_dir)
+        if scaling is not None:  # a LoRA actor: the adapters folded into the base weights
+            state = merged_state_dict(state, scaling)
+        _check_space(tmp, state, hf_dir)
         if role == "actor":
             model = _build_actor(hf_dir, state, trust_remote_code)
             model.save_pretrained(tmp, safe_serialization=True)
@@ -196,6 +423,13 @@ def merge_checkpoint(
         for item in hf_dir.iterdir():  # tokenizer files, chat template
             if item.is_file() and not _is_model_file(item.name):
                 shutil.copy2(item, tmp / item.name)
+        marker = {
+            "exported_by": "verl export",
+            "checkpoint": str(checkpoint.resolve()),
+            "global_step": manifest["global_step"],
+            "role": role,
+        }
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     logger.info(
         "exported the %s of %s (step %s, saved by %d rank(s), %s) to %s",
         role,
@@ -217,9 +451,16 @@ def build_parser(prog: str = "python -m verl.model_merger") -> argparse.Argument
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="global_step_N dir")
     parser.add_argument("--out", required=True, metavar="HFDIR", help="output model directory")
     parser.add_argument("--role", choices=sorted(ROLES), default="actor", help="default: actor")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a previous export at --out"
+    )
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="allow model code shipped with it"
+    )
+    parser.add_argument(
+        "--allow-missing-checksums",
+        action="store_true",
+        help="export a checkpoint whose manifest lacks CRC-32 checksums (sizes checked only)",
     )
     return parser
 
@@ -241,10 +482,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.role,
             overwrite=args.overwrite,
             trust_remote_code=args.trust_remote_code,
+            allow_missing_checksums=args.allow_missing_checksums,
         )
     except (CheckpointError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ExportWriteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     print(out)
     return 0
 

@@ -663,7 +663,7 @@ def test_export_cli_errors(tmp_path, capsys):
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "keep.txt").write_text("x")
     assert merger_main(args) == 2
-    assert "pass --overwrite" in capsys.readouterr().err
+    assert "exists and is not empty" in capsys.readouterr().err
     from verl import cli
 
     assert cli.main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", "x"]) == 2

@@ -7,7 +7,13 @@ OUT``: ``--local_dir`` is the ``global_step_N`` directory or its ``actor`` / ``c
 subdirectory (which then also picks ``--role``), ``--target_dir`` the output directory,
 and ``--backend`` is accepted for ``fsdp`` (this project's checkpoints are read whatever
 engine wrote them). ``verl export``'s own flags (``--checkpoint``, ``--out``, ``--role``,
-``--overwrite``, ``--trust-remote-code``) work as well.
+``--overwrite``, ``--trust-remote-code``, ``--allow-missing-checksums``) work as well.
+
+The output follows ``verl export``'s rules (:func:`verl.model_merger.check_output`): upstream's
+habit of writing into ``global_step_N/actor/huggingface`` is refused (that folder is part of
+the checkpoint: its files are in the manifest and retention deletes it with the checkpoint),
+as is any output that is, contains or lies in a checkpoint or a run's own folders, and
+``--overwrite`` replaces only a previous export.
 """
 
 from __future__ import annotations
@@ -44,9 +50,14 @@ def build_parser(prog: str = "verl merge") -> argparse.ArgumentParser:
         "--backend", choices=["fsdp"], default="fsdp", help="upstream's checkpoint kind: fsdp"
     )
     parser.add_argument("--role", choices=ROLE_DIRS, help="default: actor, or --local_dir's")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
+    parser.add_argument("--overwrite", action="store_true", help="replace a previous export")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="allow model code shipped with it"
+    )
+    parser.add_argument(
+        "--allow-missing-checksums",
+        action="store_true",
+        help="export a checkpoint whose manifest lacks CRC-32 checksums (sizes checked only)",
     )
     return parser
 
@@ -62,4 +73,9 @@ def main(argv: list[str] | None = None, prog: str = "verl merge") -> int:
     forwarded = ["--checkpoint", str(checkpoint), "--out", args.target_dir or args.out]
     forwarded += ["--role", role or "actor"]
     forwarded += ["--overwrite"] * args.overwrite + ["--trust-remote-code"] * args.trust_remote_code
+    forwarded += ["--allow-missing-checksums"] * args.allow_missing_checksums
     return model_merger.main(forwarded, prog=prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m verl.cli.merge"))

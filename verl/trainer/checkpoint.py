@@ -72,8 +72,10 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "CheckpointError",
     "CheckpointManager",
+    "ChecksumsMissing",
     "checkpoint_name",
     "complete_checkpoints",
+    "describe_write_error",
     "latest_checkpoint",
     "read_manifest",
 ]
@@ -97,6 +99,11 @@ _FULL_DISK_BYTES = 1 << 20
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or incompatible, or saving one failed."""
+
+
+class ChecksumsMissing(CheckpointError):
+    """A manifest lists files without their CRC-32 (:func:`read_manifest` with
+    ``require_checksums``): their bytes cannot be verified."""
 
 
 # ---------------------------------------------------------------------- directory layout
@@ -148,12 +155,17 @@ def _damaged_files(path: Path, manifest: dict[str, Any], verify: bool) -> list[s
     return out
 
 
-def read_manifest(path: str | os.PathLike[str], verify: bool = False) -> dict[str, Any]:
+def read_manifest(
+    path: str | os.PathLike[str], verify: bool = False, *, require_checksums: bool = False
+) -> dict[str, Any]:
     """The manifest of a complete checkpoint directory.
 
     Args:
         verify: also compare every file's CRC-32 with the manifest (reads every byte);
             without it only presence and sizes are checked.
+        require_checksums: with ``verify``, a manifest that lacks the CRC-32 of any file it
+            lists (no ``crc32`` table, or entries removed) is refused
+            (:class:`ChecksumsMissing`); without it such files are checked by size alone.
 
     Raises:
         CheckpointError: ``path`` is missing, a temporary directory of an interrupted save,
@@ -196,6 +208,18 @@ def read_manifest(path: str | os.PathLike[str], verify: bool = False) -> dict[st
             f"checkpoint {path} is damaged: {len(damaged)} file(s) differ from what was "
             f"saved ({shown})"
         )
+    if verify and require_checksums:
+        checksums = manifest.get("crc32")
+        checksums = checksums if isinstance(checksums, dict) else {}
+        missing = [n for n in manifest["files"] if n != MANIFEST_FILE and n not in checksums]
+        if missing:
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            raise ChecksumsMissing(
+                f"checkpoint {path}: its manifest has no CRC-32 for {len(missing)} file(s) "
+                f"({shown}), so their bytes cannot be verified"
+            )
     return manifest
 
 
@@ -228,10 +252,15 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _describe_save_error(err: BaseException, root: Path) -> str:
-    """What went wrong in a save, in words; a full disk is named even when the writer's own
-    error hides it (torch.save reports a full disk as "file write failed")."""
-    full = "the disk is full: free space or point trainer.default_local_dir elsewhere"
+def describe_write_error(
+    err: BaseException,
+    root: Path,
+    fix: str = "free space or point trainer.default_local_dir elsewhere",
+) -> str:
+    """What went wrong in a write under ``root``, in words; a full disk is named (followed by
+    ``fix``) even when the writer's own error hides it (torch.save reports a full disk as
+    "file write failed", safetensors as "I/O error: No space left on device")."""
+    full = f"the disk is full: {fix}"
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
@@ -343,7 +372,7 @@ class CheckpointManager:
             self._move_into_place(tmp, final)
         except BaseException as err:
             # Described before the partial files go: their removal frees the full disk.
-            reason = _describe_save_error(err, self.root) if isinstance(err, Exception) else ""
+            reason = describe_write_error(err, self.root) if isinstance(err, Exception) else ""
             shutil.rmtree(tmp, ignore_errors=True)
             if not isinstance(err, Exception):
                 raise  # KeyboardInterrupt etc.: no wrapping
@@ -363,7 +392,7 @@ class CheckpointManager:
         except OSError as err:
             raise CheckpointError(
                 f"checkpoint {final} is complete, but updating {LATEST_FILE} failed: "
-                f"{_describe_save_error(err, self.root)} (auto-resume finds {final} without it)"
+                f"{describe_write_error(err, self.root)} (auto-resume finds {final} without it)"
             ) from err
         self._retain(step)
         logger.info(
