@@ -55,8 +55,13 @@ def test_parallel_config_errors_name_the_native_spelling(block, message):
 def test_alias_and_native_key_disagreeing_is_an_error_agreeing_is_fine():
     tree = _actor({"type": "fsdp"})
     tree["actor_rollout_ref"]["actor"]["strategy"] = "single"
-    with pytest.raises(AliasError, match="strategy is also given as 'single'; give one"):
+    with pytest.raises(AliasError) as err:
         translate_tree(tree)
+    assert str(err.value) == (
+        "actor_rollout_ref.actor.strategy='single' and actor_rollout_ref.actor.parallel_config"
+        ".type='fsdp' (sets actor_rollout_ref.actor.strategy='fsdp2') set the same key; give "
+        "one of them"
+    )
     tree["actor_rollout_ref"]["actor"]["strategy"] = "fsdp2"
     assert translate_tree(tree)["actor_rollout_ref"]["actor"]["strategy"] == "fsdp2"
 
@@ -112,8 +117,9 @@ def test_overrides_go_through_the_alias_table():
     assert translate_override("data.train_dataloader.num_workers", 2) == [
         ("data.dataloader_num_workers", 2)
     ]
-    # through load_config: later overrides win, as for native keys
-    cfg = load_config(
-        overrides=["trainer.fsdp_init=true", "actor_rollout_ref.actor.strategy=single"]
-    )
+    # through load_config: an alias and its native key must agree there as in a YAML file
+    # (tests/config/test_key_spellings.py); the same key twice is an override
+    with pytest.raises(ConfigError, match=r"trainer\.fsdp_init=True .* set the same key"):
+        load_config(overrides=["trainer.fsdp_init=true", "actor_rollout_ref.actor.strategy=single"])
+    cfg = load_config(overrides=["trainer.fsdp_init=true", "trainer.fsdp_init=false"])
     assert cfg.actor_rollout_ref.actor.strategy == "single"

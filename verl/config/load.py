@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import itertools
 import logging
 import os
 import re
@@ -26,7 +27,13 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from verl.compat.aliases import AliasError, translate_override, translate_tree
+from verl.compat.aliases import (
+    AliasError,
+    KeySources,
+    Spelling,
+    translate_override,
+    translate_tree,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +91,57 @@ def _use_yaml12_scalars(cls: type) -> None:
     cls.add_implicit_resolver(_FLOAT_TAG, _EXP_FLOAT_RE, list("-+0123456789"))
 
 
+MAX_ALIAS_EXPANSION = 100_000  # values a document may expand to through its aliases
+
+
+class AliasExpansionError(yaml.YAMLError):
+    """A YAML document whose aliases (``*name`` of an ``&name`` anchor) expand it past
+    :data:`MAX_ALIAS_EXPANSION` values, or refer to themselves."""
+
+
 class ConfigLoader(yaml.SafeLoader):
-    """Safe loader with YAML 1.2 booleans and exponent floats."""
+    """Safe loader with YAML 1.2 booleans and exponent floats, and a bound on what aliases
+    may expand a document to: a few hundred bytes of nested anchors ("billion laughs")
+    would otherwise expand to billions of values once anything walks the tree."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_alias_expansion(node)
+        return super().construct_document(node)
+
+
+def _check_alias_expansion(root: yaml.Node) -> None:
+    """Raise :class:`AliasExpansionError` when the node graph (aliases are shared nodes)
+    expands to more than :data:`MAX_ALIAS_EXPANSION` values and more than it holds, or
+    has a cycle. Linear in the distinct nodes: each node's expanded size is counted once."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise AliasExpansionError(
+                "an alias refers to the node that contains it (a recursive structure); "
+                "a config is a tree: write the values out"
+            )
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    expanded = size(root)
+    if expanded > MAX_ALIAS_EXPANSION and expanded > len(sizes):
+        raise AliasExpansionError(
+            f"its aliases (*name of an &name anchor) expand it to {expanded} values from "
+            f"{len(sizes)} written ones, over the limit of {MAX_ALIAS_EXPANSION} (nested "
+            "anchors, a 'billion laughs' document); write the values out or use fewer aliases"
+        )
 
 
 class ConfigDumper(yaml.SafeDumper):
@@ -106,8 +162,37 @@ def parse_value(text: str) -> Any:
     return "" if text == "" else load_yaml_text(text)
 
 
-def show(value: Any) -> str:
-    """A value as the user would write it on the command line / in YAML flow style."""
+def show(value: Any, *, exact: bool = False) -> str:
+    """A value as the user would write it on the command line / in YAML flow style. Unless
+    ``exact`` (what is written must read back), a long value is cut (:func:`_cut`) so that
+    a message quoting it stays short."""
+    if exact:
+        return _dump(value)
+    text = _dump(_cut(value))
+    return text if len(text) <= SHOW_LIMIT else f"{text[:SHOW_LIMIT]}... (cut)"
+
+
+SHOW_LIMIT = 200  # characters of a value quoted in a message (show without exact)
+
+
+def _cut(value: Any, items: int = 20) -> Any:
+    """``value`` with every list, tuple and mapping cut to its first ``items`` items (one
+    more item counts the rest) and every string to :data:`SHOW_LIMIT` characters, so that
+    showing a huge value costs what showing a short one does."""
+    if isinstance(value, str):
+        return value[: SHOW_LIMIT + 1]
+    if isinstance(value, Mapping):
+        out = {k: _cut(v) for k, v in itertools.islice(value.items(), items)}
+        if len(value) > items:
+            out["..."] = f"{len(value) - items} more"
+        return out
+    if isinstance(value, (list, tuple)):
+        head = [_cut(v) for v in value[:items]]
+        return [*head, f"... {len(value) - items} more"] if len(value) > items else head
+    return value
+
+
+def _dump(value: Any) -> str:
     dumped = yaml.dump(
         [value], Dumper=ConfigDumper, default_flow_style=True, width=10**9, sort_keys=False
     ).strip()
@@ -136,7 +221,7 @@ def _emit(obj: Any, depth: int, lines: list[str], comments: bool) -> None:
             lines.append(f"{pad}{f.name}:")
             _emit(value, depth + 1, lines, comments)
         else:
-            lines.append(f"{pad}{f.name}: {show(value)}")
+            lines.append(f"{pad}{f.name}: {show(value, exact=True)}")
 
 
 # --------------------------------------------------------------------------- typed build
@@ -373,12 +458,14 @@ def load_validated(
     ``check(cfg, bad_paths)`` gives the semantic problems and warnings (logged)."""
     problems: list[ConfigProblem] = []
     tree = (read_user_yaml(Path(path), problems) if path is not None else None) or {}
-    try:  # verl.compat: the tutorials' keys and torch dtypes, mapped onto the schema
-        tree = translate_tree(tree, root.__name__)
-    except AliasError as exc:
-        problems.append(ConfigProblem("", str(exc)))
+    # verl.compat: the tutorials' and upstream's keys and torch dtypes, mapped onto the
+    # schema; a refused key is one problem, and the file's other keys are still translated
+    alias_errors: list[str] = []
+    sources = KeySources()  # which spelling set each native key (file, command line)
+    tree = translate_tree(tree, root.__name__, errors=alias_errors, sources=sources)
+    problems += [ConfigProblem("", message) for message in alias_errors]
     for text in overrides:
-        apply_override(tree, text, problems, root=root)
+        apply_override(tree, text, problems, root=root, sources=sources)
     cfg, build_problems, bad_paths = build(root, tree)
     checked, warnings = check(cfg, bad_paths)
     report(problems + build_problems + checked, warnings)
@@ -413,6 +500,8 @@ def read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] 
     if error is None:
         try:
             data = load_yaml_text(path.read_text())
+        except AliasExpansionError as exc:
+            error = f"is refused: {exc}"
         except yaml.YAMLError as exc:
             error = f"is not valid YAML: {exc}"
     if error is None and data is not None and not isinstance(data, dict):
@@ -424,11 +513,17 @@ def read_user_yaml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] 
 
 
 def apply_override(
-    tree: dict[str, Any], text: str, problems: list[ConfigProblem], root: type
+    tree: dict[str, Any],
+    text: str,
+    problems: list[ConfigProblem],
+    root: type,
+    sources: KeySources | None = None,
 ) -> None:
     """Apply one ``key=value`` override to the dict ``tree`` (of schema ``root``) in place, or
     record a problem. The path is checked as it is walked (a typo gets a did-you-mean); a
-    null section is created with its defaults when a key inside it is set."""
+    null section is created with its defaults when a key inside it is set. ``sources``
+    (shared by one load's overrides) refuses two spellings of one key with different
+    values, as a YAML file does (``verl.compat.aliases.KeySources``)."""
     key, sep, raw = text.partition("=")
     key = key.strip()
 
@@ -450,7 +545,14 @@ def apply_override(
         assignments = translate_override(key, value, root.__name__)
     except AliasError as exc:
         return fail(key, str(exc))
+    sources = KeySources() if sources is None else sources
     for native_key, native_value in assignments:
+        try:
+            spelling = Spelling(key, value, native_value, "command line")
+            native_value = sources.claim(native_key, spelling)
+        except AliasError as exc:
+            problems.append(ConfigProblem(native_key, str(exc), (native_key,)))
+            continue
         _set_path(tree, native_key, native_value, text, problems, root, plus)
 
 
