@@ -129,6 +129,87 @@ def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp
         _assert_all_gone(mark, "the run stopped")
 
 
+def test_sigterm_during_validation_stops_before_the_next_step_with_a_checkpoint(
+    rl_config, tmp_path
+):
+    """Validation after step 2 (4 batches of one prompt, each scored for >= 0.5 s): SIGTERM
+    in its second batch ends the run at the next batch, with step 2's checkpoint and no
+    step 3 (it used to finish the validation and train one more step first)."""
+    child, mark, calls = _start(
+        rl_config,
+        tmp_path,
+        "trainer.save_freq=100",
+        "trainer.test_freq=2",
+        "data.val_batch_size=1",
+    )
+    with _reaped(child, mark):
+        # steps 1 and 2 make 16 scoring calls, validation one per batch
+        deadline = time.monotonic() + 120
+        while len(list(calls.iterdir())) < 18:  # validation's second batch is scoring
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached validation"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        os.kill(child.pid, signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+        stopped_in = time.monotonic() - sent
+        stderr = stderr.decode()
+        assert child.returncode == 143, stderr[-3000:]
+        assert "run stopped by SIGTERM after step 2" in stderr
+        assert "step 2: validation stopped, not recorded" in stderr
+        assert len(list(calls.iterdir())) < 20  # batches 3 and 4 were never scored
+        assert (tmp_path / "global_step_2" / "checkpoint.json").is_file()
+        assert not (tmp_path / "global_step_3").exists()
+        rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        assert len(rows) == 2 and not any('"val/' in row for row in rows)
+        assert not (tmp_path / "huggingface").exists()
+        assert stopped_in < 60, stopped_in
+        _assert_all_gone(mark, "the run stopped")
+
+
+def test_sigterm_during_validation_before_training_stops_with_nothing_trained(rl_config, tmp_path):
+    """val_before_train: SIGTERM in its second batch ends the run before step 1."""
+    (tmp_path / "reward.py").write_text(REWARD.replace("> 8", "> 0"))  # every call dawdles
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    cfg = rl_config(
+        f"custom_reward_function.path={tmp_path / 'reward.py'}",
+        "custom_reward_function.name=slow",
+        "trainer.val_before_train=true",
+        "data.val_batch_size=1",
+        "trainer.save_freq=1",
+    )
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(to_yaml(cfg))
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    with _reaped(child, mark):
+        deadline = time.monotonic() + 120
+        while len(list(calls.iterdir())) < 2:
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached validation"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+        stderr = stderr.decode()
+        assert child.returncode == 143, stderr[-3000:]
+        assert "run stopped by SIGTERM during the validation at step 0; no checkpoint" in stderr
+        assert len(list(calls.iterdir())) < 4  # the validation's last batches never scored
+        assert not list(tmp_path.glob("global_step_*"))
+        assert (
+            not (tmp_path / "metrics.jsonl").exists()
+            or not (tmp_path / "metrics.jsonl").read_text().strip()
+        )
+        _assert_all_gone(mark, "the run stopped")
+
+
 def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path):
     """SIGINT to the whole process group of ``main_sft`` on two FSDP2 ranks, as a terminal's
     Ctrl-C sends it: the ranks finish the step under way, save, and the driver exits 130."""

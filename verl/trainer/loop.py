@@ -25,6 +25,7 @@ from verl.trainer.progress import advance
 from verl.trainer.stopping import (
     DivergenceGuard,
     RunInterrupted,
+    ValidationStopped,
     diverged_error,
     divergence_error,
     loss_not_finite,
@@ -59,6 +60,10 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
                 results["val_before"] = validate_and_log(trainer, step=0)
             else:
                 logger.info("resumed at step %d: val_before_train skipped", trainer.global_step)
+        if trainer._stop.requested:  # arrived during val_before_train's last batch
+            raise RunInterrupted(
+                trainer._stop.signum, None, None, during="the validation before training"
+            )
         progress = tqdm(
             total=trainer.total_steps,
             initial=trainer.global_step,
@@ -103,7 +108,13 @@ def validate_only(trainer: RLTrainer) -> dict[str, Any]:
 def validate_and_log(trainer: RLTrainer, step: int) -> dict[str, float]:
     """A validation outside the step loop: recorded in ``validation_history`` and logged at
     ``step``; returns its metrics."""
-    val = trainer.validate()
+    try:
+        val = trainer.validate()
+    except ValidationStopped as stopped:
+        saved = trainer.last_checkpoint if trainer.config.trainer.save_freq > 0 else None
+        raise RunInterrupted(
+            stopped.signum, step, saved, during=f"the validation at step {step}"
+        ) from None
     trainer.validation_history.append({"step": step, **val})
     trainer.tracker.log(val, step=step)
     return val
@@ -136,10 +147,14 @@ def train_loop(trainer: RLTrainer, progress: tqdm) -> None:
             and (trainer.global_step % cfg.test_freq == 0 or last)
             and not stop_diverged
         ):
-            with timer("testing", metrics):
-                val = trainer.validate()
-            metrics |= val
-            trainer.validation_history.append({"step": trainer.global_step, **val})
+            try:
+                with timer("testing", metrics):
+                    val = trainer.validate()
+            except ValidationStopped:  # a stop signal: the stop below saves the step
+                logger.warning("step %d: validation stopped, not recorded", trainer.global_step)
+            else:
+                metrics |= val
+                trainer.validation_history.append({"step": trainer.global_step, **val})
         trainer.tracker.log(metrics, step=trainer.global_step)
         trainer.history.append(metrics)
         advance(progress, metrics)

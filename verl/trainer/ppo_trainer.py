@@ -87,7 +87,7 @@ from verl.trainer.setup import (
     resolve_sample_dirs,
     seed_everything,
 )
-from verl.trainer.stopping import StopRequests
+from verl.trainer.stopping import StopRequests, ValidationStopped
 from verl.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -470,6 +470,8 @@ class RLTrainer:
         table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
         dumped: list[dict[str, Any]] = []  # every sample, for trainer.validation_data_dir
         for start in range(0, len(self.val_dataset), bs):
+            if self._stop.requested:  # SIGTERM / SIGINT: do not wait for the other batches
+                raise ValidationStopped(self._stop.signum)
             items = [
                 self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
             ]

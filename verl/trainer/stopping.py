@@ -1,6 +1,8 @@
 """How a run ends early: by a signal, or because its training diverged.
 
-SIGTERM and SIGINT stop a training run cleanly, at the end of the current step.
+SIGTERM and SIGINT stop a training run cleanly, at the end of the current step; a
+validation under way stops at its next batch (:class:`ValidationStopped`) and is not
+recorded, and a run stopped before its first step saves nothing.
 
 The first signal asks the run to stop: the step under way finishes, a final checkpoint is
 saved when the run saves checkpoints (``trainer.save_freq > 0``), the run's processes are
@@ -49,15 +51,29 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class RunInterrupted(KeyboardInterrupt):
     """A run stopped by a signal. ``exit_code`` is the conventional 128 + signal number."""
 
-    def __init__(self, signum: int, step: int | None, checkpoint: Path | None) -> None:
+    def __init__(
+        self, signum: int, step: int | None, checkpoint: Path | None, during: str | None = None
+    ) -> None:
         name = signal.Signals(signum).name
-        where = f"after step {step}" if step is not None else "in the middle of a step"
+        if during is not None:
+            where = f"during {during}"
+        else:
+            where = f"after step {step}" if step is not None else "in the middle of a step"
         saved = f"; checkpoint: {checkpoint}" if checkpoint is not None else "; no checkpoint"
         super().__init__(f"run stopped by {name} {where}{saved}")
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
         self.exit_code = 128 + signum
+
+
+class ValidationStopped(Exception):
+    """A stop signal arrived during a validation: raised between its batches, so that the
+    run does not wait for the rest (the caller decides what is saved)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"validation stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 class StopRequests:
