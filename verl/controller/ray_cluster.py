@@ -10,9 +10,12 @@
   machine's address; so the node IP is pinned the way Ray does it on macOS and Windows
   (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set while the cluster starts, so that the
   processes it starts inherit it). Ray's token authentication is on as well (Ray >= 2.52
-  turns it on for a new local cluster; the token is ``~/.ray/auth_token``, created if
-  missing), unless ``RAY_AUTH_MODE`` says otherwise. The cluster's processes die with the
-  driver (``verl.controller.ray_reaper``).
+  turns it on for a new local cluster; the token is ``~/.ray/auth_token``), unless
+  ``RAY_AUTH_MODE`` says otherwise. A missing token file is created here, readable by its
+  owner only (mode 0600; Ray's own writer leaves it 0644 under the usual umask), and an
+  existing one that others can read is made 0600 with a warning
+  (:func:`private_token_file`). The cluster's processes die with the driver
+  (``verl.controller.ray_reaper``).
 - **An existing cluster** (``address``, ``"auto"`` or ``$RAY_ADDRESS``) is joined as given.
   Token authentication is required (``RAY_AUTH_MODE=token`` unless the environment already
   sets ``RAY_AUTH_MODE``): the cluster must have been started with it
@@ -28,8 +31,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -41,6 +47,7 @@ __all__ = [
     "DashboardUnavailableError",
     "dashboard_install_command",
     "ensure_ray",
+    "private_token_file",
     "shutdown_ray",
 ]
 
@@ -202,6 +209,42 @@ def _refresh_ray_config() -> None:
     Config.initialize("")
 
 
+def private_token_file() -> Path | None:
+    """``~/.ray/auth_token``, created (a random 256-bit token, as Ray makes them) with mode
+    0600 when token authentication is on and Ray would create it; an existing file that
+    group or others can read is made 0600 (WARNING). None when Ray reads no such file
+    (``RAY_AUTH_MODE`` other than ``token``, or the token given by ``RAY_AUTH_TOKEN`` /
+    ``RAY_AUTH_TOKEN_PATH``)."""
+    mode = os.environ.get(_AUTH_MODE_ENV)
+    if mode is not None and mode.lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    path = Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        st = path.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            path.chmod(0o600)
+            logger.warning(
+                "%s was readable by others (mode %o): made it 0600, the token lets anyone "
+                "who reads it run code on the Ray cluster",
+                path,
+                stat.S_IMODE(st.st_mode),
+            )
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    with contextlib.suppress(Exception):  # Ray caches "no token" per process: look again
+        from ray._raylet import AuthenticationTokenLoader
+
+        AuthenticationTokenLoader.instance().reset_cache()
+    logger.info("created Ray's authentication token %s (mode 0600)", path)
+    return path
+
+
 def _start_local(num_cpus: int | None, include_dashboard: bool, kwargs: dict) -> None:
     if include_dashboard:
         missing = _dashboard_missing()
@@ -216,6 +259,7 @@ def _start_local(num_cpus: int | None, include_dashboard: bool, kwargs: dict) ->
     start = time.monotonic()
     from verl.controller.ray_reaper import CLUSTER_ENV, tie_cluster_to_driver
 
+    private_token_file()  # before Ray writes it world-readable
     name = tie_cluster_to_driver()
     marker = {CLUSTER_ENV: name} if name is not None else {}
     with _local_only(), _env(**marker):
