@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,6 +34,7 @@ import torch
 
 from verl.rollout.base import RolloutEngine, SamplingParams, assemble_rollout_output
 from verl.rollout.weight_sync import push_weights
+from verl.utils.stale_tmp import make_owned_tmpdir, remove_stale_tmpdirs
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +168,13 @@ class ServingRollout(RolloutEngine):
         """Return ``start(model_dir)`` (the engine), timed in ``startup_seconds``.
 
         ``model_dir`` holds only ``config.json`` and the tokenizer: the engine starts with
-        dummy weights. It is removed with this object (or at exit), and at once on failure.
+        dummy weights. It is removed with this object (or at exit), and at once on failure;
+        its name carries this process's pid, and the directories of dead processes (a
+        SIGKILLed run leaves its own) are removed first (``verl.utils.stale_tmp``).
         """
-        path = tempfile.mkdtemp(prefix=f"verl-{self.engine_name}-model-")
+        prefix = f"verl-{self.engine_name}-model-"
+        remove_stale_tmpdirs(prefix)
+        path = make_owned_tmpdir(prefix)
         self._cleanup = weakref.finalize(self, shutil.rmtree, path, True)
         self._model_dir = path
         try:
