@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.final_export import export_final_model
 from verl.trainer.metrics import timer
 from verl.trainer.progress import advance
 from verl.trainer.stopping import (
@@ -84,7 +85,7 @@ def fit(trainer: RLTrainer) -> dict[str, Any]:
             }
         if trainer.last_checkpoint is not None:
             results["checkpoint"] = str(trainer.last_checkpoint)
-        results["hf_dir"] = str(trainer.save_hf(trainer.ckpt_dir / "huggingface"))
+        results |= export_final_model(trainer)  # a failure saves a checkpoint instead
     finally:
         trainer._stop.__exit__()
         if progress is not None:

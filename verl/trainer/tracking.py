@@ -15,10 +15,17 @@ mlflow writes to ``MLFLOW_TRACKING_URI`` when set, else to a local file store
 ``MLFLOW_ALLOW_FILE_STORE=true``, which mlflow 3 asks for before it opens a file store).
 On a file store ``/`` in a metric name becomes ``.`` (``critic.score.mean``): that store keeps
 each name as a file path, where ``val/acc`` and ``val/acc/arith`` cannot both exist.
+
+A backend that fails to write (``OSError``: a full disk, a lost mount, an unreachable
+server) never ends the run: :class:`Tracker` logs one WARNING per backend naming it and the
+reason, keeps training and keeps trying at the next steps (an INFO says when it works
+again); :attr:`Tracker.failed_writes` counts what was lost. A ``metrics.jsonl`` row that did
+not fit is cut back off the file, so the file never holds a torn row.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -71,15 +78,31 @@ class _Console:
 
 
 class _Jsonl:
+    """Appends one JSON line per record; a write that fails (a full disk) is cut back off
+    the file before the error propagates, so no torn row stays behind."""
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fh = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+
+    def _append(self, data: bytes) -> None:
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError as err:  # pragma: no cover - the file system refuses a shrink
+                logger.debug("could not cut a partial row off %s: %s", self.path, err)
+            raise
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         record = {"step": step, **{k: _to_jsonable(v) for k, v in metrics.items()}}
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        self._append((json.dumps(record) + "\n").encode("utf-8"))
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         for sample in samples:
@@ -88,20 +111,24 @@ class _Jsonl:
     def rewind(self, step: int) -> None:
         """Drop the rows of steps after ``step`` (and a row a kill cut short), atomically."""
         self._fh.close()
-        kept, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                keep = int(json.loads(line)["step"]) <= step
-            except (ValueError, KeyError, TypeError):
-                keep = False
-            if keep:
-                kept.append(line)
-            else:
-                dropped += 1
-        if dropped:
-            write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
-            logger.info("%s: dropped %d row(s) after step %d (resumed)", self.path, dropped, step)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            kept, dropped = [], 0
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    keep = int(json.loads(line)["step"]) <= step
+                except (ValueError, KeyError, TypeError):
+                    keep = False
+                if keep:
+                    kept.append(line)
+                else:
+                    dropped += 1
+            if dropped:
+                write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
+                logger.info(
+                    "%s: dropped %d row(s) after step %d (resumed)", self.path, dropped, step
+                )
+        finally:
+            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
 
     def close(self) -> None:
         self._fh.close()
@@ -253,8 +280,15 @@ def markdown_table(samples: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _backend_name(backend: Any) -> str:
+    if isinstance(backend, _Jsonl):
+        return str(backend.path)
+    return type(backend).__name__.lstrip("_").lower()
+
+
 class Tracker:
-    """Fan-out of metrics to the configured backends.
+    """Fan-out of metrics to the configured backends (a backend's ``OSError`` is a warning,
+    never the end of the run: see the module docstring).
 
     Args:
         backends: names among ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``.
@@ -283,6 +317,10 @@ class Tracker:
         self.mlflow_tracking_uri: str | None = None
         self._backends: list[Any] = []
         self._generation_backends: list[Any] = []
+        # backend name -> writes that failed (OSError); see _write
+        self.failed_writes: dict[str, int] = {}
+        self._warned: set[int] = set()
+        self._failing: set[int] = set()
         for name in backends:
             if name == "console":
                 self._backends.append(_Console())
@@ -300,9 +338,36 @@ class Tracker:
                 self.mlflow_run_id, self.mlflow_tracking_uri = run.run_id, run.tracking_uri
                 self._backends.append(run)
 
+    def _write(self, backend: Any, method: str, *args: Any) -> None:
+        """``backend.method(*args)``; an ``OSError`` is reported (once per backend) and
+        counted, never raised: a log line must not end the run."""
+        key = id(backend)
+        try:
+            getattr(backend, method)(*args)
+        except OSError as err:
+            self.failed_writes[_backend_name(backend)] = (
+                self.failed_writes.get(_backend_name(backend), 0) + 1
+            )
+            if key not in self._warned:
+                self._warned.add(key)
+                full = " (the disk is full)" if err.errno == errno.ENOSPC else ""
+                logger.warning(
+                    "logging to %s failed%s: %s. Training continues; what this backend "
+                    "cannot write is lost (warned once; later failures are counted in "
+                    "Tracker.failed_writes)",
+                    _backend_name(backend),
+                    full,
+                    err,
+                )
+            self._failing.add(key)
+            return
+        if key in self._failing:
+            self._failing.discard(key)
+            logger.info("logging to %s works again", _backend_name(backend))
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         for backend in self._backends:
-            backend.log(metrics, step)
+            self._write(backend, "log", metrics, step)
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         """Record validation ``samples`` (dicts such as prompt / response / score) of ``step``
@@ -311,19 +376,19 @@ class Tracker:
             return
         for backend in self._backends:
             if not isinstance(backend, _Jsonl):
-                backend.log_generations(samples, step)
+                self._write(backend, "log_generations", samples, step)
         for backend in self._generation_backends:
-            backend.log_generations(samples, step)
+            self._write(backend, "log_generations", samples, step)
 
     def rewind(self, step: int) -> None:
         """Forget what was logged after ``step`` where a backend can (the jsonl file): a run
         resumed from the checkpoint of ``step`` logs the later steps again."""
         for backend in self._backends + self._generation_backends:
             if hasattr(backend, "rewind"):
-                backend.rewind(step)
+                self._write(backend, "rewind", step)
 
     def close(self) -> None:
         for backend in self._backends + self._generation_backends:
-            backend.close()
+            self._write(backend, "close")
         self._backends = []
         self._generation_backends = []
