@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl.config import ConfigError, load_config
+from verl.config import ConfigError, TrainerConfig, load_config, load_sft_config
 from verl.config.load import MAX_ALIAS_EXPANSION, SHOW_LIMIT, show
 
 
@@ -138,7 +138,7 @@ def test_a_refused_key_is_the_only_problem_of_its_file(tmp_path):
     path = _yaml(
         tmp_path,
         [
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
             "actor_rollout_ref.model.use_remove_padding=true",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "trainer.max_actor_ckpt_to_keep=3",
@@ -146,8 +146,51 @@ def test_a_refused_key_is_the_only_problem_of_its_file(tmp_path):
         ],
     )
     message = _refusal(path=path)
-    assert "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" in message
-    assert "sequence parallelism" in message
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in message
+    assert "tensor-parallel rollout engines are not available" in message
+
+
+def test_a_per_gpu_key_with_no_per_device_key_is_unknown_as_written(caplog):
+    """``*_per_gpu`` is renamed only onto a ``*_per_device`` key the schema has."""
+    with caplog.at_level(logging.WARNING, logger="verl.compat"):
+        message = _refusal(overrides=["data.batch_size_per_gpu=1"])
+    assert message.startswith("data.batch_size_per_gpu: unknown key")
+    assert "batch_size_per_device" not in message + caplog.text
+    # one that exists is still renamed (SFT's data.micro_batch_size_per_device)
+    cfg = load_sft_config(overrides=["data.micro_batch_size_per_gpu=2"])
+    assert cfg.data.micro_batch_size_per_device == 2
+
+
+def test_trainer_config_with_an_unknown_keyword_names_the_nearest_keys():
+    with pytest.raises(TypeError) as err:
+        TrainerConfig(batch_size_per_gpu=1)
+    text = str(err.value)
+    assert text.startswith("TrainerConfig(): unknown keyword batch_size_per_gpu=1; did you mean")
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_device" in text
+    assert "flat keys (mixed_precision" in text and "load_config(overrides=" in text
+
+
+FP32 = {"bfloat16": "float32", "torch.bfloat16": "torch.float32", "bf16": "fp32"}
+
+
+@pytest.mark.parametrize("spelled", list(FP32))
+def test_a_dtype_written_as_text_is_a_precision(tmp_path, spelled):
+    """Where a torch dtype and ``bf16`` are accepted, so are ``"bfloat16"`` and
+    ``"torch.bfloat16"``; elsewhere (free-form model config) the text stays as written."""
+    cfg = TrainerConfig(mixed_precision=spelled, model_precision_map={"reward": spelled})
+    assert cfg.trainer.mixed_precision == "bf16"
+    assert cfg.trainer.model_precision_map == {"reward": "bf16"}
+    assert cfg.actor_rollout_ref.actor.precision == "bf16"
+    script = [
+        f"trainer.mixed_precision={spelled}",
+        f"critic.model.dtype={FP32[spelled]}",
+        f"actor_rollout_ref.model.override_config={{torch_dtype: {spelled}}}",
+    ]
+    for loaded in (load_config(overrides=script), load_config(_yaml(tmp_path, script))):
+        assert loaded.trainer.mixed_precision == "bf16"
+        assert loaded.critic.model.dtype == "fp32"
+        assert loaded.actor_rollout_ref.model.override_config == {"torch_dtype": spelled}
+    assert load_sft_config(overrides=[f"model.dtype={spelled}"]).model.dtype == "bf16"
 
 
 # --- what a YAML file may cost ------------------------------------------------------------

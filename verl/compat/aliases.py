@@ -49,11 +49,13 @@ logger = logging.getLogger("verl.compat")
 
 __all__ = [
     "DTYPE_NAMES",
+    "DTYPE_STRINGS",
     "AliasError",
     "KeySources",
     "Spelling",
     "conflict_message",
     "precision_name",
+    "precision_string",
     "replace_dtypes",
     "translate_flat_kwargs",
     "translate_override",
@@ -68,6 +70,12 @@ DTYPE_NAMES = {
     "torch.float16": "fp16",
     "torch.half": "fp16",
     "torch.float8_e4m3fn": "fp8",
+}
+
+# a dtype written as text where the schema names a precision: "torch.bfloat16", "bfloat16"
+DTYPE_STRINGS = {
+    **DTYPE_NAMES,
+    **{name.removeprefix("torch."): precision for name, precision in DTYPE_NAMES.items()},
 }
 
 _SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
@@ -174,6 +182,13 @@ def precision_name(value: Any, key: str = "precision") -> Any:
     return name
 
 
+def precision_string(value: Any) -> str | None:
+    """The precision name a dtype written as text spells (``"bfloat16"``,
+    ``"torch.bfloat16"`` -> ``"bf16"``), else ``None``. Only for a key whose schema type is a
+    precision: elsewhere (``model.override_config.torch_dtype``) the text is what it says."""
+    return DTYPE_STRINGS.get(value) if isinstance(value, str) else None
+
+
 def replace_dtypes(value: Any, key: str = "") -> Any:
     """A copy of ``value`` with every torch dtype (in mappings, lists, dataclasses) replaced
     by its precision name; dataclass instances are replaced in place of their fields."""
@@ -236,15 +251,18 @@ def translate_tree(
     errors: list[str] | None = None,
     sources: KeySources | None = None,
     source: str = "file",
+    known: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """The user YAML ``tree`` with the tutorial keys mapped onto ``root``'s schema.
 
     Only the RL config (``root="TrainerConfig"``) has the tutorials' aliases; every root
     reads upstream verl's keys (:mod:`verl.compat.upstream`) and has its torch dtypes
     named. ``sources`` records which spelling set each native key (``source``: where the
-    tree was written). Raises :class:`AliasError` for the first refused key; with an
-    ``errors`` list, every refused key's message is appended there instead, the key is
-    left out, and every other key is still translated.
+    tree was written); ``known(dotted key)``, when given, says which keys the schema has
+    (``*_per_gpu`` is renamed only onto an existing ``*_per_device``). Raises
+    :class:`AliasError` for the first refused key; with an ``errors`` list, every refused
+    key's message is appended there instead, the key is left out, and every other key is
+    still translated.
     """
     collected: list[str] = [] if errors is None else errors
     start = len(collected)
@@ -256,7 +274,7 @@ def translate_tree(
         _put(node, path, value, alias, written, sources, source)
 
     out = replace_dtypes(copy.deepcopy(dict(tree)))
-    translate_upstream(out, root, AliasError, put, collected)  # upstream's run-script keys
+    translate_upstream(out, root, AliasError, put, collected, known)  # upstream's keys
     if root == "TrainerConfig":
         for step in _TUTORIAL_STEPS:
             try:
@@ -313,19 +331,24 @@ _Put = Callable[..., None]  # put(tree, native key, value, alias[, value as writ
 _TUTORIAL_STEPS = (_tutorial_parallel, _tutorial_rollout, _tutorial_trainer, _tutorial_data)
 
 
-def translate_override(key: str, value: Any, root: str = "TrainerConfig") -> list[tuple[str, Any]]:
+def translate_override(
+    key: str,
+    value: Any,
+    root: str = "TrainerConfig",
+    known: Callable[[str], bool] | None = None,
+) -> list[tuple[str, Any]]:
     """The native ``(dotted key, value)`` assignments of the override ``key=value``.
 
     The override is nested into a one-leaf tree and run through :func:`translate_tree`, so
     the command line and a YAML file share one alias table. A key that no alias touches
     comes back unchanged as ``[(key, value)]`` (a mapping value still replaces the whole
     mapping); an alias becomes the leaves it maps onto (none when it is dropped with a
-    note). Raises :class:`AliasError` as :func:`translate_tree` does.
+    note). Raises :class:`AliasError` as :func:`translate_tree` does (``known``: as there).
     """
     tree: Any = value
     for part in reversed(key.split(".")):
         tree = {part: tree}
-    out = translate_tree(tree, root)
+    out = translate_tree(tree, root, known=known)
     if out == tree:
         return [(key, value)]
     return list(_leaves(out, ""))

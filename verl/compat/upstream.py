@@ -335,6 +335,7 @@ def translate_upstream(
     error: type[Exception],
     put: Callable[..., None],
     errors: list[str] | None = None,
+    known: Callable[[str], bool] | None = None,
 ) -> None:
     """Read ``tree``'s upstream keys in place (see the module docstring); ``error`` is the
     exception raised for a refused value, ``put(tree, native key, value, upstream key,
@@ -343,7 +344,9 @@ def translate_upstream(
 
     With an ``errors`` list, each refused key's message is appended there and the key is
     removed, and the other keys are still read (one message per problem); without one the
-    first refusal is raised.
+    first refusal is raised. ``known(dotted key)`` says whether the schema has a key: a
+    ``*_per_gpu`` key is renamed only onto a ``*_per_device`` key that exists (another is
+    left for the unknown-key check, under the name it was written with).
     """
     table = UPSTREAM_KEYS if root == "TrainerConfig" else OFFLINE_UPSTREAM_KEYS
     for path, key in table.items():
@@ -367,7 +370,7 @@ def translate_upstream(
             if errors is None:
                 raise
             errors.append(str(exc))
-    _rename_per_gpu(tree, tree, "", error, put, errors)
+    _rename_per_gpu(tree, tree, "", error, put, errors, known)
 
 
 def reconcile(path: str, spellings: dict[str, Any]) -> tuple[bool, Any]:
@@ -441,15 +444,19 @@ def _rename_per_gpu(
     error: type[Exception],
     put: Callable[..., None],
     errors: list[str] | None,
+    known: Callable[[str], bool] | None = None,
 ) -> None:
     """``*_per_gpu`` keys become ``*_per_device`` (upstream says GPU where this says device),
-    each set through ``put`` on the whole ``tree`` (its conflict check and note)."""
+    each set through ``put`` on the whole ``tree`` (its conflict check and note); with
+    ``known``, only onto a key the schema has."""
     for name in list(node):
         value = node[name]
         if isinstance(value, dict):
-            _rename_per_gpu(tree, value, f"{prefix}{name}.", error, put, errors)
+            _rename_per_gpu(tree, value, f"{prefix}{name}.", error, put, errors, known)
         if name.endswith("_per_gpu"):
             native = name[: -len("_per_gpu")] + "_per_device"
+            if known is not None and not known(f"{prefix}{native}"):
+                continue  # no such key here: reported as unknown, as written
             del node[name]
             try:
                 put(tree, f"{prefix}{native}", value, f"{prefix}{name}")

@@ -31,6 +31,8 @@ from verl.compat.aliases import (
     AliasError,
     KeySources,
     Spelling,
+    note,
+    precision_string,
     translate_override,
     translate_tree,
 )
@@ -261,6 +263,12 @@ def iter_schema(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.
             yield from iter_schema(sub, path + ".")
 
 
+@functools.cache
+def schema_paths(cls: type) -> frozenset[str]:
+    """Every dotted key path of the schema ``cls`` (sections too)."""
+    return frozenset(path for path, _, _ in iter_schema(cls))
+
+
 def get_path(obj: Any, path: str) -> Any:
     """The value at dotted ``path`` of a config object."""
     for part in path.split("."):
@@ -396,6 +404,10 @@ class _Builder:
         choices = typing.get_args(tp)
         if isinstance(value, str) and value in choices:
             return value
+        named = precision_string(value)  # "bfloat16", "torch.bfloat16" where bf16 is meant
+        if named in choices and not self.strict:
+            note(f"{path}={value}", f"{path}={named}")
+            return named
         names = ", ".join(choices)
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
@@ -462,7 +474,8 @@ def load_validated(
     # schema; a refused key is one problem, and the file's other keys are still translated
     alias_errors: list[str] = []
     sources = KeySources()  # which spelling set each native key (file, command line)
-    tree = translate_tree(tree, root.__name__, errors=alias_errors, sources=sources)
+    known = schema_paths(root).__contains__
+    tree = translate_tree(tree, root.__name__, errors=alias_errors, sources=sources, known=known)
     problems += [ConfigProblem("", message) for message in alias_errors]
     for text in overrides:
         apply_override(tree, text, problems, root=root, sources=sources)
@@ -542,7 +555,7 @@ def apply_override(
     except yaml.YAMLError as exc:
         return fail(key, f"value is not valid YAML ({str(exc).splitlines()[0]})")
     try:  # verl.compat: the same alias translation as a YAML file's keys
-        assignments = translate_override(key, value, root.__name__)
+        assignments = translate_override(key, value, root.__name__, schema_paths(root).__contains__)
     except AliasError as exc:
         return fail(key, str(exc))
     sources = KeySources() if sources is None else sources

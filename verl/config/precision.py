@@ -13,12 +13,14 @@ See ``docs/precision.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import typing
 from typing import Any
 
+from verl.compat.aliases import note, precision_string
 from verl.config._fields import Precision
-from verl.config.load import get_path
+from verl.config.load import field_types, get_path, unwrap_optional
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 from verl.utils.device_probe import (
@@ -77,6 +79,38 @@ def _from_trainer(cfg: Any, role: str) -> str | None:
         return t.mixed_precision
     block = _section(cfg, role).fsdp_config.mixed_precision
     return None if block is None else block.param_dtype
+
+
+def _is_precision(tp: Any) -> bool:
+    """Whether a schema type is a precision enumeration (``Precision``, ``Dtype``)."""
+    tp = unwrap_optional(tp)[0]
+    return typing.get_origin(tp) is typing.Literal and "bf16" in typing.get_args(tp)
+
+
+def _is_precision_map(tp: Any) -> bool:
+    """Whether a schema type is ``dict[str, <precision>]`` (``trainer.model_precision_map``)."""
+    tp = unwrap_optional(tp)[0]
+    return typing.get_origin(tp) is dict and _is_precision(typing.get_args(tp)[1])
+
+
+def name_precision_strings(obj: Any, prefix: str = "") -> None:
+    """In place: every precision key of the config ``obj`` (sections followed) holding a
+    dtype written as text (``"bfloat16"``, ``"torch.float16"``) gets the precision name
+    (``bf16``, ``fp16``), with the alias note; torch dtypes themselves are named by
+    ``verl.compat.aliases.replace_dtypes``."""
+    hints = field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        value, path, tp = getattr(obj, f.name), f"{prefix}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            name_precision_strings(value, f"{path}.")
+        elif _is_precision(tp) and precision_string(value) is not None:
+            setattr(obj, f.name, precision_string(value))
+            note(f"{path}={value!r}", f"{path}={precision_string(value)}")
+        elif isinstance(value, dict) and _is_precision_map(tp):
+            for key, item in value.items():
+                if precision_string(item) is not None:
+                    value[key] = precision_string(item)
+                    note(f"{path}.{key}={item!r}", f"{path}.{key}={value[key]}")
 
 
 def fill_role_precisions(cfg: Any) -> None:

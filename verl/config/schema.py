@@ -35,8 +35,8 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
-from verl.config.load import from_mapping, load_validated
-from verl.config.precision import fill_role_precisions
+from verl.config.load import field_types, from_mapping, load_validated, suggest
+from verl.config.precision import fill_role_precisions, name_precision_strings
 from verl.config.schema_roles import (
     ActorRolloutRefConfig,
     CriticConfig,
@@ -485,10 +485,32 @@ def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None
     filled from the trainer's (``verl.config.precision``)."""
     kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
     flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
+    unknown = [key for key in kwargs if key not in field_types(TrainerConfig)]
+    if unknown:
+        raise TypeError(_unknown_keywords(unknown, kwargs))
     _dataclass_init(self, *args, **kwargs)
     if flat:
         apply_flat_keys(self, flat)
+    name_precision_strings(self)  # "bfloat16", "torch.float16" ... -> bf16, fp16
     fill_role_precisions(self)  # trainer.mixed_precision / model_precision_map -> role keys
+
+
+def _unknown_keywords(unknown: list[str], kwargs: Mapping[str, Any]) -> str:
+    """The message for ``TrainerConfig(**kwargs)``'s keywords that are neither a section
+    nor a flat key: each with the nearest key (``*_per_gpu`` as ``*_per_device``)."""
+    lines = []
+    for key in unknown:
+        native = key[: -len("_per_gpu")] + "_per_device" if key.endswith("_per_gpu") else key
+        lines.append(f"{key}={kwargs[key]!r}{suggest(native, TrainerConfig, TrainerConfig)}")
+    return (
+        f"TrainerConfig(): unknown keyword{'s' if len(unknown) > 1 else ''} "
+        + "; ".join(lines)
+        + f"; TrainerConfig takes its sections ({', '.join(field_types(TrainerConfig))}) and "
+        "the flat "
+        f"keys ({', '.join(FLAT_KEYS)}), and a nested key is set on its section "
+        "(TrainerConfig(data=DataConfig(...))) or as an override "
+        "(load_config(overrides=['data.train_batch_size=8']))"
+    )
 
 
 TrainerConfig.__init__ = _init_with_flat_keys
