@@ -4,13 +4,15 @@
   type comes back as itself, a value that is not data is refused at save time naming where
   it is, and a pickled ``inflight.pt`` planted in a real checkpoint (its manifest fixed) is
   refused on resume without running its payload;
-- the run lock never follows a planted symlink and refuses a lock path that is a directory.
+- the run lock never follows a planted symlink and refuses a lock path that is a directory;
+- a truncated model or checkpoint weights file is an error naming it, not the reader's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +233,40 @@ def test_a_run_on_a_directory_with_a_planted_lock_symlink_is_refused(rl_config, 
     with pytest.raises(RunLockError, match="symbolic link"):
         RLTrainer(rl_config())
     assert victim.read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------- truncated weights
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_truncated_model_is_a_message_naming_the_file(rl_config, tiny_model_dir, tmp_path):
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    _truncate(model / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"model weights '.*model\.safetensors' are not a readable"
+    ):
+        RLTrainer(rl_config(f"actor_rollout_ref.model.path={model}"))
+
+
+def test_a_truncated_checkpoint_file_is_a_checkpoint_error(rl_config, tmp_path):
+    """Truncated with its manifest made to match (the size check cannot see it): the
+    engine's reader error becomes a CheckpointError naming the role's directory."""
+    RLTrainer(rl_config("trainer.save_freq=2")).fit()
+    step_dir = tmp_path / "global_step_2"
+    weights = step_dir / "actor" / "model.safetensors"
+    _truncate(weights)
+    manifest = json.loads((step_dir / MANIFEST_FILE).read_text())
+    manifest["files"]["actor/model.safetensors"] = weights.stat().st_size
+    manifest["crc32"]["actor/model.safetensors"] = _crc32(weights)
+    (step_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+    second = RLTrainer(rl_config("trainer.total_training_steps=3"))
+    try:
+        with pytest.raises(
+            CheckpointError, match=r"the actor_rollout_ref files under .*actor cannot be read"
+        ):
+            second.fit()
+    finally:
+        second.close()

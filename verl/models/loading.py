@@ -84,7 +84,24 @@ def check_model_dir(path: Path) -> str | None:
     gguf = _gguf_file(path)
     if gguf is None and not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory '{path}' has weights but no config.json")
+    _check_safetensors_headers(path)
     return gguf
+
+
+def _check_safetensors_headers(path: Path) -> None:
+    """Open every ``*.safetensors`` of ``path`` (reads its header only): a truncated or
+    damaged file is a ``ValueError`` naming it rather than the reader's error later."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise ValueError(
+                f"model weights '{file}' are not a readable safetensors file (truncated or "
+                f"damaged? {err}); copy or download the model again"
+            ) from err
 
 
 def config_with_overrides(

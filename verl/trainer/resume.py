@@ -280,7 +280,16 @@ class RunCheckpointer:
         state = json.loads((path / TRAINER_STATE_FILE).read_text())
         for role, group in self.roles.items():
             if role in manifest["roles"]:
-                group.load_checkpoint(str(path / manifest["roles"][role]["dir"]))
+                role_dir = path / manifest["roles"][role]["dir"]
+                try:
+                    group.load_checkpoint(str(role_dir))
+                except Exception as err:
+                    if not _unreadable_file(err):
+                        raise
+                    raise CheckpointError(
+                        f"checkpoint {path}: the {role} files under {role_dir} cannot be read "
+                        f"(truncated or damaged after the manifest was written?): {err}"
+                    ) from err
         self.progress.load_state_dict(state)
         for name, obj in self.components.items():
             saved = state.get(name)
@@ -331,6 +340,21 @@ class RunCheckpointer:
         for role in saved:
             if role not in self.roles:
                 logger.warning("checkpoint %s has %s state that this run does not use", path, role)
+
+
+# What the readers of a truncated or damaged file say (safetensors, torch.load's zip reader);
+# matched in the text too, since a Ray worker's error arrives wrapped.
+_UNREADABLE = ("Error while deserializing", "SafetensorError", "PytorchStreamReader failed")
+
+
+def _unreadable_file(err: BaseException) -> bool:
+    """Whether ``err`` (or what caused it) is a reader refusing a truncated / damaged file."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if type(seen).__name__ == "SafetensorError" or any(m in str(seen) for m in _UNREADABLE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _relaxed_data_position(loader: Stateful, saved: dict[str, Any], err: ValueError) -> None:
