@@ -9,6 +9,7 @@ import pytest
 from verl.config import ConfigError
 from verl.models.tiny import save_tiny_model_dir
 from verl.trainer.api import PPOTrainer, Trainer, make_trainer_config
+from verl.trainer.ppo_trainer import RLTrainer
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +251,9 @@ def test_a_model_object_with_no_known_tokenizer_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"no name_or_path .* pass tokenizer=") as err:
         Trainer(_grpo_config(tmp_path), actor_model=module, reward_fn=digit_fraction)
     assert "actor_rollout_ref.model.path" in str(err.value)
+    # the same guard when the module goes to RLTrainer itself
+    with pytest.raises(ValueError, match=r"no name_or_path .* pass tokenizer="):
+        RLTrainer(_grpo_config(tmp_path), actor_module=module)
     # an explicit tokenizer is that tokenizer; a configured path is that path's
     tok = build_tiny_tokenizer()
     assert module_tokenizer(_grpo_config(tmp_path), module, tok) is tok

@@ -25,12 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.compat.device_map import apply_pending_device_map
 from verl.config import TrainerConfig
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
-from verl.trainer.build import build_tokenizer
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.tracking import Tracker
 
@@ -81,7 +79,6 @@ class PPOTrainer(RLTrainer):
         **kwargs: Any,
     ) -> None:
         config = with_rollout_backend(config, use_vllm)  # a copy: never mutate the caller's
-        config = apply_pending_device_map(config)  # set_device_map(dp_config) called alone
         config.reward_model = dataclasses.replace(config.reward_model)
         config.trainer = dataclasses.replace(config.trainer)
         if reward_normalization is not None:
@@ -90,10 +87,6 @@ class PPOTrainer(RLTrainer):
             config.reward_model.clip_range = [float(x) for x in reward_clip_range]
         if log_with is not None:
             config.trainer.logger = [log_with] if isinstance(log_with, str) else list(log_with)
-        if kwargs.get("actor_module") is not None:  # the tokenizer must be the module's own
-            kwargs["tokenizer"] = build_tokenizer(
-                config, kwargs.get("tokenizer"), kwargs["actor_module"]
-            )
         self._score_fn = reward_fn
         super().__init__(config, **kwargs)
         if reward_fn is not None:

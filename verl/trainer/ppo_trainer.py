@@ -54,6 +54,7 @@ import torch
 
 from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
 from verl.algorithms.pf_ppo import pf_ppo_indices
+from verl.compat.device_map import apply_pending_device_map
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
@@ -108,7 +109,10 @@ class RLTrainer:
         tracker: where metrics go (default: built from ``trainer.logger``).
         actor_module / critic_module: already-built ``nn.Module`` objects to train instead
             of loading ``actor_rollout_ref.model.path`` / ``critic.model.path``.
-        tokenizer: a tokenizer to use instead of loading one from the model path.
+        tokenizer: a tokenizer to use instead of loading one from the model path. With an
+            ``actor_module`` and no tokenizer: the configured model path's, else the one saved
+            where the module was loaded from (its ``name_or_path``); a module and tokenizer
+            from different sources are refused (:func:`verl.trainer.build.module_tokenizer`).
     """
 
     def __init__(
@@ -122,6 +126,8 @@ class RLTrainer:
         critic_module: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
+        # set_device_map(dp_config) called alone: its map, for a config naming no devices
+        config = apply_pending_device_map(config)
         config.validate()  # registry-backed keys against the live registries (user entries too)
         check_supported(config)
         self.config = cfg = config
@@ -141,7 +147,8 @@ class RLTrainer:
         self.old_log_prob_pass = old_log_prob_pass(cfg)
 
         # The parts of the run (verl.trainer.build), built in this order.
-        self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer)
+        # with an actor module object, the module's own tokenizer (never the default model's)
+        self.tokenizer = tokenizer = build_tokenizer(cfg, tokenizer, actor_module)
         data = build_data(cfg, tokenizer, self.run_dir)
         self.train_dataset, self.val_dataset = data.train_dataset, data.val_dataset
         self.collate, self.train_loader = data.collate, data.train_loader
