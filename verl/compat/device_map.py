@@ -11,8 +11,8 @@ The native form writes the map into a config (``set_device_map(cfg, dp)``, see
 ``verl.config.device_map``). Called with the ``DataParallelConfig`` alone, this module's
 ``set_device_map`` resolves it (raising ``DeviceMapError`` for a map that cannot be placed),
 keeps it for this process, and logs that trainers built from now on use it:
-``PPOTrainer`` / ``Trainer`` (``verl.trainer.api``) call :func:`apply_pending_device_map` on
-their config, which takes the kept map when the config names no devices of its own
+every ``RLTrainer`` (``PPOTrainer`` and ``Trainer`` of ``verl.trainer.api`` too) calls
+:func:`apply_pending_device_map` on its config, which takes the kept map when the config names no devices of its own
 (``resource_pool`` all null). ``clear_device_map()`` forgets it.
 """
 
