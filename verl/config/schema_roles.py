@@ -336,6 +336,31 @@ class MultiTurnConfig:
 
 
 @dataclass
+class AgentProgramConfig:
+    """Agent programs as rollouts (docs/agents.md): the user's agent talks to an
+    OpenAI-compatible endpoint served from the rollout engine during the rollout."""
+
+    program: str | None = entry(
+        None,
+        "the agent, fn(base_url, api_key, task) -> reward | None: an import path "
+        "module:function or file.py:function; null = no agent program",
+    )
+    command: str | None = entry(
+        None,
+        "or a command run per rollout (task JSON on stdin, OPENAI_BASE_URL / OPENAI_API_KEY "
+        "in its environment, reward JSON on its last stdout line); null = none",
+    )
+    concurrency: int = entry(16, "agents running at once on each rollout worker", ge=1)
+    timeout_s: float = entry(300.0, "seconds an agent may run; then it is stopped, no row", gt=0)
+    max_requests: int = entry(64, "model requests one agent may make; more are refused", ge=1)
+
+    @property
+    def enable(self) -> bool:
+        """Whether rollouts run an agent program (``program`` or ``command`` set)."""
+        return bool(self.program) or bool(self.command)
+
+
+@dataclass
 class ServingEngineConfig:
     """Settings every serving-engine backend (vllm, sglang) has: lengths and the weight push."""
 
@@ -398,6 +423,9 @@ class RolloutConfig:
     )
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
     multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
+    agent: AgentProgramConfig = entry(
+        AgentProgramConfig, "agent programs as rollouts, over an OpenAI-compatible endpoint"
+    )
     vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")
     sglang: SGLangRolloutConfig = entry(SGLangRolloutConfig, "sglang backend engine settings")
 

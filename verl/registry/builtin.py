@@ -212,3 +212,5 @@ REWARD_SCORERS.add("code", f"{_SCORERS}.code:compute_score")
 
 REWARD_MANAGERS: Registry = Registry("reward manager", needs={})
 REWARD_MANAGERS.add("naive", "verl.rewards.manager:RewardManager")
+# agent programs (rollout.agent): the reward the agent returned, else as naive
+REWARD_MANAGERS.add("agent", "verl.rollout.agent_program:AgentRewardManager")

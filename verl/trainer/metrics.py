@@ -18,6 +18,7 @@ import torch
 from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.protocol import DataProto
 from verl.rollout.agent_loop import multi_turn_metrics
+from verl.rollout.agent_program import agent_program_metrics
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -58,6 +59,7 @@ def compute_data_metrics(batch: DataProto, max_response_length: int) -> dict[str
     prompt_length = b["attention_mask"][:, : b["prompts"].shape[1]].sum(-1).float()
     metrics |= _stats("prompt_length", prompt_length)
     metrics |= multi_turn_metrics(batch.non_tensor_batch)  # empty unless multi_turn.enable
+    metrics |= agent_program_metrics(batch.non_tensor_batch)  # empty unless rollout.agent
     return metrics
 
 

@@ -139,7 +139,7 @@ class ActorRolloutRefWorker(Worker):
         rollout_cls = get_rollout_engine(arr.rollout.name)
         rollout_cls.check_available()  # package / device, before any model loads
         shared_engine = rollout_cls.owns_weights and self.world_size > 1
-        if shared_engine and arr.rollout.multi_turn.enable:
+        if shared_engine and (arr.rollout.multi_turn.enable or arr.rollout.agent.enable):
             raise NotImplementedError(
                 f"rollout.name={arr.rollout.name} on {self.world_size} ranks serves all ranks "
                 "from one engine in lock step, which multi_turn.enable=true cannot use; use "
@@ -548,6 +548,8 @@ class ActorRolloutRefWorker(Worker):
     def close(self) -> None:
         """Release the rollout engine (an inference engine's processes, memory and model
         directory); the worker group's shutdown calls it."""
+        if self.agent_loop is not None and hasattr(self.agent_loop, "close"):
+            self.agent_loop.close()  # rollout.agent: its OpenAI endpoint's server thread
         if self.rollout is not None:
             self.rollout.close()
 

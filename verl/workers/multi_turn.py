@@ -23,10 +23,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_agent_loop"]
 
 
-def build_agent_loop(
-    config: TrainerConfig, rollout: RolloutEngine, tokenizer: Any
-) -> AgentLoop | None:
-    """The agent loop of ``rollout.multi_turn`` over ``rollout``, or None when it is off."""
+def build_agent_loop(config: TrainerConfig, rollout: RolloutEngine, tokenizer: Any) -> Any:
+    """The agent loop of ``rollout.multi_turn`` over ``rollout`` (or, with
+    ``rollout.agent``, the agent-program rollout: ``verl.rollout.agent_program``), or None
+    when both are off."""
+    if config.actor_rollout_ref.rollout.agent.enable:
+        from verl.rollout.agent_program import build_agent_program
+
+        return build_agent_program(config, rollout, tokenizer)
     mt_cfg = config.actor_rollout_ref.rollout.multi_turn
     if not mt_cfg.enable:
         return None
