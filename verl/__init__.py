@@ -28,6 +28,8 @@ _LAZY = {
     "DPOConfig": "verl.config",
     "SFTTrainer": "verl.trainer.sft_trainer",
     "DPOTrainer": "verl.trainer.dpo_trainer",
+    "RMConfig": "verl.config",
+    "RMTrainer": "verl.trainer.rm_trainer",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,7 +1,7 @@
 """The ``verl`` command, one subcommand per entry point.
 
-``verl train`` is ``python -m verl.trainer.main_ppo``, ``verl sft`` / ``verl dpo`` are
-``main_sft`` / ``main_dpo``; each takes ``[--config FILE] key=value ...``. ``verl export``
+``verl train`` is ``python -m verl.trainer.main_ppo``, ``verl sft`` / ``verl dpo`` /
+``verl rm`` are ``main_sft`` / ``main_dpo`` / ``main_rm``; each takes ``[--config FILE] key=value ...``. ``verl export``
 (and its upstream-familiar alias ``verl merge``) writes a checkpoint as a HuggingFace
 directory; ``verl config`` prints the resolved config or, with ``--reference``, every key
 with its comment. ``verl generate`` / ``verl eval`` sample and score a model on a dataset
@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "train": ("verl.trainer.main_ppo", (), "validate the config and run PPO/GRPO training"),
     "sft": ("verl.trainer.main_sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
     "dpo": ("verl.trainer.main_dpo", (), "DPO / IPO / KTO on preference data"),
+    "rm": ("verl.trainer.main_rm", (), "reward-model training on preference pairs"),
     "export": (
         "verl.model_merger",
         (),

@@ -6,9 +6,9 @@
 
 The dataclasses hold every default (``verl/trainer/config/*.yaml`` and the key tables of the
 docs are generated from them by ``python -m verl.trainer.config_gen``). The offline trainers'
-configs (``SFTConfig``, ``DPOConfig``, loaded with ``load_sft_config`` /
-``load_dpo_config``) live in ``schema_offline.py``. This package imports nothing of verl but
-``verl.registry``, ``verl.utils`` (device probes) and ``verl.compat`` (alias tables, flat
+configs (``SFTConfig``, ``DPOConfig``, ``RMConfig``, loaded with ``load_sft_config`` /
+``load_dpo_config`` / ``load_rm_config``) live in ``schema_offline.py``. This package
+imports nothing of verl but ``verl.registry``, ``verl.utils`` (device probes) and ``verl.compat`` (alias tables, flat
 keywords), and never torch at import. Names are imported on first use. See ``docs/config.md``.
 """
 
@@ -26,7 +26,8 @@ _MODULES = {
     "schema": "AlgorithmConfig ArithmeticConfig CustomRewardFunctionConfig DataConfig "
     "FilterGroupsConfig KLControlConfig RunConfig TrainerConfig from_dict load_config",
     "schema_offline": "DPOConfig OfflineEngineConfig OfflineRunConfig PreferenceDataConfig "
-    "PreferenceLossConfig SFTConfig SFTDataConfig load_dpo_config load_sft_config",
+    "PreferenceLossConfig RMConfig RMDataConfig SFTConfig SFTDataConfig load_dpo_config "
+    "load_rm_config load_sft_config",
     "schema_roles": "ActorConfig ActorRolloutRefConfig CheckpointConfig CriticConfig "
     "CriticModelConfig FSDPConfig MixedPrecisionConfig ModelConfig OptimConfig "
     "OverlongBufferConfig RefConfig RefFSDPConfig RewardModelConfig RewardModelModelConfig "

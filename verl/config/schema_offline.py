@@ -1,9 +1,11 @@
-"""Typed configs of the offline trainers, ``SFTConfig`` (supervised fine-tuning) and
-``DPOConfig`` (DPO / IPO / KTO), their checks and their loaders.
+"""Typed configs of the offline trainers, ``SFTConfig`` (supervised fine-tuning),
+``DPOConfig`` (DPO / IPO / KTO) and ``RMConfig`` (reward models), their checks and their
+loaders.
 
 They follow the PPO schema's conventions and reuse its shared sections (``ModelConfig``,
-``OptimConfig``, ``ArithmeticConfig``); ``verl/trainer/config/{sft,dpo}_trainer.yaml`` and the
-tables of ``docs/sft_dpo.md`` are generated from them (``python -m verl.trainer.config_gen``).
+``OptimConfig``, ``ArithmeticConfig``); ``verl/trainer/config/{sft,dpo,rm}_trainer.yaml`` and
+the tables of ``docs/sft_dpo.md`` and ``docs/reward_model.md`` are generated from them
+(``python -m verl.trainer.config_gen``).
 """
 
 # `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.
@@ -163,6 +165,23 @@ class OfflineRunConfig(ClusterRunConfig):
 
 
 @dataclass
+class RMDataConfig(PreferenceDataConfig):
+    """Preference pairs for reward-model training (the DPO pair format), with an optional
+    per-pair margin column."""
+
+    train_batch_size: int = entry(8, "pairs per optimizer step", ge=1)
+    micro_batch_size_per_device: int = entry(
+        4, "pairs per forward/backward (a pair is two sequences)", ge=1
+    )
+    margin_key: str | None = entry(
+        "margin",
+        "column of a per-pair margin m (loss -logsigmoid(r_chosen - r_rejected - m)); files "
+        "without it use m = 0; null = ignore the column",
+        nonempty=True,
+    )
+
+
+@dataclass
 class SFTConfig:
     """Everything an SFT run needs. Build with ``load_sft_config`` or in Python."""
 
@@ -196,11 +215,30 @@ class DPOConfig:
         return validate_tree(self, offline_problems, registries)
 
 
+@dataclass
+class RMConfig:
+    """Everything a reward-model run needs. Build with ``load_rm_config`` or in Python."""
+
+    data: RMDataConfig = entry(RMDataConfig, "preference pairs")
+    model: ModelConfig = entry(
+        ModelConfig,
+        "the backbone, loaded as a sequence classifier with one label (a causal LM gets a "
+        "new score head; a reward-model directory keeps its own)",
+    )
+    optim: OptimConfig = entry(OptimConfig(lr=1e-5), "optimizer")
+    engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
+    trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="rm"), "run settings")
+
+    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+        """As ``SFTConfig.validate``."""
+        return validate_tree(self, offline_problems, registries)
+
+
 # --------------------------------------------------------------------------- validation
 
 
 def offline_problems(
-    cfg: SFTConfig | DPOConfig,
+    cfg: SFTConfig | DPOConfig | RMConfig,
     *,
     registries: Mapping[str, Iterable[str]] | None = None,
     skip_paths: Collection[str] = (),
@@ -220,7 +258,7 @@ def offline_problems(
     return c.problems, c.warnings
 
 
-def _check_data(c: Checks, cfg: SFTConfig | DPOConfig, builtin: bool) -> None:
+def _check_data(c: Checks, cfg: SFTConfig | DPOConfig | RMConfig, builtin: bool) -> None:
     d = cfg.data
     if d.micro_batch_size_per_device > d.train_batch_size >= 1:
         c.warn(
@@ -261,7 +299,7 @@ def ranks_named(trainer: ClusterRunConfig) -> str:
     return f"trainer.nnodes={trainer.nnodes} x {per_node} = {trainer.world_size}"
 
 
-def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig) -> None:
+def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig | RMConfig) -> None:
     t, d = cfg.trainer, cfg.data
     ranks = t.world_size
     if ranks <= 1:
@@ -323,3 +361,10 @@ def load_dpo_config(
 ) -> DPOConfig:
     """Load and validate a :class:`DPOConfig` ."""
     return load_offline_config(DPOConfig, path, overrides, registries=registries)
+
+
+def load_rm_config(
+    path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
+) -> RMConfig:
+    """Load and validate an :class:`RMConfig` ."""
+    return load_offline_config(RMConfig, path, overrides)

@@ -1,9 +1,10 @@
 """Regenerate the files derived from the schema, so they never drift from it: the commented
 YAML defaults of each trainer and the key tables of the docs.
 
-    python -m verl.trainer.config_gen yaml [ppo|sft|dpo] > verl/trainer/config/ppo_trainer.yaml
+    python -m verl.trainer.config_gen yaml [ppo|sft|dpo|rm] > verl/trainer/config/ppo_trainer.yaml
     python -m verl.trainer.config_gen docs docs/config.md     # rewrites the marked key tables in place
     python -m verl.trainer.config_gen docs docs/sft_dpo.md
+    python -m verl.trainer.config_gen docs docs/reward_model.md
 
 ``tests/config`` (and the SFT/DPO tests) fail when a committed file differs from this output.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from verl.config.load import describe_type, field_types, section_class, show, to_yaml
 from verl.config.registry_keys import REGISTRY_KEYS
 from verl.config.schema import TrainerConfig
-from verl.config.schema_offline import DPOConfig, SFTConfig
+from verl.config.schema_offline import DPOConfig, RMConfig, SFTConfig
 
 # kind -> (root class, title, example command line)
 KINDS: dict[str, tuple[type, str, str]] = {
@@ -30,6 +31,7 @@ KINDS: dict[str, tuple[type, str, str]] = {
     ),
     "sft": (SFTConfig, "SFT", "python -m verl.trainer.main_sft optim.lr=2e-5"),
     "dpo": (DPOConfig, "DPO / IPO / KTO", "python -m verl.trainer.main_dpo algorithm.beta=0.2"),
+    "rm": (RMConfig, "reward-model", "python -m verl.trainer.main_rm optim.lr=1e-5"),
 }
 _HEADER = """\
 # Defaults of every {title} setting, one comment per key.
@@ -41,7 +43,7 @@ _HEADER = """\
 
 
 def default_yaml(kind: str = "ppo") -> str:
-    """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: ppo, sft or dpo)."""
+    """The text of ``verl/trainer/config/<kind>_trainer.yaml`` (``kind``: ppo, sft, dpo or rm)."""
     if kind not in KINDS:
         raise ValueError(f"unknown config kind {kind!r}; use one of {', '.join(KINDS)}")
     cls, title, example = KINDS[kind]
@@ -121,7 +123,7 @@ UPSTREAM_MARKERS = (
 
 
 def with_tables(doc: str) -> str:
-    """``doc`` with every marked table (the PPO, SFT, DPO keys; upstream verl's keys)
+    """``doc`` with every marked table (the PPO, SFT, DPO, RM keys; upstream verl's keys)
     regenerated from the schema and the alias table."""
     tables = [
         (table_markers(kind), lambda c=cls: config_table(c)) for kind, (cls, _, _) in KINDS.items()
@@ -146,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args[1])
         path.write_text(with_tables(path.read_text()))
         return 0
-    sys.stderr.write("usage: python -m verl.trainer.config_gen yaml [ppo|sft|dpo] | docs FILE.md\n")
+    sys.stderr.write(
+        "usage: python -m verl.trainer.config_gen yaml [ppo|sft|dpo|rm] | docs FILE.md\n"
+    )
     return 2
 
 

@@ -62,7 +62,7 @@ __all__ = [
 
 
 def trainer_class(kind: str) -> type:
-    """The trainer of ``kind`` (``sft`` or ``dpo``)."""
+    """The trainer of ``kind`` (``sft``, ``dpo`` or ``rm``)."""
     if kind == "sft":
         from verl.trainer.sft_trainer import SFTTrainer
 
@@ -71,7 +71,11 @@ def trainer_class(kind: str) -> type:
         from verl.trainer.dpo_trainer import DPOTrainer
 
         return DPOTrainer
-    raise ValueError(f"kind={kind!r}: use sft or dpo")
+    if kind == "rm":
+        from verl.trainer.rm_trainer import RMTrainer
+
+        return RMTrainer
+    raise ValueError(f"kind={kind!r}: use sft, dpo or rm")
 
 
 class OfflineTrainWorker(Worker):

@@ -62,7 +62,7 @@ class OfflineTrainer:
     A subclass sets :attr:`kind`, builds ``self.train_loader`` (yielding lists of
     micro-batches) in :meth:`build_data`, and implements :meth:`train_step` and
     :meth:`evaluate` (and :meth:`prepare`, run at the end of ``__init__``, if it needs the
-    built model).
+    built model; :meth:`build_model` if it trains something other than a causal LM).
 
     Args:
         config: an :class:`~verl.config.SFTConfig` or :class:`~verl.config.DPOConfig`.
@@ -119,16 +119,7 @@ class OfflineTrainer:
         steps_per_epoch = len(self.train_loader)
         self.total_steps = t.total_training_steps or steps_per_epoch * t.total_epochs
 
-        if model is None:
-            model = load_causal_lm(
-                m.path,
-                dtype=resolve_dtype(m.dtype),
-                trust_remote_code=m.trust_remote_code,
-                override_config=m.override_config,
-            )
-        lora = lora_spec_from_config(m)
-        if lora is not None:  # only the adapters train; DPO's reference is the initial model
-            model = apply_lora(model, lora)
+        model = self.build_model(model)
         checkpoint_if_configured(
             model,
             m.enable_gradient_checkpointing,
@@ -174,6 +165,22 @@ class OfflineTrainer:
     def build_data(self) -> None:
         """Set ``self.train_loader`` (and any validation data)."""
         raise NotImplementedError
+
+    def build_model(self, model: torch.nn.Module | None) -> torch.nn.Module:
+        """The module to train: ``model``, or ``model.path`` loaded as a causal LM; with
+        LoRA adapters when ``model.lora_rank > 0``."""
+        m = self.config.model
+        if model is None:
+            model = load_causal_lm(
+                m.path,
+                dtype=resolve_dtype(m.dtype),
+                trust_remote_code=m.trust_remote_code,
+                override_config=m.override_config,
+            )
+        lora = lora_spec_from_config(m)
+        if lora is not None:  # only the adapters train; DPO's reference is the initial model
+            model = apply_lora(model, lora)
+        return model
 
     def prepare(self) -> None:
         """Work done once the model is built, before any update (e.g. reference log-probs)."""
