@@ -147,3 +147,20 @@ def test_hydra_config_path_and_name(tmp_path, monkeypatch, capsys: pytest.Captur
 
     argv = ["--config-path=config", "--config-name=sft_trainer", "--validate-only"]
     assert main_sft.main(argv) == 0
+
+
+def test_a_run_error_is_one_line_and_exit_1(tmp_path, capsys: pytest.CaptureFixture[str]):
+    """A run that cannot start or go on for a reason its message explains (here a run lock
+    path someone made a directory) ends with that message, not a traceback."""
+    (tmp_path / ".verl-run.lock").mkdir()
+    rc = main_ppo.main(
+        [
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.log_dir={tmp_path}",
+            "trainer.logger=[]",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == main_ppo.EXIT_RUN_ERROR == 1
+    assert err.startswith("error: ") and ".verl-run.lock" in err
+    assert "Traceback" not in err

@@ -22,6 +22,8 @@ from verl.config import ConfigError, TrainerConfig, load_config, to_yaml
 from verl.config.load import ConfigProblem
 
 EXIT_CONFIG_ERROR = 2
+# the run stopped on an error its message explains (checkpoint, run lock, divergence)
+EXIT_RUN_ERROR = 1
 
 
 def add_config_file_args(parser: argparse.ArgumentParser) -> None:
@@ -153,8 +155,8 @@ def format_results(results: dict, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Command-line entry; returns the exit code (0 ok, 2 bad config, 128 + N stopped by
-    signal N: 143 SIGTERM, 130 SIGINT)."""
+    """Command-line entry; returns the exit code (0 ok, 1 a run error its message explains,
+    2 bad config, 128 + N stopped by signal N: 143 SIGTERM, 130 SIGINT)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv, prog)
@@ -177,14 +179,22 @@ def execute(
     if args.validate_only:
         print("config OK")
         return 0
-    from verl.trainer.stopping import RunInterrupted
+    from verl.engine.base import NonFiniteLossError
+    from verl.trainer.checkpoint import CheckpointError
+    from verl.trainer.run_lock import RunLockError
+    from verl.trainer.stopping import RunInterrupted, TrainingDivergedError
 
+    # errors whose message says all a user needs (which file, which step, what to do)
+    run_errors = (CheckpointError, RunLockError, NonFiniteLossError, TrainingDivergedError)
     start = time.perf_counter()
     try:
         results = run(cfg)
     except RunInterrupted as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
+    except run_errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUN_ERROR
     print(report(results, time.perf_counter() - start))
     return 0
 
