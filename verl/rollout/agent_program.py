@@ -216,6 +216,8 @@ class AgentProgramRollout:
         concurrency: agents running at once, >= 1.
         timeout_s: seconds an agent may run, > 0.
         max_requests: model requests one agent may make; more are refused (429).
+        max_prompt_length: the longest first prompt of a trajectory (an agent writes its
+            own prompt) and the output's prompt width; None: the input's prompt width.
         eos_token_ids / pad_token_id: default to the engine's, else the tokenizer's.
     """
 
@@ -228,6 +230,7 @@ class AgentProgramRollout:
         concurrency: int = 16,
         timeout_s: float = 300.0,
         max_requests: int = 64,
+        max_prompt_length: int | None = None,
         eos_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
     ) -> None:
@@ -242,6 +245,7 @@ class AgentProgramRollout:
         self.agent = agent if isinstance(agent, AgentSpec) else load_agent(program=agent)
         self.concurrency = concurrency
         self.timeout_s = float(timeout_s)
+        self.max_prompt_length = max_prompt_length
         engine = getattr(generator, "engine", None)
         if eos_token_ids is None:
             eos_token_ids = list(getattr(engine, "eos_token_ids", None) or [])
@@ -273,7 +277,7 @@ class AgentProgramRollout:
         :data:`AGENT_KEYS` and ``extra_info`` with the agent's reward."""
         input_ids, attention_mask, _ = validate_prompts(prompts)
         base_url = self.endpoint.start()
-        width = input_ids.shape[1]
+        width = max(input_ids.shape[1], self.max_prompt_length or 0)
         non_tensor = getattr(prompts, "non_tensor_batch", None) or {}
         runs = []
         for row, (ids, mask) in enumerate(zip(input_ids.cpu(), attention_mask.cpu())):
@@ -833,4 +837,5 @@ def build_agent_program(config: Any, rollout: Any, tokenizer: Any) -> AgentProgr
         concurrency=agent_cfg.concurrency,
         timeout_s=agent_cfg.timeout_s,
         max_requests=agent_cfg.max_requests,
+        max_prompt_length=config.data.max_prompt_length,
     )

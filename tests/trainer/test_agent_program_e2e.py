@@ -1,0 +1,52 @@
+"""GRPO on an agent program end to end: the calculator task as a plain OpenAI-client agent
+(examples/agents/calculator_agent.py) trains 2 steps through RLTrainer on the tiny model."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import pytest
+
+from verl.trainer.ppo_trainer import RLTrainer
+
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "calculator_agent.py"
+
+
+@pytest.mark.slow
+def test_grpo_trains_the_calculator_agent(rl_config):
+    cfg = rl_config(
+        f"actor_rollout_ref.rollout.agent.program={AGENT}:calculator_agent",
+        "actor_rollout_ref.rollout.agent.concurrency=8",
+        "actor_rollout_ref.rollout.agent.timeout_s=120",
+        "reward_model.reward_manager=agent",
+        "data.max_prompt_length=256",
+        "data.max_response_length=160",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+    )
+    trainer = RLTrainer(cfg)
+    try:
+        gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))
+        non = gen.non_tensor_batch
+        assert non["agent_status"].tolist() == ["ok"] * len(gen)
+        # every row's prompt is the agent's own (its system message), its response the
+        # model's turns (trained) and the tool results (not trained)
+        assert all(
+            "You have a calculator" in m
+            for m in trainer.tokenizer.batch_decode(gen.batch["prompts"], skip_special_tokens=True)
+        )
+        assert int(gen.batch["response_mask"].sum(-1).min()) > 0
+        assert set(gen.non_tensor_batch["score"].tolist()) <= {0.0, 1.0}
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.global_step == 2
+    for metrics in trainer.history:
+        assert metrics["agent/ok"] == 8 and metrics["agent/errors"] == 0
+        assert metrics["agent/requests_mean"] >= 1
+        assert math.isfinite(metrics["actor/pg_loss"])
+        # exact ids across turns: the trainer's log-probs are the rollout's
+        assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
+    assert not [t for t in threading.enumerate() if t.name.startswith("verl-openai")]
