@@ -535,3 +535,29 @@ def test_the_agent_reward_manager(tokenizer):
     scores, metrics, _ = manager(batch)
     assert scores.sum(-1).tolist() == [0.75, 1.0, 0.0, -1.0]
     assert metrics[f"reward/{ERROR}"] == 1
+
+
+def test_an_engine_error_stops_the_step_and_answers_the_agents(tokenizer):
+    def broken(context):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    statuses: list[int] = []
+
+    def agent(base_url, api_key, task):
+        client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        try:
+            client.chat.completions.create(model="m", messages=task["messages"])
+        except openai.APIStatusError as exc:
+            statuses.append(exc.status_code)
+
+    rollout = AgentProgramRollout(Scripted(broken), tokenizer, agent, timeout_s=30)
+    try:
+        with pytest.raises(RuntimeError, match="simulated"):
+            rollout.run(chat_batch(tokenizer, ["q"]), SamplingParams(n=2, max_new_tokens=8))
+        for thread in agent_threads():
+            if thread.name.startswith("verl-agent"):
+                thread.join(10)
+        assert statuses == [500, 500]
+    finally:
+        rollout.close()
+    assert not agent_threads()

@@ -520,6 +520,20 @@ class AgentProgramRollout:
     def _serve(
         self, batch: list[PendingRequest], params: SamplingParams, width: int, rounds: int
     ) -> None:
+        """Answer a batch of requests; on an error of the engine (or of this code) every
+        request of the batch still open is answered with 500 and the error is raised."""
+        try:
+            self._serve_batch(batch, params, width, rounds)
+        except BaseException:
+            for p in batch:
+                p.refuse(
+                    RequestRefused(500, "the rollout engine failed", "engine_error", "server_error")
+                )
+            raise
+
+    def _serve_batch(
+        self, batch: list[PendingRequest], params: SamplingParams, width: int, rounds: int
+    ) -> None:
         groups: dict[tuple[str, ...], list[_Job]] = {}
         for p in batch:
             try:
@@ -541,18 +555,11 @@ class AgentProgramRollout:
                     *(s for s in stops if s not in params.stop_strings),
                 ],
             )
-            try:
-                outs = self.generator.generate_turns(
-                    [j.context.ids for j in jobs], [j.budget for j in jobs], turn_params
-                )
-            except BaseException:
-                for job in jobs:
-                    job.pending.refuse(
-                        RequestRefused(
-                            500, "the rollout engine failed", "engine_error", "server_error"
-                        )
-                    )
-                raise
+            outs = self.generator.generate_turns(
+                [j.context.ids for j in jobs], [j.budget for j in jobs], turn_params
+            )
+            if len(outs) != len(jobs):
+                raise RuntimeError(f"generate_turns returned {len(outs)} turns for {len(jobs)}")
             for job, out in zip(jobs, outs):
                 self._answer(job, list(out.ids), [float(x) for x in out.log_probs], turn_params)
 
