@@ -36,6 +36,7 @@ from verl.compat.aliases import (
     translate_override,
     translate_tree,
 )
+from verl.utils.import_path import NotImportableError, import_path
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +165,35 @@ def parse_value(text: str) -> Any:
     return "" if text == "" else load_yaml_text(text)
 
 
+def plain(value: Any, *, exact: bool = False) -> Any:
+    """``value`` as YAML can write it: config sections (dataclasses) as mappings in field
+    order, tuples as lists, and a callable as its import path ``module:qualname``
+    (``verl.utils.import_path``). A callable without one raises ``NotImportableError`` when
+    ``exact`` (what is written must read back), else is shown as its ``repr``."""
+    if callable(value):
+        try:
+            return import_path(value)
+        except NotImportableError:
+            if exact:
+                raise
+            return repr(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain(getattr(value, f.name), exact=exact) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, Mapping):
+        return {k: plain(v, exact=exact) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, exact=exact) for v in value]
+    return value
+
+
 def show(value: Any, *, exact: bool = False) -> str:
-    """A value as the user would write it on the command line / in YAML flow style. Unless
-    ``exact`` (what is written must read back), a long value is cut (:func:`_cut`) so that
-    a message quoting it stays short."""
+    """A value as the user would write it on the command line / in YAML flow style
+    (:func:`plain`: sections as mappings, callables as ``module:qualname``). Unless
+    ``exact``, a long value is cut (:func:`_cut`) so that a message quoting it stays short."""
     if exact:
-        return _dump(value)
+        return _dump(value, exact=True)
     text = _dump(_cut(value))
     return text if len(text) <= SHOW_LIMIT else f"{text[:SHOW_LIMIT]}... (cut)"
 
@@ -194,9 +218,13 @@ def _cut(value: Any, items: int = 20) -> Any:
     return value
 
 
-def _dump(value: Any) -> str:
+def _dump(value: Any, *, exact: bool = False) -> str:
     dumped = yaml.dump(
-        [value], Dumper=ConfigDumper, default_flow_style=True, width=10**9, sort_keys=False
+        [plain(value, exact=exact)],
+        Dumper=ConfigDumper,
+        default_flow_style=True,
+        width=10**9,
+        sort_keys=False,
     ).strip()
     # Dumping inside a one-element list forces flow style; strip that list's brackets.
     return dumped[1:-1]
@@ -210,7 +238,7 @@ def to_yaml(cfg: Any, *, comments: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _emit(obj: Any, depth: int, lines: list[str], comments: bool) -> None:
+def _emit(obj: Any, depth: int, lines: list[str], comments: bool, prefix: str = "") -> None:
     pad = "  " * depth
     hints = field_types(type(obj))
     for f in dataclasses.fields(obj):
@@ -221,9 +249,17 @@ def _emit(obj: Any, depth: int, lines: list[str], comments: bool) -> None:
             lines.append(f"{pad}# {f.metadata['help']}")
         if section_class(hints[f.name]) is not None and dataclasses.is_dataclass(value):
             lines.append(f"{pad}{f.name}:")
-            _emit(value, depth + 1, lines, comments)
+            _emit(value, depth + 1, lines, comments, f"{prefix}{f.name}.")
         else:
-            lines.append(f"{pad}{f.name}: {show(value, exact=True)}")
+            try:
+                text = show(value, exact=True)
+            except NotImportableError as exc:
+                key = f"{prefix}{f.name}"
+                message = (
+                    f"{key} cannot be written as YAML (the run's config and checkpoints): {exc}"
+                )
+                raise ConfigError([ConfigProblem(key, message, (key,))]) from exc
+            lines.append(f"{pad}{f.name}: {text}")
 
 
 # --------------------------------------------------------------------------- typed build
@@ -338,7 +374,10 @@ class _Builder:
                 self.problems.append(ConfigProblem(f"{prefix}{key}", message, (f"{prefix}{key}",)))
         else:
             expected = f"a {cls.__name__} instance" if self.strict else "a mapping of keys"
-            self.fail(path, f"{path or 'config'}={show(value)}: expected {expected} (a section)")
+            hint = getattr(cls, "not_a_section_hint", lambda _: "")(value)  # e.g. ToolConfig
+            self.fail(
+                path, f"{path or 'config'}={show(value)}: expected {expected} (a section){hint}"
+            )
             return cls()
         defaults = base if isinstance(base, cls) else cls()
         kwargs = {

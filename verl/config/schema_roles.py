@@ -11,6 +11,7 @@ Key names follow upstream verl where the same setting exists (``ppo_mini_batch_s
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -305,10 +306,57 @@ class ValKwargsConfig:
 
 @dataclass
 class ToolConfig:
-    """One tool of multi-turn rollouts: a function (or ``verl.tools.Tool``) in a file."""
+    """One tool of multi-turn rollouts: a function (or ``verl.tools.Tool``) in a file or a
+    module. In Python, :meth:`from_function` (or a function put in ``MultiTurnConfig.tools``)
+    makes one from the function itself, written as its import path ``module:qualname``."""
 
-    path: str = entry("builtin", "Python file defining the tool; builtin = verl's own tools")
-    name: str = entry("calculator", "the function's name (builtin: calculator, python)")
+    path: str = entry(
+        "builtin",
+        "Python file defining the tool, or an import path module:qualname; "
+        "builtin = verl's own tools",
+    )
+    name: str = entry("calculator", "the tool's name (builtin: calculator, python)")
+
+    @classmethod
+    def from_function(cls, fn: Any, name: str | None = None) -> ToolConfig:
+        """The entry of a tool function (or ``verl.tools.Tool``) defined at the top level of
+        an importable module (``path: module:qualname``) or of a file loaded by verl
+        (``path: file.py``). The config is written as YAML into every checkpoint, so a
+        function with no such form (a lambda, a nested function, one defined in the script
+        being run) raises ``ValueError`` saying so."""
+        from verl.utils.import_path import NotImportableError, import_path
+
+        tool_name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None)
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        source = getattr(module, "__file__", None)
+        if (  # loaded from a file by verl (verl.utils.file_import): name the file
+            getattr(module, "__name__", "").startswith("_verl_")
+            and source
+            and getattr(fn, "__qualname__", None) == tool_name
+        ):
+            return cls(path=source, name=tool_name)
+        try:
+            return cls(path=import_path(fn), name=tool_name)
+        except NotImportableError as exc:
+            raise ValueError(
+                f"multi_turn.tools: the tool {tool_name!r} cannot be written into the run's "
+                f"config (saved as YAML in every checkpoint; a resumed run and each worker "
+                f"load the tool from it): {exc}. Or set multi_turn.tools=[{{path: file.py, "
+                f"name: {tool_name}}}]"
+            ) from exc
+
+    @staticmethod
+    def not_a_section_hint(value: Any) -> str:
+        """The end of the validation message for a ``tools`` item that is not an entry."""
+        if not callable(value):
+            return ""
+        try:
+            fixed = ToolConfig.from_function(value)
+        except ValueError as exc:
+            return f"; {exc}"
+        return (
+            f"; write ToolConfig.from_function(fn), i.e. {{path: {fixed.path}, name: {fixed.name}}}"
+        )
 
 
 @dataclass
@@ -330,9 +378,18 @@ class MultiTurnConfig:
     max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut", ge=1)
     tools: list[ToolConfig] = entry([], "tools the model may call: a list of {path, name}")
     tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error", gt=0)
+    max_parallel_tool_calls: int = entry(
+        8, "tool calls run at once per rollout worker; the others of a round wait", ge=1
+    )
     interaction: InteractionConfig = entry(
         InteractionConfig, "replies to a turn without a tool call (feedback, or the end)"
     )
+
+    def __post_init__(self) -> None:
+        # A function (or verl.tools.Tool) given in Python becomes its {path, name} entry; one
+        # that has no such form stays, and validation refuses it (ToolConfig.not_a_section_hint).
+        if isinstance(self.tools, (list, tuple)):
+            self.tools = [_tool_entry(t) for t in self.tools]
 
 
 @dataclass
@@ -358,6 +415,15 @@ class AgentProgramConfig:
     def enable(self) -> bool:
         """Whether rollouts run an agent program (``program`` or ``command`` set)."""
         return bool(self.program) or bool(self.command)
+
+
+def _tool_entry(item: Any) -> Any:
+    if isinstance(item, ToolConfig) or not callable(item):
+        return item
+    try:
+        return ToolConfig.from_function(item)
+    except ValueError:
+        return item
 
 
 @dataclass

@@ -8,22 +8,51 @@ function called with the call's ``arguments`` as keyword arguments, returning te
 ``schema`` attribute when it has one, else it is derived from its type hints and its
 Google-style docstring (``transformers.utils.get_json_schema``). :func:`load_tool` does the
 same for ``name`` in a Python file (``multi_turn.tools: [{path, name}]`` in the config),
-importing the file as a fresh module, like custom reward functions.
+importing the file as a fresh module, like custom reward functions, or for an import path
+``path: module:qualname``.
 
 The agent loop (``verl.rollout.agent_loop``) runs tools with a timeout and turns anything
-that goes wrong (an exception, a timeout, a result that is not text) into an error message
-for the model; tools need not guard themselves.
+that goes wrong (an exception, ``SystemExit`` and ``KeyboardInterrupt`` included, a
+timeout, a result that is not text) into an error message for the model; tools need not
+guard themselves. A tool that starts a process or waits on something should stop by
+:func:`time_left` (the seconds until its call's deadline): a thread cannot be killed, so a
+call that never returns holds one of the loop's tool threads for good (the built-in
+``python`` tool bounds its sandbox by it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from verl.utils.file_import import load_callable
+from verl.utils.import_path import is_import_path, resolve_import_path
 
-__all__ = ["Tool", "load_tool", "tool_from_function"]
+__all__ = ["Tool", "call_deadline", "load_tool", "time_left", "tool_from_function"]
+
+_CALL = threading.local()
+
+
+def time_left() -> float | None:
+    """Seconds until the deadline of the tool call running in this thread (may be <= 0),
+    or None outside a call the agent loop made."""
+    deadline = getattr(_CALL, "deadline", None)
+    return None if deadline is None else deadline - time.monotonic()
+
+
+@contextlib.contextmanager
+def call_deadline(deadline: float) -> Iterator[None]:
+    """Within the block, :func:`time_left` counts down to ``deadline`` (``time.monotonic``)."""
+    before = getattr(_CALL, "deadline", None)
+    _CALL.deadline = deadline
+    try:
+        yield
+    finally:
+        _CALL.deadline = before
 
 
 @dataclass(frozen=True)
@@ -81,8 +110,10 @@ def load_tool(path: str, name: str) -> Tool:
     """The tool ``name`` of the Python file ``path`` (a function, or a ready :class:`Tool`).
 
     ``path`` may be ``builtin`` for the tools shipped with verl (``calculator``,
-    ``python``). Raises ``FileNotFoundError``, ``ImportError`` or ``AttributeError`` naming
-    the file and what it defines.
+    ``python``), or an import path ``module:qualname`` (what
+    ``ToolConfig.from_function`` writes for a function given in Python); ``name`` is then
+    the tool's name. Raises ``FileNotFoundError``, ``ImportError`` or ``AttributeError``
+    naming the file or module and what it defines.
     """
     if path == "builtin":
         from verl.tools import BUILTIN_TOOLS
@@ -92,6 +123,11 @@ def load_tool(path: str, name: str) -> Tool:
                 f"no built-in tool {name!r}; built-in tools: {sorted(BUILTIN_TOOLS)}"
             )
         return BUILTIN_TOOLS[name]()
+    if is_import_path(path):
+        obj = resolve_import_path(path)
+        if not callable(obj):
+            raise TypeError(f"tool {path!r} is a {type(obj).__name__}, not a callable")
+        return obj if isinstance(obj, Tool) else tool_from_function(obj, name)
     _, obj = load_callable(
         path, name, "tool file", "set multi_turn.tools[].path to an existing .py file, or 'builtin'"
     )

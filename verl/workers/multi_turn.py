@@ -50,5 +50,6 @@ def build_agent_loop(config: TrainerConfig, rollout: RolloutEngine, tokenizer: A
         max_turns=mt_cfg.max_turns,
         max_tool_response_tokens=mt_cfg.max_tool_response_tokens,
         tool_timeout=mt_cfg.tool_timeout,
+        max_parallel_tool_calls=mt_cfg.max_parallel_tool_calls,
         interaction=interaction,
     )
