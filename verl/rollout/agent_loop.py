@@ -7,7 +7,9 @@ append their results as ``tool`` messages; continue, up to ``max_turns`` model t
 
 **Exact ids.** The context of a turn is the prompt's ids followed by every id produced so
 far, model and tool alike; nothing is decoded and re-encoded. Tool messages are appended
-as the chat template's delta (:class:`~verl.rollout.tool_calls.ChatDeltaRenderer`).
+as the chat template's delta (:class:`~verl.rollout.tool_calls.ChatDeltaRenderer`), in
+which the text of tool results and interaction replies is plain text: a special token
+written inside it (``<|im_end|>``) is not a turn boundary.
 
 **Interaction.** An optional ``interaction`` (``verl.tools.interaction``) is the
 environment: after a model turn without a tool call it is called with the conversation so
@@ -25,19 +27,30 @@ ends with model tokens: when a tool result would not leave room for one more mod
 the sample ends before it.
 
 **Concurrency.** The loop runs in rounds: one batched ``generate_turns`` call for every
-sample still running, then every tool call of the round at once, each in a daemon thread
-bounded by ``tool_timeout``. A finished sample leaves the batch, so a batch where one
-sample takes 5 turns and the others 1 costs one full round and four rounds of one sample.
-Rounds keep rollouts reproducible for a fixed seed whatever the tools' timing; continuous
-batching belongs to asynchronous backends.
+sample still running, then the tool calls of the round, at most
+``max_parallel_tool_calls`` at a time (daemon threads started for the round; the others
+wait for a free one), all within ``tool_timeout`` of the round's start. A finished sample
+leaves the batch, so a batch where one sample takes 5 turns and the others 1 costs one
+full round and four rounds of one sample. Rounds keep rollouts reproducible for a fixed
+seed whatever the tools' timing; continuous batching belongs to asynchronous backends.
 
-**Failures never end the step.** A malformed call, an unknown tool, a tool that raises,
-runs past ``tool_timeout`` or returns something other than text gives the model an
-``Error: ...`` message as the tool's result, and is counted (``num_tool_errors``,
-``num_tool_timeouts`` per sample; :func:`multi_turn_metrics`). A thread cannot be killed:
-a timed-out Python tool keeps running in the background until it returns, so tools that
-may hang for good should bound themselves (the built-in ``python`` tool runs a subprocess
-with its own limits).
+**Failures never end the step.** A malformed call (including one past the parser's
+bounds: ``verl.rollout.tool_calls``), an unknown tool, a tool that raises (``SystemExit``
+and ``KeyboardInterrupt`` included: raised in a tool thread they are the tool's, while a
+real Ctrl-C reaches the driver's main thread and stops the run), runs past
+``tool_timeout`` or returns something other than text gives the model an ``Error: ...``
+message as the tool's result, and is counted (``num_tool_errors``, of which
+``num_tool_parse_errors`` could not be read as calls, and ``num_tool_timeouts`` per
+sample; :func:`multi_turn_metrics`). A call that has not started by the deadline never
+starts. A thread cannot be killed: a timed-out Python tool keeps its thread until it
+returns, and such threads count against ``max_parallel_tool_calls`` (when all are held,
+later calls fail at once), so the loop never holds more tool threads than that. Tools that
+may hang should stop by ``verl.tools.base.time_left()``; the built-in ``python`` tool
+kills its sandbox at the call's deadline.
+
+**Bounded results.** A tool result is cut to ``max_tool_response_tokens`` *
+:data:`BYTES_PER_TOKEN` bytes of UTF-8 before it is tokenized (a 50 MB result costs a
+slice, not a tokenization), then to ``max_tool_response_tokens`` tokens.
 
 The loop drives any backend through :class:`TurnGenerator` (a context of ids in, the new
 ids and their log-probs out); :class:`EngineTurnGenerator` adapts every
@@ -46,7 +59,9 @@ ids and their log-probs out); :class:`EngineTurnGenerator` adapts every
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +78,9 @@ from verl.rollout.base import (
     validate_prompts,
 )
 from verl.rollout.tool_calls import TOOL_CALL_END, ChatDeltaRenderer, ToolCall, parse_tool_calls
+from verl.tools.base import call_deadline
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AgentLoop",
@@ -78,10 +96,15 @@ TRAJECTORY_KEYS = (
     "num_turns",
     "num_tool_calls",
     "num_tool_errors",
+    "num_tool_parse_errors",
     "num_tool_timeouts",
     "num_interaction_turns",
     "turn_info",
 )
+# A tool result is cut to max_tool_response_tokens * BYTES_PER_TOKEN bytes before it is
+# tokenized: far more than the tokens kept need (a token averages ~4 bytes of text).
+BYTES_PER_TOKEN = 16
+DEFAULT_MAX_PARALLEL_TOOL_CALLS = 8
 # Per-prompt columns of the prompts' non_tensor_batch an interaction receives.
 CONTEXT_KEYS = ("data_source", "ground_truth", "extra_info")
 
@@ -152,6 +175,7 @@ class _ToolResult:
     text: str
     error: bool = False
     timed_out: bool = False
+    parse_error: bool = False  # the model's block could not be read as a call
 
 
 @dataclass
@@ -164,6 +188,7 @@ class _Sample:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    tool_parse_errors: int = 0
     tool_timeouts: int = 0
     interaction_turns: int = 0
     # one dict per model turn: its token count, the tools it called and how each call
@@ -190,8 +215,11 @@ class AgentLoop:
             (:class:`verl.tools.Tool`); names must be unique.
         max_turns: model turns per sample, >= 1 (the last one gets no tool results).
         max_tool_response_tokens: a tool result longer than this is cut (token count of
-            the result text, before the template wraps it).
+            the result text, before the template wraps it; first cut to this many times
+            :data:`BYTES_PER_TOKEN` bytes).
         tool_timeout: seconds a round's tool calls may run.
+        max_parallel_tool_calls: tool calls that run at once (threads of this loop,
+            including those still held by calls that timed out), >= 1.
         eos_token_ids: end-of-turn ids (default: the generator's engine's, else the
             tokenizer's eos).
         interaction: the environment's reply to a turn without a tool call,
@@ -210,6 +238,7 @@ class AgentLoop:
         tool_timeout: float = 10.0,
         eos_token_ids: list[int] | None = None,
         interaction: Callable[..., str | None] | None = None,
+        max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"multi_turn.max_turns={max_turns} must be >= 1")
@@ -219,6 +248,13 @@ class AgentLoop:
             )
         if not tool_timeout > 0:
             raise ValueError(f"multi_turn.tool_timeout={tool_timeout} must be > 0 seconds")
+        if max_parallel_tool_calls < 1:
+            raise ValueError(
+                f"multi_turn.max_parallel_tool_calls={max_parallel_tool_calls} must be >= 1"
+            )
+        self.max_parallel_tool_calls = max_parallel_tool_calls
+        # tool threads of earlier rounds whose call timed out and has not returned yet
+        self._held: set[threading.Thread] = set()
         self.tools = {}
         for tool in tools:
             if tool.name in self.tools:
@@ -345,6 +381,7 @@ class AgentLoop:
     ) -> None:
         sample.tool_calls += len(calls)
         sample.tool_errors += sum(r.error for r in results)
+        sample.tool_parse_errors += sum(r.parse_error for r in results)
         sample.tool_timeouts += sum(r.timed_out for r in results)
         sample.turn_info[-1]["tool_status"] = [
             "timeout" if r.timed_out else "error" if r.error else "ok" for r in results
@@ -361,25 +398,41 @@ class AgentLoop:
         sample.append(delta, False)
 
     def _cut(self, text: str) -> str:
-        ids = self.renderer.encode(text)
-        if len(ids) <= self.max_tool_response_tokens:
+        """``text`` within ``max_tool_response_tokens``: first cut in bytes (cheap, whatever
+        the length), then in tokens of its plain-text encoding."""
+        max_bytes = self.max_tool_response_tokens * BYTES_PER_TOKEN
+        head = text[:max_bytes].encode("utf-8", "replace")  # a char is >= 1 byte
+        cut = len(text) > max_bytes or len(head) > max_bytes
+        if cut:
+            text = head[:max_bytes].decode("utf-8", "ignore")  # drops a split last char
+        ids = self.renderer.encode_plain(text)
+        if len(ids) <= self.max_tool_response_tokens and not cut:
             return text
-        kept = self.tokenizer.decode(ids[: self.max_tool_response_tokens])
-        return kept + "...(truncated)"
+        if len(ids) > self.max_tool_response_tokens:
+            text = self.tokenizer.decode(ids[: self.max_tool_response_tokens])
+        return text + "...(truncated)"
 
     # ------------------------------------------------------------------ tools
-    def _call(self, call: ToolCall) -> _ToolResult:
+    def _refusal(self, call: ToolCall) -> _ToolResult | None:
+        """The result of a call that is not run (malformed, or no such tool), else None."""
         if call.error is not None:
-            return _ToolResult(f"Error: {call.error}", error=True)
-        tool = self.tools.get(call.name)
-        if tool is None:
+            return _ToolResult(f"Error: {call.error}", error=True, parse_error=True)
+        if call.name not in self.tools:
             return _ToolResult(
                 f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}", error=True
             )
+        return None
+
+    def _call(self, call: ToolCall) -> _ToolResult:
+        refused = self._refusal(call)
+        if refused is not None:
+            return refused
         try:
-            value = tool(**call.arguments)
-        except Exception as exc:  # a tool's failure is the model's information, not a crash
-            return _ToolResult(f"Error: {type(exc).__name__}: {exc}", error=True)
+            value = self.tools[call.name](**call.arguments)
+        except BaseException as exc:  # the tool's failure is the model's information
+            # SystemExit / KeyboardInterrupt here were raised by the tool in its own thread
+            # (a real Ctrl-C reaches the main thread, waiting in _run_tools, and stops the run)
+            return _ToolResult(f"Error: {type(exc).__name__}: {exc}"[:2000], error=True)
         if not isinstance(value, str):
             return _ToolResult(
                 f"Error: tool {call.name!r} returned {type(value).__name__}, not text",
@@ -388,31 +441,74 @@ class AgentLoop:
         return _ToolResult(value)
 
     def _run_tools(self, calls: list[ToolCall]) -> list[_ToolResult]:
-        """Run every call at once, each in a daemon thread; wait at most ``tool_timeout``."""
-        slots: list[_ToolResult | None] = [None] * len(calls)
+        """Run the calls, at most ``max_parallel_tool_calls`` at once (threads started for
+        this round, which end when the queue is empty); wait at most ``tool_timeout``."""
+        results: list[_ToolResult | None] = [self._refusal(c) for c in calls]
+        queue = collections.deque(i for i, r in enumerate(results) if r is None)
+        if not queue:
+            return results  # type: ignore[return-value]
+        self._held = {t for t in self._held if t.is_alive()}
+        free = self.max_parallel_tool_calls - len(self._held)
+        deadline = time.monotonic() + self.tool_timeout
+        lock, stop = threading.Lock(), threading.Event()
+        started: set[int] = set()
 
-        def work(i: int) -> None:
-            slots[i] = self._call(calls[i])
+        def work() -> None:
+            with call_deadline(deadline):
+                while not stop.is_set():
+                    with lock:
+                        if not queue:
+                            return
+                        i = queue.popleft()
+                        started.add(i)
+                    results[i] = self._call(calls[i])
 
         threads = [
-            threading.Thread(target=work, args=(i,), daemon=True, name=f"verl-tool-{i}")
-            for i in range(len(calls))
+            threading.Thread(target=work, daemon=True, name=f"verl-tool-{k}")
+            for k in range(min(free, len(queue)))
         ]
-        deadline = time.monotonic() + self.tool_timeout
         for thread in threads:
             thread.start()
-        for thread in threads:
+        for thread in threads:  # a Ctrl-C of the driver interrupts this wait
             thread.join(max(0.0, deadline - time.monotonic()))
-        results = []
-        for call, slot in zip(calls, slots):
-            if slot is None:
-                slot = _ToolResult(
+        with lock:
+            stop.set()  # calls not started by now never start
+            never_started = set(queue)
+            queue.clear()
+        held = {t for t in threads if t.is_alive()}
+        if held:
+            logger.warning(
+                "%d tool call(s) ran past multi_turn.tool_timeout=%gs; their threads stay "
+                "until the calls return (%d of max_parallel_tool_calls=%d held)",
+                len(held),
+                self.tool_timeout,
+                len(held | self._held),
+                self.max_parallel_tool_calls,
+            )
+        self._held |= held
+        out = []
+        for i, (call, result) in enumerate(zip(calls, results)):
+            if result is None and i in never_started:
+                why = (
+                    f"all {self.max_parallel_tool_calls} tool threads are held by calls that "
+                    "timed out earlier"
+                    if not threads
+                    else f"at most {self.max_parallel_tool_calls} calls run at once"
+                )
+                result = _ToolResult(
+                    f"Error: tool {call.name!r} did not start within {self.tool_timeout:g} s "
+                    f"({why})",
+                    error=True,
+                    timed_out=True,
+                )
+            elif result is None:
+                result = _ToolResult(
                     f"Error: tool {call.name!r} timed out after {self.tool_timeout:g} s",
                     error=True,
                     timed_out=True,
                 )
-            results.append(slot)
-        return results
+            out.append(result)
+        return out
 
     # ------------------------------------------------------------------ output
     def _assemble(
@@ -446,6 +542,7 @@ class AgentLoop:
             "num_turns": [s.turns for s in samples],
             "num_tool_calls": [s.tool_calls for s in samples],
             "num_tool_errors": [s.tool_errors for s in samples],
+            "num_tool_parse_errors": [s.tool_parse_errors for s in samples],
             "num_tool_timeouts": [s.tool_timeouts for s in samples],
             "num_interaction_turns": [s.interaction_turns for s in samples],
             "turn_info": [s.turn_info for s in samples],
@@ -465,6 +562,7 @@ def multi_turn_metrics(non_tensor: Any) -> dict[str, float]:
     turns = np.asarray(non_tensor["num_turns"], dtype=np.float64)
     calls = np.asarray(non_tensor["num_tool_calls"], dtype=np.float64)
     errors = np.asarray(non_tensor["num_tool_errors"], dtype=np.float64)
+    parse_errors = np.asarray(non_tensor.get("num_tool_parse_errors", [0]), dtype=np.float64)
     timeouts = np.asarray(non_tensor["num_tool_timeouts"], dtype=np.float64)
     replies = np.asarray(non_tensor.get("num_interaction_turns", [0]), dtype=np.float64)
     return {
@@ -473,6 +571,7 @@ def multi_turn_metrics(non_tensor: Any) -> dict[str, float]:
         "multi_turn/tool_calls": float(calls.sum()),
         "multi_turn/tool_calls_mean": float(calls.mean()),
         "multi_turn/tool_errors": float(errors.sum()),
+        "multi_turn/tool_parse_errors": float(parse_errors.sum()),
         "multi_turn/tool_timeouts": float(timeouts.sum()),
         "multi_turn/interaction_turns": float(replies.sum()),
         "multi_turn/interaction_turns_mean": float(replies.mean()),

@@ -4,13 +4,15 @@ The code runs through :func:`verl.rewards.sandbox.run_python`: a fresh temporary
 directory, a wall-clock and CPU limit, an address-space limit, no network, and (where the
 kernel allows) private namespaces and filesystem; the child dies with the thread that
 started it. The tool returns what the program printed (stdout, then stderr when it
-failed), cut to ``max_output_chars``.
+failed), cut to ``max_output_chars``. A run never outlasts the agent loop's deadline for
+the call (:func:`verl.tools.base.time_left`): the sandbox is killed then, so the tool's
+thread ends with the round instead of running on.
 """
 
 from __future__ import annotations
 
 from verl.rewards.sandbox import run_python
-from verl.tools.base import Tool
+from verl.tools.base import Tool, time_left
 
 __all__ = ["PYTHON_SCHEMA", "python_tool"]
 
@@ -35,7 +37,11 @@ def python_tool(timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: 
     def run(code: str) -> str:
         if not isinstance(code, str):
             raise ValueError(f"code must be a string, got {type(code).__name__}")
-        result = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
+        left = time_left()
+        limit = timeout_s if left is None else min(timeout_s, left)
+        if limit <= 0:
+            raise TimeoutError("no time left for this call")
+        result = run_python(code, timeout_s=limit, memory_mb=memory_mb)
         text = result.stdout
         if result.status != "ok":
             text += f"\n[{result.status}] {result.stderr.strip()[-max_output_chars // 2 :]}"
