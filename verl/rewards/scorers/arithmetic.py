@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from verl.rewards.scorers.extract import (
+    bounded,
     find_numbers,
     first_number,
     last_boxed,
@@ -34,13 +35,38 @@ from verl.rewards.scorers.extract import (
 
 _HASHES_RE = re.compile(r"####")
 _ANSWER_RE = re.compile(r"answer\b\s*(?:is\b)?\s*[:=]?", re.IGNORECASE)
-_TRAILING_EQUALS_RE = re.compile(r"=\s*\$?\s*(-?[\d,]+(?:\.\d+)?)\s*\$?\s*\.?\s*$")
+_END_NUMBER_RE = re.compile(r"[\d,]+(?:\.\d+)?")
 
 
 def last_marker_line(pattern: re.Pattern[str], text: str) -> str | None:
     """The rest of the line after the last match of `pattern`, or None if it never matches."""
     matches = list(pattern.finditer(text))
     return text[matches[-1].end() :].split("\n", 1)[0] if matches else None
+
+
+def _strip_end(text: str, char: str) -> str:
+    """``text`` without one trailing ``char`` and the whitespace before it."""
+    return text[:-1].rstrip() if text.endswith(char) else text
+
+
+def _trailing_equals(text: str) -> str | None:
+    """The number of an ``= N`` that ends ``text`` (``= $-1,234.5$.``), else None.
+
+    Read from the end, without a search: the optional blanks around an optional ``$``
+    made a regex search quadratic on a long run of blanks. The number is the whole run of
+    digits, commas and points before the end (nothing else may precede it but ``-``,
+    blanks, ``$`` and the ``=``)."""
+    tail = _strip_end(_strip_end(text.rstrip(), "."), "$")
+    start = len(tail)
+    while start > 0 and (tail[start - 1].isdigit() or tail[start - 1] in ",."):
+        start -= 1
+    number = tail[start:]
+    if not _END_NUMBER_RE.fullmatch(number):
+        return None
+    if start > 0 and tail[start - 1] == "-":
+        start -= 1
+    head = _strip_end(tail[:start].rstrip(), "$")
+    return tail[start:] if head.endswith("=") else None
 
 
 def _number_in_form(fragment: str) -> str | None:
@@ -69,9 +95,9 @@ def extract_answer(text: str) -> tuple[str | None, str]:
             number = _number_in_form(fragment)
             if number is not None:
                 return number, source
-    match = _TRAILING_EQUALS_RE.search(text)
-    if match:
-        number = first_number(match.group(1))
+    trailing = _trailing_equals(text)
+    if trailing is not None:
+        number = first_number(trailing)
         if number is not None:
             return number, "equals"
     number = last_number(text)
@@ -94,5 +120,5 @@ def compute_score(
     target = parse_number(ground_truth)
     if target is None:
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
-    token, _ = extract_answer(solution_str if isinstance(solution_str, str) else "")
+    token, _ = extract_answer(bounded(solution_str) if isinstance(solution_str, str) else "")
     return score_number(token, target, format_score)

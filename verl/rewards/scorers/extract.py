@@ -16,6 +16,11 @@ from fractions import Fraction
 # then an optional decimal part that needs at least one digit after the point.
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
 _FULL_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# Characters of a response the scorers read (its end): 25x a 4k-token response's text.
+MAX_SCORED_CHARS = 100_000
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\b")
+_SPACES_RE = re.compile(r"\s*")
+_BARE_TOKEN_RE = re.compile(r"\s+([^\s$]+)")
 # Characters after which "-" is a binary minus, not a sign.
 _MINUS_AFTER = re.compile(r"[\w)\]}]")
 _UNICODE_MINUSES = str.maketrans({"\u2212": "-", "\u2013": "-", "\u2012": "-"})
@@ -104,40 +109,49 @@ def score_number(token: str | None, target: Fraction, format_score: float) -> di
     }
 
 
+def bounded(text: str) -> str:
+    """The last :data:`MAX_SCORED_CHARS` characters of ``text`` (the answer is at its end):
+    what the scorers read, so that no response, however long, costs more than that."""
+    return text[-MAX_SCORED_CHARS:] if len(text) > MAX_SCORED_CHARS else text
+
+
+def matching_braces(text: str) -> dict[int, int]:
+    """``{index of a "{": index of its matching "}"}`` for every brace that closes, in one
+    pass with a stack (a "}" with no open brace is ignored)."""
+    opened: list[int] = []
+    pairs: dict[int, int] = {}
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            pairs[opened.pop()] = i
+    return pairs
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced.
 
     Also handles the brace-less form `\\boxed 5`. A boxed whose braces never close (a
     truncated response) is skipped in favour of an earlier complete one; None when there
-    is no complete boxed answer.
+    is no complete boxed answer. Linear in ``len(text)``: the braces are matched once for
+    the whole text, and each ``\\boxed`` is then looked up, not rescanned.
 
     >>> last_boxed(r"so \\boxed{\\frac{1}{2}} and not \\boxed{3")
     '\\\\frac{1}{2}'
     """
-    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\b", text)]
-    for match in reversed(starts):
-        rest = text[match.end() :]
-        stripped = rest.lstrip()
-        if stripped.startswith("{"):
-            content = _balanced(stripped)
-            if content is not None:
-                return content
+    starts = [m.end() for m in _BOXED_RE.finditer(text)]
+    if not starts:
+        return None
+    pairs = matching_braces(text) if "{" in text else {}
+    for end in reversed(starts):
+        brace = _SPACES_RE.match(text, end).end()  # the whitespace runs are disjoint
+        if text.startswith("{", brace):
+            close = pairs.get(brace)
+            if close is not None:
+                return text[brace + 1 : close]
             continue
-        if rest[:1] == " ":
-            token = re.match(r"\s+([^\s$]+)", rest)
+        if text.startswith(" ", end):
+            token = _BARE_TOKEN_RE.match(text, end)
             if token:
                 return token.group(1)
-    return None
-
-
-def _balanced(text: str) -> str | None:
-    """Content between the opening brace at text[0] and its matching close, or None."""
-    depth = 0
-    for i, char in enumerate(text):
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[1:i]
     return None

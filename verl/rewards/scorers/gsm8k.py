@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.rewards.scorers.extract import (
+    bounded,
     first_number,
     last_number,
     parse_number,
@@ -68,6 +69,6 @@ def compute_score(
     target = _ground_truth_number(ground_truth)
     if target is None:
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
-    text = solution_str if isinstance(solution_str, str) else ""
+    text = bounded(solution_str) if isinstance(solution_str, str) else ""
     token = extract_answer(text, method)
     return score_number(token, target, format_score)

@@ -33,7 +33,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from verl.rewards.scorers.extract import last_boxed
+from verl.rewards.scorers.extract import bounded, last_boxed
 
 _SPACING = ("\\!", "\\,", "\\;", "\\:", "\\ ", "\\displaystyle", "\\$", "$")
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
@@ -87,7 +87,7 @@ def _as_number(normalized: str) -> Fraction | None:
             return -value if frac.group(1) else value
         if _PLAIN_NUMBER_RE.fullmatch(normalized):
             return Fraction(normalized)
-    except ZeroDivisionError:
+    except (ZeroDivisionError, ValueError):  # ValueError: over Python's 4300-digit limit
         return None
     return None
 
@@ -117,11 +117,12 @@ def compute_score(
         ground_truth = str(ground_truth)
     if not isinstance(ground_truth, str):
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
+    ground_truth = bounded(ground_truth)
     boxed_truth = last_boxed(ground_truth) if "\\boxed" in ground_truth else None
     target = normalize_answer(boxed_truth if boxed_truth is not None else ground_truth)
     if not target:
         return {"score": 0.0, "acc": 0.0, "pred": None, "invalid_ground_truth": 1.0}
-    boxed = last_boxed(solution_str) if isinstance(solution_str, str) else None
+    boxed = last_boxed(bounded(solution_str)) if isinstance(solution_str, str) else None
     if boxed is None:
         return {"score": 0.0, "acc": 0.0, "pred": None}
     pred = normalize_answer(boxed)
