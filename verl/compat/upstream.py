@@ -148,12 +148,6 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     "actor_rollout_ref.model.use_remove_padding": UpstreamKey(
         native="actor_rollout_ref.actor.pack_sequences"
     ),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _drop(
-        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
-    ),
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _drop(
-        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
-    ),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": _drop(
         "one engine rank generates",
         keeps=(1,),
@@ -195,9 +189,6 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": _drop(_LOG_PROB_BUDGET),
     # critic
     "critic.model.use_remove_padding": UpstreamKey(native="critic.pack_sequences"),
-    "critic.ulysses_sequence_parallel_size": _drop(
-        "no sequence parallelism", keeps=(1,), refusal=_NO_SP
-    ),
     "critic.forward_max_token_len_per_gpu": _drop(
         "the critic's value pass micro-batches by critic.ppo_max_token_len_per_device "
         "(or critic.forward_micro_batch_size_per_device); memory and speed only"

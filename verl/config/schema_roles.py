@@ -274,6 +274,14 @@ class ActorConfig(MicroBatchSplit):
         "computed once in the update, old- and reference log-prob passes; micro-batches "
         "keep a group together. sdpa/eager attention only (others: plain packing)",
     )
+    ulysses_sequence_parallel_size: int = entry(
+        1,
+        "Ulysses sequence parallelism: ranks that split each micro-batch's tokens (and, "
+        "around attention, its heads) in the log-prob and update passes; must divide the "
+        "role's ranks and the model's attention heads; fsdp2 only; 1 = off "
+        "(docs/distributed.md)",
+        ge=1,
+    )
     optim: OptimConfig = entry(OptimConfig, "actor optimizer")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
@@ -519,6 +527,11 @@ class RefConfig:
         "update (its token budget by default)",
         ge=1,
     )
+    ulysses_sequence_parallel_size: int | None = entry(
+        None,
+        "sequence-parallel ranks of the reference log-prob pass; null = as the actor's",
+        ge=1,
+    )
     fsdp_config: RefFSDPConfig = entry(RefFSDPConfig, "reference FSDP2 wrapping")
 
 
@@ -612,6 +625,11 @@ class CriticConfig(MicroBatchSplit):
         True,
         "with pack_sequences, each prompt group's prompt is computed once (as "
         "actor.share_prompt_prefix)",
+    )
+    ulysses_sequence_parallel_size: int = entry(
+        1,
+        "Ulysses sequence parallelism of the value and update passes (as the actor's); 1 = off",
+        ge=1,
     )
     fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")

@@ -389,6 +389,30 @@ def _check_engine(c: Checks, cfg: TrainerConfig, prefix: str, role: Any, role_na
             "(as the role's precision); reduce_dtype and buffer_dtype are FSDP2's"
         )
     check_optim(c, f"{prefix}.optim", role.optim)
+    check_sequence_parallel(c, prefix, role.ulysses_sequence_parallel_size, role, role_name, ws)
+
+
+def check_sequence_parallel(
+    c: Checks, prefix: str, size: int, role: Any, role_name: str, ranks: int
+) -> None:
+    """``{prefix}.ulysses_sequence_parallel_size``: divides the role's ranks, on the fsdp2
+    engine (the model's heads are checked when the engine is built)."""
+    if size <= 1:
+        return
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    if ranks % size:
+        c.error(
+            (key, *_dp_keys(role_name)),
+            f"{key}={size}: sequence parallelism splits each micro-batch over {size} ranks, "
+            f"which must divide the {ranks} ranks of {role_name}; use one of "
+            f"{_divisors(ranks)}",
+        )
+    if role.strategy == "single":
+        c.error(
+            (key, f"{prefix}.strategy"),
+            f"{key}={size}: sequence parallelism needs the fsdp2 engine, but "
+            f"{prefix}.strategy=single; use fsdp2 (or auto)",
+        )
 
 
 def _check_sampling(c: Checks, prefix: str, s: Any) -> None:
@@ -406,6 +430,11 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     a, p = arr.actor, "actor_rollout_ref.actor"
     _check_ppo_batches(c, cfg, p, a, "actor_rollout_ref")
     _check_engine(c, cfg, p, a, "actor_rollout_ref")
+    ref_sp = arr.ref.ulysses_sequence_parallel_size
+    if ref_sp is not None:
+        sizes = _dp_sizes(cfg)
+        ranks = sizes["actor_rollout_ref"] if sizes else 1
+        check_sequence_parallel(c, "actor_rollout_ref.ref", ref_sp, a, "actor_rollout_ref", ranks)
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     if not 0 < low < 1:
         key = f"{p}.clip_ratio_low" if a.clip_ratio_low is not None else f"{p}.clip_ratio"

@@ -47,14 +47,16 @@ def build_engine(
     max_consecutive_nonfinite: int = 0,
     offload_params: bool = False,
     offload_optimizer: bool = False,
+    sequence_parallel_size: int = 1,
 ) -> TrainEngine:
     """Build the train engine for ``strategy`` (``"single"`` or ``"fsdp2"``).
 
     ``optim`` is the engine's ``optimizer_cfg`` (``None``: inference only, e.g. the
     reference policy); see :class:`verl.engine.base.TrainEngine` for the other arguments.
     The fsdp2-only options (``reshard_after_forward``, ``mixed_precision``, ``cpu_offload``,
-    ``full_state_dict_from_rank0``) are documented on :class:`verl.engine.fsdp.FSDP2Engine`;
-    the single engine refuses non-default values for them.
+    ``full_state_dict_from_rank0``, ``sequence_parallel_size``) are documented on
+    :class:`verl.engine.fsdp.FSDP2Engine`; the single engine refuses non-default values for
+    them.
     """
     kwargs = dict(
         grad_clip=grad_clip,
@@ -71,8 +73,15 @@ def build_engine(
         mixed_precision=mixed_precision,
         cpu_offload=cpu_offload,
         full_state_dict_from_rank0=full_state_dict_from_rank0,
+        sequence_parallel_size=sequence_parallel_size,
     )
     if strategy == "single":
+        if sequence_parallel_size != 1:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sequence_parallel_size} needs the fsdp2 "
+                "engine (strategy=fsdp2 or auto over several devices); the single engine runs "
+                "one process"
+            )
         if mixed_precision or cpu_offload or full_state_dict_from_rank0:
             raise ValueError(
                 "mixed_precision / cpu_offload / full_state_dict_from_rank0 are fsdp2 options; "

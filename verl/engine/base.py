@@ -128,6 +128,16 @@ class TrainEngine(ABC):
         if self.offload_params or self.offload_optimizer:
             self.offload_to_cpu(self.offload_params, self.offload_optimizer)
 
+    # Ulysses sequence parallelism (verl.engine.ulysses): this rank's place in the
+    # (data, sequence) mesh, or None (a backend with sequence parallelism sets it).
+    sequence_parallel = None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Data-parallel groups: ranks that compute on different rows (ranks of one sequence
+        group share their rows). 1 for a one-process engine."""
+        return 1
+
     # ---- backend hooks ---------------------------------------------------------------
 
     @abstractmethod

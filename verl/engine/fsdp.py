@@ -43,6 +43,14 @@ Design decisions:
   reshards. No second copy of the weights is made. Forwards inside it run no collective, so
   ranks may generate different amounts (different batches, early stops); outside it every
   forward all-gathers, so every rank must run the same number of forwards.
+- **Sequence parallelism.** ``sequence_parallel_size = sp > 1`` arranges the ranks as a
+  ``(data, sequence)`` mesh (``verl.engine.ulysses``): the ranks of a sequence group split
+  each micro-batch's tokens, and their attention trades the token split for a head split
+  with all-to-alls. Parameters stay sharded over all ranks (FSDP's mesh is the whole
+  world); the per-token gather's backward scales each rank's share by ``sp``, so FSDP's
+  average over ``dp x sp`` ranks is the mean over the ``dp`` data-parallel groups.
+  :attr:`FSDP2Engine.data_parallel_size` is ``world / sp``; a caller gives every rank of a
+  sequence group the same rows.
 - **Inference mode.** FSDP allocates a unit's gathered-parameter tensors on its first
   all-gather and reuses them; allocated under ``torch.inference_mode`` they would be
   inference tensors that a later training step cannot write. The engine therefore gathers
@@ -83,6 +91,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.dcp_io import load_dcp_state
+from verl.engine.ulysses import SequenceParallel, apply_ulysses, build_sequence_parallel
 from verl.utils.atomic_io import publish_dir, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -236,6 +245,11 @@ class FSDP2Engine(TrainEngine):
         full_state_dict_from_rank0: the weights are loaded only on rank 0; other ranks may
             pass the same architecture on the ``meta`` device (or randomly initialised).
             Rank 0's weights and buffers are broadcast after sharding.
+        sequence_parallel_size: Ulysses sequence-parallel ranks per group (1 = off; must
+            divide the world size and split the model's attention heads, see
+            ``verl.engine.ulysses``). The module's log-prob / value forwards
+            (``compute_response_log_probs``, the critic's) then split their tokens over the
+            group; :attr:`sequence_parallel` is this rank's place in the mesh.
 
     The engine's :attr:`module` is the original module object, sharded in place: call it
     like the unwrapped model (``module(...)``, ``module.model(...)`` + ``module.lm_head``).
@@ -260,6 +274,7 @@ class FSDP2Engine(TrainEngine):
         max_consecutive_nonfinite: int = 0,
         offload_params: bool = False,
         offload_optimizer: bool = False,
+        sequence_parallel_size: int = 1,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -279,6 +294,13 @@ class FSDP2Engine(TrainEngine):
         self.full_state_dict_from_rank0 = bool(full_state_dict_from_rank0)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        if sequence_parallel_size < 1 or self.world_size % sequence_parallel_size:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sequence_parallel_size} must divide the "
+                f"{self.world_size} ranks of the engine; use a divisor of {self.world_size}"
+            )
+        self.sequence_parallel_size = int(sequence_parallel_size)
+        self.sequence_parallel: SequenceParallel | None = None
         self.units: list[FSDPModule] = []
         self._gathered = False
         super().__init__(
@@ -324,6 +346,11 @@ class FSDP2Engine(TrainEngine):
                 if buf.is_floating_point():
                     buf.data = buf.data.to(buffer_dtype)
 
+        if self.sequence_parallel_size > 1:
+            self.sequence_parallel = build_sequence_parallel(
+                self.device.type, self.sequence_parallel_size
+            )
+            apply_ulysses(module, self.sequence_parallel)
         offload = None
         if self.cpu_offload:
             offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
@@ -351,14 +378,21 @@ class FSDP2Engine(TrainEngine):
                 unit.unshard()
                 unit.reshard()
         logger.info(
-            "fsdp2: %d units over %d ranks (reshard_after_forward=%s, mp=%s, cpu_offload=%s)",
+            "fsdp2: %d units over %d ranks (reshard_after_forward=%s, mp=%s, cpu_offload=%s, "
+            "sequence parallel=%d)",
             len(self.units),
             self.world_size,
             self.reshard_after_forward,
             self.mixed_precision or None,
             self.cpu_offload,
+            self.sequence_parallel_size,
         )
         return module
+
+    @property
+    def data_parallel_size(self) -> int:
+        """``world / sequence_parallel_size``: the ranks of a sequence group share rows."""
+        return self.world_size // self.sequence_parallel_size
 
     def _broadcast_from_rank0(self, module: nn.Module, full_sd: dict[str, torch.Tensor]) -> None:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -473,6 +507,7 @@ class FSDP2Engine(TrainEngine):
             state = {
                 "format_version": _FORMAT_VERSION,
                 "world_size": self.world_size,
+                "sequence_parallel_size": self.sequence_parallel_size,
                 "param_names": self._param_names(),
                 "skipped_steps": engine_state["skipped_steps"],
                 "consecutive_skipped": engine_state["consecutive_skipped"],
@@ -513,11 +548,14 @@ class FSDP2Engine(TrainEngine):
         self.load_state_dict(scalar_state(state, self.optimizer is not None))
         dist.barrier()
         logger.info(
-            "loaded fsdp2 engine checkpoint from %s (step %d, saved by %s ranks, now %d)",
+            "loaded fsdp2 engine checkpoint from %s (step %d, saved by %s ranks with sequence "
+            "parallel %s, now %d with %d)",
             path,
             self.global_step,
             state.get("world_size"),
+            state.get("sequence_parallel_size", 1),
             self.world_size,
+            self.sequence_parallel_size,
         )
 
     def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -11,7 +11,11 @@ runs inside ``engine.gathered_params()``, which unshards the parameters once for
 generation (instead of per forward) and reshards them afterwards, so the rollout reads
 the training weights in place and a second resident copy never exists. Data-parallel
 ranks each generate, score and update their own slice of the batch (``DP_COMPUTE``); loss
-weights are global (``verl.workers.common.micro_batch_weights``). The update's loss is the
+weights are global (``verl.workers.common.micro_batch_weights``). With Ulysses sequence
+parallelism (``actor.ulysses_sequence_parallel_size``, ``ref.ulysses_sequence_parallel_size``)
+the scoring and update passes first join the slices of the ranks of a sequence group
+(``verl.workers.common.sequence_group_batch``), which then compute them together, each on
+a share of every sequence's tokens; generation stays per rank. The update's loss is the
 pure function ``verl.algorithms.actor_loss``, run by the engine's ``forward_backward``.
 
 LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftModel`` whose
@@ -71,6 +75,7 @@ from verl.workers.common import (
     rollout_options,
     run_ppo_update,
     save_hf_model,
+    sequence_group_batch,
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
@@ -168,6 +173,9 @@ class ActorRolloutRefWorker(Worker):
             # The reference is the initial policy, frozen; copied before any update.
             ref_module = copy.deepcopy(module).eval().requires_grad_(False)
             ref_module = apply_inference_precision(self.config, "reference", ref_module)
+            ref_sp = arr.ref.ulysses_sequence_parallel_size
+            if ref_sp is None:
+                ref_sp = arr.actor.ulysses_sequence_parallel_size
             self.ref_engine = build_engine(
                 strategy,
                 module=ref_module,
@@ -177,7 +185,7 @@ class ActorRolloutRefWorker(Worker):
                     self.config,
                     "reference",
                     strategy,
-                    engine_options(self, strategy, arr.ref.fsdp_config),
+                    engine_options(self, strategy, arr.ref.fsdp_config, ref_sp),
                 ),
             )
             self.ref_dynamic = dynamic_precision(
@@ -207,7 +215,12 @@ class ActorRolloutRefWorker(Worker):
                 self.config,
                 "actor",
                 strategy,
-                engine_options(self, strategy, arr.actor.fsdp_config),
+                engine_options(
+                    self,
+                    strategy,
+                    arr.actor.fsdp_config,
+                    arr.actor.ulysses_sequence_parallel_size,
+                ),
             ),
         )
         self.rollout = build_rank_rollout(
@@ -357,13 +370,14 @@ class ActorRolloutRefWorker(Worker):
         with_sps = bool(
             ADVANTAGE_ESTIMATORS.needs(self.config.algorithm.adv_estimator, "needs_sum_pi_squared")
         )
+        data, rows = sequence_group_batch(self.engine, data)
         with self.engine.eval_mode():
             log_probs, entropy, sps = self._log_probs(
                 self.engine.module, data, mbs, True, with_sum_pi_squared=with_sps
             )
-        tensors = {"old_log_probs": log_probs, "entropys": entropy}
+        tensors = {"old_log_probs": log_probs[rows], "entropys": entropy[rows]}
         if sps is not None:
-            tensors["sum_pi_squared"] = sps
+            tensors["sum_pi_squared"] = sps[rows]
         return DataProto.from_dict(
             tensors=tensors,
             meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
@@ -374,9 +388,10 @@ class ActorRolloutRefWorker(Worker):
         """Log-probs of the sampled tokens under the frozen reference policy."""
         mbs = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device
         if self.lora_reference:  # the base model: the actor with its adapters disabled
+            data, rows = sequence_group_batch(self.engine, data)
             with self.engine.eval_mode(), self.engine.module.disable_adapter():
                 log_probs, _, _ = self._log_probs(self.engine.module, data, mbs, False)
-            return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
+            return DataProto.from_dict(tensors={"ref_log_probs": log_probs[rows]})
         if self.ref_engine is None:
             raise RuntimeError(
                 "compute_ref_log_prob called on a worker built without a reference policy "
@@ -384,9 +399,10 @@ class ActorRolloutRefWorker(Worker):
             )
         if self.ref_dynamic is not None:
             self.ref_dynamic.before_phase()
+        data, rows = sequence_group_batch(self.ref_engine, data)
         with self.ref_engine.eval_mode():
             log_probs, _, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
-        return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
+        return DataProto.from_dict(tensors={"ref_log_probs": log_probs[rows]})
 
     # ------------------------------------------------------------------ update
     @register(
@@ -410,9 +426,13 @@ class ActorRolloutRefWorker(Worker):
         (``actor/entropy``, ``rollout/*`` drift) come from its forward.
         """
         acfg = self.config.actor_rollout_ref.actor
-        # ppo_mini_batch_size counts prompts over all data-parallel ranks
+        # the rows of this rank's sequence group (its own rows without sequence parallelism)
+        data, _ = sequence_group_batch(self.engine, data)
+        # ppo_mini_batch_size counts prompts over all data-parallel ranks (sequence groups)
         mini_batch_size = (
-            acfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // self.world_size
+            acfg.ppo_mini_batch_size
+            * self.config.actor_rollout_ref.rollout.n
+            // self._data_parallel_size()
         )
         keys = [*_SEQUENCE_KEYS, "advantages"]
         own_old = "old_log_probs" not in data.batch
@@ -469,6 +489,10 @@ class ActorRolloutRefWorker(Worker):
             metrics |= self._sync_rollout_weights()
             self.rollout.sleep()
         return metrics
+
+    def _data_parallel_size(self) -> int:
+        """Ranks that update on different rows: the world over the sequence-group size."""
+        return getattr(self.engine, "data_parallel_size", self.world_size)
 
     def _actor_loss_fn(
         self, temperature: float, recorded: list | None = None

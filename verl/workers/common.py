@@ -7,6 +7,12 @@ Data parallelism: a role with several ranks lives in processes that share one
 built). FSDP2 averages gradients over that group, so loss weights computed here are
 scaled by the group size: the averaged gradient is then the gradient of the loss
 aggregated over the *global* mini-batch, whatever the ranks' token counts.
+
+Sequence parallelism (``ulysses_sequence_parallel_size``, ``verl.engine.ulysses``): the
+ranks of one sequence group compute on the same rows. A worker joins its group's
+dispatched chunks with :func:`sequence_group_batch` and returns its own rows'
+outputs; the weights above then count every group's rows once per rank of the group, and
+the engine's gradient gather makes that exact (see ``verl.engine.ulysses``).
 """
 
 from __future__ import annotations
@@ -240,8 +246,11 @@ def micro_batches(
     return split_micro_batches(data, response_len, micro_batch_size=rows)
 
 
-def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, Any]:
-    """``build_engine`` keyword arguments of ``strategy`` from a role's ``fsdp_config``.
+def engine_options(
+    worker: Any, strategy: str, fsdp_config: Any, sequence_parallel_size: int = 1
+) -> dict[str, Any]:
+    """``build_engine`` keyword arguments of ``strategy`` from a role's ``fsdp_config`` (and
+    its ``ulysses_sequence_parallel_size``, fsdp2 only).
 
     ``param_offload`` / ``optimizer_offload`` keep that state in host memory between uses
     (the engine moves it to the device for each train/eval/generate block). On fsdp2,
@@ -253,7 +262,10 @@ def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, An
     params = bool(getattr(fsdp_config, "param_offload", False))
     optim = bool(getattr(fsdp_config, "optimizer_offload", False))
     if strategy != "fsdp2":
-        return {"offload_params": params, "offload_optimizer": optim}
+        options = {"offload_params": params, "offload_optimizer": optim}
+        if sequence_parallel_size != 1:  # build_engine refuses it, naming the key
+            options["sequence_parallel_size"] = sequence_parallel_size
+        return options
     ensure_process_group(worker.rank, worker.world_size, worker.device.type)
     mp = getattr(fsdp_config, "mixed_precision", None)
     return {
@@ -261,7 +273,27 @@ def engine_options(worker: Any, strategy: str, fsdp_config: Any) -> dict[str, An
         "mixed_precision": None if mp is None else dataclasses.asdict(mp),
         "cpu_offload": params,
         "offload_optimizer": optim and not params,
+        "sequence_parallel_size": sequence_parallel_size,
     }
+
+
+def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice]:
+    """The rows ``engine`` computes on, and where this rank's own rows are among them.
+
+    Without sequence parallelism: ``data`` itself. With it, the chunks the worker group
+    dispatched to the ranks of this rank's sequence group, joined in sequence-rank order
+    (every rank of the group then holds the same rows), and the slice of them that is
+    ``data``: a method returns ``out[rows]`` of a per-row output. Collective over the
+    sequence group.
+    """
+    sp = getattr(engine, "sequence_parallel", None)
+    if sp is None:
+        return data, slice(0, len(data))
+    from verl.engine.ulysses import gather_in_group
+
+    parts = gather_in_group(data, sp)
+    start = sum(len(part) for part in parts[: sp.rank])
+    return DataProto.concat(parts), slice(start, start + len(data))
 
 
 def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict) -> dict:

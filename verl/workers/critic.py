@@ -1,5 +1,10 @@
 """The critic worker: a value model (LM backbone + scalar head) with its own engine.
 
+Ulysses sequence parallelism (``critic.ulysses_sequence_parallel_size``): the value and
+update passes join the batch slices of a sequence group's ranks
+(``verl.workers.common.sequence_group_batch``) and split each sequence's tokens over them
+(``verl.utils.torch_functional.sequence_parallel_inputs``).
+
 LoRA (``critic.model.lora_rank > 0``, :func:`verl.models.lora.apply_lora_to_value_model`):
 adapters in the body, trained with the whole value head; the body's weights stay frozen.
 """
@@ -31,7 +36,12 @@ from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
-from verl.utils.torch_functional import pack_batch, packed_forward, supports_packing
+from verl.utils.torch_functional import (
+    pack_batch,
+    packed_forward,
+    sequence_parallel_inputs,
+    supports_packing,
+)
 from verl.workers.checkpointing import (
     load_worker_checkpoint,
     save_hf_metadata,
@@ -43,6 +53,7 @@ from verl.workers.common import (
     precision_options,
     run_ppo_update,
     save_critic_model,
+    sequence_group_batch,
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
@@ -66,6 +77,25 @@ def _response_values(
     """
     b = mb.batch
     body = getattr(module, "model", None)
+    from verl.engine.ulysses import sequence_parallel_of
+
+    sp = sequence_parallel_of(module)
+    if sp is not None:  # this rank computes 1/sp of the tokens (verl.engine.ulysses)
+        pack = ccfg is not None and ccfg.pack_sequences
+        share = pack and ccfg.share_prompt_prefix
+        shard, _, place = sequence_parallel_inputs(
+            module,
+            sp,
+            b["input_ids"],
+            b["attention_mask"],
+            b["position_ids"],
+            response_len,
+            pack,
+            share,
+        )
+        with shard.forward_kwargs() as kwargs:  # the module's forward: FSDP2's hooks
+            values = module(input_ids=shard.input_ids, **kwargs)
+        return place(shard.gather(shard.select(values).float()))
     if ccfg is not None and ccfg.pack_sequences and supports_packing(body):
         packed = pack_batch(
             body, b["input_ids"], b["attention_mask"], response_len, ccfg.share_prompt_prefix
@@ -139,7 +169,12 @@ class CriticWorker(Worker):
             grad_clip=ccfg.grad_clip,
             device=self.device,
             **precision_options(
-                self.config, "critic", strategy, engine_options(self, strategy, ccfg.fsdp_config)
+                self.config,
+                "critic",
+                strategy,
+                engine_options(
+                    self, strategy, ccfg.fsdp_config, ccfg.ulysses_sequence_parallel_size
+                ),
             ),
         )
 
@@ -149,6 +184,7 @@ class CriticWorker(Worker):
         ccfg = self.config.critic
         response_len = data.batch["response_mask"].shape[1]
         mbs = ccfg.forward_micro_batch_size_per_device  # None: as the update
+        data, rows = sequence_group_batch(self.engine, data)
         out = []
         inputs = to_device(
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
@@ -158,7 +194,7 @@ class CriticWorker(Worker):
                 values = _response_values(self.engine.module, mb.data, mb.response_len, ccfg)
                 out.append((mb, values.float().cpu()))
         values = gather_response_outputs(out, len(data), response_len) * data.batch["response_mask"]
-        return DataProto.from_dict(tensors={"values": values})
+        return DataProto.from_dict(tensors={"values": values[rows]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=(*_SEQUENCE_KEYS, "values", "returns"))
     def update_critic(self, data: DataProto) -> dict[str, float]:
@@ -170,6 +206,8 @@ class CriticWorker(Worker):
         """
         ccfg = self.config.critic
         self._update_calls += 1
+        # the rows of this rank's sequence group (its own rows without sequence parallelism)
+        data, _ = sequence_group_batch(self.engine, data)
 
         def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
             b = mb.data.batch
@@ -190,10 +228,10 @@ class CriticWorker(Worker):
             data.select(batch_keys=[*_SEQUENCE_KEYS, "values", "returns"]),
             loss_fn,
             role_cfg=ccfg,
-            # ppo_mini_batch_size counts prompts over all data-parallel ranks
+            # ppo_mini_batch_size counts prompts over all data-parallel ranks (sequence groups)
             mini_batch_size=ccfg.ppo_mini_batch_size
             * self.config.actor_rollout_ref.rollout.n
-            // self.world_size,
+            // getattr(self.engine, "data_parallel_size", self.world_size),
             seed=self.config.trainer.seed + 7919 * self._update_calls,
             device=self.device,
             prefix="critic",
