@@ -138,7 +138,7 @@ def test_a_refused_key_is_the_only_problem_of_its_file(tmp_path):
     path = _yaml(
         tmp_path,
         [
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
             "actor_rollout_ref.model.use_remove_padding=true",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "trainer.max_actor_ckpt_to_keep=3",
@@ -146,8 +146,8 @@ def test_a_refused_key_is_the_only_problem_of_its_file(tmp_path):
         ],
     )
     message = _refusal(path=path)
-    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in message
-    assert "tensor-parallel rollout engines are not available" in message
+    assert "actor_rollout_ref.actor.fsdp_config.fsdp_size=4" in message
+    assert "hybrid sharding" in message
 
 
 def test_a_per_gpu_key_with_no_per_device_key_is_unknown_as_written(caplog):

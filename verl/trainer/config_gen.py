@@ -90,30 +90,54 @@ def table_markers(kind: str) -> tuple[str, str]:
 
 
 def upstream_table() -> str:
-    """A markdown table of upstream verl's run-script keys and how each is read here
-    (``verl.compat.upstream``): renamed, dropped (with the reason) or refused."""
-    from verl.compat.upstream import OFFLINE_UPSTREAM_KEYS, UPSTREAM_KEYS
+    """A markdown table of upstream verl's run-script and default-config keys and how each
+    is read here (``verl.compat.upstream``): renamed, dropped (with the reason) or refused.
+    ``prefix.*`` rows read every key under the prefix; the moved subtrees are read as their
+    older spelling."""
+    from verl.compat.upstream import (
+        OFFLINE_UPSTREAM_KEYS,
+        OFFLINE_UPSTREAM_MOVES,
+        UPSTREAM_KEYS,
+        UPSTREAM_MOVES,
+    )
 
     lines = ["| upstream key | trainer | read as |", "|---|---|---|"]
-    rows = [(k, "RL", v) for k, v in UPSTREAM_KEYS.items()]
+    rows: list[tuple[str, str, Any]] = [(k, "RL", v) for k, v in UPSTREAM_KEYS.items()]
     rows += [(k, "SFT, DPO", v) for k, v in OFFLINE_UPSTREAM_KEYS.items()]
-    rows.append(("`*_per_gpu` (any section)", "all", None))
+    moved = "read as upstream's older spelling `{}` (the keys under it too)"
+    rows += [(k, "RL", moved.format(v)) for k, v in UPSTREAM_MOVES.items()]
+    rows += [(k, "SFT, DPO", moved.format(v)) for k, v in OFFLINE_UPSTREAM_MOVES.items()]
+    rows.append(("`*_per_gpu` (any section)", "all", "renamed `*_per_device`"))
+    rows.append(
+        (
+            "any key set to `${...}` or `???`",
+            "all",
+            "dropped: upstream copies another key there (OmegaConf interpolation) or leaves it "
+            "unset; the native default follows that key here",
+        )
+    )
     for key, trainer, entry in rows:
-        if entry is None:
-            read = "renamed `*_per_device`"
-        elif entry.reads:  # more than a rename or a drop (data.filter_overlong_prompts)
-            read = entry.reads
-        elif entry.native is not None:
-            read = f"renamed `{entry.native}`"
-        else:
-            read = f"dropped: {entry.reason}"
-        if entry is not None and entry.keeps is not None and entry.refusal and not entry.reads:
-            kept = ", ".join(show(v) for v in entry.keeps)
-            read = f"{kept}: {read}; other values refused: {entry.refusal}"
-        name = key if key.startswith("`") else f"`{key}`"
-        cells = (name, trainer, read)
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        name = key if key.startswith(("`", "any ")) else f"`{key}`"
+        lines.append(_upstream_row(name, trainer, entry))
     return "\n".join(lines) + "\n"
+
+
+def _upstream_row(name: str, trainer: str, entry: Any) -> str:
+    if isinstance(entry, str):
+        read = entry
+    elif entry.reads:  # more than a rename or a drop (data.filter_overlong_prompts)
+        read = entry.reads
+    elif entry.keeps == ():
+        read = f"refused: {entry.refusal}"
+    elif entry.native is not None:
+        read = f"renamed `{entry.native}`"
+    else:
+        read = f"dropped: {entry.reason}"
+    if not isinstance(entry, str) and entry.keeps and entry.refusal and not entry.reads:
+        kept = ", ".join(show(v) for v in entry.keeps)
+        read = f"{kept}: {read}; other values refused: {entry.refusal}"
+    cells = (name, trainer, read)
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 UPSTREAM_MARKERS = (
