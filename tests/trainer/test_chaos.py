@@ -1,5 +1,6 @@
 """Chaos: a GRPO run SIGKILLed at 20 seeded points and resumed each time ends bit-identical
-to an uninterrupted run (issue 20, item 9).
+to an uninterrupted run (issue 20, item 9); and the same, at fewer points, for a multi-turn
+run with tools (its config, tools included, is written into every checkpoint).
 
 Kill points are drawn from five phases, each just before or just after the n-th call (in
 that process) of: the rollout (``generate_and_score``), the policy update
@@ -30,10 +31,13 @@ from verl.trainer.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
+from . import test_multi_turn_e2e as e2e
+
 pytestmark = pytest.mark.slow
 
 KILLS = 20
 STEPS = 30
+tool_model_dir = e2e.tool_model_dir  # the fixture: a tiny model taught to call the calculator
 MARK = "VERL_CHAOS_TEST"
 PHASES = ("rollout", "update", "validation", "save", "log")
 
@@ -102,11 +106,11 @@ def _config(rl_config, tmp_path: Path, run_dir: Path):
     )
 
 
-def _kill_plan(seed: int) -> list[tuple[str, int, str]]:
+def _kill_plan(seed: int, kills: int = KILLS, phases=PHASES) -> list[tuple[str, int, str]]:
     rng = random.Random(seed)
     return [
-        (rng.choice(PHASES), rng.randint(1, 2), rng.choice(("before", "after")))
-        for _ in range(KILLS)
+        (rng.choice(phases), rng.randint(1, 2), rng.choice(("before", "after")))
+        for _ in range(kills)
     ]
 
 
@@ -114,21 +118,20 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
-    straight_dir = tmp_path / "straight"
-    straight = RLTrainer(_config(rl_config, tmp_path, straight_dir))
-    straight.fit()
-
-    run_dir = tmp_path / "chaos"
+def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[str]:
+    """Run ``config`` in child processes killed at each point of ``plan``, then once more to
+    the end; check after each that nothing is left alive and every checkpoint verifies.
+    Returns the points where a child was killed."""
+    run_dir = Path(config.trainer.default_local_dir)
     config_file = tmp_path / "chaos.yaml"
-    config_file.write_text(to_yaml(_config(rl_config, tmp_path, run_dir)))
+    config_file.write_text(to_yaml(config))
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     mark = uuid.uuid4().hex
     env = {**os.environ, MARK: mark}
     killed = []
     try:
-        for phase, nth, when in [*_kill_plan(seed=20), ("rollout", 0, "never")]:
+        for phase, nth, when in [*plan, ("rollout", 0, "never")]:
             child = subprocess.run(
                 [sys.executable, str(script), str(config_file), phase, str(nth), when],
                 env=env,
@@ -147,12 +150,84 @@ def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
                 read_manifest(step_dir, verify=True)  # raises on a damaged file
     finally:
         kill_processes_with_env(MARK, mark)
+    rows = [r for r in _rows(run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    return killed
 
-    assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
-    final = f"global_step_{STEPS}"
+
+def _same_run(run_dir: Path, straight_dir: Path, straight: RLTrainer, steps: int) -> None:
+    """The final checkpoint and every step's metrics equal the uninterrupted run's."""
+    final = f"global_step_{steps}"
     assert_bitwise(checkpoint_tensors(run_dir / final), checkpoint_tensors(straight_dir / final))
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     strip = {"step", "time"}
     got = [{k: v for k, v in r.items() if k not in strip} for r in rows]
     assert_same_metrics(got, straight.history)
+
+
+def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
+    straight_dir = tmp_path / "straight"
+    straight = RLTrainer(_config(rl_config, tmp_path, straight_dir))
+    straight.fit()
+
+    run_dir = tmp_path / "chaos"
+    config = _config(rl_config, tmp_path, run_dir)
+    killed = _kill_and_resume(tmp_path, config, _kill_plan(seed=20), STEPS)
+    assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
+    _same_run(run_dir, straight_dir, straight, STEPS)
+
+
+TOOL_STEPS = 4
+TOOL_KILLS = 5
+
+
+def _tool_config(rl_config, model_dir: Path, tmp_path: Path, run_dir: Path):
+    data = tmp_path / "train.jsonl"
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": q}],
+            "reward_model": {"ground_truth": a},
+        }
+        for q, a in e2e.QUESTIONS.items()
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
+    (tmp_path / "tool_reward.py").write_text(e2e.REWARD)
+    return rl_config(
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]",
+        "data.max_prompt_length=512",
+        "data.max_response_length=96",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
+        "actor_rollout_ref.rollout.multi_turn.max_turns=3",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        f"custom_reward_function.path={tmp_path / 'tool_reward.py'}",
+        "custom_reward_function.name=score",
+        f"trainer.total_training_steps={TOOL_STEPS}",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+        "trainer.val_before_train=false",
+        f"trainer.num_threads={torch.get_num_threads()}",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.log_dir={run_dir}",
+    )
+
+
+def test_multi_turn_run_with_tools_killed_and_resumed_ends_bit_identical(
+    rl_config, tool_model_dir, tmp_path
+):
+    straight_dir = tmp_path / "straight"
+    straight = RLTrainer(_tool_config(rl_config, tool_model_dir, tmp_path, straight_dir))
+    straight.fit()
+    # the run really goes through tool calls, whose results are in the context
+    assert all(m["multi_turn/tool_calls"] > 0 for m in straight.history)
+
+    run_dir = tmp_path / "chaos"
+    config = _tool_config(rl_config, tool_model_dir, tmp_path, run_dir)
+    plan = _kill_plan(seed=7, kills=TOOL_KILLS, phases=("rollout", "update", "save", "log"))
+    killed = _kill_and_resume(tmp_path, config, plan, TOOL_STEPS)
+    assert len(killed) == TOOL_KILLS, f"the run ended before every kill point: {killed}"
+    _same_run(run_dir, straight_dir, straight, TOOL_STEPS)

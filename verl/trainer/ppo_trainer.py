@@ -521,6 +521,10 @@ class RLTrainer:
             path = resume_checkpoint_path(self.config, self.checkpoints)
             if path is not None:
                 self.load_checkpoint(path, verify=False)  # resume_checkpoint_path verified it
+            elif self.config.trainer.resume_mode == "auto":
+                # No complete checkpoint: the run starts over, so every row an attempt killed
+                # before its first checkpoint logged belongs to a rolled-back step.
+                self.tracker.rewind(-1)
         return path
 
     def load_checkpoint(self, path: str | Path, verify: bool = True) -> None:
