@@ -10,6 +10,8 @@ every run trains on the same samples whatever its ranks; the runs must then agre
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -126,3 +128,58 @@ def test_grpo_with_sequence_parallelism_equals_one_process_and_resumes_on_one(
     assert resumed_trainer.global_step == 2
     _assert_steps_equal(resumed[-1:], want[-1:])
     _assert_weights_equal(_weights(resumed_result), _weights(want_result), start)
+
+
+def test_an_upstream_style_script_with_sequence_parallelism_trains(
+    ray_session, tiny_model_dir, tmp_path, capsys
+):
+    """Upstream's run-script keys with ``ulysses_sequence_parallel_size=2`` for the actor,
+    the reference and the critic, through ``main_ppo`` as a shell passes them: two GAE
+    steps with a KL loss on 2 ranks, checkpointed and exported."""
+    from verl.trainer import main_ppo
+
+    run = tmp_path / "run"
+    argv = [
+        "--config-path=config",
+        "--config-name=ppo_trainer",
+        "algorithm.adv_estimator=gae",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+        "critic.model.use_remove_padding=True",
+        "critic.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "critic.ulysses_sequence_parallel_size=2",
+        "critic.optim.lr=1e-3",
+        "data.train_batch_size=4",
+        "data.max_response_length=6",
+        "data.arithmetic.train_size=16",
+        "data.arithmetic.val_size=4",
+        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=1",
+        "trainer.device=cpu",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=['console']",
+        "trainer.mixed_precision=none",
+        f"trainer.default_local_dir={run}",
+        f"trainer.log_dir={run}",
+    ]
+    assert main_ppo.main(argv) == 0, capsys.readouterr().err[-3000:]
+    for role in ("actor", "critic"):
+        state = json.loads((run / "global_step_2" / role / "engine_state.json").read_text())
+        assert state["world_size"] == 2 and state["sequence_parallel_size"] == 2, role
+    assert (run / "huggingface" / "model.safetensors").is_file()
