@@ -209,6 +209,17 @@ for _source in ("gsm8k", "openai/gsm8k"):
 for _source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
     REWARD_SCORERS.add(_source, f"{_SCORERS}.math_dataset:compute_score")
 REWARD_SCORERS.add("code", f"{_SCORERS}.code:compute_score")
+# DAPO's math recipe (upstream's names); any other "aime..." source too (scorers.registry)
+for _source in (
+    "math_dapo",
+    "math_dapo_reasoning",
+    "aime",
+    "aime24",
+    "aime25",
+    "aime2024",
+    "aime2025",
+):
+    REWARD_SCORERS.add(_source, f"{_SCORERS}.math_dapo:compute_score")
 
 REWARD_MANAGERS: Registry = Registry("reward manager", needs={})
 REWARD_MANAGERS.add("naive", "verl.rewards.manager:RewardManager")

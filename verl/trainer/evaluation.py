@@ -20,6 +20,7 @@ own ``n``), so each prompt weighs the same; ``k`` may not exceed any prompt's ``
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections import defaultdict
@@ -185,11 +186,12 @@ def score_rows(
             raise ValueError(f"row {i}: no scores and no ground_truth to score the responses by")
         scores, accs = [], []
         for response in as_response_list(row["responses"]):
-            result = compute_score(
-                data_source=row["data_source"],
-                solution_str=response,
-                ground_truth=row["ground_truth"],
-                extra_info=row.get("extra_info"),
+            result = call_reward_fn(
+                compute_score,
+                row["data_source"],
+                response,
+                row["ground_truth"],
+                row.get("extra_info"),
             )
             score = float(result["score"] if isinstance(result, Mapping) else result)
             acc = result.get("acc", score) if isinstance(result, Mapping) else score
@@ -197,6 +199,28 @@ def score_rows(
             accs.append(float(acc))
         out.append({**row, "scores": scores, "accs": accs})
     return out
+
+
+def call_reward_fn(
+    fn: Callable[..., Any], data_source: Any, response: str, ground_truth: Any, extra_info: Any
+) -> Any:
+    """``fn(data_source, response, ground_truth[, extra_info])``, by position as upstream's
+    evaluation calls a reward function (its parameters may have any names): ``extra_info``
+    is passed as the fourth argument only when ``fn`` takes one (a fourth parameter,
+    ``extra_info``, or ``*args``/``**kwargs``)."""
+    args = (data_source, response, ground_truth)
+    if _takes_fourth(fn):
+        return fn(*args, extra_info)
+    return fn(*args)
+
+
+def _takes_fourth(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass it
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 4 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def format_report(report: Mapping[str, Any]) -> str:

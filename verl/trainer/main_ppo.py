@@ -64,6 +64,18 @@ def config_file(args: argparse.Namespace, defaults_name: str) -> str | None:
         tried.append(str(candidate))
     if stem == defaults_name:
         return None
+    if "megatron" in stem:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "--config-name",
+                    f"--config-name {name!r}: upstream's Megatron-LM config; there is no "
+                    "Megatron engine here (Megatron-Core needs CUDA GPUs). The same training "
+                    "runs with FSDP2: drop --config-name and the megatron.* keys and set "
+                    "actor_rollout_ref.actor.strategy=fsdp2 (critic.strategy=fsdp2), or auto",
+                )
+            ]
+        )
     raise ConfigError(
         [
             ConfigProblem(

@@ -9,6 +9,7 @@ A scorer is `compute_score(solution_str, ground_truth, extra_info=None) -> float
 | `gsm8k`, `openai/gsm8k` | `scorers.gsm8k` (method="strict") |
 | `math`, `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval` | `scorers.math_dataset` |
 | `code` | `scorers.code` (sandboxed subprocess, see `verl/rewards/sandbox.py`) |
+| `math_dapo`, `math_dapo_reasoning`, `aime`, any `aime...` | `scorers.math_dapo` (1 / -1) |
 
 Add your own with the decorator, or change a built-in's options with `override=True`:
 
@@ -37,6 +38,11 @@ Scorer = Callable[..., Any]
 
 # The data sources' scorers (verl.registry.REWARD_SCORERS; built-ins are imported on first use).
 _SCORERS = REWARD_SCORERS
+
+
+# a data source starting with this is scored as the registered source of that name (upstream
+# scores every "aime..." source with its DAPO math scorer)
+PREFIX_SOURCES = ("aime",)
 
 
 class UnknownDataSourceError(ValueError):
@@ -70,6 +76,12 @@ def get_scorer(data_source: str) -> Scorer:
     Raises:
         UnknownDataSourceError: nothing is registered under that name.
     """
+    if (
+        isinstance(data_source, str)
+        and data_source.startswith(PREFIX_SOURCES)
+        and (data_source not in _SCORERS)
+    ):
+        return _SCORERS.get(PREFIX_SOURCES[0])  # aime_2026, aime-i, ... as upstream reads them
     if data_source not in _SCORERS:
         raise UnknownDataSourceError(
             f"no reward scorer for data_source={data_source!r}; known data sources: "
