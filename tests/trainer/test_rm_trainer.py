@@ -359,3 +359,36 @@ def test_rm_resumes_bit_for_bit_after_a_crash(tiny_model_dir, tmp_path, lora_ran
     want = load_file(tmp_path / "straight" / "huggingface" / "model.safetensors")
     assert exported.keys() == want.keys()
     assert all(torch.equal(exported[k], want[k]) for k in want)
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_train_like_one_process(ray_session, tiny_model_dir, tmp_path):
+    """Two FSDP2 ranks (Ray actors, gloo) with LoRA: the same losses, accuracies and
+    exported reward model as one process, up to float reduction order."""
+    from verl.trainer.offline_launch import train_on_ranks
+
+    lora = ("model.lora_rank=4", "trainer.num_threads=1")
+    one = RMTrainer(_exact_config(tiny_model_dir, tmp_path / "one", *lora)).train()
+    two = train_on_ranks(
+        "rm",
+        _exact_config(
+            tiny_model_dir,
+            tmp_path / "two",
+            *lora,
+            "trainer.n_gpus_per_node=2",
+            "engine.strategy=fsdp2",
+        ),
+    )
+    assert len(two["history"]) == 4
+    for a, b in zip(two["history"], one["history"]):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
+        assert a["train/acc"] == b["train/acc"]
+        assert a["train/margin"] == pytest.approx(b["train/margin"], abs=1e-4)
+    assert two["val_after"] == pytest.approx(one["val_after"], abs=1e-4)
+    manifest = json.loads((tmp_path / "two" / "global_step_4" / "checkpoint.json").read_text())
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    got = load_file(tmp_path / "two" / "huggingface" / "model.safetensors")
+    want = load_file(tmp_path / "one" / "huggingface" / "model.safetensors")
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5)
