@@ -44,6 +44,8 @@ VARIANTS = {
         "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         "critic.model.enable_gradient_checkpointing=true",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        # per device: a 2-rank sequence group's micro-batches hold up to 48 tokens, as the
+        # one-process reference's (_config doubles it there)
         "actor_rollout_ref.actor.ppo_max_token_len_per_device=24",
     ),
 }
@@ -104,7 +106,10 @@ def _config(model_dir: str, ranks: int, variant: str, rank: int = 0):
             f"{c}.ppo_micro_batch_size_per_device=3",
             f"{c}.shuffle=false",
             *sp,
-            *VARIANTS[variant],
+            *(
+                x.replace("_per_device=24", "_per_device=48") if ranks == 1 else x
+                for x in VARIANTS[variant]
+            ),
         ]
     )
 

@@ -37,6 +37,7 @@ from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
+from verl.engine.ulysses import sequence_parallel_of
 from verl.models import (
     attention_implementation,
     check_vocab_covers_tokenizer,
@@ -329,7 +330,9 @@ class ActorRolloutRefWorker(Worker):
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
         )
         with torch.no_grad(), self.engine.autocast():
-            for mb in micro_batches(inputs, response_len, micro_batch_size, acfg):
+            sp = sequence_parallel_of(module)
+            sp_size = 1 if sp is None else sp.size
+            for mb in micro_batches(inputs, response_len, micro_batch_size, acfg, sp_size):
                 x = mb.data.batch
                 lp, ent, *sps = compute_response_log_probs(
                     module,

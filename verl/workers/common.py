@@ -172,7 +172,9 @@ def run_ppo_update(
             by_group=shares_prompt_prefix(role_cfg),
         ):
             engine.zero_grad()
-            micro = micro_batches(mini, response_len, None, role_cfg)
+            micro = micro_batches(
+                mini, response_len, None, role_cfg, sequence_parallel_size(engine)
+            )
             weights = micro_batch_weights([mb.data for mb in micro], loss_agg_mode)
             on_device = [dataclasses.replace(mb, data=to_device(mb.data, device)) for mb in micro]
             for metrics in engine.forward_backward(on_device, loss_fn, weights):
@@ -212,8 +214,18 @@ def dp_max(value: int) -> int:
     return int(t.item())
 
 
+def sequence_parallel_size(engine: Any) -> int:
+    """Ranks of ``engine``'s sequence groups (1 without sequence parallelism)."""
+    sp = getattr(engine, "sequence_parallel", None)
+    return 1 if sp is None else sp.size
+
+
 def micro_batches(
-    data: DataProto, response_len: int, micro_batch_size: int | None, role_cfg: Any = None
+    data: DataProto,
+    response_len: int,
+    micro_batch_size: int | None,
+    role_cfg: Any = None,
+    sequence_parallel_size: int = 1,
 ) -> list[MicroBatch]:
     """The micro-batches of one forward/backward pass of a role.
 
@@ -224,6 +236,11 @@ def micro_batches(
     sequences, ``pack_sequences``, else rows x padded length): see
     ``verl.config.schema_roles.MicroBatchSplit``. Either way each micro-batch is cut to the
     columns it uses (see ``verl/workers/micro_batching.py``).
+
+    ``sequence_parallel_size``: the role's sequence groups split each micro-batch's tokens
+    over that many ranks, so a token budget (per device) admits that many times as many
+    tokens per micro-batch (as upstream's ``ppo_max_token_len_per_gpu``); row counts are
+    per micro-batch, as they are.
     """
     rows = micro_batch_size
     if role_cfg is not None:
@@ -236,7 +253,9 @@ def micro_batches(
                 data,
                 response_len,
                 micro_batch_size=rows,
-                max_token_len=role_cfg.token_budget if rows is None else None,
+                max_token_len=(
+                    role_cfg.token_budget * sequence_parallel_size if rows is None else None
+                ),
                 agree=dp_max,
                 packed=getattr(role_cfg, "pack_sequences", False),
                 share_prefix=share,

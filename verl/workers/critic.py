@@ -20,6 +20,7 @@ from verl.algorithms.losses import critic_loss
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
+from verl.engine.ulysses import sequence_parallel_of
 from verl.models import (
     CausalLMWithValueHead,
     check_vocab_covers_tokenizer,
@@ -54,6 +55,7 @@ from verl.workers.common import (
     run_ppo_update,
     save_critic_model,
     sequence_group_batch,
+    sequence_parallel_size,
     to_device,
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
@@ -77,8 +79,6 @@ def _response_values(
     """
     b = mb.batch
     body = getattr(module, "model", None)
-    from verl.engine.ulysses import sequence_parallel_of
-
     sp = sequence_parallel_of(module)
     if sp is not None:  # this rank computes 1/sp of the tokens (verl.engine.ulysses)
         pack = ccfg is not None and ccfg.pack_sequences
@@ -190,7 +190,8 @@ class CriticWorker(Worker):
             data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]), self.device
         )
         with torch.no_grad(), self.engine.eval_mode(), self.engine.autocast():
-            for mb in micro_batches(inputs, response_len, mbs, ccfg):
+            sp_size = sequence_parallel_size(self.engine)
+            for mb in micro_batches(inputs, response_len, mbs, ccfg, sp_size):
                 values = _response_values(self.engine.module, mb.data, mb.response_len, ccfg)
                 out.append((mb, values.float().cpu()))
         values = gather_response_outputs(out, len(data), response_len) * data.batch["response_mask"]
