@@ -451,7 +451,6 @@ class AgentLoop:
         free = self.max_parallel_tool_calls - len(self._held)
         deadline = time.monotonic() + self.tool_timeout
         lock, stop = threading.Lock(), threading.Event()
-        started: set[int] = set()
 
         def work() -> None:
             with call_deadline(deadline):
@@ -460,7 +459,6 @@ class AgentLoop:
                         if not queue:
                             return
                         i = queue.popleft()
-                        started.add(i)
                     results[i] = self._call(calls[i])
 
         threads = [
