@@ -289,6 +289,11 @@ def test_upstream_main_generation_command_line(tiny_model_dir, arith_file, tmp_p
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 5 and all(len(row["responses"]) == 2 for row in rows)
     assert all(1 <= n <= 5 for row in rows for n in row["response_lengths"])
+    # upstream's output keeps the input's columns (its evaluation reads reward_model)
+    inputs = pq.read_table(arith_file).to_pylist() if str(arith_file).endswith("parquet") else None
+    assert all(row["reward_model"]["ground_truth"] == row["ground_truth"] for row in rows)
+    if inputs is not None and "ability" in inputs[0]:
+        assert [row["ability"] for row in rows] == [r["ability"] for r in inputs]
     assert main_generation.main([*argv, "rollout.gpu_layers=3"]) == 2
     assert "rollout.gpu_layers: not an upstream main_generation key" in capsys.readouterr().err
     assert main_generation.main(argv[:1]) == 2

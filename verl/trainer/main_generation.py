@@ -6,7 +6,8 @@
 
 It does what ``verl generate`` does (:func:`verl.trainer.generation.generate_rows`: the
 configured rollout backend, the validation reward scorers): each upstream key becomes the
-native config key it means; the output holds upstream's ``responses`` column (a list of
+native config key it means; the output holds the input's columns (``reward_model``,
+``ability``, ... as upstream's does) and upstream's ``responses`` column (a list of
 ``data.n_samples`` texts per prompt) among ``verl generate``'s columns (their scores,
 log-probs, lengths). Keys for machinery this build does not have (``trainer.nnodes``,
 ``rollout.gpu_memory_utilization``, ...) are dropped with a note; any other key is refused
@@ -78,6 +79,37 @@ def translate(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
     return overrides, files
 
 
+def with_input_columns(rows: list[dict[str, Any]], paths: list[str]) -> list[dict[str, Any]]:
+    """``rows`` with the input's columns upstream's output keeps (``reward_model``,
+    ``ability`` and any other column the generation rows lack), row by row.
+
+    ``reward_model`` is ``{"style": "rule", "ground_truth": ...}`` from the row's ground
+    truth when the input rows cannot be matched one to one (prompts dropped by
+    ``data.truncation=drop``): then only it is carried, and a warning says so."""
+    from verl.data import read_records
+
+    inputs: list[dict[str, Any]] = []
+    for path in paths:
+        inputs += [record.data or {} for record in read_records(path).records]
+    if len(inputs) != len(rows):
+        logger.warning(
+            "%d generated rows for %d input rows (prompts were dropped): only reward_model "
+            "is carried into the output, from each row's ground truth",
+            len(rows),
+            len(inputs),
+        )
+        return [
+            row
+            if "reward_model" in row or "ground_truth" not in row
+            else {**row, "reward_model": {"style": "rule", "ground_truth": row["ground_truth"]}}
+            for row in rows
+        ]
+    return [
+        {**{k: v for k, v in source.items() if k not in row}, **row}
+        for source, row in zip(inputs, rows, strict=True)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry; 0 written, 2 for bad arguments, config or data."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -99,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetValidationError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    rows = with_input_columns(rows, paths)
     path = write_records(rows, str(files["data.output_path"]))
     print(f"wrote {len(rows)} prompts x {cfg.actor_rollout_ref.rollout.n} responses to {path}")
     return 0
