@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl.rewards.scorers import arithmetic, extract, gsm8k, math_dataset
+from verl.rewards.scorers import arithmetic, code, extract, gsm8k, math_dataset
 from verl.rewards.scorers.extract import MAX_SCORED_CHARS, last_boxed
 
 OPEN_BOXES = "\\boxed{" * 20000
@@ -59,3 +59,10 @@ def test_a_number_past_pythons_digit_limit_scores_zero_without_raising():
     huge = "\\boxed{" + "5 " * 40000 + "}"  # 40,000 digits once the blanks are dropped
     assert math_dataset.compute_score(huge, "5")["acc"] == 0.0
     assert arithmetic.compute_score(huge, "5")["pred"] == "5"  # its first number
+
+
+def test_a_code_fence_after_a_long_run_of_blanks_is_read_in_one_pass():
+    # "```" + 20,000 blanks took 3 s (two blank runs around an optional language)
+    text = ("```" + " " * 20000 + "x\n") * 3 + "```python   \nprint(1)\n```"
+    assert code.extract_code(text) == "print(1)\n"
+    assert code.extract_code("```" + " \t" * 20000) == "```" + " \t" * 20000  # no block
