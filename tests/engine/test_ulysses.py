@@ -157,3 +157,63 @@ def test_padded_blocks_cover_each_rows_real_tokens():
     assert padded_blocks(mask) == [(1, 3, 0, 0), (5, 5, 0, 0)]
     with pytest.raises(ValueError, match="rows \\[0\\]"):
         padded_blocks(torch.tensor([[1, 0, 1]]))
+
+
+def test_config_refuses_a_size_that_does_not_divide_the_ranks_or_the_single_engine(tmp_path):
+    from verl.config import ConfigError, load_config
+    from verl.models.tiny import save_tiny_model_dir
+
+    model = save_tiny_model_dir(tmp_path / "model", arch="qwen2")
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    base = [f"actor_rollout_ref.model.path={model}", "trainer.device=cpu"]
+    cfg = load_config(overrides=[*base, "trainer.n_gpus_per_node=4", f"{key}=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size is None  # as the actor's
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[*base, "trainer.n_gpus_per_node=2", f"{key}=4"])
+    assert f"{key}=4: sequence parallelism splits each micro-batch over 4 ranks" in str(err.value)
+    assert "must divide the 2 ranks of actor_rollout_ref; use one of 1, 2" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            overrides=[
+                *base,
+                "trainer.n_gpus_per_node=2",
+                "critic.enable=true",
+                "algorithm.adv_estimator=gae",
+                "critic.strategy=single",
+                "critic.ulysses_sequence_parallel_size=2",
+            ]
+        )
+    assert "critic.ulysses_sequence_parallel_size=2: sequence parallelism needs the fsdp2" in str(
+        err.value
+    )
+
+
+def test_the_single_engine_refuses_sequence_parallelism():
+    from verl.engine import build_engine
+
+    with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=2 needs the fsdp2"):
+        build_engine("single", build_tiny_model(), None, sequence_parallel_size=2)
+
+
+def test_an_unsupported_model_is_refused_before_sharding():
+    from types import SimpleNamespace
+
+    from verl.engine.ulysses import _check_model
+
+    config = SimpleNamespace(model_type="gemma2", num_attention_heads=4)
+    with pytest.raises(NotImplementedError, match="model_type='gemma2' is not supported"):
+        _check_model(config, 2)
+    config = SimpleNamespace(
+        model_type="qwen2", num_attention_heads=4, sliding_window=16, use_sliding_window=True
+    )
+    with pytest.raises(NotImplementedError, match="sliding-window attention"):
+        _check_model(config, 2)
+    config = SimpleNamespace(
+        model_type="qwen2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        _attn_implementation="eager",
+    )
+    with pytest.raises(NotImplementedError, match="attn_implementation='eager'"):
+        _check_model(config, 2)
