@@ -7,7 +7,7 @@ import io
 import pytest
 from tqdm import tqdm
 
-import verl.trainer.loop as trainer_loop
+import verl.trainer.driver as trainer_loop
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.progress import advance, step_postfix
 

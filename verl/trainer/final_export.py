@@ -1,12 +1,13 @@
-"""The end-of-run export of the actor, which never loses the run.
+"""The end-of-run export of the trained model, which never loses the run.
 
-``fit()`` ends by writing the trained actor to ``{trainer.default_local_dir}/huggingface``.
-With the default ``trainer.save_freq=-1`` that export is the only thing a run leaves, so a
-full disk there would throw the whole training away. :func:`export_final_model` therefore:
+A run ends by writing the trained model (RL: the actor) to
+``{trainer.default_local_dir}/huggingface``. With the default ``trainer.save_freq=-1`` that
+export is the only thing a run leaves, so a full disk there would throw the whole training
+away. :func:`export_final_model` therefore:
 
-1. estimates the export's size (the actor's parameter count, from its HF config on the
-   ``meta`` device, times the bytes of ``actor_rollout_ref.model.dtype``, plus a margin)
-   and compares it with the free space of the checkpoint directory's file system;
+1. estimates the export's size (the model's parameter count, from its HF config on the
+   ``meta`` device, times the bytes of its ``model.dtype``, plus a margin) and compares it
+   with the free space of the checkpoint directory's file system;
 2. writes the export (atomically: a failed write leaves no partial directory);
 3. when either says no (too little space, or the write failed for any reason), saves the
    run's state after the last step as a checkpoint instead (unless that step is saved
@@ -33,7 +34,7 @@ from verl.trainer.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.driver import Trainee
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,12 @@ class FinalExportError(CheckpointError):
     could be)."""
 
 
-def estimated_export_bytes(cfg: Any) -> int | None:
-    """Bytes the final HF export of the actor takes, estimated without loading weights:
+def estimated_export_bytes(model_cfg: Any) -> int | None:
+    """Bytes the final HF export of a model section (``path``, ``dtype``,
+    ``override_config``, ``trust_remote_code``) takes, estimated without loading weights:
     the parameter count of the model its config describes (built on ``meta``; tied weights
-    counted once) times the element size of ``actor_rollout_ref.model.dtype``, plus a
-    margin. None when the config cannot be read (the check is then skipped)."""
+    counted once) times the element size of its ``dtype``, plus a margin. None when the
+    config cannot be read (the check is then skipped)."""
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -60,7 +62,6 @@ def estimated_export_bytes(cfg: Any) -> int | None:
         from verl.models.loading import resolve_model_path
         from verl.models.precision import resolve_dtype
 
-        model_cfg = cfg.actor_rollout_ref.model
         path = resolve_model_path(model_cfg.path)
         trust = bool(getattr(model_cfg, "trust_remote_code", False))
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust, local_files_only=True)
@@ -85,17 +86,20 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
-def export_final_model(trainer: RLTrainer) -> dict[str, str]:
-    """Write the actor to ``{default_local_dir}/huggingface``; returns ``{"hf_dir": path}``.
+def export_final_model(
+    trainer: Trainee, root: Path, need: int | None, what: str = "the model"
+) -> dict[str, str]:
+    """Write ``what`` (the trained model) to ``root/huggingface`` (``trainer.save_hf``);
+    returns ``{"hf_dir": path}``. ``need``: the export's estimated bytes (None: not
+    checked).
 
     Raises:
         FinalExportError: the export did not fit or failed; the run's state after the last
             step was saved as a checkpoint instead (named in the message), or could not be
             saved either (the message says so).
     """
-    root = Path(trainer.ckpt_dir)
+    root = Path(root)
     out = root / HF_CONFIG_DIR
-    need = estimated_export_bytes(trainer.config)
     free = _free_bytes(root)
     cause: BaseException | None = None
     if need is not None and free is not None and free < need:
@@ -122,12 +126,12 @@ def export_final_model(trainer: RLTrainer) -> dict[str, str]:
             saved, how = trainer.save_checkpoint(), "was saved as the checkpoint"
         except CheckpointError as err:
             raise FinalExportError(
-                f"the final export of the actor to {out} failed: {problem}; and saving the "
+                f"the final export of {what} to {out} failed: {problem}; and saving the "
                 f"run's state after step {step} as a checkpoint instead failed too: {err}. "
                 f"Neither fits: the state after step {step} is lost"
             ) from (cause or err)
     raise FinalExportError(
-        f"the final export of the actor to {out} failed: {problem}. The run's state after "
+        f"the final export of {what} to {out} failed: {problem}. The run's state after "
         f"step {step} {how} {saved}: free space, then export it with `verl export "
         f"--checkpoint {saved} --out {out}` (or resume from it)"
     ) from cause

@@ -1,16 +1,9 @@
-"""The skeleton shared by the offline trainers (SFT, DPO / IPO / KTO): set-up, the step
-loop, validation schedule, logging, periodic checkpoints with exact resume, the final save.
-
-:class:`OfflineTrainer.train` runs::
-
-    take the run lock; resume as trainer.resume_mode says (engine, data position, step, RNG)
-    validate (unless resumed)
-    for each remaining step:
-        metrics = train_step(next batch of micro-batches)       # the subclass's loss
-        log; validate every trainer.test_freq steps
-        checkpoint every trainer.save_freq steps and after the last (verl.trainer.offline_checkpoint)
-        SIGTERM / SIGINT: checkpoint after this step, raise RunInterrupted
-    validate; save the model as a HF directory
+"""The skeleton shared by the offline trainers (SFT, DPO / IPO / KTO, reward models): set-up,
+the step, its data and its model; the run around the step (lock, signals, resume, validation
+schedule, logging, checkpoints, divergence, the final export) is :mod:`verl.trainer.driver`,
+as for RL. A subclass supplies :meth:`OfflineTrainer.train_step` (its loss over one batch of
+micro-batches) and :meth:`OfflineTrainer.evaluate`; checkpoints hold the engine, the data
+position and the RNG (:mod:`verl.trainer.offline_checkpoint`).
 
 One process, or SPMD over the ranks of a ``torch.distributed`` group (``engine.strategy``
 ``fsdp2``, started by ``verl.trainer.offline_launch``): every rank builds the same trainer,
@@ -21,6 +14,7 @@ alone logs, holds the run lock and writes the files other than the engine shards
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -31,22 +25,22 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from verl.config import DPOConfig, SFTConfig, to_dict
 from verl.config.schema_offline import ranks_named
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
+from verl.engine.base import NonFiniteLossError
 from verl.models import checkpoint_if_configured, load_causal_lm, load_tokenizer
 from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
+from verl.trainer import driver, final_export
 from verl.trainer.checkpoint import CheckpointError, CheckpointManager
 from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offline_checkpoint
-from verl.trainer.progress import advance
 from verl.trainer.resume import resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import NotSupportedYet, seed_everything
-from verl.trainer.stopping import RunInterrupted, StopRequests
+from verl.trainer.stopping import StepHealth, StopRequests
 from verl.trainer.tracking import Tracker
 from verl.utils.device import resolve_device
 from verl.workers.common import save_hf_model
@@ -114,6 +108,7 @@ class OfflineTrainer:
                 "the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token"
             )
 
+        self.val_dataset: Any = None  # build_data sets it when there is validation data
         with self.rank0_first():  # the built-in data is written once
             self.build_data()
         steps_per_epoch = len(self.train_loader)
@@ -136,6 +131,7 @@ class OfflineTrainer:
             device=self.device,
         )
         # The console line is written here (offline metrics are not in Tracker's PPO keys).
+        self.is_main_rank = self.rank == 0  # logs, shows the progress bar
         self._console = "console" in t.logger and self.rank == 0
         backends = [b for b in t.logger if b != "console"] if self.rank == 0 else []
         self.tracker = tracker or Tracker(
@@ -147,7 +143,8 @@ class OfflineTrainer:
         )
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
-        self.val_history: list[dict[str, Any]] = []
+        self.validation_history: list[dict[str, Any]] = []
+        self._batches: Any = None  # the loader's batches, epoch after epoch (run_step)
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self._resume_checked = False
@@ -288,98 +285,81 @@ class OfflineTrainer:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the run
     def train(self) -> dict[str, Any]:
         """Resume (``trainer.resume_mode``), train to ``total_steps`` optimizer steps with
-        checkpoints every ``trainer.save_freq`` steps, validate, save; return the results.
+        checkpoints every ``trainer.save_freq`` steps, validate, save; return the results
+        (:func:`verl.trainer.driver.run`, the run lifecycle RL shares).
 
         Results: ``history`` (metrics per step of this process's run: a resumed run starts
         after its checkpoint), ``val_history``, ``last_metrics``, ``val_before`` (not when
         resumed) / ``val_after`` (when there is validation data), ``checkpoint`` (the last
-        one saved) and ``hf_dir``.
+        one saved), ``hf_dir`` and ``resumed_from``.
         """
-        t = self.config.trainer
-        results: dict[str, Any] = {}
-        progress = None
-        try:
-            if self.run_lock is not None:
-                self.run_lock.acquire()
-            if self.world_size == 1:  # several ranks: the launcher forwards the driver's
-                self._stop.__enter__()  # SIGTERM / SIGINT: stop after the current step
-            self.resume()
-            if t.val_before_train and self.resumed_from is None:
-                val = self._validate()
-                if val:
-                    results["val_before"] = val
-            progress = tqdm(
-                total=self.total_steps,
-                initial=self.global_step,
-                desc="training",
-                unit="step",
-                dynamic_ncols=True,
-                disable=self.rank != 0,
-            )
-            self._train_loop(progress)
-            val = self._validate()
-            if val:
-                results["val_after"] = val
-            if self.last_checkpoint is not None:
-                results["checkpoint"] = str(self.last_checkpoint)
-            results["hf_dir"] = str(self.save_hf(self.output_dir / "huggingface"))
-            results["resumed_from"] = str(self.resumed_from) if self.resumed_from else None
-        finally:
-            self._stop.__exit__()
-            if progress is not None:
-                progress.close()
-            self.tracker.close()
-            if self.run_lock is not None:
-                self.run_lock.release()
+        results = driver.run(self)
+        results["resumed_from"] = str(self.resumed_from) if self.resumed_from else None
         results["history"] = self.history
         results["val_history"] = self.val_history
         results["last_metrics"] = self.history[-1] if self.history else {}
         return results
 
-    def _train_loop(self, progress: tqdm) -> None:
-        t = self.config.trainer
-        while self.global_step < self.total_steps:
-            for micro_batches in self.train_loader:
-                self.global_step += 1
-                start = time.perf_counter()
-                metrics = self.train_step(micro_batches)
-                metrics["timing_s/step"] = time.perf_counter() - start
-                metrics["train/epoch"] = self.train_loader.epoch
-                if not math.isfinite(metrics.get("train/loss", 0.0)):
-                    logger.warning("step %d: non-finite loss", self.global_step)
-                last = self.global_step == self.total_steps
-                if t.test_freq > 0 and self.global_step % t.test_freq == 0 and not last:
-                    metrics |= self._validate(log=False)
-                self.log(metrics, self.global_step)
-                self.history.append(metrics)
-                advance(progress, metrics)
-                signum = self._stop_signum()
-                stop = signum is not None
-                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stop):
-                    self.save_checkpoint()
-                if stop:
-                    saved = self.last_checkpoint if t.save_freq > 0 else None
-                    raise RunInterrupted(signum, self.global_step, saved)
-                if last:
-                    break
+    # the driver's hooks (verl.trainer.driver.Trainee)
+    def run_step(self) -> dict[str, Any]:
+        """One optimizer step over the loader's next batch (epoch after epoch)."""
+        if self._batches is None:
+            self._batches = itertools.chain.from_iterable(itertools.repeat(self.train_loader))
+        micro_batches = next(self._batches)
+        start = time.perf_counter()
+        metrics = self.train_step(micro_batches)
+        metrics["timing_s/step"] = time.perf_counter() - start
+        metrics["train/epoch"] = self.train_loader.epoch
+        return metrics
 
-    def _stop_signum(self) -> int | None:
+    def step_health(self) -> StepHealth:
+        """A step whose loss is not finite is never checkpointed, and ends the run when it
+        is the final one (the model would be neither validated nor exported)."""
+        return StepHealth(
+            lambda metrics: not math.isfinite(metrics.get("train/loss", 0.0)), _nonfinite_error
+        )
+
+    def has_validation(self) -> bool:
+        return self.val_dataset is not None
+
+    def validate(self) -> dict[str, float]:
+        return self.evaluate()
+
+    def stop_requests(self) -> StopRequests | None:
+        """One process handles SIGTERM / SIGINT itself; several ranks get the launcher's
+        forwarded requests through :meth:`stop_signum`."""
+        return self._stop if self.world_size == 1 else None
+
+    def stop_signum(self) -> int | None:
         """The signal that asked the run to stop after this step, or None; every rank
         gets rank 0's answer."""
         if self.world_size == 1:
             return self._stop.signum
         return self.broadcast(self.stop_source() if self.stop_source is not None else None)
 
-    def _validate(self, log: bool = True) -> dict[str, float]:
-        val = self.evaluate()
-        if val:
-            self.val_history.append({"step": self.global_step, **val})
-            if log:
-                self.log(val, self.global_step)
-        return val
+    @property
+    def val_history(self) -> list[dict[str, Any]]:
+        """The validations of this run (``{"step": N, "val/...": ...}``)."""
+        return self.validation_history
+
+    def export(self) -> dict[str, Any]:
+        """The model as a HF directory in ``{default_local_dir}/huggingface``. In one
+        process a failed export saves a checkpoint instead (:mod:`verl.trainer.final_export`);
+        on several ranks the export is collective and a failure ends the run."""
+        out_root = self.output_dir
+        if self.world_size > 1:
+            return {"hf_dir": str(self.save_hf(out_root / "huggingface"))}
+        need = final_export.estimated_export_bytes(self.config.model)
+        return final_export.export_final_model(self, out_root, need)
+
+    def close(self) -> None:
+        """Flush the trackers and release the run lock (idempotent)."""
+        self.tracker.close()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Send ``metrics`` to the trackers and, with the console logger, one line to logging."""
@@ -459,6 +439,17 @@ class MicroBatchCollate:
         return [
             self.collate(items[i : i + size], **self.kwargs) for i in range(0, len(items), size)
         ]
+
+
+def _nonfinite_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) -> Exception:
+    """The error that ends a run whose final step's loss was not finite."""
+    kept = f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved"
+    return NonFiniteLossError(
+        f"the loss was not finite in the final step {step} (train/loss="
+        f"{metrics.get('train/loss')}): the training diverged, so the model is neither "
+        f"validated nor exported; {kept}. Lower optim.lr or clip gradients harder "
+        "(engine.grad_clip)."
+    )
 
 
 def _dist_layout() -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """The single-controller RL loop: PPO, GRPO and their relatives.
 
 ``RLTrainer.fit()`` is the whole algorithm, top to bottom, the way docs/concepts.md draws it
-(the loop is :mod:`verl.trainer.loop`; the phases of a step are the methods here)::
+(the run's lifecycle is :mod:`verl.trainer.driver`; the step is :meth:`RLTrainer.train_step`)::
 
     for batch in loader:
         gen   = actor_rollout.generate_sequences(batch)      # n responses per prompt
@@ -18,8 +18,7 @@
 The first two lines (and DAPO's filter) are the step's batch source, chosen when the
 trainer is built (:mod:`verl.trainer.batch_source`): one batch, dynamic sampling, or with
 ``trainer.async_rollout=true`` a batch generated earlier on a copy of the policy while the
-previous step trained (:mod:`verl.trainer.async_rollout`). :meth:`RLTrainer.train_step` is
-the step; :mod:`verl.trainer.loop` runs the steps.
+previous step trained (:mod:`verl.trainer.async_rollout`).
 
 Scoring comes before the log-prob passes so that dynamic sampling
 (``algorithm.filter_groups``, :mod:`verl.trainer.dynamic_sampling`) can drop groups before
@@ -42,6 +41,7 @@ resumed from step k takes exactly the steps the uninterrupted run takes after k.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 import uuid
@@ -58,7 +58,7 @@ from verl.compat.device_map import apply_pending_device_map
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
 from verl.rewards import RewardManager, shape_model_scores
-from verl.trainer import loop
+from verl.trainer import driver, final_export
 from verl.trainer.async_rollout import AsyncRollout, build_async_rollout
 from verl.trainer.batch_source import build_batch_source, draws
 from verl.trainer.build import (
@@ -88,7 +88,14 @@ from verl.trainer.setup import (
     resolve_sample_dirs,
     seed_everything,
 )
-from verl.trainer.stopping import StopRequests, ValidationStopped
+from verl.trainer.stopping import (
+    DivergenceGuard,
+    StepHealth,
+    StopRequests,
+    ValidationStopped,
+    diverged_error,
+    loss_not_finite,
+)
 from verl.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -213,6 +220,7 @@ class RLTrainer:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self._resume_checked = False
+        self._batches: Any = None  # the loader's batches, epoch after epoch (run_step)
 
     # ------------------------------------------------------------------ setup helpers
     def build_reward_manager(self, compute_score: Callable[..., Any] | None, train: bool):
@@ -458,8 +466,53 @@ class RLTrainer:
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         """Train for ``total_steps`` steps; returns the last step's metrics and validation
-        (:func:`verl.trainer.loop.fit`: resume, validate, train, validate, export)."""
-        return loop.fit(self)
+        (:func:`verl.trainer.driver.run`: resume, validate, train, validate, export; a
+        resumed run skips ``val_before_train``: the run it continues validated already, and
+        a sampled validation here would move the random streams the continuation shares)."""
+        return driver.run(self)
+
+    # the driver's hooks (verl.trainer.driver.Trainee)
+    is_main_rank = True
+
+    def run_step(self) -> dict[str, Any]:
+        """Step ``global_step`` from the loader's next batches, profiled when asked
+        (``trainer.profile_steps``), with the data position's metrics."""
+        if self._batches is None:  # epoch after epoch; every batch drawn advances the loader
+            self._batches = itertools.chain.from_iterable(itertools.repeat(self.train_loader))
+        batches = self._batches
+        step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
+        metrics = self.profiler.run(self.global_step, step)  # trace, stage table
+        metrics["training/epoch"] = self.train_loader.epoch
+        # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
+        metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
+        metrics["data/truncated_prompts"] = float(self.train_dataset.num_truncated)
+        return metrics
+
+    def step_health(self) -> StepHealth:
+        """Non-finite actor losses and finite divergence (:mod:`verl.trainer.stopping`)."""
+        return StepHealth(
+            loss_not_finite, diverged_error, DivergenceGuard.from_config(self.config.trainer)
+        )
+
+    def has_validation(self) -> bool:
+        return self.val_dataset is not None
+
+    def stop_requests(self) -> StopRequests:
+        return self._stop
+
+    def stop_signum(self) -> int | None:
+        return self._stop.signum
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.tracker.log(metrics, step=step)
+
+    def export(self) -> dict[str, Any]:
+        """The actor as a HF directory in ``{default_local_dir}/huggingface``; a failed
+        export saves a checkpoint instead (:mod:`verl.trainer.final_export`)."""
+        model = self.config.actor_rollout_ref.model
+        return final_export.export_final_model(
+            self, self.ckpt_dir, final_export.estimated_export_bytes(model), what="the actor"
+        )
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

@@ -36,6 +36,7 @@ import logging
 import math
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -205,3 +206,44 @@ def divergence_error(
         "actor_rollout_ref.actor.optim.lr (or critic.optim.lr), check the reward scale, or "
         "raise the bound (0 turns the check off) if the run is known to be sane."
     )
+
+
+class StepHealth:
+    """Whether a finished step may be saved and the run go on, from its metrics.
+
+    Args:
+        nonfinite: whether the step's update had a non-finite loss (its optimizer step was
+            skipped, :mod:`verl.engine.base`).
+        nonfinite_error: the error that ends a run whose final step was non-finite
+            (``(step, metrics, last checkpoint) -> Exception``).
+        guard: the finite-divergence check, or None.
+    """
+
+    def __init__(
+        self,
+        nonfinite: Callable[[dict[str, Any]], bool],
+        nonfinite_error: Callable[[int, dict[str, Any], Path | None], Exception],
+        guard: DivergenceGuard | None = None,
+    ) -> None:
+        self.nonfinite = nonfinite
+        self.nonfinite_error = nonfinite_error
+        self.guard = guard
+
+    def check(
+        self, step: int, metrics: dict[str, Any], last: bool, checkpoint: Path | None
+    ) -> tuple[str | None, Exception | None]:
+        """``(why the step must not be saved or None, the error that ends the run now or
+        None)``; a non-finite final step and a tripped guard end it."""
+        broken = self.nonfinite(metrics)
+        diverging = self.guard.check(metrics) if self.guard is not None else None
+        if diverging is not None:
+            logger.warning("step %d looks diverged: %s", step, diverging)
+        if broken and last:
+            return "non-finite loss", self.nonfinite_error(step, metrics, checkpoint)
+        if diverging is not None and (self.guard.tripped or last):
+            return "looks diverged", divergence_error(step, diverging, self.guard, checkpoint)
+        if broken:
+            return "non-finite loss, not checkpointed", None
+        if diverging is not None:
+            return "looks diverged, not checkpointed", None
+        return None, None
