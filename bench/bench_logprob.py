@@ -2,7 +2,7 @@
 
 ``naive``  : ``model(...)`` -> logits for every position (batch, seq, vocab), slice the
              response positions, ``log_softmax(logits.float() / T)`` and gather.
-``chunked``: :func:`verl.utils.torch_functional.compute_response_log_probs` (base model,
+``chunked``: :func:`verl.kernels.torch_functional.compute_response_log_probs` (base model,
              LM head only on the response positions, ``chunk_size`` tokens at a time, head
              checkpointed under grad).
 
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from verl.utils.torch_functional import DEFAULT_CHUNK_SIZE
+from verl.kernels.torch_functional import DEFAULT_CHUNK_SIZE
 
 METHODS = ("naive", "chunked")
 SHAPE_ARGS = ("vocab", "hidden", "layers", "batch", "seq", "chunk_size", "repeats")
@@ -67,7 +67,7 @@ def _build(args):
 def _make_runner(args, model, input_ids, attention_mask, position_ids):
     import torch
 
-    from verl.utils.torch_functional import compute_response_log_probs
+    from verl.kernels.torch_functional import compute_response_log_probs
 
     response_len, temperature = args.seq // 2, 0.9
     train = args.mode == "train"

@@ -20,7 +20,7 @@ micro-batches are the workers' own (``verl.workers.micro_batching.split_micro_ba
   packing (``share_prefix=True``: each group's prompt computed once, group-aware
   micro-batches whose budget counts a prompt once);
 - ``shared_budget_masked``: ``shared_budget`` with attention over each bin under its full
-  ``(bins, width, width)`` mask instead of block by block (``verl.utils.block_attention``,
+  ``(bins, width, width)`` mask instead of block by block (``verl.kernels.block_attention``,
   used by every packed configuration above when the model's attention is ``sdpa``).
 
 ``logprob`` is the no-grad pass (old / reference log-probs); ``update`` is forward +
@@ -47,9 +47,9 @@ import time
 import torch
 from _common import W2_MODEL_KWARGS
 
-import verl.utils.torch_functional as tf
+import verl.kernels.torch_functional as tf
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
-from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.micro_batching import split_micro_batches
 
 CONFIGS = (
@@ -144,7 +144,7 @@ def _micro(data: DataProto, response: int, config: str, budget: int, micro: int)
 
 def _computed(model, data: DataProto, response: int, config: str, budget: int, micro: int):
     """Token columns the base transformer computes (packing: bins x width)."""
-    from verl.utils.torch_functional import pack_batch
+    from verl.kernels.torch_functional import pack_batch
 
     total = 0
     for mb in _micro(data, response, config, budget, micro):

@@ -65,7 +65,7 @@ def _load(kind: str):
 
 def _gap(model, out, precision: str, torch) -> dict[str, float]:
     from verl.algorithms.rollout_correction import rollout_mismatch_metrics
-    from verl.utils.torch_functional import compute_response_log_probs
+    from verl.kernels.torch_functional import compute_response_log_probs
 
     mask = out.batch["response_mask"]
     autocast = (

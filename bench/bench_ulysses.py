@@ -1,5 +1,5 @@
 """Benchmark: activation memory of one long sequence with and without Ulysses sequence
-parallelism (``verl.engine.ulysses``).
+parallelism (``verl.kernels.ulysses``).
 
 One sequence of ``--tokens`` tokens goes through a randomly initialised Qwen2
 (``--layers`` layers, ``--hidden`` wide, 8 query and 2 key/value heads, fp32):
@@ -40,7 +40,7 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
 
 def _measure(model: torch.nn.Module, tokens: int) -> tuple[float, float]:
     """(peak RSS growth in MiB, seconds) of one forward + backward."""
-    from verl.utils.torch_functional import compute_response_log_probs
+    from verl.kernels.torch_functional import compute_response_log_probs
 
     ids = torch.randint(3, 700, (1, tokens), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -64,7 +64,7 @@ def _one(args: argparse.Namespace, out: str) -> None:
 
 def _rank(rank: int, port: int, args: argparse.Namespace, out_dir: str) -> None:
     torch.set_num_threads(1)
-    from verl.engine.ulysses import apply_ulysses, build_sequence_parallel
+    from verl.kernels.ulysses import apply_ulysses, build_sequence_parallel
     from verl.utils.distributed import init_distributed
 
     init_distributed(rank, 2, "127.0.0.1", port, device_type="cpu")

@@ -175,9 +175,9 @@ def check_fp8_weight_only(device: torch.device) -> dict:
 
 
 def check_native_rollout(device: torch.device) -> dict:
+    from verl.kernels.torch_functional import compute_response_log_probs
     from verl.rollout.base import SamplingParams
     from verl.rollout.native import NativeRollout
-    from verl.utils.torch_functional import compute_response_log_probs
 
     model, tok = _tiny(device)
     texts = ["hello world", "the cat", "one two three four", "a"]

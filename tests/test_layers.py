@@ -22,10 +22,15 @@ ALLOWED = {
     "protocol": set(),
     "algorithms": set(),
     "utils": set(),  # set_device_map is re-exported lazily (by name) from verl.compat
+    # verl.utils.reward_score: upstream verl's scorer module paths, adapters over verl.rewards
+    "utils.reward_score": {"utils", "rewards"},
+    # attention and log-prob kernels, packing, sequence parallelism
+    "kernels": {"utils"},
     "models": {"utils"},
     "data": {"protocol", "utils", "models"},
-    "engine": {"utils", "models"},
-    "rollout": {"protocol", "utils"},
+    "engine": {"utils", "models", "kernels"},
+    # the agent loop calls tools; agent programs are scored through the reward manager
+    "rollout": {"protocol", "utils", "kernels", "tools", "rewards"},
     "rewards": {"protocol", "utils", "algorithms"},
     "controller": {"protocol", "utils"},
     # tools for multi-turn rollouts; the python tool reuses the code-reward sandbox
@@ -35,6 +40,7 @@ ALLOWED = {
         "protocol",
         "algorithms",
         "utils",
+        "kernels",
         "models",
         "engine",
         "rollout",
@@ -48,6 +54,7 @@ ALLOWED = {
         "protocol",
         "algorithms",
         "utils",
+        "kernels",
         "models",
         "data",
         "engine",
@@ -67,6 +74,8 @@ for _package, _deps in ALLOWED.items():
 
 def _package_of(path: Path) -> str:
     rel = path.relative_to(ROOT)
+    if rel.parts[:2] == ("utils", "reward_score"):
+        return "utils.reward_score"
     return rel.parts[0].removesuffix(".py")
 
 

@@ -87,7 +87,7 @@ def test_registry_entry_asks_the_actor_for_sum_pi_squared():
 
 
 def test_sum_pi_squared_from_the_log_prob_pass():
-    from verl.utils.torch_functional import compute_response_log_probs
+    from verl.kernels.torch_functional import compute_response_log_probs
 
     torch.manual_seed(0)
 

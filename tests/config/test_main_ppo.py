@@ -135,9 +135,13 @@ def test_hydra_config_path_and_name(tmp_path, monkeypatch, capsys: pytest.Captur
     assert main_ppo.main(argv) == 0
     assert from_dict(load_yaml_text(capsys.readouterr().out)) == TrainerConfig()
     # a config this build does not ship, and the flags misused
+    assert main_ppo.main(["--config-path=config", "--config-name=grpo_special"]) == 2
+    err = capsys.readouterr().err
+    assert "'grpo_special': no such file" in err and "packaged config is ppo_trainer" in err
+    # upstream's Megatron config: the reason and what runs instead, not a missing file
     assert main_ppo.main(["--config-path=config", "--config-name=ppo_megatron_trainer"]) == 2
     err = capsys.readouterr().err
-    assert "'ppo_megatron_trainer': no such file" in err and "packaged config is ppo_trainer" in err
+    assert "there is no Megatron engine here" in err and "strategy=fsdp2" in err
     assert main_ppo.main(["--config-path=conf"]) == 2
     assert "--config-path needs --config-name" in capsys.readouterr().err
     assert main_ppo.main(["--config=x.yaml", "--config-name=mine"]) == 2

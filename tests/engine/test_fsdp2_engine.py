@@ -20,8 +20,8 @@ import torch
 import torch.multiprocessing as mp
 
 from verl.engine import OptimSpec, build_engine
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
-from verl.utils.torch_functional import compute_response_log_probs
 
 WORLD = 2
 BATCH = 8  # 4 samples per rank, 2 micro-batches of 2 per rank

@@ -15,7 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.engine import OptimSpec, SingleProcessEngine, build_engine
 from verl.engine.single import STATE_FILE, TENSORS_FILE
-from verl.utils.torch_functional import compute_response_log_probs
+from verl.kernels.torch_functional import compute_response_log_probs
 
 
 class VectorModel(nn.Module):

@@ -12,11 +12,11 @@ import torch
 
 from verl.algorithms import POLICY_LOSSES
 from verl.algorithms.losses import actor_loss
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
 from verl.rollout import SamplingParams, build_rollout
 from verl.rollout.agent_loop import AgentLoop, EngineTurnGenerator
 from verl.tools.calculator import calculate, calculator_tool
-from verl.utils.torch_functional import compute_response_log_probs
 
 from .conftest import make_batch
 

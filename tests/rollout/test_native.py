@@ -498,7 +498,7 @@ def test_bf16_autocast_casts_each_weight_once_per_generation(model, tokenizer, b
 def _decode_engines(model, tokenizer, monkeypatch):
     """An engine whose decode steps take verl's decode attention (counted) and one whose
     steps take transformers' sdpa."""
-    from verl.utils import decode_attention as da
+    from verl.kernels import decode_attention as da
 
     calls: list[int] = []
     real = da.decode_attention
@@ -529,7 +529,7 @@ def test_decode_attention_under_bf16_is_closer_to_the_training_pass(
     numerics, so its log-probs sit closer to what the update computes for the same samples
     (packed, shared prompts) than transformers' bf16 SDPA path's do (measured: mean gap
     ~0.011 vs ~0.018 on this model)."""
-    from verl.utils.torch_functional import compute_response_log_probs
+    from verl.kernels.torch_functional import compute_response_log_probs
 
     ours, theirs, calls = _decode_engines(model, tokenizer, monkeypatch)
     low = torch.bfloat16

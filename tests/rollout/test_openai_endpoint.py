@@ -15,6 +15,7 @@ import pytest
 import torch
 from openai import OpenAI
 
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.rewards.isolation import ERROR
 from verl.rollout import SamplingParams, build_rollout
@@ -25,7 +26,6 @@ from verl.rollout.agent_program import (
     agent_program_metrics,
     load_agent,
 )
-from verl.utils.torch_functional import compute_response_log_probs
 
 WIDTH = 96  # prompt width: room for an agent's own system message
 

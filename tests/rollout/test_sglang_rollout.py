@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.rollout.sglang_rollout import SGLangRollout
 from verl.rollout.weight_sync import WeightSyncTimeout
-from verl.utils.torch_functional import compute_response_log_probs
 
 from .conftest import make_batch
 from .fake_sglang import FakeSGLangEngine

@@ -29,11 +29,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.rollout.conftest import make_batch
 from verl.config import load_config
 from verl.controller import ensure_ray, shutdown_ray
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import save_tiny_model_dir
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.trainer.ppo_trainer import RLTrainer
-from verl.utils.torch_functional import compute_response_log_probs
 
 PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hello"]
 

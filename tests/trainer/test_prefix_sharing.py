@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import verl.utils.torch_functional as tf
+import verl.kernels.torch_functional as tf
 from verl.trainer.ppo_trainer import RLTrainer
 from verl.trainer.tracking import Tracker
 

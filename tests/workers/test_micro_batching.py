@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
 from verl.protocol import DataProto
-from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.micro_batching import (
     gather_response_outputs,
     split_micro_batches,

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from verl.config import load_config
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models import CausalLMWithValueHead
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.protocol import DataProto
-from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.common import micro_batches
 from verl.workers.critic import CriticWorker

@@ -128,7 +128,7 @@ class TrainEngine(ABC):
         if self.offload_params or self.offload_optimizer:
             self.offload_to_cpu(self.offload_params, self.offload_optimizer)
 
-    # Ulysses sequence parallelism (verl.engine.ulysses): this rank's place in the
+    # Ulysses sequence parallelism (verl.kernels.ulysses): this rank's place in the
     # (data, sequence) mesh, or None (a backend with sequence parallelism sets it).
     sequence_parallel = None
 

@@ -44,7 +44,7 @@ Design decisions:
   ranks may generate different amounts (different batches, early stops); outside it every
   forward all-gathers, so every rank must run the same number of forwards.
 - **Sequence parallelism.** ``sequence_parallel_size = sp > 1`` arranges the ranks as a
-  ``(data, sequence)`` mesh (``verl.engine.ulysses``): the ranks of a sequence group split
+  ``(data, sequence)`` mesh (``verl.kernels.ulysses``): the ranks of a sequence group split
   each micro-batch's tokens, and their attention trades the token split for a head split
   with all-to-alls. Parameters stay sharded over all ranks (FSDP's mesh is the whole
   world); the per-token gather's backward scales each rank's share by ``sp``, so FSDP's
@@ -91,7 +91,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.dcp_io import load_dcp_state
-from verl.engine.ulysses import SequenceParallel, apply_ulysses, build_sequence_parallel
+from verl.kernels.ulysses import SequenceParallel, apply_ulysses, build_sequence_parallel
 from verl.utils.atomic_io import publish_dir, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class FSDP2Engine(TrainEngine):
             Rank 0's weights and buffers are broadcast after sharding.
         sequence_parallel_size: Ulysses sequence-parallel ranks per group (1 = off; must
             divide the world size and split the model's attention heads, see
-            ``verl.engine.ulysses``). The module's log-prob / value forwards
+            ``verl.kernels.ulysses``). The module's log-prob / value forwards
             (``compute_response_log_probs``, the critic's) then split their tokens over the
             group; :attr:`sequence_parallel` is this rank's place in the mesh.
 

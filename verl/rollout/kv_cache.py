@@ -151,7 +151,7 @@ class PreallocatedKVCache(Cache):
 
     ``dtype``: the buffers' dtype (default: that of the first keys written). ``round_to``:
     keys and values are rounded to this dtype before they are stored, e.g. float32 buffers
-    holding bf16 values, which the decode attention of :mod:`verl.utils.decode_attention`
+    holding bf16 values, which the decode attention of :mod:`verl.kernels.decode_attention`
     reads under bf16 autocast without converting the cache at every step.
     """
 

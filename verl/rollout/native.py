@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from verl.kernels import block_attention
+from verl.kernels.decode_attention import DECODE_KWARG
 from verl.rollout.base import (
     RolloutEngine,
     SamplingParams,
@@ -44,8 +46,6 @@ from verl.rollout.base import (
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.sampling import sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
-from verl.utils import block_attention
-from verl.utils.decode_attention import DECODE_KWARG
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class NativeRollout(RolloutEngine):
         eager matmuls cast them to it), so the cache holds them in it, instead of float32
         keys (the rotary embedding's output) that every step would convert again; on a CPU
         with verl's decode attention it holds float32 values rounded to it, which that
-        path's fp32 score matmul reads as they are (:mod:`verl.utils.decode_attention`)."""
+        path's fp32 score matmul reads as they are (:mod:`verl.kernels.decode_attention`)."""
         kind = device.type
         if not torch.is_autocast_enabled(kind):
             return None, None

@@ -47,8 +47,8 @@ from verl.data.preference_dataset import (
     collate_preference,
     write_arithmetic_preference_dataset,
 )
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.trainer.offline_trainer import MicroBatchCollate, OfflineTrainer
-from verl.utils.torch_functional import compute_response_log_probs
 
 logger = logging.getLogger(__name__)
 

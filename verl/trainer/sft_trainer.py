@@ -46,8 +46,8 @@ from verl.data.sft_dataset import (
     collate_sft,
     write_arithmetic_sft_dataset,
 )
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.trainer.offline_trainer import MicroBatchCollate, OfflineTrainer
-from verl.utils.torch_functional import compute_response_log_probs
 
 logger = logging.getLogger(__name__)
 

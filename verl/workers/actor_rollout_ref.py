@@ -37,7 +37,8 @@ from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
-from verl.engine.ulysses import sequence_parallel_of
+from verl.kernels.torch_functional import compute_response_log_probs
+from verl.kernels.ulysses import sequence_parallel_of
 from verl.models import (
     attention_implementation,
     check_vocab_covers_tokenizer,
@@ -60,7 +61,6 @@ from verl.rollout.rank_zero import build_rank_rollout
 from verl.utils.device import resolve_device
 from verl.utils.memory import release_memory
 from verl.utils.rng import seed_all
-from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.checkpointing import (
     load_worker_checkpoint,
     save_hf_metadata,

@@ -8,11 +8,11 @@ built). FSDP2 averages gradients over that group, so loss weights computed here 
 scaled by the group size: the averaged gradient is then the gradient of the loss
 aggregated over the *global* mini-batch, whatever the ranks' token counts.
 
-Sequence parallelism (``ulysses_sequence_parallel_size``, ``verl.engine.ulysses``): the
+Sequence parallelism (``ulysses_sequence_parallel_size``, ``verl.kernels.ulysses``): the
 ranks of one sequence group compute on the same rows. A worker joins its group's
 dispatched chunks with :func:`sequence_group_batch` and returns its own rows'
 outputs; the weights above then count every group's rows once per rank of the group, and
-the engine's gradient gather makes that exact (see ``verl.engine.ulysses``).
+the engine's gradient gather makes that exact (see ``verl.kernels.ulysses``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from verl.algorithms.rollout_correction import rollout_mismatch_metrics
+from verl.kernels.prefix_packing import prompt_groups
 from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
 from verl.utils.distributed import find_free_port, init_distributed, is_distributed
-from verl.utils.prefix_packing import prompt_groups
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def iter_ppo_mini_batches(
     ``seed + epoch`` (reproducible, independent of the global RNG). A trailing partial
     mini-batch is kept (never dropped), so every sample contributes to every epoch.
     ``by_group`` (shared-prompt packing): the prompt groups (rows with identical real
-    prompt ids, ``verl.utils.prefix_packing.prompt_groups``) are shuffled instead of the
+    prompt ids, ``verl.kernels.prefix_packing.prompt_groups``) are shuffled instead of the
     rows, so a group's rows stay adjacent and share micro-batches.
     """
     if mini_batch_size <= 0:
@@ -308,7 +308,7 @@ def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice
     sp = getattr(engine, "sequence_parallel", None)
     if sp is None:
         return data, slice(0, len(data))
-    from verl.engine.ulysses import gather_in_group
+    from verl.kernels.ulysses import gather_in_group
 
     parts = gather_in_group(data, sp)
     start = sum(len(part) for part in parts[: sp.rank])

@@ -3,7 +3,7 @@
 Ulysses sequence parallelism (``critic.ulysses_sequence_parallel_size``): the value and
 update passes join the batch slices of a sequence group's ranks
 (``verl.workers.common.sequence_group_batch``) and split each sequence's tokens over them
-(``verl.utils.torch_functional.sequence_parallel_inputs``).
+(``verl.kernels.torch_functional.sequence_parallel_inputs``).
 
 LoRA (``critic.model.lora_rank > 0``, :func:`verl.models.lora.apply_lora_to_value_model`):
 adapters in the body, trained with the whole value head; the body's weights stay frozen.
@@ -20,7 +20,13 @@ from verl.algorithms.losses import critic_loss
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
-from verl.engine.ulysses import sequence_parallel_of
+from verl.kernels.torch_functional import (
+    pack_batch,
+    packed_forward,
+    sequence_parallel_inputs,
+    supports_packing,
+)
+from verl.kernels.ulysses import sequence_parallel_of
 from verl.models import (
     CausalLMWithValueHead,
     check_vocab_covers_tokenizer,
@@ -37,12 +43,6 @@ from verl.models.precision import attention_implementation
 from verl.protocol import DataProto
 from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
-from verl.utils.torch_functional import (
-    pack_batch,
-    packed_forward,
-    sequence_parallel_inputs,
-    supports_packing,
-)
 from verl.workers.checkpointing import (
     load_worker_checkpoint,
     save_hf_metadata,
@@ -80,7 +80,7 @@ def _response_values(
     b = mb.batch
     body = getattr(module, "model", None)
     sp = sequence_parallel_of(module)
-    if sp is not None:  # this rank computes 1/sp of the tokens (verl.engine.ulysses)
+    if sp is not None:  # this rank computes 1/sp of the tokens (verl.kernels.ulysses)
         pack = ccfg is not None and ccfg.pack_sequences
         share = pack and ccfg.share_prompt_prefix
         shard, _, place = sequence_parallel_inputs(

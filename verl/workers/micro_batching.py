@@ -14,7 +14,7 @@ ones. Outputs are put back in the caller's order with :func:`gather_response_out
 Loss weights stay exact whatever the split (see ``micro_batch_weights`` in
 ``verl/workers/common.py``).
 
-``share_prefix`` (shared-prompt packing, ``verl.utils.prefix_packing``): the rows of a
+``share_prefix`` (shared-prompt packing, ``verl.kernels.prefix_packing``): the rows of a
 group (identical real prompt ids) stay in one micro-batch where it fits, so its prompt is
 computed once; a micro-batch's token count is then its real shared count (each group's
 prompt once plus its responses).
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl.kernels.prefix_packing import prompt_groups
 from verl.protocol import DataProto
-from verl.utils.prefix_packing import prompt_groups
 
 
 @dataclass
@@ -98,7 +98,7 @@ def split_micro_batches(
     its largest ones until it has that many.
 
     ``packed``: the forward packs each micro-batch's real tokens end to end
-    (``verl.utils.packing``), so a micro-batch costs the sum of its rows' lengths instead
+    (``verl.kernels.packing``), so a micro-batch costs the sum of its rows' lengths instead
     of rows x longest.
 
     ``share_prefix`` (with ``packed``): rows with the same real prompt ids stay together

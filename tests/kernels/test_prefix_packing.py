@@ -9,12 +9,12 @@ import logging
 import pytest
 import torch
 
-import verl.utils.torch_functional as tf
+import verl.kernels.torch_functional as tf
 from verl.algorithms.losses import actor_loss
+from verl.kernels.packing import pack_sequences
+from verl.kernels.prefix_packing import has_shared_prompts, pack_shared_prefix, prompt_groups
 from verl.models.tiny import build_tiny_model
 from verl.registry import POLICY_LOSSES
-from verl.utils.packing import pack_sequences
-from verl.utils.prefix_packing import has_shared_prompts, pack_shared_prefix, prompt_groups
 
 P, R = 7, 5
 TOL = 1e-5

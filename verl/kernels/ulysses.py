@@ -15,7 +15,7 @@ computes ``1 / sp`` of its token columns:
   split for a head split (each rank then holds every token of ``heads / sp`` query heads and
   their key/value heads; key/value heads are repeated when there are fewer of them than
   ``sp``), attention runs over the whole batch with its block plan
-  (:mod:`verl.utils.block_attention`: each token attends exactly the keys its sequence
+  (:mod:`verl.kernels.block_attention`: each token attends exactly the keys its sequence
   allows), and a second all-to-all trades back. The model reaches it through transformers'
   attention registry (:func:`install`) when its forward is given ``verl_ulysses=...``; any
   other forward (generation) runs the model's own attention, unchanged.
@@ -34,7 +34,7 @@ slice of the batch) and return its own rows' outputs.
 
 :func:`apply_ulysses` (called by the fsdp2 engine, ``verl.engine.fsdp``) is the one place
 that applies it: it checks the model, installs the attention entry and tags the module;
-:func:`sequence_parallel_of` reads the tag back (``verl.utils.torch_functional`` and the
+:func:`sequence_parallel_of` reads the tag back (``verl.kernels.torch_functional`` and the
 critic's value pass do).
 """
 
@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from verl.utils.block_attention import BlockAttentionPlan, block_attention, plan_block_attention
+from verl.kernels.block_attention import BlockAttentionPlan, block_attention, plan_block_attention
 
 logger = logging.getLogger(__name__)
 
@@ -428,7 +428,7 @@ class TokenShard:
             raise RuntimeError(
                 f"sequence parallelism: {self.plan.calls} of {self.num_layers} attention layers "
                 "ran the sequence-parallel attention; the model's attention does not go through "
-                "transformers' attention registry (verl.engine.ulysses.install)"
+                "transformers' attention registry (verl.kernels.ulysses.install)"
             )
 
     def select(self, outputs: torch.Tensor) -> torch.Tensor:
@@ -465,7 +465,7 @@ def shard_tokens(
 
     Args:
         input_ids / position_ids: ``(bins, width)``: packed bins or padded rows.
-        blocks: its attention structure (``verl.utils.block_attention.Block``, flat
+        blocks: its attention structure (``verl.kernels.block_attention.Block``, flat
             positions into ``bins * width``): the packer's blocks, or :func:`padded_blocks`.
         wanted: ``(n,)`` flat positions whose outputs the caller reads, in its order.
         num_layers: attention layers of the model (each must use the plan).

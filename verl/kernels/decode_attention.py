@@ -12,7 +12,7 @@ head's queries (``(rows, kv_heads, group, dim)``): one attention call then reads
 cached key and value once, and no head is repeated. :func:`decode_attention` computes that:
 
 - under CPU autocast to bf16 / fp16 it computes what the training pass's block attention
-  (:mod:`verl.utils.block_attention`) computes for the same tokens: scores and softmax in
+  (:mod:`verl.kernels.block_attention`) computes for the same tokens: scores and softmax in
   fp32 from queries and keys rounded to the autocast dtype, probabilities rounded to it
   times values, the output in it. The cache should then hold float32 tensors whose values
   are already rounded to the autocast dtype (``PreallocatedKVCache(dtype=float32,
@@ -22,7 +22,7 @@ cached key and value once, and no head is repeated. :func:`decode_attention` com
   result within 1e-6).
 
 The native rollout engine asks for it (``verl_decode_attention=True`` in the forward's
-keyword arguments); :func:`verl.utils.block_attention.install`'s ``"sdpa"`` wrapper routes
+keyword arguments); :func:`verl.kernels.block_attention.install`'s ``"sdpa"`` wrapper routes
 the call here when :func:`applies` (CPU autocast to bf16 / fp16) and to transformers' own
 function otherwise.
 """

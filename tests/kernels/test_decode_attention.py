@@ -1,4 +1,4 @@
-"""Decode-step attention (verl.utils.decode_attention): in fp32 it equals transformers' sdpa
+"""Decode-step attention (verl.kernels.decode_attention): in fp32 it equals transformers' sdpa
 attention (which repeats the key heads) for every mask form; under bf16 autocast it equals
 the training pass's small-block attention on the same tokens; a float32 cache of rounded
 values gives the same result as converting a bf16 one; fp32 calls and calls it does not
@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verl.utils import block_attention as ba
-from verl.utils.decode_attention import applies, decode_attention
+from verl.kernels import block_attention as ba
+from verl.kernels.decode_attention import applies, decode_attention
 
 ROWS, HEADS, LENGTH, DIM = 5, 4, 11, 8
 
@@ -107,7 +107,7 @@ def test_registered_sdpa_routes_decode_calls_only_when_asked(monkeypatch):
     that it applies to; other calls reach transformers' function unchanged."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from verl.utils import decode_attention as da
+    from verl.kernels import decode_attention as da
 
     ba.install()
     calls = []

@@ -1,4 +1,4 @@
-"""Tests for verl.utils.torch_functional: chunked log-probs / entropy and response scoring."""
+"""Tests for verl.kernels.torch_functional: chunked log-probs / entropy and response scoring."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-import verl.utils.torch_functional as tf
-from verl.utils.torch_functional import (
+import verl.kernels.torch_functional as tf
+from verl.kernels.torch_functional import (
     compute_response_log_probs,
     entropy_from_logits,
     logprobs_from_logits,

@@ -1,6 +1,6 @@
 """Packed attention block by block: each query attends only the keys its sequence allows.
 
-A packed micro-batch (:mod:`verl.utils.packing`, :mod:`verl.utils.prefix_packing`) lays
+A packed micro-batch (:mod:`verl.kernels.packing`, :mod:`verl.kernels.prefix_packing`) lays
 several sequences end to end in each bin. Run through the model with a ``(bins, width,
 width)`` mask (or the block-diagonal mask transformers derives from restarting positions),
 attention costs ``bins * width**2`` query-key pairs although each query may see only its own
@@ -14,12 +14,12 @@ group's prompt for a response of a shared-prompt unit, whose prompt is a block o
 queries by ``(B, Lp + Lq)`` keys, and :func:`block_attention` computes each group with one
 ``scaled_dot_product_attention`` call and scatters the outputs back. Every query sees exactly
 the keys it sees under the full mask, so the outputs agree with the masked pass up to float
-rounding (``tests/utils/test_block_attention.py``).
+rounding (``tests/kernels/test_block_attention.py``).
 
 The model's attention reaches this path through transformers' attention registry:
 :func:`install` registers a wrapper under ``"sdpa"`` that computes block attention when the
 forward is given ``verl_block_plan=...`` (and the decode-step attention of
-:mod:`verl.utils.decode_attention` when given ``verl_decode_attention=True``) and is
+:mod:`verl.kernels.decode_attention` when given ``verl_decode_attention=True``) and is
 transformers' own ``sdpa`` otherwise. The
 plan counts the layers that used it, so a model whose attention bypassed the wrapper is
 detected (:meth:`BlockAttentionPlan.check_used`) instead of silently attending across
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from verl.utils import decode_attention
+from verl.kernels import decode_attention
 
 # (q_start, q_len, prefix_start, prefix_len), flat positions into bins * width
 Block = tuple[int, int, int, int]
@@ -104,7 +104,7 @@ class BlockAttentionPlan:
             raise RuntimeError(
                 f"block attention: {self.calls} of {layers} attention layers used the packed "
                 "batch's block plan; the model's attention does not go through transformers' "
-                "'sdpa' entry (verl.utils.block_attention.install), so packed sequences would "
+                "'sdpa' entry (verl.kernels.block_attention.install), so packed sequences would "
                 "attend to each other"
             )
 
@@ -333,7 +333,7 @@ def install() -> None:
     """Register the block-attention wrapper as transformers' ``"sdpa"`` attention (once per
     process): with ``verl_block_plan`` in the forward's keyword arguments a layer computes
     :func:`block_attention`; with ``verl_decode_attention=True`` (the native rollout's decode
-    steps) :func:`verl.utils.decode_attention.decode_attention` where it applies; otherwise
+    steps) :func:`verl.kernels.decode_attention.decode_attention` where it applies; otherwise
     transformers' own ``sdpa`` function runs unchanged."""
     with _install_lock:
         if "sdpa" in _installed:

@@ -1,4 +1,4 @@
-"""Block attention (verl.utils.block_attention): a packed batch attended block by block
+"""Block attention (verl.kernels.block_attention): a packed batch attended block by block
 equals the same batch under its full (bins, width, width) mask, in fp32 to 1e-5 and under
 bf16 autocast within bf16 rounding; a model whose attention bypasses the plan is caught."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import verl.utils.torch_functional as tf
+import verl.kernels.torch_functional as tf
+from verl.kernels import block_attention as ba
 from verl.models.tiny import build_tiny_model
-from verl.utils import block_attention as ba
 
 # two bins of width 40: a shared-prompt unit (prompt 7, responses 5, 9 and 1), a plain
 # sequence of 12, two plain sequences of 6 (a uniform causal group); filler after each
@@ -152,7 +152,7 @@ def test_bad_blocks_are_refused():
         ba.plan_block_attention([(5, 3, 4, 4)], 40)
 
 
-@torch.no_grad()  # gradients: tests/utils/test_prefix_packing.py (sdpa packs by blocks)
+@torch.no_grad()  # gradients: tests/kernels/test_prefix_packing.py (sdpa packs by blocks)
 def _logprobs(model, t, share):
     return tf.compute_response_log_probs(
         model,

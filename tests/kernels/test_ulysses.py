@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism (``verl.engine.ulysses``) on 2 gloo ranks against one process.
+"""Ulysses sequence parallelism (``verl.kernels.ulysses``) on 2 gloo ranks against one process.
 
 One spawned run: each rank holds the whole tiny model (no FSDP here: the raw forward and
 backward), splits every batch's tokens over the 2-rank sequence group and computes
@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
-from verl.utils.torch_functional import compute_response_log_probs
 
 WORLD = 2
 PROMPT_LEN, RESPONSE_LEN = 7, 6
@@ -78,7 +78,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from verl.engine.ulysses import apply_ulysses, build_sequence_parallel
+    from verl.kernels.ulysses import apply_ulysses, build_sequence_parallel
     from verl.utils.distributed import init_distributed
 
     init_distributed(rank, WORLD, "127.0.0.1", port, device_type="cpu", timeout_s=120)
@@ -140,7 +140,7 @@ def test_sequence_parallel_equals_one_process(results, name):
 def test_head_split_errors_name_the_counts():
     from types import SimpleNamespace
 
-    from verl.engine.ulysses import check_heads
+    from verl.kernels.ulysses import check_heads
 
     check_heads(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), 2)
     check_heads(SimpleNamespace(num_attention_heads=8, num_key_value_heads=2), 4)  # kv repeat
@@ -151,7 +151,7 @@ def test_head_split_errors_name_the_counts():
 
 
 def test_padded_blocks_cover_each_rows_real_tokens():
-    from verl.engine.ulysses import padded_blocks
+    from verl.kernels.ulysses import padded_blocks
 
     mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     assert padded_blocks(mask) == [(1, 3, 0, 0), (5, 5, 0, 0)]
@@ -199,7 +199,7 @@ def test_the_single_engine_refuses_sequence_parallelism():
 def test_an_unsupported_model_is_refused_before_sharding():
     from types import SimpleNamespace
 
-    from verl.engine.ulysses import _check_model
+    from verl.kernels.ulysses import _check_model
 
     config = SimpleNamespace(model_type="gemma2", num_attention_heads=4)
     with pytest.raises(NotImplementedError, match="model_type='gemma2' is not supported"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl.kernels.packing import first_fit_decreasing, pack_sequences, plan_bins
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
 from verl.protocol import DataProto
-from verl.utils.packing import first_fit_decreasing, pack_sequences, plan_bins
-from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.micro_batching import split_micro_batches
 
 P, R = 6, 5

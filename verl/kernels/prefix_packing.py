@@ -1,7 +1,7 @@
 """Shared-prompt packing: the rows of a GRPO group computed with their prompt once.
 
 With ``rollout.n > 1`` the ``n`` samples of a prompt repeat its tokens. Plain packing
-(:mod:`verl.utils.packing`) lays every row out whole, so the prompt is computed ``n``
+(:mod:`verl.kernels.packing`) lays every row out whole, so the prompt is computed ``n``
 times, forward and backward. Here the rows of a micro-batch whose real prompt ids are
 identical (found by the ids, never by ``uid``, so sharing is always exact) become one
 packed sequence ``[prompt, response_1, ..., response_k]`` (a "unit"):
@@ -17,7 +17,7 @@ packed sequence ``[prompt, response_1, ..., response_k]`` (a "unit"):
 Every token then sees exactly the keys, at exactly the positions, of its padded row, so
 the log-probs, entropies and gradients equal the padded pass up to float rounding (the
 gradient of a shared prompt state is the sum over the responses, as it is when the prompt
-is computed once per row). Units are packed into bins by :func:`verl.utils.packing.plan_bins`
+is computed once per row). Units are packed into bins by :func:`verl.kernels.packing.plan_bins`
 (block-diagonal across units); a group whose unit would pass ``max_unit`` tokens is cut
 into several units, each with its own copy of the prompt, so a bin's attention (its length
 squared) stays bounded.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.utils.packing import _MIN_CAPACITY, PackedBatch, bins_and_width, row_lengths
+from verl.kernels.packing import _MIN_CAPACITY, PackedBatch, bins_and_width, row_lengths
 
 
 def prompt_groups(
@@ -107,7 +107,7 @@ def pack_shared_prefix(
         width_multiple: round the packed width up to a multiple of this (filler columns).
 
     Returns:
-        A :class:`~verl.utils.packing.PackedBatch` whose ``attention_mask`` is the
+        A :class:`~verl.kernels.packing.PackedBatch` whose ``attention_mask`` is the
         ``(bins, width, width)`` boolean mask (True = the query row may attend the key
         column).
     """

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from verl.utils import block_attention
-from verl.utils.packing import PackedBatch, pack_sequences
-from verl.utils.prefix_packing import pack_shared_prefix, prompt_groups
+from verl.kernels import block_attention
+from verl.kernels.packing import PackedBatch, pack_sequences
+from verl.kernels.prefix_packing import pack_shared_prefix, prompt_groups
 
 logger = logging.getLogger(__name__)
 
@@ -307,11 +307,11 @@ def compute_response_log_probs(
             ``softmax(logits/T)`` per token (detached; the optimal token baseline's
             ``||grad_logits log pi(y_t)||^2 = 1 - 2 pi(y_t) + sum_v pi(v)^2`` needs it).
         pack: run the base transformer on the rows' real tokens packed end to end
-            (:func:`verl.utils.packing.pack_sequences`: no padding compute, attention kept
+            (:func:`verl.kernels.packing.pack_sequences`: no padding compute, attention kept
             within each sequence) and the head on the valid response tokens only. Models
             without the plain head path run padded. Padded response positions are then 0.
         share_prefix: with ``pack``, rows with identical real prompt ids share one copy of
-            the prompt (:func:`verl.utils.prefix_packing.pack_shared_prefix`, an explicit
+            the prompt (:func:`verl.kernels.prefix_packing.pack_shared_prefix`, an explicit
             attention mask; same results). Attention implementations that take no custom
             4D mask (flash-attention varlen, flex) use plain packing, logged once.
 
@@ -336,10 +336,10 @@ def compute_response_log_probs(
     if callable(get_base):
         model = get_base()
 
-    from verl.engine.ulysses import sequence_parallel_of
+    from verl.kernels.ulysses import sequence_parallel_of
 
     sp = sequence_parallel_of(model)
-    if sp is not None:  # this rank computes 1/sp of the tokens (verl.engine.ulysses)
+    if sp is not None:  # this rank computes 1/sp of the tokens (verl.kernels.ulysses)
         shard, labels, place = sequence_parallel_inputs(
             model, sp, input_ids, attention_mask, position_ids, response_len, pack, share_prefix
         )
@@ -447,9 +447,9 @@ def pack_batch(
     share_prefix: bool,
 ) -> PackedBatch:
     """``input_ids``/``attention_mask`` ``(rows, P + R)`` packed for ``model`` (a HF base or
-    causal-LM model): shared-prompt packing (:func:`verl.utils.prefix_packing.pack_shared_prefix`)
+    causal-LM model): shared-prompt packing (:func:`verl.kernels.prefix_packing.pack_shared_prefix`)
     when ``share_prefix`` is asked for, two rows share a prompt and the model's attention
-    takes a custom 4D mask; else plain packing (:func:`verl.utils.packing.pack_sequences`).
+    takes a custom 4D mask; else plain packing (:func:`verl.kernels.packing.pack_sequences`).
     Feed the model ``packed_attention_mask(model, packed.attention_mask)``. The width is
     rounded up to :func:`shape_multiple` of ``model``."""
     width_multiple = shape_multiple(model)
@@ -518,7 +518,7 @@ def sequence_parallel_inputs(
     share_prefix: bool,
 ):
     """A ``(rows, P + R)`` batch split along its tokens for this rank of ``sp``
-    (:func:`verl.engine.ulysses.shard_tokens`), packed (shared-prompt packed with
+    (:func:`verl.kernels.ulysses.shard_tokens`), packed (shared-prompt packed with
     ``share_prefix``) or padded, with the wanted positions those that predict the response
     tokens.
 
@@ -529,7 +529,7 @@ def sequence_parallel_inputs(
         ``(shard, labels (n,), place)``: ``place(values (n,))`` puts per-wanted-position
         values into the ``(rows, R)`` layout (padded response positions 0 when packed).
     """
-    from verl.engine.ulysses import num_attention_layers, padded_blocks, shard_tokens
+    from verl.kernels.ulysses import num_attention_layers, padded_blocks, shard_tokens
 
     if not supports_packing(model):
         raise NotImplementedError(
@@ -559,7 +559,7 @@ def sequence_parallel_inputs(
 
 def block_attention_layers(model: nn.Module) -> int:
     """Attention layers of ``model`` (a HF base or causal-LM model) that would compute a
-    packed batch block by block (:mod:`verl.utils.block_attention`), or 0 when its attention
+    packed batch block by block (:mod:`verl.kernels.block_attention`), or 0 when its attention
     cannot: not transformers' ``sdpa``, a model type outside the plain-head set, or a
     sliding window."""
     if not supports_packing(model):

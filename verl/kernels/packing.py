@@ -10,16 +10,16 @@ block-diagonal causal mask (``masking_utils.find_packed_sequence_indices``) for 
 and sdpa kernels; flash-attention uses them as varlen boundaries. Attention never crosses a
 sequence, so every token sees exactly what it saw in the padded row, and the results agree
 with the padded pass up to float rounding (tests: within 1e-5). With sdpa attention the
-packer's ``blocks`` (one per sequence) let :mod:`verl.utils.block_attention` attend each
+packer's ``blocks`` (one per sequence) let :mod:`verl.kernels.block_attention` attend each
 sequence's own keys only instead of the whole bin under a mask
-(:func:`verl.utils.torch_functional.packed_forward`).
+(:func:`verl.kernels.torch_functional.packed_forward`).
 
 The capacity is at least the longest sequence; by default bins hold between
 ``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
 bin while attention, which costs a bin's length squared, stays a small share of the
 compute; the tokens are spread evenly over the bins, so none is mostly filler.
 
-When rows share a prompt (``rollout.n`` samples), :mod:`verl.utils.prefix_packing` packs
+When rows share a prompt (``rollout.n`` samples), :mod:`verl.kernels.prefix_packing` packs
 the prompt once per group instead, with an explicit attention mask.
 """
 
@@ -43,7 +43,7 @@ class PackedBatch:
     ``attention_mask``: ``None`` (the model derives the block-diagonal causal mask from the
     restarting positions) or an explicit ``(bins, capacity, capacity)`` boolean mask, True
     where a query token may attend a key token (shared-prompt packing,
-    :mod:`verl.utils.prefix_packing`).
+    :mod:`verl.kernels.prefix_packing`).
     """
 
     input_ids: torch.Tensor
@@ -52,7 +52,7 @@ class PackedBatch:
     labels: torch.Tensor
     response_mask: torch.Tensor
     attention_mask: torch.Tensor | None = None
-    # the attention structure as blocks (verl.utils.block_attention.Block): each real token is
+    # the attention structure as blocks (verl.kernels.block_attention.Block): each real token is
     # a query of exactly one block; None when the packer did not record them
     blocks: list[tuple[int, int, int, int]] | None = None
 
@@ -160,7 +160,7 @@ def pack_sequences(
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
         width_multiple: round the packed width up to a multiple of this (filler columns),
             so that passes see few distinct shapes (see
-            :func:`verl.utils.torch_functional.shape_multiple`).
+            :func:`verl.kernels.torch_functional.shape_multiple`).
     """
     rows, seq_len = input_ids.shape
     prompt_width = seq_len - response_len

@@ -1,0 +1,15 @@
+"""Kernels: the tensor code of attention and log-probs that the engines, workers and rollout
+engines share.
+
+- :mod:`verl.kernels.torch_functional`: log-probs and entropies of response tokens, chunked
+  over the LM head; packed and padded forward passes.
+- :mod:`verl.kernels.packing` / :mod:`verl.kernels.prefix_packing`: sequences packed into
+  rows without padding, and a group's shared prompt computed once.
+- :mod:`verl.kernels.block_attention`: attention over packed rows computed block by block
+  (each sequence, or a shared prompt and its responses, attends only its own keys).
+- :mod:`verl.kernels.decode_attention`: the rollout's decode step without repeated key heads.
+- :mod:`verl.kernels.ulysses`: Ulysses sequence parallelism (tokens split over the
+  ``sequence`` ranks, an all-to-all around attention).
+
+Nothing here knows about configs, workers or trainers.
+"""
