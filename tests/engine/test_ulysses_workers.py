@@ -74,9 +74,8 @@ def _inputs() -> dict[str, torch.Tensor]:
 
 
 def _config(model_dir: str, ranks: int, variant: str, rank: int = 0):
-    """The config of ``rank``: its ``trainer.seed`` is lowered by the rank, so the workers'
-    ``seed_all(seed + rank)`` draws the same LoRA initialisation on every rank as in one
-    process (each rank initialises its adapters, then keeps its own shard of them)."""
+    """The config of ``rank`` (one ``trainer.seed`` for all: LoRA adapters are drawn from it
+    alone, so every rank initialises the adapters one process would, then keeps its shard)."""
     a, c = "actor_rollout_ref.actor", "critic"
     sp = (
         [f"{a}.ulysses_sequence_parallel_size={ranks}", f"{c}.ulysses_sequence_parallel_size={ranks}"]
@@ -90,7 +89,7 @@ def _config(model_dir: str, ranks: int, variant: str, rank: int = 0):
             "trainer.device=cpu",
             "trainer.mixed_precision=none",
             f"trainer.n_gpus_per_node={ranks}",
-            f"trainer.seed={1 - rank}",
+            "trainer.seed=1",
             "data.train_batch_size=3",
             f"data.max_prompt_length={P}",
             f"data.max_response_length={R}",

@@ -44,3 +44,25 @@ def test_merged_weights_with_lora_scaling_compute_what_the_adapters_do():
         plain.load_state_dict(merged_state_dict(model.state_dict(), lora_scaling(model)))
         got = plain(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_seeded_adapters_do_not_depend_on_the_global_generator():
+    """Each rank of a sharded run seeds its global generator per rank; adapters drawn with
+    ``seed`` are the same on every rank (and leave the global stream alone)."""
+    from verl.models import build_tiny_model
+    from verl.models.lora import LoraSpec, apply_lora
+
+    spec = LoraSpec(rank=4, alpha=8, target_modules="all-linear")
+    adapters = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        wrapped = apply_lora(build_tiny_model(), spec, seed=42)
+        assert torch.equal(torch.get_rng_state(), before)
+        adapters.append({k: v for k, v in wrapped.state_dict().items() if "lora_A" in k})
+    assert adapters[0] and adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+    torch.manual_seed(1)
+    unseeded = apply_lora(build_tiny_model(), spec)
+    key = next(iter(adapters[0]))
+    assert not torch.equal(unseeded.state_dict()[key], adapters[0][key])

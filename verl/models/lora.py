@@ -25,10 +25,11 @@ from a random initialisation. :func:`merged_state_dict` folds those adapters the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,30 +103,49 @@ def _peft() -> Any:
     return peft
 
 
-def apply_lora(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Draw from torch's generators seeded with ``seed`` (untouched afterwards); nothing
+    changes when ``seed`` is None."""
+    if seed is None:
+        yield
+        return
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def apply_lora(module: torch.nn.Module, spec: LoraSpec, seed: int | None = None) -> torch.nn.Module:
     """Wrap ``module`` in a ``PeftModel`` with fresh adapters; only the adapters train.
 
     ``lora_B`` starts at zero (peft's default), so the wrapped model computes exactly what
-    ``module`` did until the first update.
+    ``module`` did until the first update. ``seed`` draws ``lora_A`` from a generator of its
+    own: every rank of a sharded run (whose global generators are seeded per rank) then
+    starts from the adapters one process would.
     """
     peft = _peft()
     try:
-        wrapped = peft.get_peft_model(module, _lora_config(spec, task_type="CAUSAL_LM"))
+        with _seeded(seed):
+            wrapped = peft.get_peft_model(module, _lora_config(spec, task_type="CAUSAL_LM"))
     except ValueError as exc:
         raise _no_match(spec, module, exc) from exc
     return wrapped
 
 
-def apply_lora_to_value_model(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+def apply_lora_to_value_model(
+    module: torch.nn.Module, spec: LoraSpec, seed: int | None = None
+) -> torch.nn.Module:
     """Inject fresh adapters into a value model's body (``module.model``), in place.
 
     Only the adapters of the body and the whole value head (``module.value_head``) train
     afterwards. ``lora_B`` starts at zero, so the values are unchanged until the first
-    update. Returns ``module``.
+    update. ``seed`` as for :func:`apply_lora`. Returns ``module``.
     """
     peft = _peft()
     try:
-        peft.inject_adapter_in_model(_lora_config(spec, task_type=None), module.model)
+        with _seeded(seed):
+            peft.inject_adapter_in_model(_lora_config(spec, task_type=None), module.model)
     except ValueError as exc:
         raise _no_match(spec, module.model, exc) from exc
     module.value_head.requires_grad_(True)

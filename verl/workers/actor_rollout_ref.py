@@ -168,7 +168,8 @@ class ActorRolloutRefWorker(Worker):
         check_vocab_covers_tokenizer(module, self.tokenizer, "actor_rollout_ref.model")
         lora = lora_spec_from_config(arr.model)
         if lora is not None:
-            module = apply_lora(module, lora)
+            # adapters drawn from trainer.seed alone: every rank starts from one process's
+            module = apply_lora(module, lora, seed=self.config.trainer.seed)
         self.lora_reference = lora is not None and self.role == "actor_rollout_ref"
         if self.role == "actor_rollout_ref" and lora is None:
             # The reference is the initial policy, frozen; copied before any update.

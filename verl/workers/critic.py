@@ -153,7 +153,7 @@ class CriticWorker(Worker):
         check_vocab_covers_tokenizer(module, self.tokenizer, "critic.model")
         lora = lora_spec_from_config(ccfg.model)
         if lora is not None:
-            module = apply_lora_to_value_model(module, lora)
+            module = apply_lora_to_value_model(module, lora, seed=self.config.trainer.seed)
         data = self.config.data
         checkpoint_if_configured(
             module,
