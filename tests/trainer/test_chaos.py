@@ -1,6 +1,7 @@
 """Chaos: a GRPO run SIGKILLed at 20 seeded points and resumed each time ends bit-identical
-to an uninterrupted run (issue 20, item 9); and the same, at fewer points, for a multi-turn
-run with tools (its config, tools included, is written into every checkpoint).
+to an uninterrupted run; and the same, at fewer points, for a one-step-off asynchronous run
+(its in-flight batch is part of every checkpoint) and for a multi-turn run with tools (its
+config, tools included, is written into every checkpoint).
 
 Kill points are drawn from five phases, each just before or just after the n-th call (in
 that process) of: the rollout (``generate_and_score``), the policy update
@@ -68,6 +69,7 @@ from verl.workers import ActorRolloutRefWorker
 phase, nth, when = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 targets = {
     "rollout": (ppo_trainer.RLTrainer, "generate_and_score"),
+    "score": (ppo_trainer.RLTrainer, "score_responses"),
     "update": (ppo_trainer.RLTrainer, "update_policy"),
     "validation": (ppo_trainer.RLTrainer, "validate"),
     "save": (ActorRolloutRefWorker, "save_checkpoint"),
@@ -94,10 +96,11 @@ ppo_trainer.RLTrainer(load_config(sys.argv[1])).fit()
 """
 
 
-def _config(rl_config, tmp_path: Path, run_dir: Path):
+def _config(rl_config, tmp_path: Path, run_dir: Path, *extra: str):
     (tmp_path / "reward.py").write_text(REWARD)
     return rl_config(
         *RUN,
+        *extra,
         f"custom_reward_function.path={tmp_path / 'reward.py'}",
         "custom_reward_function.name=varied",
         f"trainer.num_threads={torch.get_num_threads()}",  # the same float reductions
@@ -175,6 +178,29 @@ def test_twenty_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
     killed = _kill_and_resume(tmp_path, config, _kill_plan(seed=20), STEPS)
     assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
     _same_run(run_dir, straight_dir, straight, STEPS)
+
+
+ASYNC_STEPS = 8
+ASYNC_KILLS = 6
+
+
+def test_async_run_killed_and_resumed_ends_bit_identical(rl_config, tmp_path):
+    asynchronous = (
+        "trainer.async_rollout=true",
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        f"trainer.total_training_steps={ASYNC_STEPS}",
+    )
+    straight_dir = tmp_path / "straight"
+    straight = RLTrainer(_config(rl_config, tmp_path, straight_dir, *asynchronous))
+    straight.fit()
+    assert all("async/staleness_mean" in m for m in straight.history)
+
+    run_dir = tmp_path / "chaos"
+    config = _config(rl_config, tmp_path, run_dir, *asynchronous)
+    phases = ("score", "update", "validation", "save", "log")  # async never calls the rollout
+    killed = _kill_and_resume(tmp_path, config, _kill_plan(8, ASYNC_KILLS, phases), ASYNC_STEPS)
+    assert len(killed) == ASYNC_KILLS, f"the run ended before every kill point: {killed}"
+    _same_run(run_dir, straight_dir, straight, ASYNC_STEPS)
 
 
 TOOL_STEPS = 4

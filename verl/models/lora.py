@@ -142,14 +142,20 @@ def apply_lora_to_value_model(
     afterwards. ``lora_B`` starts at zero, so the values are unchanged until the first
     update. ``seed`` as for :func:`apply_lora`. Returns ``module``.
     """
+    inject_lora(module.model, spec, seed)
+    module.value_head.requires_grad_(True)
+    return module
+
+
+def inject_lora(body: torch.nn.Module, spec: LoraSpec, seed: int | None = None) -> None:
+    """Inject fresh adapters into ``body`` in place (a value or reward model's transformer,
+    whose head the caller leaves trainable); ``seed`` as for :func:`apply_lora`."""
     peft = _peft()
     try:
         with _seeded(seed):
-            peft.inject_adapter_in_model(_lora_config(spec, task_type=None), module.model)
+            peft.inject_adapter_in_model(_lora_config(spec, task_type=None), body)
     except ValueError as exc:
-        raise _no_match(spec, module.model, exc) from exc
-    module.value_head.requires_grad_(True)
-    return module
+        raise _no_match(spec, body, exc) from exc
 
 
 def _lora_config(spec: LoraSpec, task_type: str | None) -> Any:

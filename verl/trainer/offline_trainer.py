@@ -30,7 +30,6 @@ from verl.config import DPOConfig, SFTConfig, to_dict
 from verl.config.schema_offline import ranks_named
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
-from verl.engine.base import NonFiniteLossError
 from verl.models import checkpoint_if_configured, load_causal_lm, load_tokenizer
 from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
@@ -40,7 +39,7 @@ from verl.trainer.offline_checkpoint import load_offline_checkpoint, save_offlin
 from verl.trainer.resume import resume_checkpoint_path
 from verl.trainer.run_lock import RunLock
 from verl.trainer.setup import NotSupportedYet, seed_everything
-from verl.trainer.stopping import StepHealth, StopRequests
+from verl.trainer.stopping import StepHealth, StopRequests, nonfinite_error
 from verl.trainer.tracking import Tracker
 from verl.utils.device import resolve_device
 from verl.workers.common import save_hf_model
@@ -442,14 +441,9 @@ class MicroBatchCollate:
 
 
 def _nonfinite_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) -> Exception:
-    """The error that ends a run whose final step's loss was not finite."""
-    kept = f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved"
-    return NonFiniteLossError(
-        f"the loss was not finite in the final step {step} (train/loss="
-        f"{metrics.get('train/loss')}): the training diverged, so the model is neither "
-        f"validated nor exported; {kept}. Lower optim.lr or clip gradients harder "
-        "(engine.grad_clip)."
-    )
+    """The error that ends an offline run whose final step's loss was not finite."""
+    fix = "Lower optim.lr or clip gradients harder (engine.grad_clip)."
+    return nonfinite_error(step, "the loss", "train/loss", metrics, checkpoint, fix)
 
 
 def _dist_layout() -> tuple[int, int]:

@@ -54,6 +54,7 @@ from verl.data.preference_dataset import write_arithmetic_preference_dataset
 from verl.data.preference_pairs import RewardPairDataset, collate_reward_pairs
 from verl.models.lora import (
     LoraSpec,
+    inject_lora,
     is_lora_model,
     lora_scaling,
     lora_spec_from_config,
@@ -179,24 +180,7 @@ def apply_lora_to_reward_model(module: torch.nn.Module, spec: LoraSpec) -> torch
     """Inject fresh adapters into a sequence classifier's body (``module.base_model``) in
     place; the adapters and the whole ``score`` head train, the body's weights are frozen.
     ``lora_B`` starts at zero, so the scores are unchanged until the first update."""
-    import peft
-
-    config = peft.LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        lora_dropout=spec.dropout,
-        target_modules=spec.target_modules,
-        exclude_modules=spec.exclude_modules,
-        bias="none",
-    )
-    body = module.base_model
-    try:
-        peft.inject_adapter_in_model(config, body)
-    except ValueError as exc:
-        raise ValueError(
-            f"LoRA: target_modules={spec.target_modules!r} (exclude_modules="
-            f"{spec.exclude_modules!r}) matched no layer of {type(body).__name__}: {exc}"
-        ) from exc
+    inject_lora(module.base_model, spec)
     module.score.requires_grad_(True)
     return module
 

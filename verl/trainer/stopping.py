@@ -114,15 +114,28 @@ def loss_not_finite(metrics: dict[str, Any]) -> bool:
     return metrics.get("actor/nonfinite_loss_steps", 0.0) > 0
 
 
-def diverged_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) -> Exception:
-    """The error that ends a run whose final step's actor loss was not finite."""
+def nonfinite_error(
+    step: int, loss: str, metric: str, metrics: dict[str, Any], checkpoint: Path | None, fix: str
+) -> NonFiniteLossError:
+    """The error that ends a run whose final step's ``loss`` was not finite (``metric``
+    shows it); ``fix`` says what to change."""
     kept = f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved"
     return NonFiniteLossError(
-        f"the actor's loss was not finite in the final step {step} "
-        f"(actor/nonfinite_loss_steps={metrics['actor/nonfinite_loss_steps']:g}): the "
-        f"training diverged, so the model is neither validated nor exported; {kept}. "
-        "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip "
-        "gradients harder."
+        f"{loss} was not finite in the final step {step} ({metric}={metrics.get(metric)}): "
+        f"the training diverged, so the model is neither validated nor exported; {kept}. "
+        f"{fix}"
+    )
+
+
+def diverged_error(step: int, metrics: dict[str, Any], checkpoint: Path | None) -> Exception:
+    """The error that ends an RL run whose final step's actor loss was not finite."""
+    return nonfinite_error(
+        step,
+        "the actor's loss",
+        "actor/nonfinite_loss_steps",
+        metrics,
+        checkpoint,
+        "Lower actor_rollout_ref.actor.optim.lr (and check weight_decay) or clip gradients harder.",
     )
 
 
