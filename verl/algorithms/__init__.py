@@ -15,6 +15,7 @@ picks an algorithm from the config by name and a new algorithm is one decorated 
 - the actor's and critic's whole micro-batch losses, ``actor_loss`` / ``critic_loss``
   (:mod:`.losses`): policy loss + IS weights + entropy + KL, and the weighted value loss;
 - KL estimators ``k1``/``k2``/``k3``/``abs`` and KL controllers (:mod:`.kl`);
+- on-policy distillation's reverse KL to a teacher, ``k1``/``k3``/``topk`` (:mod:`.distill`);
 - loss aggregation modes and the entropy loss (:mod:`.loss_agg`);
 - masked statistics and entropy from logits (:mod:`.core`);
 - reward shaping (:mod:`.reward_shaping`): DAPO's overlong penalty;
@@ -50,6 +51,12 @@ from verl.algorithms.core import (
 from verl.algorithms.cov_losses import (
     compute_policy_loss_clip_cov,
     compute_policy_loss_kl_cov,
+)
+from verl.algorithms.distill import (
+    DISTILL_ESTIMATORS,
+    distill_loss,
+    sampled_token_reverse_kl,
+    topk_reverse_kl,
 )
 from verl.algorithms.kl import (
     KL_CONTROLLERS,
@@ -100,6 +107,7 @@ from verl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DISTILL_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -140,6 +148,7 @@ __all__ = [
     "compute_rollout_is_weights",
     "compute_value_loss",
     "critic_loss",
+    "distill_loss",
     "entropy_from_logits",
     "estimator_info",
     "estimator_requires_critic",
@@ -161,5 +170,7 @@ __all__ = [
     "register_advantage_estimator",
     "register_policy_loss",
     "register_preference_loss",
+    "sampled_token_reverse_kl",
     "sequence_log_probs",
+    "topk_reverse_kl",
 ]

@@ -10,6 +10,7 @@ the extension points.
 
 from verl.registry.builtin import (
     ADVANTAGE_ESTIMATORS,
+    DISTILL_ESTIMATORS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
     LOSS_AGG_MODES,
@@ -23,6 +24,7 @@ from verl.registry.core import Entry, Registry, UnknownNameError, did_you_mean
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DISTILL_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",

@@ -16,6 +16,7 @@ from verl.registry.core import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DISTILL_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -127,6 +128,17 @@ KL_ESTIMATORS.add("k1", f"{_ALG}.kl:_k1", "kl")
 KL_ESTIMATORS.add("abs", f"{_ALG}.kl:_abs")
 KL_ESTIMATORS.add("k2", f"{_ALG}.kl:_k2", "mse")
 KL_ESTIMATORS.add("k3", f"{_ALG}.kl:_k3", "low_var_kl")
+
+# On-policy distillation: the per-token reverse KL to a teacher (verl.algorithms.distill);
+# k1/k3 map d = log_prob - teacher_log_prob to a value, topk reads the top-k log-probs.
+DISTILL_ESTIMATORS: Registry = Registry(
+    "distillation estimator",
+    needs={"needs_topk": False},  # the teacher pass also returns top-k ids and log-probs
+    inputs={"diff": "verl.algorithms.distill.sampled_token_reverse_kl"},
+)
+DISTILL_ESTIMATORS.add("k1", f"{_ALG}.distill:_k1")
+DISTILL_ESTIMATORS.add("k3", f"{_ALG}.distill:_k3")
+DISTILL_ESTIMATORS.add("topk", f"{_ALG}.distill:topk_reverse_kl", needs_topk=True)
 
 KL_CONTROLLERS: Registry = Registry("KL controller type", needs={})
 KL_CONTROLLERS.add("fixed", f"{_ALG}.kl:FixedKLController")
