@@ -99,10 +99,18 @@ def test_cpu_bf16_check_matches_cpu_flags():
     assert P.cpu_bf16_is_fast_and_correct() == has_bf16
 
 
-def test_mixing_bf16_and_fp16_among_trainable_roles_is_rejected():
-    msg = _errors(_gae(model_precision_map={"actor": "bf16", "critic": "fp16"}))
+def test_mixing_bf16_and_fp16_among_trainable_roles_is_resolved_or_rejected():
+    # from the precision map: the tutorial's tip (one half precision) is applied, logged
+    cfg = _gae(model_precision_map={"actor": "bf16", "critic": "fp16"})
+    warnings = cfg.validate()
+    assert any("model_precision_map.critic=fp16 beside actor=bf16" in w for w in warnings)
+    assert P.role_precision(cfg, "critic") == "bf16"
+    # on the roles' own keys: refused
+    cfg = _gae()
+    cfg.actor_rollout_ref.actor.precision, cfg.critic.precision = "bf16", "fp16"
+    msg = _errors(cfg)
     assert "trainable roles mix bf16 and fp16 (actor=bf16, critic=fp16)" in msg
-    assert "exchange tensors" in msg
+    assert "exchange tensors" in msg and "不要混用bf16和fp16" in msg
 
 
 def test_mixing_is_fine_for_inference_roles():
@@ -191,9 +199,12 @@ def test_fsdp_mixed_precision_must_agree_with_the_role_precision():
     assert "contradicts trainer.gradient_precision=fp32" in _errors(cfg)
 
 
-def test_gradient_scaling_without_fp16_is_rejected_and_guard_bound_checked():
-    msg = _errors(TrainerConfig(mixed_precision="bf16", use_gradient_scaling=True))
-    assert "use_gradient_scaling=true but no trainable role computes in fp16" in msg
+def test_gradient_scaling_without_fp16_is_a_logged_no_op_and_guard_bound_checked():
+    cfg = TrainerConfig(mixed_precision="bf16", use_gradient_scaling=True)
+    assert any("use_gradient_scaling=true is a no-op" in w for w in cfg.validate())
+    assert P.gradient_scaling(cfg, "actor") is None
+    fp16 = TrainerConfig(mixed_precision="fp16", use_gradient_scaling=True)
+    assert P.gradient_scaling(fp16, "actor") is True
     cfg = TrainerConfig()
     cfg.trainer.max_consecutive_nonfinite_steps = -1
     assert "max_consecutive_nonfinite_steps=-1: must be >= 0" in _errors(cfg)

@@ -86,4 +86,6 @@ def test_make_trainer_config_takes_the_flat_keys():
     assert cfg.trainer.mixed_precision == "bf16"
     assert cfg.actor_rollout_ref.actor.grad_clip == cfg.critic.grad_clip == 0.3
     with pytest.raises(ConfigError, match="trainable roles mix bf16 and fp16"):
-        make_trainer_config("ppo", model_precision_map={"actor": "bf16", "critic": "fp16"})
+        make_trainer_config(
+            "ppo", overrides=["actor_rollout_ref.actor.precision=bf16", "critic.precision=fp16"]
+        )

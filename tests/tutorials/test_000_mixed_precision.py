@@ -81,26 +81,47 @@ def test_000_section_4_1_mixed_precision():
     assert TrainerConfig(mixed_precision=torch.bfloat16).trainer.mixed_precision == "bf16"
 
 
-def test_000_section_4_2_model_precision_map():
+def test_000_section_4_2_model_precision_map(caplog):
     from verl import TrainerConfig
+    from verl.workers.common import precision_options
 
     config = TrainerConfig(
         mixed_precision="bf16",
         model_precision_map={
-            "actor": "bf16",
-            "critic": "fp16",
-            "reward": "fp8",
-            "reference": "bf16",
+            "actor": "bf16",  # 生成主干,精度优先
+            "critic": "fp16",  # 回归任务,fp16足够
+            "reward": "fp8",  # 判别模型,fp8推理无损
+            "reference": "bf16",  # 对齐Actor,避免KL散度计算失真
         },
     )
-    config.validate()  # GRPO (the default) trains no critic: the map's critic entry is unused
+    # GRPO (the default) trains no critic, builds no reward model: each unused entry is
+    # named, with why, not silently ignored
+    with caplog.at_level(logging.WARNING, logger="verl.config"):
+        warnings = config.validate()
+    assert (
+        "trainer.model_precision_map.critic=fp16 is unused: algorithm.adv_estimator=grpo "
+        "trains no critic"
+    ) in "\n".join(warnings)
+    assert any(w.startswith("trainer.model_precision_map.reward=fp8 is unused") for w in warnings)
     assert role_precision(config, "reward") == "fp8"
     assert role_precision(config, "reference") == "bf16"
-    # With a critic (PPO), an fp16 critic next to a bf16 actor is refused, with the reason
+    # With a critic (PPO), the fp16 critic beside the bf16 actor is what the tip of section
+    # 4.1 says not to do; its advice is applied: the critic computes in bf16, with a warning
+    # quoting the tip, and the engine gets bf16
     config.algorithm.adv_estimator = "gae"
+    warnings = config.validate()
+    mix = [w for w in warnings if "model_precision_map.critic=fp16 beside actor=bf16" in w]
+    assert len(mix) == 1 and "the critic computes in bf16" in mix[0]
+    assert "不要混用bf16和fp16在同一训练流程中" in mix[0] and "NaN" in mix[0]
+    assert role_precision(config, "critic") == "bf16" == role_precision(config, "actor")
+    opts = precision_options(config, "critic", "fsdp2", {})
+    assert opts["mixed_precision"]["param_dtype"] == "bf16"
+    # written on the role's own key, the mix is refused, citing the same tip
+    config.trainer.model_precision_map = {}
+    config.actor_rollout_ref.actor.precision, config.critic.precision = "bf16", "fp16"
     with pytest.raises(ConfigError, match="trainable roles mix bf16 and fp16") as err:
         config.validate()
-    assert "fp16 overflows where bf16 does not" in str(err.value)
+    assert "tutorial 000 §4.1: '不要混用bf16和fp16" in str(err.value)
 
 
 def test_000_section_4_3_checkpointing_and_gradient_precision():
@@ -158,10 +179,16 @@ def test_000_section_6_2_clipping_scaling_accumulation():
     assert config.actor_rollout_ref.actor.grad_clip == 0.5
     # 4 prompts x rollout.n=4 per optimizer step, in 4 micro-batches of 4 samples
     assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_device == 4
-    # loss scaling protects fp16 gradients only; without an fp16 role it is refused, saying
-    # what to do
-    with pytest.raises(ConfigError, match="loss scaling is for fp16 only: drop it or use null"):
-        config.validate()
+    # loss scaling protects fp16 gradients only: in a bf16 (or fp32) run it is a no-op, said
+    # so, and no scaler is built
+    from verl.workers.common import precision_options
+
+    config.trainer.mixed_precision = "bf16"
+    config.actor_rollout_ref.actor.precision = config.critic.precision = None
+    warnings = config.validate()
+    assert any("trainer.use_gradient_scaling=true is a no-op" in w for w in warnings)
+    assert precision_options(config, "actor", "fsdp2", {})["grad_scaling"] is None
+    assert precision_options(config, "actor", "single", {})["grad_scaling"] is None
     fp16 = TrainerConfig(
         mixed_precision="fp16",
         max_grad_norm=0.5,
@@ -170,6 +197,7 @@ def test_000_section_6_2_clipping_scaling_accumulation():
     )
     fp16.validate()  # warns that fp16 is emulated on a CPU
     assert fp16.trainer.use_gradient_scaling is True
+    assert precision_options(fp16, "actor", "single", {})["grad_scaling"] is True
 
 
 def test_000_section_6_3_reward_normalization_and_clip(small, tiny_reward_model):

@@ -122,10 +122,44 @@ def fill_role_precisions(cfg: Any) -> None:
             section.precision = _from_trainer(cfg, role)
 
 
+def _written_precision(cfg: Any, role: str) -> str:
+    """``role``'s role key, else what the trainer keys say, else ``auto``."""
+    return _section(cfg, role).precision or _from_trainer(cfg, role) or "auto"
+
+
+# Tutorial 000, section 4.1's tip, quoted where its advice resolves a mix of half precisions.
+MIX_TIP = (
+    "tutorial 000 §4.1: '不要混用bf16和fp16在同一训练流程中 ... 强行混用会导致NaN梯度' "
+    "(do not mix bf16 and fp16 in one training run; mixing them gives NaN gradients)"
+)
+
+
+def mix_resolutions(cfg: Any) -> dict[str, str]:
+    """``{role: "bf16"}`` for each trainable role built here whose ``fp16`` comes from
+    ``trainer.model_precision_map`` while another trainable role computes in ``bf16``.
+
+    Tutorial 000's precision map puts ``critic: fp16`` beside a bf16 actor, and its own tip
+    (:data:`MIX_TIP`) says not to mix the two: the tip is applied (such a role computes in
+    bf16, which keeps fp32's exponent range, so no value the fp16 role would have produced
+    overflows) and :func:`precision_warnings` says so. An fp16 written on the role's own key
+    (``critic.precision=fp16``) is not overridden: that mix is refused, citing the tip.
+    """
+    trained = [r for r in active_roles(cfg) if r in TRAINABLE_ROLES]
+    written = {r: _written_precision(cfg, r) for r in trained}
+    if "bf16" not in written.values():
+        return {}
+    mapped = cfg.trainer.model_precision_map
+    return {r: "bf16" for r, v in written.items() if v == "fp16" and mapped.get(r) == "fp16"}
+
+
 def stated_precision(cfg: Any, role: str) -> str:
     """What the config states of ``role``, ``auto`` unresolved: its role key, else what the
-    trainer keys say, else ``auto`` (the default)."""
-    return _section(cfg, role).precision or _from_trainer(cfg, role) or "auto"
+    trainer keys say, else ``auto`` (the default); a map's fp16 beside a bf16 trainable role
+    is bf16 (:func:`mix_resolutions`)."""
+    written = _written_precision(cfg, role)
+    if role in TRAINABLE_ROLES and written == "fp16":
+        return mix_resolutions(cfg).get(role, written)
+    return written
 
 
 def role_precision(cfg: Any, role: str) -> str:
@@ -242,21 +276,24 @@ def precision_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
             f"trainable roles mix bf16 and fp16 ({', '.join(f'{r}={v}' for r, v in half.items())}): "
             "they exchange tensors (values, log-probs, advantages) and share one loss-scaling "
             "policy, and fp16 overflows where bf16 does not; use one of them for every "
-            "trainable role"
+            f"trainable role ({MIX_TIP})"
         )
         out.append((tuple(role_key(r) for r in half), message))
     for role, prec in trained.items():
         if prec != "auto":
             out += _trained_role_problems(cfg, role, prec, (role_key(role),))
 
-    if t.use_gradient_scaling and "fp16" not in trained.values():
-        message = (
-            "trainer.use_gradient_scaling=true but no trainable role computes in fp16 "
-            f"({', '.join(f'{r}={v}' for r, v in trained.items())}); loss scaling is for fp16 "
-            "only: drop it or use null"
-        )
-        out.append((("trainer.use_gradient_scaling", *map(role_key, trained)), message))
     return out
+
+
+def gradient_scaling(cfg: Any, role: str) -> bool | None:
+    """The loss scaling ``role``'s engine runs with: ``trainer.use_gradient_scaling`` when the
+    role computes in fp16, else ``None`` (off: loss scaling protects fp16 gradients from
+    underflow; bf16 and fp32 have fp32's exponent range, so scaling is a no-op there, and
+    :func:`precision_warnings` says so when it was asked for)."""
+    if role_precision(cfg, role) == "fp16":
+        return cfg.trainer.use_gradient_scaling
+    return None
 
 
 def _weight_only_message(key: str, value: str) -> str:
@@ -308,9 +345,33 @@ def precision_warnings(cfg: Any) -> list[str]:
     """Settings that run but are probably not meant."""
     t = cfg.trainer
     out = []
+    roles = active_roles(cfg)
+    for role, value in t.model_precision_map.items():
+        if role in ROLES and role not in roles:
+            out.append(
+                f"trainer.model_precision_map.{role}={value} is unused: {_why_not_built(cfg, role)}; "
+                f"drop the entry (it would apply if the {role} were built)"
+            )
+    resolved = mix_resolutions(cfg)
+    if resolved:
+        bf16 = [r for r in roles if r in TRAINABLE_ROLES and r not in resolved]
+        for role in resolved:
+            out.append(
+                f"trainer.model_precision_map.{role}=fp16 beside {', '.join(bf16)}=bf16: the "
+                f"{role} computes in bf16, as {MIX_TIP}; set trainer.model_precision_map."
+                f"{role}=bf16 to say so"
+            )
+    if t.use_gradient_scaling:
+        trained_now = {r: role_precision(cfg, r) for r in roles if r in TRAINABLE_ROLES}
+        if "fp16" not in trained_now.values():
+            out.append(
+                "trainer.use_gradient_scaling=true is a no-op: no trainable role computes in "
+                f"fp16 ({', '.join(f'{r}={v}' for r, v in trained_now.items())}); loss scaling "
+                "protects fp16 gradients from underflow, and bf16/fp32 keep fp32's exponent "
+                "range, so no scaler runs (drop the key, or use null)"
+            )
     # auto never picks fp16 on a CPU; on an old GPU it may, which matters only without scaling
     resolve = t.use_gradient_scaling is False
-    roles = active_roles(cfg)
     precision = {r: role_precision(cfg, r) if resolve else stated_precision(cfg, r) for r in roles}
     trained = [precision[r] for r in roles if r in TRAINABLE_ROLES]
     if t.use_gradient_scaling is False and "fp16" in trained:
@@ -325,3 +386,17 @@ def precision_warnings(cfg: Any) -> list[str]:
             "emulated (a 1024x1024 matmul measured ~200x slower than fp32); use bf16 or none"
         )
     return out
+
+
+def _why_not_built(cfg: Any, role: str) -> str:
+    """Why ``role`` has no model in this run, naming the key that decides it."""
+    if role == "critic":
+        if cfg.critic.enable is False:
+            return "critic.enable=false: no critic is built"
+        return f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains no critic"
+    if role == "reward":
+        return "reward_model.enable=false: no reward model is built"
+    return (
+        "no reference model is built (no KL term: actor_rollout_ref.actor.use_kl_loss and "
+        "algorithm.use_kl_in_reward are off)"
+    )

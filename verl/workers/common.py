@@ -329,7 +329,7 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
     - inference roles store and compute in fp32/bf16/fp16 (``param_dtype``); fp8 is applied
       (or int4) to the module by :func:`apply_inference_precision` before the engine is built.
     """
-    from verl.config.precision import TRAINABLE_ROLES, role_precision
+    from verl.config.precision import TRAINABLE_ROLES, gradient_scaling, role_precision
 
     prec = role_precision(config, role)
     logger.info("%s computes in %s (strategy %s)", role, prec, strategy)
@@ -337,7 +337,7 @@ def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict)
     t = config.trainer
     if role in TRAINABLE_ROLES:
         opts["max_consecutive_nonfinite"] = t.max_consecutive_nonfinite_steps
-        opts["grad_scaling"] = t.use_gradient_scaling
+        opts["grad_scaling"] = gradient_scaling(config, role)  # fp16 only (a no-op elsewhere)
         if prec in ("bf16", "fp16"):
             if strategy == "fsdp2":
                 if opts.get("mixed_precision") is None:
