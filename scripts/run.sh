@@ -6,4 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
 venv="${VERL_VENV:-$root/.venv}"
 cd "$root"
+# one line of this machine's rates (bf16/fp32 matmul, copy bandwidth): run times mean
+# something only next to them (docs/benchmarks.md)
+"$venv/bin/python" -m verl.utils.calibrate
 exec "$venv/bin/python" -m verl.trainer.main_ppo --config "$root/examples/grpo_smollm2_arithmetic.yaml" "$@"
