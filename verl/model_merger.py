@@ -20,7 +20,11 @@ becomes what ``CausalLMWithValueHead.from_pretrained`` reads: its body as an ``A
 directory plus ``value_head.safetensors``. Weights keep the dtype they were trained in
 (fp32 master weights unless the model itself was loaded in another dtype). A LoRA actor
 (its checkpoint's HF directory holds ``adapter_config.json``) is exported with the adapters
-folded into the weights: a plain model, loadable without peft.
+folded into the weights: a plain model, loadable without peft; beside it,
+``lora_adapter/`` holds the adapters alone (peft's ``adapter_config.json`` and
+``adapter_model.safetensors``, what ``PeftModel.from_pretrained(base, out/lora_adapter)``
+loads onto the base model), as the run's final export does. A LoRA critic is exported
+merged only: its adapters sit in a value model's body, which peft cannot load onto a base.
 
 Before anything is read, every file of the checkpoint is compared with the size and CRC-32
 its manifest recorded (the check resume makes, :func:`verl.trainer.checkpoint.read_manifest`):
@@ -34,9 +38,11 @@ checkpoint exported) or a run directory (one holding ``global_step_*``,
 ``latest_checkpointed_iteration.txt`` or ``.verl-run.lock``); inside a run directory it may
 be a new folder of another name than those and ``huggingface`` (the run's final export).
 Upstream's habit of merging into ``global_step_N/actor/huggingface`` is refused: that
-folder is part of the checkpoint. ``--overwrite`` replaces only a previous export: a flat
-directory of files holding the :data:`EXPORT_MARKER` every export writes, or (exports
-written before the marker) ``config.json`` and ``*.safetensors``.
+folder is part of the checkpoint (its files are in the manifest, and retention deletes it
+with the checkpoint); the message suggests a folder beside the run instead.
+``--overwrite`` replaces only a previous export: a directory of files (and at most a
+``lora_adapter/`` folder of files) holding the :data:`EXPORT_MARKER` every export writes,
+or (exports written before the marker) ``config.json`` and ``*.safetensors``.
 
 The output location is created before the weights are read (an unwritable one fails
 first), the free space is compared with the weights' size, and everything is written into
@@ -64,7 +70,13 @@ import torch
 
 from verl.config.roles import ROLES as ROLE_SPECS
 from verl.config.roles import TRAINABLE_ROLES
-from verl.models.lora import ADAPTER_CONFIG, adapter_scaling, merged_state_dict
+from verl.models.lora import (
+    ADAPTER_CONFIG,
+    LORA_ADAPTER_DIR,
+    adapter_scaling,
+    adapter_state_dict,
+    merged_state_dict,
+)
 from verl.trainer.checkpoint import (
     HF_CONFIG_DIR,
     LATEST_FILE,
@@ -87,6 +99,7 @@ __all__ = [
     "load_role_state_dict",
     "main",
     "merge_checkpoint",
+    "suggested_output",
 ]
 
 # role -> the worker group whose checkpoint directory holds it (verl.config.roles)
@@ -144,11 +157,21 @@ def _run_reason(path: Path) -> str | None:
     return f"it holds {', '.join(held)}" if held else None
 
 
+def _only_files(path: Path) -> bool:
+    with os.scandir(path) as entries:
+        return all(entry.is_file(follow_symlinks=False) for entry in entries)
+
+
 def _is_previous_export(path: Path) -> bool:
-    """A flat directory of regular files with the export marker, or (older exports) with
+    """A directory of regular files (and at most a ``lora_adapter/`` folder of regular
+    files, a LoRA export's) with the export marker, or (older exports) with
     ``config.json`` and ``*.safetensors``."""
     names = []
     for entry in os.scandir(path):
+        if entry.name == LORA_ADAPTER_DIR and entry.is_dir(follow_symlinks=False):
+            if not _only_files(Path(entry.path)):
+                return False
+            continue
         if not entry.is_file(follow_symlinks=False):
             return False
         names.append(entry.name)
@@ -169,7 +192,10 @@ def check_output(
     """
     out, checkpoint = Path(out), Path(checkpoint)
     real_out, real_ckpt = out.resolve(), checkpoint.resolve()
-    keep = "choose an output directory outside the checkpoint and run directories"
+    keep = (
+        "choose an output directory outside the checkpoint and run directories, e.g. "
+        f"--out {suggested_output(checkpoint)}"
+    )
     owned = (
         f"a checkpoint's files (its {HF_CONFIG_DIR}/ folder too) belong to it, and retention "
         "deletes it whole"
@@ -227,6 +253,19 @@ def check_output(
             )
 
 
+def suggested_output(checkpoint: str | os.PathLike[str]) -> Path:
+    """A fresh export location beside the run that holds ``checkpoint`` (outside it):
+    ``<runs>/<run>_<global_step_N>_hf``, or a numbered variant when that exists."""
+    ckpt = Path(os.path.abspath(checkpoint))
+    run = ckpt.parent
+    base = run.parent / f"{run.name or 'run'}_{ckpt.name}_hf"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}{n}")
+    return candidate
+
+
 @contextmanager
 def _export_dir(out: Path) -> Iterator[Path]:
     """The temporary sibling the export is written into (created first: an unwritable
@@ -250,9 +289,11 @@ def _export_dir(out: Path) -> Iterator[Path]:
         ) from err
 
 
-def _check_space(tmp: Path, state: dict[str, torch.Tensor], hf_dir: Path) -> None:
+def _check_space(
+    tmp: Path, state: dict[str, torch.Tensor], hf_dir: Path, *more: dict[str, torch.Tensor]
+) -> None:
     seen, need = set(), _SPACE_MARGIN
-    for tensor in state.values():
+    for tensor in [t for part in (state, *more) for t in part.values()]:
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
         if key not in seen:
             seen.add(key)
@@ -360,6 +401,22 @@ def _write_critic(
     save_value_head(head_state, out)
 
 
+def _write_adapter(hf_dir: Path, adapters: dict[str, torch.Tensor], out: Path) -> None:
+    """The LoRA adapters alone, as peft saves them: ``adapter_model.safetensors`` (keys
+    ``base_model.model.<layer>.lora_A.weight``) and the checkpoint's own
+    ``adapter_config.json`` (its rank, alpha and target modules)."""
+    from safetensors.torch import save_file
+
+    for config in (hf_dir / ADAPTER_CONFIG, hf_dir / LORA_ADAPTER_DIR / ADAPTER_CONFIG):
+        if config.is_file():
+            break
+    else:  # adapter_scaling found one of the two
+        raise CheckpointError(f"{hf_dir} has no {ADAPTER_CONFIG}")
+    out.mkdir()
+    shutil.copy2(config, out / ADAPTER_CONFIG)
+    save_file(adapters, out / "adapter_model.safetensors", {"format": "pt"})
+
+
 def merge_checkpoint(
     checkpoint: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -412,12 +469,17 @@ def merge_checkpoint(
     with _export_dir(out) as tmp:
         state = load_role_state_dict(role_dir)
         scaling = adapter_scaling(hf_dir)
-        if scaling is not None:  # a LoRA actor: the adapters folded into the base weights
+        adapters: dict[str, torch.Tensor] = {}
+        if scaling is not None:  # LoRA: the adapters folded into the base weights
+            if role == "actor":
+                adapters = adapter_state_dict(state)
             state = merged_state_dict(state, scaling)
-        _check_space(tmp, state, hf_dir)
+        _check_space(tmp, state, hf_dir, adapters)
         if role == "actor":
             model = _build_actor(hf_dir, state, trust_remote_code)
             model.save_pretrained(tmp, safe_serialization=True)
+            if adapters:
+                _write_adapter(hf_dir, adapters, tmp / LORA_ADAPTER_DIR)
         else:
             _write_critic(hf_dir, state, tmp, trust_remote_code)
         for item in hf_dir.iterdir():  # tokenizer files, chat template

@@ -13,7 +13,9 @@ The output follows ``verl export``'s rules (:func:`verl.model_merger.check_outpu
 habit of writing into ``global_step_N/actor/huggingface`` is refused (that folder is part of
 the checkpoint: its files are in the manifest and retention deletes it with the checkpoint),
 as is any output that is, contains or lies in a checkpoint or a run's own folders, and
-``--overwrite`` replaces only a previous export.
+``--overwrite`` replaces only a previous export; the refusal names why and suggests a
+folder beside the run. A LoRA actor is written merged, with the adapters alone in
+``<target_dir>/lora_adapter/`` (what upstream's merger writes, loadable with peft).
 """
 
 from __future__ import annotations
