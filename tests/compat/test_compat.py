@@ -38,7 +38,7 @@ def _actor(block):
 @pytest.mark.parametrize(
     "block, message",
     [
-        ({"type": "ddp"}, "Megatron-LM and DDP are not available"),
+        ({"type": "ddp"}, "DDP is not available, and there is no Megatron-LM engine here"),
         ({"sharding_strategy": "HYBRID_SHARD"}, "use FULL_SHARD"),
         ({"cpu_offload": "yes"}, "cpu_offload='yes': must be true or false"),
         ({"mixed_precision": 3}, "use true (bf16 compute), false, bf16, fp16"),
@@ -108,7 +108,9 @@ def test_overrides_go_through_the_alias_table():
         ("critic.fsdp_config.mixed_precision.reduce_dtype", "fp32"),
         ("critic.fsdp_config.mixed_precision.buffer_dtype", "fp32"),
     ]
-    with pytest.raises(AliasError, match="Megatron-LM and DDP are not available"):
+    with pytest.raises(
+        AliasError, match="DDP is not available, and there is no Megatron-LM engine here"
+    ):
         translate_override("actor_rollout_ref.actor.parallel_config.type", "megatron")
     # the SFT/DPO configs have no aliases
     assert translate_override("trainer.fsdp_init", True, root="SFTConfig") == [

@@ -116,6 +116,41 @@ def test_001_section_3_2_rollout_parallel_config(tmp_path, small, caplog):
         _load(tmp_path, small, ACTOR_BLOCK, ROLLOUT_BLOCK.replace("FULL_SHARD", "SHARD_GRAD_OP"))
 
 
+@pytest.mark.parametrize(
+    ("blocks", "extra"),
+    [
+        # the YAML blocks agree; a command-line override of the rollout's setting does not
+        (
+            (ACTOR_BLOCK, ROLLOUT_BLOCK),
+            ("actor_rollout_ref.rollout.parallel_config.sharding_strategy=SHARD_GRAD_OP",),
+        ),
+        # the rollout block in YAML, the actor's setting on the command line
+        ((ROLLOUT_BLOCK,), ("actor_rollout_ref.actor.parallel_config.cpu_offload=true",)),
+        # both on the command line, the actor's native key and the rollout's alias
+        (
+            (),
+            (
+                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false",
+                "actor_rollout_ref.rollout.parallel_config.sharding_strategy=FULL_SHARD",
+            ),
+        ),
+    ],
+)
+def test_001_section_3_2_rollout_override_on_the_command_line_is_refused(
+    tmp_path, small, blocks, extra
+):
+    # the same disagreement as the YAML block above, made by an override: refused alike
+    with pytest.raises(
+        ConfigError, match="rollout generates with the actor's own FSDP module"
+    ) as err:
+        _load(tmp_path, small, *blocks, extra=extra)
+    assert "(command line)" in str(err.value)
+    # an override that agrees is fine
+    agree = "actor_rollout_ref.rollout.parallel_config.sharding_strategy=FULL_SHARD"
+    cfg = _load(tmp_path, small, ACTOR_BLOCK, ROLLOUT_BLOCK, extra=(agree,))
+    assert cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward is True
+
+
 def test_001_section_3_3_fsdp_init(tmp_path, small):
     cfg = _load(tmp_path, small, TRAINER_BLOCK)
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
@@ -151,7 +186,7 @@ def test_001_section_3_yaml_keys_as_command_line_overrides(tmp_path, small, capl
         load_config(overrides=small("trainer.fsdp_init=maybe"))
 
 
-def test_001_section_3_3_lora_ignore_modules(small):
+def test_001_section_3_3_lora_ignore_modules(small, caplog):
     # The tip: LoRA adapter layers must be kept out of FSDP's sharding (ignore_modules).
     # Here FSDP2 shards each adapter with the layer it belongs to (frozen and trainable
     # parameters in one unit), so no ignore list is needed; LoRA is model.lora_rank.
@@ -160,6 +195,21 @@ def test_001_section_3_3_lora_ignore_modules(small):
 
     cfg = load_config(overrides=small("actor_rollout_ref.model.lora_rank=8"))
     assert cfg.actor_rollout_ref.model.lora_rank == 8
+    # the tip's ignore_modules is accepted (YAML block and Python fsdp_config), with a note
+    # saying why it needs no effect; the config is the one without it
+    from verl import TrainerConfig
+
+    block = ACTOR_BLOCK + "      ignore_modules: [LoraLayer]\n"
+    tmp = Path(cfg.trainer.log_dir).parent
+    with caplog.at_level(logging.WARNING, logger="verl.compat"):
+        with_list = _load(tmp, small, block, extra=("actor_rollout_ref.model.lora_rank=8",))
+        flat = TrainerConfig(fsdp_config={"ignore_modules": ["LoraLayer"]})
+    assert with_list == _load(
+        tmp, small, ACTOR_BLOCK, extra=("actor_rollout_ref.model.lora_rank=8",)
+    )
+    assert flat == TrainerConfig()
+    text = "ignore_modules=['LoraLayer'] is accepted and needs no effect: FSDP2 shards each LoRA"
+    assert caplog.text.count(text) == 2
     model = apply_lora(build_tiny_model(), lora_spec_from_config(cfg.actor_rollout_ref.model))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n for n in trainable)
@@ -197,14 +247,16 @@ def test_001_section_4_1_train_dataloader(tmp_path, small, caplog):
 def test_001_section_4_2_state_dict_for_save(small, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.trainer.ppo import PPOTrainer
 
     cfg = load_config(overrides=small())
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
-    worker.init_model(total_steps=1)
-    model = worker.engine  # the wrapped model of the tutorial: verl's train engine
-    full_state_dict = model.state_dict_for_save()
-    torch.save(full_state_dict, tmp_path / "actor_full.pt")
+    trainer = PPOTrainer(cfg)
+    try:
+        model = trainer.model  # the model the trainer hands out
+        full_state_dict = model.state_dict_for_save()  # verl 自动 gather 全局完整 state dict
+        torch.save(full_state_dict, tmp_path / "actor_full.pt")
+    finally:
+        trainer.close()
     # a single-device model loads it
     plain = AutoModelForCausalLM.from_pretrained(cfg.actor_rollout_ref.model.path)
     plain.load_state_dict(torch.load(tmp_path / "actor_full.pt"))
@@ -277,6 +329,33 @@ def test_001_section_7_1_cpu_offload(tmp_path, small):
     )
     fsdp = _load(tmp_path, small, block).actor_rollout_ref.actor.fsdp_config
     assert fsdp.param_offload is True and fsdp.optimizer_offload is True
+    # the same keys in Python, TrainerConfig(fsdp_config={...}), as in YAML
+    from verl import TrainerConfig
+
+    config = TrainerConfig(fsdp_config={"cpu_offload": True, "offload_params": True})
+    for fsdp in (config.actor_rollout_ref.actor.fsdp_config, config.critic.fsdp_config):
+        assert fsdp.param_offload is True and fsdp.optimizer_offload is True
+    params_only = TrainerConfig(fsdp_config={"offload_params": True})
+    fsdp = params_only.actor_rollout_ref.actor.fsdp_config
+    assert fsdp.param_offload is True and fsdp.optimizer_offload is False
+    with pytest.raises(ConfigError, match="both set param_offload"):
+        TrainerConfig(fsdp_config={"cpu_offload": False, "offload_params": True})
+
+
+def test_001_megatron_names_what_to_use_instead(tmp_path, small):
+    # strategy=megatron (and parallel_config.type: megatron): no Megatron engine; FSDP2, with
+    # Ulysses sequence parallelism for Megatron's
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=small("actor_rollout_ref.actor.strategy=megatron"))
+    assert "no Megatron engine" in str(err.value)
+    assert "ulysses_sequence_parallel_size" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, small, ACTOR_BLOCK.replace("type: fsdp", "type: megatron"))
+    assert "there is no Megatron-LM engine here" in str(err.value)
+    assert "ulysses_sequence_parallel_size" in str(err.value)
+    # `pip install verl[megatron]`: the extra installs nothing; the docs say what instead
+    text = (ROOT / "docs" / "distributed.md").read_text()
+    assert "verl[megatron]" in text and "ulysses_sequence_parallel_size" in text
 
 
 def test_001_section_7_2_fp8_needs_an_h100(tmp_path, small):

@@ -79,7 +79,14 @@ DTYPE_STRINGS = {
 }
 
 _SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+_ROLLOUT_PARALLEL = "actor_rollout_ref.rollout.parallel_config."
 _PARALLEL_KEYS = ("type", "sharding_strategy", "cpu_offload", "offload_params", "mixed_precision")
+# what tutorial 001 says of Megatron-LM's place, for a refused engine name
+NO_MEGATRON = (
+    "there is no Megatron-LM engine here (Megatron-Core needs CUDA GPUs): train with FSDP2 "
+    "(strategy=fsdp2); Megatron's sequence parallelism has an FSDP2 counterpart, "
+    "ulysses_sequence_parallel_size=N (docs/distributed.md)"
+)
 _TRAINABLE = {  # parallel_config location -> (section path, model path)
     ("actor_rollout_ref", "actor"): ("actor_rollout_ref.actor", "actor_rollout_ref.model"),
     ("critic",): ("critic", "critic.model"),
@@ -136,11 +143,34 @@ class KeySources:
 
     def __init__(self) -> None:
         self._by_path: dict[str, Spelling] = {}
+        # per native key: the last rollout parallel_config spelling, the last other one
+        self._rollout: dict[str, Spelling] = {}
+        self._own: dict[str, Spelling] = {}
+
+    def _check_rollout(self, path: str, new: Spelling, current: Any) -> None:
+        """A ``rollout.parallel_config`` spelling and any other spelling of the same actor
+        key must agree, whichever source each came from: the rollout has no FSDP setting
+        of its own, so a command-line override cannot make them differ either."""
+        rollout = new.key.startswith(_ROLLOUT_PARALLEL)
+        other = (self._own if rollout else self._rollout).get(path)
+        if other is None and rollout and current is not _MISSING:
+            other = Spelling(path, current, current, new.source)
+        (self._rollout if rollout else self._own)[path] = new
+        if other is None or other.native == new.native:
+            return
+        first, second = (new, other) if rollout else (other, new)
+        raise AliasError(
+            f"{first.key}={short_repr(first.value)} ({first.source}) differs from "
+            f"{second.key}={short_repr(second.value)} ({second.source}) on {path}: the "
+            "rollout generates with the actor's own FSDP module and weights (hybrid engine), "
+            f"so it has no setting of its own; set {path} once"
+        )
 
     def claim(self, path: str, new: Spelling, current: Any = _MISSING) -> Any:
         """The value ``path`` takes when ``new`` sets it; ``current`` is the value the tree
         already holds there when no spelling of this object set it (a native key written in
         the same source). Raises :class:`AliasError` for two spellings that disagree."""
+        self._check_rollout(path, new, current)
         old = self._by_path.get(path)
         if old is None and current is not _MISSING:
             old = Spelling(path, current, current, new.source)
@@ -367,6 +397,8 @@ def _parallel_config(
     tree: dict[str, Any], where: str, block: Any, section: str, model: str, put: _Put
 ) -> None:
     block = _mapping(block, f"{where}.parallel_config")
+    if "ignore_modules" in block:
+        note_ignore_modules(f"{where}.parallel_config", block.pop("ignore_modules"))
     unknown = set(block) - {*_PARALLEL_KEYS, "activation_checkpointing"}
     if unknown:
         raise AliasError(
@@ -380,6 +412,28 @@ def _parallel_config(
             put(tree, path, native, alias, value)
 
 
+def note_ignore_modules(where: str, value: Any) -> None:
+    """Accept tutorial 001's ``ignore_modules`` (LoRA adapter classes kept out of FSDP's
+    sharding) with a note: FSDP2 here shards each adapter inside the layer it belongs to
+    (frozen and trainable parameters in one unit), which is what keeping the adapters out
+    of FSDP1's flat parameters achieved; ignoring them in FSDP2 would leave their
+    gradients unreduced across ranks. Raises :class:`AliasError` for a value that is not a
+    list of names."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise AliasError(
+            f"{where}.ignore_modules={short_repr(value)}: a list of module class names"
+        )
+    logger.warning(
+        "%s.ignore_modules=%s is accepted and needs no effect: FSDP2 shards each LoRA "
+        "adapter with the layer it belongs to (one unit, frozen and trainable parameters "
+        "together), and every trainable parameter's gradient is reduced across ranks; LoRA "
+        "is actor_rollout_ref.model.lora_rank",
+        where,
+        list(names),
+    )
+
+
 def _parallel_assignments(
     alias: str, key: str, value: Any, section: str, model: str
 ) -> list[tuple[str, Any]]:
@@ -390,7 +444,7 @@ def _parallel_assignments(
             return [(f"{section}.strategy", "fsdp2")]
         raise AliasError(
             f"{alias}={short_repr(value)}: the engines here are {section}.strategy=fsdp2 (FSDP2), "
-            "single (one process, no wrapping) or auto; Megatron-LM and DDP are not available"
+            f"single (one process, no wrapping) or auto; DDP is not available, and {NO_MEGATRON}"
         )
     if key == "sharding_strategy":
         name = str(value).upper()

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from verl.compat.aliases import note_ignore_modules
 from verl.config.load import ConfigError, ConfigProblem, get_path
 from verl.config.schema_roles import MixedPrecisionConfig
 
@@ -65,7 +66,11 @@ def _hybrid_engine_config(cfg: Any, value: Any) -> Assignments:
 
 
 def _fsdp(cfg: Any, value: Any) -> Assignments:
-    value, out = _only(value, ("sharding_strategy", "cpu_offload", "mixed_precision")), []
+    keys = ("sharding_strategy", "cpu_offload", "offload_params", "mixed_precision")
+    value = _only(value, (*keys, "ignore_modules"))
+    out: Assignments = []
+    if "ignore_modules" in value:
+        note_ignore_modules("fsdp_config", value.pop("ignore_modules"))
     if "sharding_strategy" in value:
         name = str(value["sharding_strategy"]).upper()
         if name not in _SHARDING:
@@ -76,6 +81,14 @@ def _fsdp(cfg: Any, value: Any) -> Assignments:
         out.append(("reshard_after_forward", _SHARDING[name]))
     if "cpu_offload" in value:
         out += [(key, bool(value["cpu_offload"])) for key in ("param_offload", "optimizer_offload")]
+    if "offload_params" in value:  # as parallel_config.offload_params in YAML: parameters only
+        on = bool(value["offload_params"])
+        if "cpu_offload" in value and bool(value["cpu_offload"]) != on:
+            raise ValueError(
+                f"cpu_offload={value['cpu_offload']!r} and offload_params={value['offload_params']!r} "
+                "both set param_offload; give one of them"
+            )
+        out.append(("param_offload", on))
     if "mixed_precision" in value:
         mp = value["mixed_precision"]
         keys = ("param_dtype", "reduce_dtype", "buffer_dtype")

@@ -88,7 +88,9 @@ _SPEED = "speed and memory only, never results"
 _MEGATRON = (
     "Megatron-LM is not available here (it needs CUDA GPUs and Megatron-Core; there is no "
     "Megatron engine in this build): the roles train with FSDP2 (actor.strategy=fsdp2, "
-    "critic.strategy=fsdp2; remove the megatron.* keys), or strategy=auto"
+    "critic.strategy=fsdp2; remove the megatron.* keys), or strategy=auto; Megatron's "
+    "sequence parallelism has an FSDP2 counterpart: actor_rollout_ref.actor."
+    "ulysses_sequence_parallel_size=N (critic.ulysses_sequence_parallel_size)"
 )
 _PROFILER = (
     "upstream's profilers (nsys, npu, torch memory) record a run and change nothing of its "

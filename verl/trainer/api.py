@@ -95,6 +95,26 @@ class PPOTrainer(RLTrainer):
             self.reward_fn = self.build_reward_manager(reward_fn, train=True)
             self.val_reward_fn = self.build_reward_manager(reward_fn, train=False)
 
+    @property
+    def model(self) -> ActorModel:
+        """The actor model as tutorial 001 section 4.2 saves it:
+        ``torch.save(trainer.model.state_dict_for_save(), "actor_full.pt")``."""
+        return ActorModel(self.actor_rollout_wg)
+
+
+class ActorModel:
+    """A handle on the trained actor of a running trainer (its worker group)."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) state dict of the actor, on the CPU, with the Hugging Face
+        parameter names: what a single-device ``from_pretrained`` model loads. Under FSDP2
+        every rank gathers it (a collective); rank 0's copy is returned."""
+        out = self._group.state_dict_for_save()
+        return out[0] if isinstance(out, list) else out
+
 
 def with_rollout_backend(config: TrainerConfig, use_vllm: bool) -> TrainerConfig:
     """A shallow copy of ``config``; with ``use_vllm`` its rollout backend is ``vllm``."""
