@@ -58,6 +58,7 @@ __all__ = [
     "RLHFDataset",
     "collate_fn",
     "collate_prompts",
+    "scan_first_rows_by_source",
     "validate_row",
 ]
 
@@ -272,6 +273,37 @@ class RLHFDataset(RowDataset, Dataset):
     def location(self, i: int) -> str:
         """Where item `i` came from, e.g. "train.parquet row 12" (1-based)."""
         return self._where[i]
+
+    def first_rows_by_source(self) -> dict[str, str]:
+        """``{data_source: where its first row is}`` (e.g. ``"train.parquet row 12"``),
+        over the rows kept, in file order."""
+        first: dict[str, str] = {}
+        for row, where in zip(self._rows, self._where):
+            first.setdefault(row["data_source"], where)
+        return first
+
+
+def scan_first_rows_by_source(data_files: Sequence[str | os.PathLike]) -> dict[str, str]:
+    """:meth:`RLHFDataset.first_rows_by_source` read from the files themselves (the
+    ``data_source`` column of a parquet file alone), for a dataset that reads its rows
+    lazily. Rows without a string ``data_source`` are skipped (the dataset reports them)."""
+    from verl.data.io import PARQUET_SUFFIXES, read_records
+
+    first: dict[str, str] = {}
+    for path in map(os.fspath, data_files):
+        if path.endswith(PARQUET_SUFFIXES):
+            import pyarrow.parquet as pq
+
+            column = pq.read_table(path, columns=["data_source"]).column(0).to_pylist()
+            places = ((value, f"{path} row {i + 1}") for i, value in enumerate(column))
+        else:
+            places = (
+                ((r.data or {}).get("data_source"), r.where) for r in read_records(path).records
+            )
+        for source, where in places:
+            if isinstance(source, str):
+                first.setdefault(source, where)
+    return first
 
 
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")

@@ -23,6 +23,7 @@ from verl.config import TrainerConfig
 from verl.controller import ClassWithInitArgs
 from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.data.lazy_dataset import LazyRLHFDataset
+from verl.data.rl_dataset import scan_first_rows_by_source
 from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
 from verl.models import load_tokenizer, resolve_model_path
 from verl.protocol import DataProto
@@ -43,6 +44,7 @@ __all__ = [
     "build_reward_manager",
     "build_roles",
     "build_tokenizer",
+    "check_data_sources",
     "load_compute_score",
     "module_source",
     "module_tokenizer",
@@ -220,6 +222,56 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
         )
     total_steps = cfg.trainer.total_training_steps or (steps_per_epoch * cfg.trainer.total_epochs)
     return RLData(train_dataset, val_dataset, collate, train_loader, total_steps)
+
+
+def _first_rows_by_source(dataset: Any) -> dict[str, str] | None:
+    """``{data_source: its first row}`` of a prompt dataset; None for another kind."""
+    if isinstance(dataset, RLHFDataset):
+        return dataset.first_rows_by_source()
+    if isinstance(dataset, LazyRLHFDataset):
+        return scan_first_rows_by_source(dataset.data_files)
+    return None
+
+
+def check_data_sources(
+    cfg: TrainerConfig, train_dataset: Any, val_dataset: Any, reward_fn: Any, val_reward_fn: Any
+) -> None:
+    """Every ``data_source`` of the data files has a scorer, checked at start-up (before any
+    model loads) rather than at the first scoring, after generation.
+
+    A dataset is checked only when the rules score it: its reward manager uses the
+    built-in scorers (no ``custom_reward_function``, no reward function passed in Python),
+    and, for the training set, no reward model replaces them and the scores are not the
+    stored ones of ``data.rollout_files``.
+
+    Raises:
+        UnknownDataSourceError: naming the data key, the file and row of the first row with
+            the unknown source, the known sources and the fixes.
+    """
+    from difflib import get_close_matches
+
+    from verl.rewards import UnknownDataSourceError, get_scorer, known_data_sources
+
+    checks = [("data.val_files", val_dataset, val_reward_fn)]
+    if not cfg.reward_model.enable:
+        checks.insert(0, ("data.train_files", train_dataset, reward_fn))
+    for key, dataset, manager in checks:
+        if dataset is None or not getattr(manager, "builtin", False):
+            continue
+        first = _first_rows_by_source(dataset)
+        for source, where in (first or {}).items():
+            try:
+                get_scorer(source)
+            except UnknownDataSourceError:
+                known = known_data_sources()
+                close = get_close_matches(source, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise UnknownDataSourceError(
+                    f"{key}: {where} has data_source={source!r}{hint}, which no reward "
+                    f"scorer knows (known: {', '.join(known)}); fix the data_source column, "
+                    "register a scorer with @verl.rewards.register_scorer(name), or set "
+                    "custom_reward_function.path to a function that scores it"
+                ) from None
 
 
 def load_compute_score(cfg: TrainerConfig) -> Callable[..., Any] | None:

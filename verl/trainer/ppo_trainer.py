@@ -67,6 +67,7 @@ from verl.trainer.build import (
     build_reward_manager,
     build_roles,
     build_tokenizer,
+    check_data_sources,
     load_compute_score,
 )
 from verl.trainer.checkpoint import CheckpointManager
@@ -163,6 +164,10 @@ class RLTrainer:
         compute_score = load_compute_score(cfg)
         self.reward_fn = reward_fn or self.build_reward_manager(compute_score, train=True)
         self.val_reward_fn = val_reward_fn or self.build_reward_manager(compute_score, train=False)
+        # a data_source without a scorer fails now, before any model loads
+        check_data_sources(
+            cfg, self.train_dataset, self.val_dataset, self.reward_fn, self.val_reward_fn
+        )
         self.kl_ctrl = build_kl_controller(cfg)
         # async: the rollout copy starts from the actor's initial module, copied before any update
         async_module = (
