@@ -109,7 +109,7 @@ def test_the_same_keys_in_a_yaml_file(tmp_path):
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "sequence parallelism"),
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "no Megatron engine"),
         ("actor_rollout_ref.actor.strategy=megatron", "no Megatron engine"),
-        ("actor_rollout_ref.rollout.multi_turn.tool_config_path=t.yaml", "multi_turn.tools="),
+        ("actor_rollout_ref.rollout.multi_turn.tool_config_path=t.yaml", "no such file"),
         ("reward_model.reward_manager=batch", "scores one response"),
         ("trainer.device=npu", "Ascend NPUs"),
         ("actor_rollout_ref.hybrid_engine=False", "shares the actor's worker"),

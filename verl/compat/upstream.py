@@ -302,6 +302,19 @@ def _logger_value(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _tool_config(value: Any) -> Any:
+    """Upstream's tool YAML: one ``multi_turn.tools`` entry ``{path: the YAML, name}`` per
+    tool (:mod:`verl.tools.upstream_adapter`); a tool that cannot run here is refused."""
+    if value is None:
+        return DROP
+    from verl.tools.upstream_adapter import UpstreamToolError, tool_entries
+
+    try:
+        return tool_entries(value)
+    except (UpstreamToolError, FileNotFoundError) as exc:
+        raise Refused(str(exc)) from None
+
+
 def _reward_manager(value: Any) -> Any:
     """Upstream's reward-manager names: ``dapo`` and ``prime`` score each response with the
     data source's scorer, as ``naive`` does (dapo's overlong penalty is
@@ -410,9 +423,8 @@ _RL_MORE: dict[str, UpstreamKey] = {
         "template should produce and set data.apply_chat_template=false",
     ),
     "data.tool_config_path": _drop(
-        "no tools (it copies rollout.multi_turn.tool_config_path upstream)",
-        keeps=(None,),
-        refusal="see actor_rollout_ref.rollout.multi_turn.tool_config_path",
+        "upstream copies rollout.multi_turn.tool_config_path here, which lists the tools "
+        "in the prompts here too"
     ),
     "data.gen_batch_size": _drop(
         "dynamic sampling here generates data.train_batch_size prompts per round until a "
@@ -651,13 +663,16 @@ _RL_MORE: dict[str, UpstreamKey] = {
         refusal="repeated rollouts of one conversation are not implemented; sample more "
         "responses with rollout.n",
     ),
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": _drop(
-        "no tools",
-        keeps=(None,),
-        refusal="upstream's tool YAML (tool classes with a schema, per-row tools_kwargs) is "
-        "not read here; tools are functions or verl.tools.Tool classes in a Python file: "
-        "actor_rollout_ref.rollout.multi_turn.tools=[{path: my_tools.py, name: my_tool}] "
-        "(docs/multiturn.md)",
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": UpstreamKey(
+        native="actor_rollout_ref.rollout.multi_turn.tools",
+        value=_tool_config,
+        reason="null: no tools",
+        reads="each tool of the YAML becomes a multi_turn.tools entry {path: the YAML, name}: "
+        "upstream's Gsm8kTool runs this project's GSM8K scorer, SandboxFusionTool the "
+        "python tool's local sandbox, a user class (upstream's BaseTool interface) runs "
+        "through an adapter with its row's extra_info.tools_kwargs[name].create_kwargs; "
+        "search, MCP, geo3k and image tools refused with the reason; tool rewards are not "
+        "added to the score (docs/multiturn.md)",
     ),
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": _drop(
         "no interaction",

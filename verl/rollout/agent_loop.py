@@ -79,6 +79,7 @@ from verl.rollout.base import (
 )
 from verl.rollout.tool_calls import TOOL_CALL_END, ChatDeltaRenderer, ToolCall, parse_tool_calls
 from verl.tools.base import call_deadline
+from verl.tools.call_context import row_context
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +309,10 @@ class AgentLoop:
                 calls = self._take_turn(sample, out, budget)
                 if calls:
                     calling.append((sample, calls, out.ids[-1]))
-            results = self._run_tools([c for _, calls, _ in calling for c in calls])
+            results = self._run_tools(
+                [c for _, calls, _ in calling for c in calls],
+                [s.context for s, calls, _ in calling for _ in calls],
+            )
             for sample, calls, last_token in calling:
                 mine, results = results[: len(calls)], results[len(calls) :]
                 self._append_results(sample, calls, mine, last_token, budget)
@@ -423,12 +427,13 @@ class AgentLoop:
             )
         return None
 
-    def _call(self, call: ToolCall) -> _ToolResult:
+    def _call(self, call: ToolCall, row: dict[str, Any] | None = None) -> _ToolResult:
         refused = self._refusal(call)
         if refused is not None:
             return refused
         try:
-            value = self.tools[call.name](**call.arguments)
+            with row_context(row):  # the sample's row, for tools that read it
+                value = self.tools[call.name](**call.arguments)
         except BaseException as exc:  # the tool's failure is the model's information
             # SystemExit / KeyboardInterrupt here were raised by the tool in its own thread
             # (a real Ctrl-C reaches the main thread, waiting in _run_tools, and stops the run)
@@ -440,9 +445,12 @@ class AgentLoop:
             )
         return _ToolResult(value)
 
-    def _run_tools(self, calls: list[ToolCall]) -> list[_ToolResult]:
+    def _run_tools(
+        self, calls: list[ToolCall], rows: list[dict[str, Any]] | None = None
+    ) -> list[_ToolResult]:
         """Run the calls, at most ``max_parallel_tool_calls`` at once (threads started for
-        this round, which end when the queue is empty); wait at most ``tool_timeout``."""
+        this round, which end when the queue is empty); wait at most ``tool_timeout``.
+        ``rows[i]``: the row of call ``i``'s sample (``verl.tools.call_context``)."""
         results: list[_ToolResult | None] = [self._refusal(c) for c in calls]
         queue = collections.deque(i for i, r in enumerate(results) if r is None)
         if not queue:
@@ -459,7 +467,7 @@ class AgentLoop:
                         if not queue:
                             return
                         i = queue.popleft()
-                    results[i] = self._call(calls[i])
+                    results[i] = self._call(calls[i], rows[i] if rows else None)
 
         threads = [
             threading.Thread(target=work, daemon=True, name=f"verl-tool-{k}")

@@ -2,7 +2,8 @@
 
 Built-in tools (``multi_turn.tools: [{path: builtin, name: calculator}]``): ``calculator``
 (exact arithmetic, :mod:`verl.tools.calculator`) and ``python`` (sandboxed code,
-:mod:`verl.tools.python_executor`). See ``docs/multiturn.md``.
+:mod:`verl.tools.python_executor`). Upstream verl's tool YAML (``path: tools.yaml``) is read by
+:mod:`verl.tools.upstream_adapter`. See ``docs/multiturn.md``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,17 @@ BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {
 
 
 def load_tools(specs: Iterable[Any]) -> list[Tool]:
-    """The tools of ``multi_turn.tools`` (items with ``path`` and ``name``), in order."""
-    return [load_tool(spec.path, spec.name) for spec in specs]
+    """The tools of ``multi_turn.tools`` (items with ``path`` and ``name``), in order; a
+    ``path`` ending in ``.yaml`` is upstream verl's tool config
+    (:mod:`verl.tools.upstream_adapter`)."""
+    from verl.tools.upstream_adapter import is_tool_config_file, load_upstream_tool
+
+    return [
+        load_upstream_tool(spec.path, spec.name)
+        if is_tool_config_file(spec.path)
+        else load_tool(spec.path, spec.name)
+        for spec in specs
+    ]
 
 
 def tool_schemas(specs: Iterable[Any]) -> list[dict[str, Any]]:
