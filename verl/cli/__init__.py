@@ -1,6 +1,7 @@
 """The ``verl`` command, one subcommand per entry point.
 
-``verl train`` is ``python -m verl.trainer.main_ppo``, ``verl sft`` / ``verl dpo`` /
+``verl train`` is ``python -m verl.trainer.main_ppo``; ``verl distill`` is ``verl train`` with
+``algorithm.distill.enable=true`` preset (on-policy distillation, docs/distillation.md); ``verl sft`` / ``verl dpo`` /
 ``verl rm`` are ``main_sft`` / ``main_dpo`` / ``main_rm``; each takes ``[--config FILE] key=value ...``. ``verl export``
 (and its upstream-familiar alias ``verl merge``) writes a checkpoint as a HuggingFace
 directory; ``verl config`` prints the resolved config or, with ``--reference``, every key
@@ -18,6 +19,11 @@ import sys
 # command -> (module with main(argv, prog=...), leading arguments, one-line help)
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "train": ("verl.trainer.main_ppo", (), "validate the config and run PPO/GRPO training"),
+    "distill": (
+        "verl.trainer.main_ppo",
+        ("algorithm.distill.enable=true",),
+        "on-policy distillation: verl train with algorithm.distill.enable=true",
+    ),
     "sft": ("verl.trainer.main_sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
     "dpo": ("verl.trainer.main_dpo", (), "DPO / IPO / KTO on preference data"),
     "rm": ("verl.trainer.main_rm", (), "reward-model training on preference pairs"),

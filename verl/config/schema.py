@@ -167,6 +167,42 @@ class PFPPOConfig:
 
 
 @dataclass
+class DistillConfig:
+    """On-policy distillation (``algorithm.distill``, docs/distillation.md): a frozen teacher
+    scores the student's samples; the per-token reverse KL to it is a loss term."""
+
+    enable: bool = entry(False, "add the reverse KL to a teacher to the actor's loss")
+    teacher_path: str | None = entry(
+        None,
+        "the teacher: a HF causal LM directory or hub id with the student's tokenizer "
+        "(required with enable=true)",
+    )
+    teacher_precision: Precision = entry(
+        "none",
+        "the teacher's weights and compute: none (the student's model.dtype), fp32, bf16, "
+        "fp16, or weight-only fp8 / int4",
+    )
+    coef: float = entry(1.0, "weight of the distillation loss", ge=0)
+    estimator: str = entry(
+        "k1",
+        "per-token reverse KL: k1 / k3 (sampled token) or topk (full distribution over the "
+        "student's top-k tokens)",
+        nonempty=True,
+    )
+    topk: int = entry(16, "tokens per position of the topk estimator", ge=1)
+    topk_tail: bool = entry(
+        True, "topk: a bucket for the mass outside the top-k (false: renormalise over it)"
+    )
+    mix_task_reward: bool = entry(
+        False,
+        "true: the task's policy loss plus coef x KL; false: coef x KL alone (rewards only logged)",
+    )
+    log_prob_micro_batch_size_per_device: int | None = entry(
+        None, "rows per teacher forward; null = as the reference's", ge=1
+    )
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation, the in-reward KL penalty and dynamic sampling."""
 
@@ -195,6 +231,7 @@ class AlgorithmConfig:
         False, "PF-PPO: train on the step's responses redrawn with replacement by reward"
     )
     pf_ppo: PFPPOConfig = entry(PFPPOConfig, "PF-PPO reweighting")
+    distill: DistillConfig = entry(DistillConfig, "on-policy distillation from a teacher")
 
 
 @dataclass

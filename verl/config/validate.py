@@ -22,7 +22,7 @@ from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
 from verl.config.validate_async import check_async_rollout
-from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
+from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
     from verl.config.schema import OptimConfig, TrainerConfig
@@ -557,6 +557,46 @@ def _check_algorithm(c: Checks, cfg: TrainerConfig) -> None:
             "the KL to the reference is penalised twice"
         )
     _check_filter_groups(c, cfg)
+    _check_distill(c, cfg)
+
+
+def _check_distill(c: Checks, cfg: TrainerConfig) -> None:
+    """On-policy distillation needs a teacher and a known estimator; ``topk`` scores the
+    full logits of each micro-batch, which the sequence-parallel path does not produce."""
+    d, p = cfg.algorithm.distill, "algorithm.distill"
+    if not d.enable:
+        return
+    if not d.teacher_path:
+        c.error(
+            (f"{p}.teacher_path", f"{p}.enable"),
+            f"{p}.enable=true needs {p}.teacher_path: a HF causal LM with the student's "
+            "tokenizer (e.g. the model a previous run exported)",
+        )
+    elif os.path.isabs(d.teacher_path) or d.teacher_path.startswith("."):
+        c.file(f"{p}.teacher_path", d.teacher_path, "teacher model directory")
+    if d.estimator not in DISTILL_ESTIMATORS:
+        names = ", ".join(DISTILL_ESTIMATORS.names())
+        c.error(f"{p}.estimator", f"{p}.estimator={show(d.estimator)}: must be one of {names}")
+    if d.teacher_precision == "auto":
+        c.error(
+            f"{p}.teacher_precision",
+            f"{p}.teacher_precision=auto: name the teacher's precision (none, fp32, bf16, "
+            "fp16, fp8, int4)",
+        )
+    actor = cfg.actor_rollout_ref.actor
+    if DISTILL_ESTIMATORS.needs(d.estimator, "needs_topk") and (
+        (actor.ulysses_sequence_parallel_size or 1) > 1
+    ):
+        c.error(
+            (f"{p}.estimator", "actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+            f"{p}.estimator={d.estimator} computes each micro-batch's full logits, which "
+            "sequence parallelism does not gather; use estimator=k1 or k3, or "
+            "ulysses_sequence_parallel_size=1",
+        )
+    if d.coef == 0 and not d.mix_task_reward:
+        c.warn(
+            f"{p}.coef=0 and {p}.mix_task_reward=false: the actor's loss is 0, nothing is learned"
+        )
 
 
 def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:

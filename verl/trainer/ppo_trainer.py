@@ -9,6 +9,7 @@
         (DAPO: drop groups with equal rewards, generate from more batches until full)
         gen  |= actor_rollout.compute_log_prob(gen)          # old policy, unless skipped
         gen  |= actor_rollout.compute_ref_log_prob(gen)      # if a KL term is used
+        gen  |= actor_rollout.compute_teacher_log_prob(gen)  # on-policy distillation
         gen  |= critic.compute_values(gen)                   # if the estimator needs V
         gen  |= advantages(gen)                              # pure tensor functions
         (PF-PPO: redraw the responses with replacement, weighted by score)
@@ -332,7 +333,8 @@ class RLTrainer:
     def prepare_update(
         self, gen: DataProto, old_log_prob_pass: bool = True
     ) -> tuple[DataProto, dict[str, Any]]:
-        """Old and reference log-probs, values, the in-reward KL and advantages of ``gen``.
+        """Old, reference and teacher log-probs, values, the in-reward KL and advantages of
+        ``gen`` (the teacher's with ``algorithm.distill.enable``).
 
         ``gen`` comes from :meth:`generate_and_score` (possibly filtered by dynamic
         sampling). Returns ``(gen with those tensors, the metrics of these phases)``. The
@@ -351,6 +353,8 @@ class RLTrainer:
             pending = []
             if self.use_reference:
                 pending.append(self.actor_rollout_wg.compute_ref_log_prob.submit(gen))
+            if cfg.algorithm.distill.enable:  # the teacher lives in the actor's workers
+                pending.append(self.actor_rollout_wg.compute_teacher_log_prob.submit(gen))
             if self.critic_wg is not None:
                 pending.append(self.critic_wg.compute_values.submit(gen))
             for future in pending:

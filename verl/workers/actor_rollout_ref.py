@@ -21,6 +21,12 @@ pure function ``verl.algorithms.actor_loss``, run by the engine's ``forward_back
 LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftModel`` whose
 adapters alone train; the reference is that same module with its adapters disabled, so no
 reference copy is built.
+
+On-policy distillation (``algorithm.distill.enable``, :mod:`verl.workers.teacher`): a frozen
+teacher loaded from ``algorithm.distill.teacher_path`` lives beside the reference in an
+inference-only engine; :meth:`ActorRolloutRefWorker.compute_teacher_log_prob` scores the
+student's samples and the update adds ``coef x`` the reverse KL to it
+(:func:`verl.algorithms.distill_loss`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 
 import torch
 
-from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from verl.algorithms import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, POLICY_LOSSES
+from verl.algorithms.distill import distill_loss
 from verl.algorithms.losses import actor_loss
 from verl.config import TrainerConfig
 from verl.controller import Dispatch, Worker, register
@@ -81,6 +88,7 @@ from verl.workers.common import (
 )
 from verl.workers.micro_batching import MicroBatch, gather_response_outputs
 from verl.workers.multi_turn import build_agent_loop
+from verl.workers.teacher import check_same_tokenizer, response_log_softmax
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +99,8 @@ _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 _SEQUENCE_KEYS = (*_PROMPT_KEYS, "response_mask")
 # What a multi-turn interaction reads of its prompt (verl.rollout.agent_loop.CONTEXT_KEYS).
 _INTERACTION_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info")
+# What the teacher pass returns and the update reads (algorithm.distill).
+_TEACHER_KEYS = ("teacher_log_probs", "teacher_topk_log_probs", "distill_topk_ids")
 
 
 class ActorRolloutRefWorker(Worker):
@@ -132,6 +142,7 @@ class ActorRolloutRefWorker(Worker):
         self.ref_engine = None
         self.ref_dynamic = None  # DynamicPrecision of the reference (dynamic_precision=true)
         self.lora_reference = False  # LoRA: the reference is the actor, adapters disabled
+        self.teacher_engine = None  # algorithm.distill: the frozen teacher
         self._update_calls = 0
         self._generate_calls = 0
         self._rollout_weights_stale = False  # an engine with its own copy needs a push
@@ -197,6 +208,8 @@ class ActorRolloutRefWorker(Worker):
                 self.device,
                 reload=None if given else lambda: load_causal_lm(**load_kwargs).state_dict(),
             )
+        if self.config.algorithm.distill.enable:
+            self.teacher_engine = self._build_teacher(strategy)
         data, actor = self.config.data, arr.actor
         shared = actor.pack_sequences and actor.share_prompt_prefix
         checkpoint_if_configured(
@@ -237,6 +250,42 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.sleep()
         # multi_turn.enable: generate through the agent loop (tools) over the same engine
         self.agent_loop = build_agent_loop(self.config, self.rollout, self.tokenizer)
+
+    def _build_teacher(self, strategy: str) -> Any:
+        """The distillation teacher: ``algorithm.distill.teacher_path`` loaded frozen
+        (``requires_grad=False``, eval mode) into an engine without an optimizer, after
+        checking that its tokenizer is the student's."""
+        dcfg, arr = self.config.algorithm.distill, self.config.actor_rollout_ref
+        student_path = arr.model.tokenizer_path or arr.model.path
+        teacher_tokenizer = load_tokenizer(
+            dcfg.teacher_path, trust_remote_code=arr.model.trust_remote_code
+        )
+        check_same_tokenizer(self.tokenizer, teacher_tokenizer, student_path, dcfg.teacher_path)
+        precision = dcfg.teacher_precision
+        dtype = precision if precision in ("fp32", "bf16", "fp16") else None
+        module = load_causal_lm(
+            path=dcfg.teacher_path,
+            dtype=resolve_dtype(dtype or arr.model.dtype),
+            trust_remote_code=arr.model.trust_remote_code,
+            attn_implementation=attention_implementation(
+                self.config.trainer.use_flash_attention, self.device
+            ),
+        )
+        check_vocab_covers_tokenizer(module, self.tokenizer, "algorithm.distill.teacher_path")
+        module = module.eval().requires_grad_(False)
+        if precision == "fp8":
+            from verl.models.fp8 import quantize_model_fp8_
+
+            quantize_model_fp8_(module)
+        elif precision == "int4":
+            from verl.models.int4 import quantize_model_int4_
+
+            quantize_model_int4_(module)
+        options = engine_options(self, strategy, arr.ref.fsdp_config, 1)
+        if dtype is not None:
+            options["param_dtype"] = dtype
+        logger.info("distillation teacher %s (%s)", dcfg.teacher_path, precision)
+        return build_engine(strategy, module=module, optim=None, device=self.device, **options)
 
     def _sync_rollout_weights(self) -> dict[str, float]:
         """Push the actor's weights into a rollout engine that keeps its own copy (vLLM).
@@ -408,11 +457,73 @@ class ActorRolloutRefWorker(Worker):
             log_probs, _, _ = self._log_probs(self.ref_engine.module, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs[rows]})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=_SEQUENCE_KEYS, meta=("temperature",))
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The distillation teacher's scores of the student's samples (``algorithm.distill``).
+
+        Returns ``teacher_log_probs`` ``(batch, response_len)``: the teacher's log-probs of
+        the sampled tokens at the sampling temperature. With a top-k estimator
+        (``estimator=topk``) also ``distill_topk_ids`` ``(batch, response_len, k)``: the
+        student's ``k`` most likely tokens at each position under the current weights (the
+        ones that sampled the batch, where the update starts), and
+        ``teacher_topk_log_probs`` ``(batch, response_len, k)``: the teacher's full-vocabulary
+        log-probs at those ids. The update recomputes the student's log-probs at the same
+        ids with gradients; with one optimizer step per batch they are the student's top-k
+        at the update. Full-vocabulary logits are held one micro-batch at a time.
+        """
+        if self.teacher_engine is None:
+            raise RuntimeError(
+                "compute_teacher_log_prob called on a worker built without a teacher; set "
+                "algorithm.distill.enable=true and algorithm.distill.teacher_path"
+            )
+        dcfg = self.config.algorithm.distill
+        mbs = (
+            dcfg.log_prob_micro_batch_size_per_device
+            or self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_device
+        )
+        data, rows = sequence_group_batch(self.teacher_engine, data)
+        if not DISTILL_ESTIMATORS.needs(dcfg.estimator, "needs_topk"):
+            with self.teacher_engine.eval_mode():
+                log_probs, _, _ = self._log_probs(self.teacher_engine.module, data, mbs, False)
+            return DataProto.from_dict(tensors={"teacher_log_probs": log_probs[rows]})
+        temperature = data.meta_info.get("temperature", 1.0)
+        response_len = data.batch["response_mask"].shape[1]
+        inputs = to_device(data.select(batch_keys=list(_PROMPT_KEYS)), self.device)
+        parts: dict[str, list] = {key: [] for key in _TEACHER_KEYS}
+        acfg = self.config.actor_rollout_ref.actor
+        with (
+            torch.no_grad(),
+            self.engine.eval_mode(),
+            self.teacher_engine.eval_mode(),
+            self.engine.autocast(),
+        ):
+            for mb in micro_batches(inputs, response_len, mbs, acfg, 1):
+                x = mb.data.batch
+                args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
+                student = response_log_softmax(self.engine.module, *args, temperature)
+                teacher = response_log_softmax(self.teacher_engine.module, *args, temperature)
+                vocab = min(student.shape[-1], teacher.shape[-1])  # heads may be padded apart
+                k = min(dcfg.topk, vocab)
+                ids = student[..., :vocab].topk(k, dim=-1).indices
+                del student
+                labels = x["input_ids"][:, -mb.response_len :, None]
+                parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
+                parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, ids).cpu()))
+                parts["distill_topk_ids"].append((mb, ids.cpu()))
+                del teacher
+        release_memory()
+        n = len(data)
+        tensors = {
+            key: gather_response_outputs(values, n, response_len)[rows]
+            for key, values in parts.items()
+        }
+        return DataProto.from_dict(tensors=tensors)
+
     # ------------------------------------------------------------------ update
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
         reads=(*_SEQUENCE_KEYS, "advantages"),
-        optional=("old_log_probs", "ref_log_probs", "rollout_log_probs"),
+        optional=("old_log_probs", "ref_log_probs", "rollout_log_probs", *_TEACHER_KEYS),
         meta=("temperature",),
     )
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -452,6 +563,11 @@ class ActorRolloutRefWorker(Worker):
             keys.append("old_log_probs")
         if acfg.use_kl_loss:
             keys.append("ref_log_probs")  # select() names it if the batch lacks it
+        dcfg = self.config.algorithm.distill
+        if dcfg.enable:  # select() names a missing one: the teacher pass did not run
+            keys.append("teacher_log_probs")
+            if DISTILL_ESTIMATORS.needs(dcfg.estimator, "needs_topk"):
+                keys += ["teacher_topk_log_probs", "distill_topk_ids"]
         if acfg.rollout_is_threshold is not None or acfg.rollout_rs_threshold is not None:
             if "rollout_log_probs" in data.batch:
                 keys.append("rollout_log_probs")
@@ -482,6 +598,8 @@ class ActorRolloutRefWorker(Worker):
         )
         if acfg.use_kl_loss:
             acc.add("actor/kl_coef", acfg.kl_loss_coef)
+        if dcfg.enable:
+            acc.add("actor/distill_coef", dcfg.coef)
         if recorded is not None:
             for key, value in own_old_log_prob_metrics(data, recorded).items():
                 acc.add(key, value)
@@ -528,21 +646,47 @@ class ActorRolloutRefWorker(Worker):
         scale_factor = acfg.loss_scale_factor
         if scale_factor is None:
             scale_factor = self.config.data.max_response_length
+        dcfg = self.config.algorithm.distill
+        distill_topk = dcfg.enable and DISTILL_ESTIMATORS.needs(dcfg.estimator, "needs_topk")
+        if dcfg.enable and not dcfg.mix_task_reward:
+            # distillation alone: the policy loss is computed for its metrics only
+            task_loss_fn = policy_loss_fn
+
+            def policy_loss_fn(**kwargs: Any) -> tuple[torch.Tensor, Any]:
+                pg_loss, pg_metrics = task_loss_fn(**kwargs)
+                return pg_loss.detach(), pg_metrics
 
         def loss_fn(module: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
             b = mb.data.batch
-            log_prob, entropy = compute_response_log_probs(
-                module,
-                b["input_ids"],
-                b["attention_mask"],
-                b["position_ids"],
-                response_len=mb.response_len,
-                temperature=temperature,
-                chunk_size=acfg.logprob_chunk_size,
-                calculate_entropy=acfg.entropy_coeff != 0 or recorded is not None,
-                pack=acfg.pack_sequences,
-                share_prefix=acfg.share_prompt_prefix,
-            )
+            with_entropy = acfg.entropy_coeff != 0 or recorded is not None
+            student_topk = None
+            if distill_topk:
+                # the full distribution: the sampled tokens', the top-k ids' and the entropy
+                full = response_log_softmax(
+                    module,
+                    b["input_ids"],
+                    b["attention_mask"],
+                    b["position_ids"],
+                    mb.response_len,
+                    temperature,
+                )
+                labels = b["input_ids"][:, -mb.response_len :, None]
+                log_prob = full.gather(-1, labels)[..., 0]
+                student_topk = full.gather(-1, b["distill_topk_ids"])
+                entropy = -(full.exp() * full).sum(-1) if with_entropy else None
+            else:
+                log_prob, entropy = compute_response_log_probs(
+                    module,
+                    b["input_ids"],
+                    b["attention_mask"],
+                    b["position_ids"],
+                    response_len=mb.response_len,
+                    temperature=temperature,
+                    chunk_size=acfg.logprob_chunk_size,
+                    calculate_entropy=with_entropy,
+                    pack=acfg.pack_sequences,
+                    share_prefix=acfg.share_prompt_prefix,
+                )
             old_log_prob = b.get("old_log_probs")
             if recorded is not None:
                 old_log_prob = log_prob.detach()
@@ -551,7 +695,7 @@ class ActorRolloutRefWorker(Worker):
                     entropy = None  # computed for the metric only
             # forward_backward runs this under the engine's autocast; the loss terms use no
             # op autocast lowers (no matmul), so they stay float32.
-            return actor_loss(
+            loss, metrics = actor_loss(
                 log_prob,
                 old_log_prob,
                 b["advantages"],
@@ -570,6 +714,23 @@ class ActorRolloutRefWorker(Worker):
                 rollout_is_level=acfg.rollout_is_level,
                 rollout_rs_threshold=acfg.rollout_rs_threshold,
             )
+            if dcfg.enable:
+                if not dcfg.mix_task_reward:  # the (detached) policy loss leaves the value
+                    loss = loss - metrics["pg_loss"]
+                kl, kl_metrics = distill_loss(
+                    log_prob.float(),
+                    b["teacher_log_probs"],
+                    b["response_mask"],
+                    estimator=dcfg.estimator,
+                    loss_agg_mode=loss_agg_mode,
+                    loss_scale_factor=scale_factor,
+                    student_topk_log_probs=student_topk,
+                    teacher_topk_log_probs=b.get("teacher_topk_log_probs"),
+                    topk_tail=dcfg.topk_tail,
+                )
+                loss = loss + dcfg.coef * kl
+                metrics |= kl_metrics
+            return loss, metrics
 
         return loss_fn
 

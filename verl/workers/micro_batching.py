@@ -242,7 +242,8 @@ def _split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor
 def gather_response_outputs(
     parts: list[tuple[MicroBatch, torch.Tensor]], rows: int, response_len: int
 ) -> torch.Tensor:
-    """Per-micro-batch outputs ``(rows_i, r_i)`` -> ``(rows, response_len)`` in batch order.
+    """Per-micro-batch outputs ``(rows_i, r_i, *rest)`` -> ``(rows, response_len, *rest)`` in
+    batch order (``rest``: e.g. the ``k`` of per-token top-k values).
 
     Columns a micro-batch cut off are filled with zeros (they are padding: masked by
     ``response_mask`` downstream).
@@ -250,7 +251,7 @@ def gather_response_outputs(
     if not parts:
         raise ValueError("no micro-batch outputs to gather")
     first = parts[0][1]
-    out = first.new_zeros((rows, response_len))
+    out = first.new_zeros((rows, response_len, *first.shape[2:]))
     for mb, values in parts:
         out[mb.index, : values.shape[1]] = values
     return out
