@@ -24,6 +24,7 @@ from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.agent_loop import AgentLoop, TurnOutput
 from verl.tools import load_tools, tool_schemas
+from verl.tools.upstream_adapter import UpstreamToolError
 
 TOOL_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 GSM8K_YAML = {  # upstream's examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml
@@ -218,10 +219,29 @@ def test_tools_that_cannot_run_here_are_refused_with_the_reason(tmp_path, class_
     path = tmp_path / "tools.yaml"
     entry = {**GSM8K_YAML["tools"][0], "class_name": class_name, "config": config}
     path.write_text(yaml.safe_dump({"tools": [entry]}))
+    cfg = load_config(overrides=[f"{TOOL_KEY}={path}"])
+    specs = cfg.actor_rollout_ref.rollout.multi_turn.tools
+    with pytest.raises(UpstreamToolError) as err:
+        tool_schemas(specs)  # what the trainer's start-up calls, before any model loads
+    msg = str(err.value)
+    assert msg.startswith(f"tool 'calc_gsm8k_reward' ({class_name}): ") and why in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "no such file"),
+        ("tools: {a: 1}", "not upstream's format"),
+        ("tools:\n  - class_name: x.Y\n    config: {}\n", "not upstream's format"),
+    ],
+)
+def test_a_missing_or_malformed_tool_yaml_is_refused_at_config(tmp_path, content, why):
+    path = tmp_path / "tools.yaml"
+    if content is not None:
+        path.write_text(content)
     with pytest.raises(ConfigError) as err:
         load_config(overrides=[f"{TOOL_KEY}={path}"])
-    msg = str(err.value)
-    assert TOOL_KEY in msg and "'calc_gsm8k_reward'" in msg and why in msg, msg
+    assert TOOL_KEY in str(err.value) and why in str(err.value), str(err.value)
 
 
 def test_the_code_interpreter_runs_in_the_local_sandbox(tmp_path):

@@ -28,6 +28,7 @@ filters them out before its truncation applies to what remains.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -303,16 +304,30 @@ def _logger_value(value: Any) -> Any:
 
 
 def _tool_config(value: Any) -> Any:
-    """Upstream's tool YAML: one ``multi_turn.tools`` entry ``{path: the YAML, name}`` per
-    tool (:mod:`verl.tools.upstream_adapter`); a tool that cannot run here is refused."""
+    """Upstream's tool YAML: one ``multi_turn.tools`` entry ``{path: the YAML, name: its
+    tool_schema's function name}`` per tool. Only the names are read here; what each
+    ``class_name`` runs as (or why it is refused) is decided when the tools load, at
+    start-up before any model (``verl.tools.upstream_adapter``)."""
     if value is None:
         return DROP
-    from verl.tools.upstream_adapter import UpstreamToolError, tool_entries
+    import yaml
 
+    path = os.path.abspath(os.fspath(value))
+    if not os.path.isfile(path):
+        raise Refused(f"tool config {path}: no such file")
     try:
-        return tool_entries(value)
-    except (UpstreamToolError, FileNotFoundError) as exc:
-        raise Refused(str(exc)) from None
+        with open(path, encoding="utf-8") as fh:
+            tools = (yaml.safe_load(fh) or {}).get("tools")
+        names = [entry["tool_schema"]["function"]["name"] for entry in tools]
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as exc:
+        raise Refused(
+            f"tool config {path}: not upstream's format, a 'tools:' list of {{class_name, "
+            f"config, tool_schema: {{type: function, function: {{name, ...}}}}}} "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise Refused(f"tool config {path}: no tools, or a tool_schema without a name")
+    return [{"path": path, "name": name} for name in names]
 
 
 def _reward_manager(value: Any) -> Any:

@@ -11,9 +11,10 @@ Upstream lists its tools in a YAML file::
 
 ``actor_rollout_ref.rollout.multi_turn.tool_config_path=FILE`` becomes
 ``multi_turn.tools=[{path: FILE, name: <each tool_schema's function name>}]``
-(:func:`tool_entries`, called by ``verl.compat.upstream``); :func:`load_upstream_tool`
-builds each entry's :class:`~verl.tools.base.Tool`, whose schema is the entry's
-``tool_schema``. What ``class_name`` names decides what runs:
+(``verl.compat.upstream``); :func:`load_upstream_tool` builds each entry's
+:class:`~verl.tools.base.Tool`, whose schema is the entry's ``tool_schema``, when the
+tools load: at start-up (the prompts list the tools), before any model loads, so a tool
+that cannot run here stops the run there. What ``class_name`` names decides what runs:
 
 - upstream's built-in tools with a meaning here run natively:
   ``verl.tools.gsm8k_tool.Gsm8kTool`` scores the ``answer`` argument with this project's
@@ -65,7 +66,6 @@ __all__ = [
     "is_tool_config_file",
     "load_upstream_tool",
     "read_tool_config",
-    "tool_entries",
 ]
 
 logger = logging.getLogger(__name__)
@@ -234,39 +234,18 @@ def _refusal(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
-def tool_entries(path: str | Path) -> list[dict[str, str]]:
-    """``multi_turn.tools`` entries (``{path, name}``) of upstream's tool YAML, every
-    tool checked to be able to run (a user class imported).
-
-    Raises:
-        UpstreamToolError: a malformed file, a refused tool or a class that cannot be
-            imported, naming it and why.
-    """
-    path = Path(path).resolve()
-    out = []
-    for entry in read_tool_config(path):
-        name = entry["tool_schema"]["function"]["name"]
-        why = _refusal(entry)
-        if why is not None:
-            raise UpstreamToolError(f"tool {name!r} ({entry['class_name']}): {why}")
-        if entry["class_name"] not in _NATIVE_MEANING:
-            _import_class(entry["class_name"], name)
-        out.append({"path": str(path), "name": name})
-    return out
-
-
 def _import_class(class_path: str, name: str) -> type:
     module_name, _, attr = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise UpstreamToolError(
-            f"tool {name!r}: class_name {class_path!r} cannot be imported ({exc}); put its "
+            f"tool {name!r} ({class_path}): the class cannot be imported ({exc}); put its "
             "module on PYTHONPATH (the driver's and the workers')"
         ) from exc
     if not isinstance(cls, type) or not callable(getattr(cls, "execute", None)):
         raise UpstreamToolError(
-            f"tool {name!r}: {class_path} is not a tool class with upstream's BaseTool "
+            f"tool {name!r} ({class_path}): not a tool class with upstream's BaseTool "
             "interface (create, execute, release)"
         )
     return cls
