@@ -194,9 +194,13 @@ def test_fsdp_mixed_precision_must_agree_with_the_role_precision():
     assert "fsdp_config.mixed_precision.param_dtype=fp16 contradicts actor precision bf16" in msg
     cfg = TrainerConfig()
     cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig(
-        "bf16", reduce_dtype="bf16"
+        "bf16", reduce_dtype="fp16"
     )
     assert "contradicts trainer.gradient_precision=fp32" in _errors(cfg)
+    # bf16 is gradient compression: reduce-scattered in bf16, kept in fp32 (a warning)
+    cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype = "bf16"
+    cfg.actor_rollout_ref.actor.strategy = "fsdp2"
+    assert any("reduce_dtype=bf16" in w for w in cfg.validate())
 
 
 def test_gradient_scaling_without_fp16_is_a_logged_no_op_and_guard_bound_checked():

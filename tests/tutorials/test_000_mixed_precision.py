@@ -250,8 +250,12 @@ def test_000_section_6_4_hybrid_engine(caplog):
         )
     config.validate()
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing
-    assert "hybrid_engine_config.critic_shard_dim=1 is dropped" in caplog.text
-    assert "shards every parameter along dim 0" in caplog.text
+    # the shard dims are honoured per role: FSDP2's shard_placement_fn shards the actor's
+    # weights by rows and the critic's by columns (the shard shapes, and the same training
+    # results: tests/engine/test_fsdp2_shard_dim_and_reduce_dtype.py)
+    assert config.actor_rollout_ref.actor.fsdp_config.shard_dim == 0
+    assert config.critic.fsdp_config.shard_dim == 1
+    assert "hybrid_engine_config.critic_shard_dim -> critic.fsdp_config.shard_dim=1" in caplog.text
     with pytest.raises(ValueError, match="actor_shard_dim=2: a shard dim is 0 or 1"):
         TrainerConfig(hybrid_engine_config={"actor_shard_dim": 2})
 

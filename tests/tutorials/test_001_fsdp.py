@@ -377,17 +377,56 @@ trainer:
   async_rollout: true
   rollout_batch_size: 64
 """
-# async mode trains on samples of an older policy and requires the truncated-IS correction
-TIS = "actor_rollout_ref.actor.rollout_is_threshold=2.0"
-BATCH_64 = ("data.train_batch_size=64", "data.arithmetic.train_size=64")
 
 
-def test_001_section_7_3_async_rollout(tmp_path, small):
-    cfg = load_config(overrides=small("+trainer.async_rollout=true", TIS))
-    assert cfg.trainer.async_rollout is True
-    # the block as written: trainer.rollout_batch_size is data.rollout_batch_size, one
-    # training batch of prompts in flight
-    cfg = _load(tmp_path, small, ASYNC_BLOCK, extra=(*BATCH_64, TIS))
+def test_001_section_7_3_async_rollout(tmp_path, small, caplog):
+    # the block as pasted, beside a training batch of 4 prompts: nothing else set
+    with caplog.at_level(logging.WARNING, logger="verl.config"):
+        cfg = _load(tmp_path, small, ASYNC_BLOCK)
     assert cfg.trainer.async_rollout is True and cfg.data.rollout_batch_size == 64
-    with pytest.raises(ConfigError, match="rollout_is_threshold"):
-        _load(tmp_path, small, ASYNC_BLOCK, extra=BATCH_64)
+    # the rollout correction the stale samples need is switched on, saying so
+    assert cfg.actor_rollout_ref.actor.rollout_is_threshold == 2.0
+    assert "rollout correction switched on, actor_rollout_ref.actor.rollout_is_threshold=2.0" in (
+        caplog.text
+    )
+    # 64 prompts generating ahead of training = 16 training batches of 4: the pipeline depth
+    assert cfg.trainer.max_staleness == 16
+    assert "the pipeline keeps 64 prompts (16 training batches) generating ahead" in caplog.text
+    # a threshold of the user's is kept; a size that is not a multiple is refused
+    cfg = _load(
+        tmp_path, small, ASYNC_BLOCK, extra=("actor_rollout_ref.actor.rollout_is_threshold=5.0",)
+    )
+    assert cfg.actor_rollout_ref.actor.rollout_is_threshold == 5.0
+    with pytest.raises(ConfigError, match=r"a multiple of data\.train_batch_size=4"):
+        _load(tmp_path, small, ASYNC_BLOCK.replace("64", "62"))
+    # without async, a generation batch is one training batch
+    with pytest.raises(ConfigError, match=r"without trainer\.async_rollout"):
+        _load(tmp_path, small, ASYNC_BLOCK.replace("true", "false"))
+    # the same from Python: TrainerConfig(...).validate() resolves the config itself
+    from verl import TrainerConfig
+
+    py = TrainerConfig()
+    py.data.train_batch_size, py.data.rollout_batch_size = 4, 8
+    py.trainer.async_rollout = True
+    py.validate()
+    assert py.actor_rollout_ref.actor.rollout_is_threshold == 2.0 and py.trainer.max_staleness == 2
+
+
+@pytest.mark.slow
+def test_001_section_7_3_async_rollout_trains_with_the_pipeline_full(tmp_path, small):
+    # the block with 8 prompts per generation ahead of 4-prompt training batches: two
+    # batches in flight, the stale samples importance-corrected
+    from verl.trainer.ppo_trainer import RLTrainer
+
+    block = ASYNC_BLOCK.replace("64", "8")
+    cfg = _load(tmp_path, small, block, extra=("trainer.total_training_steps=3",))
+    assert cfg.trainer.max_staleness == 2
+    trainer = RLTrainer(cfg)
+    try:
+        trainer.fit()
+        history = trainer.history
+    finally:
+        trainer.close()
+    assert len(history) == 3
+    assert max(h["async/staleness_max"] for h in history) == 2
+    assert all("actor/rollout_is_weight_mean" in h for h in history)

@@ -247,28 +247,29 @@ def translate_flat_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     out = {key: replace_dtypes(value, key) for key, value in kwargs.items()}
     hybrid = out.get("hybrid_engine_config")
     if isinstance(hybrid, Mapping):
-        out["hybrid_engine_config"] = _drop_shard_dims(dict(hybrid))
+        _check_shard_dims(hybrid)
     return out
 
 
-def _drop_shard_dims(hybrid: dict[str, Any]) -> dict[str, Any]:
-    for key in ("actor_shard_dim", "critic_shard_dim"):
+_SHARD_DIMS = {  # hybrid_engine_config.<key> -> the native key
+    "actor_shard_dim": "actor_rollout_ref.actor.fsdp_config.shard_dim",
+    "critic_shard_dim": "critic.fsdp_config.shard_dim",
+}
+
+
+def _check_shard_dims(hybrid: Mapping[str, Any]) -> None:
+    """Tutorial 000 section 6.4's per-role shard dims: FSDP2's ``shard_placement_fn`` shards
+    each parameter of that role along the dim (``<role>.fsdp_config.shard_dim``)."""
+    for key, native in _SHARD_DIMS.items():
         if key not in hybrid:
             continue
-        dim = hybrid.pop(key)
+        dim = hybrid[key]
         if not isinstance(dim, int) or isinstance(dim, bool) or dim not in (0, 1):
             raise AliasError(
-                f"hybrid_engine_config.{key}={short_repr(dim)}: a shard dim is 0 or 1; FSDP2 here "
-                "shards every parameter along dim 0 (there is no native key), drop it"
+                f"hybrid_engine_config.{key}={short_repr(dim)}: a shard dim is 0 or 1 (rows or "
+                f"columns of a [out, in] weight); native: {native}"
             )
-        logger.warning(
-            "hybrid_engine_config.%s=%s is dropped: FSDP2 here shards every parameter "
-            "along dim 0 (no native key); the shard dim does not change results, and the "
-            "bytes all-gathered per parameter are the same for either dim",
-            key,
-            dim,
-        )
-    return hybrid
+        note(f"hybrid_engine_config.{key}", f"{native}={dim}")
 
 
 # --- the YAML tree of load_config(path) ---------------------------------------------------

@@ -60,9 +60,13 @@ def _hybrid_engine(cfg: Any, value: Any) -> Assignments:
 
 
 def _hybrid_engine_config(cfg: Any, value: Any) -> Assignments:
-    value = _only(value, ("enable_activation_recomputation",))
+    value = _only(value, ("enable_activation_recomputation", "actor_shard_dim", "critic_shard_dim"))
     on = value.get("enable_activation_recomputation")
-    return [] if on is None else [(f"{_MODEL['actor']}.enable_gradient_checkpointing", bool(on))]
+    out = [] if on is None else [(f"{_MODEL['actor']}.enable_gradient_checkpointing", bool(on))]
+    for role, section in (("actor", _ACTOR), ("critic", _CRITIC)):
+        if f"{role}_shard_dim" in value:  # checked by translate_flat_kwargs
+            out.append((f"{section}.fsdp_config.shard_dim", value[f"{role}_shard_dim"]))
+    return out
 
 
 def _fsdp(cfg: Any, value: Any) -> Assignments:

@@ -332,7 +332,8 @@ def _trained_role_problems(
         )
         out.append(((*keys, fsdp_key), message))
     gradient = cfg.trainer.gradient_precision
-    if mp is not None and mp.reduce_dtype != gradient:
+    compressed = mp is not None and mp.reduce_dtype == "bf16" and gradient == "fp32"
+    if mp is not None and mp.reduce_dtype != gradient and not compressed:
         message = (
             f"{fsdp_key}.reduce_dtype={mp.reduce_dtype} contradicts trainer.gradient_precision="
             f"{gradient}; gradients are reduced and kept in fp32"
@@ -369,6 +370,16 @@ def precision_warnings(cfg: Any) -> list[str]:
                 f"fp16 ({', '.join(f'{r}={v}' for r, v in trained_now.items())}); loss scaling "
                 "protects fp16 gradients from underflow, and bf16/fp32 keep fp32's exponent "
                 "range, so no scaler runs (drop the key, or use null)"
+            )
+    for role in (r for r in roles if r in TRAINABLE_ROLES):
+        mp = _section(cfg, role).fsdp_config.mixed_precision
+        strategy = cfg.engine_strategy(_ROLES[role].group)
+        if mp is not None and mp.reduce_dtype == "bf16" and strategy == "fsdp2":
+            out.append(
+                f"{_ROLES[role].section}.fsdp_config.mixed_precision.reduce_dtype=bf16: the "
+                f"{role}'s gradients are reduce-scattered in bf16 (gradient compression: half "
+                "the bytes of fp32), each reduced value rounded to bf16 (relative error up to "
+                "2^-8), then kept and accumulated in fp32"
             )
     # auto never picks fp16 on a CPU; on an old GPU it may, which matters only without scaling
     resolve = t.use_gradient_scaling is False

@@ -144,10 +144,18 @@ class FSDPConfig:
     param_offload: bool = entry(False, "keep parameters on CPU between uses")
     optimizer_offload: bool = entry(False, "keep optimizer state on CPU between updates")
     reshard_after_forward: bool = entry(True, "free gathered parameters after forward")
+    shard_dim: int = entry(
+        0,
+        "parameter dimension FSDP2 shards along (shard_placement_fn): 0 = rows of a [out, in] "
+        "weight, 1 = columns (1-D parameters along 0); same results, different shard shapes",
+        ge=0,
+        le=1,
+    )
     mixed_precision: MixedPrecisionConfig | None = entry(
         None,
         "null = compute in the model dtype; {param_dtype, reduce_dtype, buffer_dtype} "
-        "enables FSDP2 mixed precision",
+        "enables FSDP2 mixed precision; reduce_dtype=bf16 reduce-scatters gradients in bf16 "
+        "(half the bytes; gradients still kept in fp32)",
     )
 
 

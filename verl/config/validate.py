@@ -8,6 +8,7 @@ checks is kept in ``docs/config.md`` ("Validation").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -21,7 +22,7 @@ from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem, build, get_path, report, show
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
-from verl.config.validate_async import check_async_rollout
+from verl.config.validate_async import check_async_rollout, resolve_async_rollout
 from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:  # schema imports this module (TrainerConfig.validate)
@@ -38,6 +39,9 @@ def validate(
     names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
     if isinstance(cfg, type) or not names >= {"actor_rollout_ref", "trainer", "resource_pool"}:
         raise TypeError(f"validate() takes a TrainerConfig, got {type(cfg).__name__}")
+    # the checks run on a rebuilt copy: what async training resolves goes on the config itself
+    with contextlib.suppress(AttributeError, TypeError):
+        resolve_async_rollout(cfg)
     return validate_tree(cfg, semantic_problems, registries)
 
 

@@ -1,38 +1,91 @@
 """Config checks of one-step-off asynchronous training (``trainer.async_rollout``): what the
 asynchronous pipeline supports today, each refusal naming the key and the way out.
+
+Two settings are resolved rather than refused (:func:`resolve_async_rollout`, each with a
+log line; tutorial 001 section 7.3 writes ``async_rollout: true`` and
+``rollout_batch_size: 64`` and nothing else):
+
+- the rollout correction the stale samples need: with neither
+  ``actor_rollout_ref.actor.rollout_is_threshold`` nor ``rollout_rs_threshold`` set,
+  ``rollout_is_threshold`` becomes :data:`DEFAULT_IS_THRESHOLD` (truncated importance
+  sampling against the rollout's log-probs, ``docs/algorithms/rollout_is.md``);
+- ``data.rollout_batch_size`` larger than ``data.train_batch_size`` (a multiple of it): the
+  prompts the pipeline keeps generating ahead of training, ``rollout_batch_size /
+  train_batch_size`` training batches, so ``trainer.max_staleness`` becomes at least that.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-__all__ = ["check_async_rollout"]
+__all__ = ["DEFAULT_IS_THRESHOLD", "check_async_rollout", "resolve_async_rollout"]
+
+logger = logging.getLogger(__name__)
 
 _BACKENDS = ("native", "hf")
+DEFAULT_IS_THRESHOLD = 2.0  # the truncation C of docs/algorithms/rollout_is.md's example
+
+
+def resolve_async_rollout(cfg: Any) -> None:
+    """In place, with one log line each: the rollout correction and the pipeline depth that
+    ``trainer.async_rollout=true`` needs and the config leaves unsaid (module docstring).
+    Nothing when ``trainer.async_rollout`` is off; idempotent."""
+    t, d = cfg.trainer, cfg.data
+    if t.async_rollout is not True:
+        return
+    actor = cfg.actor_rollout_ref.actor
+    if actor.rollout_is_threshold is None and actor.rollout_rs_threshold is None:
+        actor.rollout_is_threshold = DEFAULT_IS_THRESHOLD
+        logger.warning(
+            "trainer.async_rollout=true trains on samples of an older policy: rollout "
+            "correction switched on, actor_rollout_ref.actor.rollout_is_threshold=%s "
+            "(truncated importance sampling against the rollout's log-probs, "
+            "docs/algorithms/rollout_is.md); set it, or rollout_rs_threshold, to choose",
+            DEFAULT_IS_THRESHOLD,
+        )
+    size, train = d.rollout_batch_size, d.train_batch_size
+    if not isinstance(size, int) or not isinstance(train, int) or train < 1:
+        return
+    if size > train and size % train == 0 and t.max_staleness < size // train:
+        logger.warning(
+            "data.rollout_batch_size=%d with data.train_batch_size=%d and "
+            "trainer.async_rollout=true: the pipeline keeps %d prompts (%d training batches) "
+            "generating ahead of training, so trainer.max_staleness=%d (was %d): a sample "
+            "trains up to %d actor updates after it was drawn, corrected by the rollout "
+            "correction",
+            size,
+            train,
+            size,
+            size // train,
+            size // train,
+            t.max_staleness,
+            size // train,
+        )
+        t.max_staleness = size // train
 
 
 def check_async_rollout(c: Any, cfg: Any) -> None:
     """Errors on ``c`` (a :class:`verl.config.validate.Checks`) for settings the
     asynchronous pipeline does not support; nothing when ``trainer.async_rollout`` is off."""
+    resolve_async_rollout(cfg)
     t, d = cfg.trainer, cfg.data
-    if d.rollout_batch_size is not None and d.rollout_batch_size != d.train_batch_size:
+    size, train = d.rollout_batch_size, d.train_batch_size
+    if size is not None and size != train and not (t.async_rollout and size % train == 0):
+        why = (
+            f"with trainer.async_rollout=true it is the prompts generated ahead of training, "
+            f"a multiple of data.train_batch_size={train}"
+            if t.async_rollout
+            else "without trainer.async_rollout a generation batch is one training batch"
+        )
         c.error(
             ("data.rollout_batch_size", "data.train_batch_size"),
-            f"data.rollout_batch_size={d.rollout_batch_size}: a generation batch is one "
-            f"training batch here; set it to data.train_batch_size={d.train_batch_size} or "
-            "leave it null",
+            f"data.rollout_batch_size={size}: {why}; set it to a multiple of {train} with "
+            "trainer.async_rollout=true, or leave it null",
         )
     if not t.async_rollout:
         return
     key = "trainer.async_rollout"
-    actor = cfg.actor_rollout_ref.actor
-    if actor.rollout_is_threshold is None and actor.rollout_rs_threshold is None:
-        c.error(
-            (key, "actor_rollout_ref.actor.rollout_is_threshold"),
-            f"{key}=true trains on samples of an older policy, which the loss corrects with "
-            "truncated importance sampling against the rollout's log-probs: set "
-            "actor_rollout_ref.actor.rollout_is_threshold (e.g. 2.0) or rollout_rs_threshold",
-        )
     try:
         backend, dp = cfg.worker_backend, cfg.dp_size("actor_rollout_ref")
     except Exception:  # a bad device map is reported by its own check

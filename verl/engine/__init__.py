@@ -48,13 +48,14 @@ def build_engine(
     offload_params: bool = False,
     offload_optimizer: bool = False,
     sequence_parallel_size: int = 1,
+    shard_dim: int = 0,
 ) -> TrainEngine:
     """Build the train engine for ``strategy`` (``"single"`` or ``"fsdp2"``).
 
     ``optim`` is the engine's ``optimizer_cfg`` (``None``: inference only, e.g. the
     reference policy); see :class:`verl.engine.base.TrainEngine` for the other arguments.
     The fsdp2-only options (``reshard_after_forward``, ``mixed_precision``, ``cpu_offload``,
-    ``full_state_dict_from_rank0``, ``sequence_parallel_size``) are documented on
+    ``full_state_dict_from_rank0``, ``sequence_parallel_size``, ``shard_dim``) are documented on
     :class:`verl.engine.fsdp.FSDP2Engine`; the single engine refuses non-default values for
     them.
     """
@@ -74,6 +75,7 @@ def build_engine(
         cpu_offload=cpu_offload,
         full_state_dict_from_rank0=full_state_dict_from_rank0,
         sequence_parallel_size=sequence_parallel_size,
+        shard_dim=shard_dim,
     )
     if strategy == "single":
         if sequence_parallel_size != 1:

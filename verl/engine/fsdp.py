@@ -87,7 +87,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.dcp_io import load_dcp_state
@@ -150,6 +150,7 @@ def apply_fsdp2(
     reshard_after_forward: bool = True,
     mp_policy: MixedPrecisionPolicy | None = None,
     offload_policy: OffloadPolicy | None = None,
+    shard_dim: int = 0,
 ) -> list[FSDPModule]:
     """Shard ``module`` in place with FSDP2 (see the module docstring for the unit layout).
 
@@ -162,6 +163,10 @@ def apply_fsdp2(
             and gathers again in backward (ZeRO-3, FSDP1's FULL_SHARD); ``False`` keeps them
             until the end of backward (ZeRO-2, SHARD_GRAD_OP).
         mp_policy / offload_policy: passed to every ``fully_shard`` call.
+        shard_dim: the dimension each parameter is sharded along (``shard_placement_fn``):
+            0 splits a ``[out, in]`` weight by rows, 1 by columns; a parameter with fewer
+            dimensions (biases, norms) is sharded along 0. Results are the same for either
+            dim (the gathered parameter is the same tensor); the shard shapes differ.
 
     Returns:
         The FSDP units, root last. ``module`` itself is a unit only when it is the root.
@@ -174,6 +179,10 @@ def apply_fsdp2(
         kwargs["mp_policy"] = mp_policy
     if offload_policy is not None:
         kwargs["offload_policy"] = offload_policy
+    if shard_dim not in (0, 1):
+        raise ValueError(f"shard_dim={shard_dim}: a shard dim is 0 or 1")
+    if shard_dim != 0:
+        kwargs["shard_placement_fn"] = lambda p: Shard(shard_dim if p.ndim > shard_dim else 0)
 
     layers = find_decoder_layers(module)
     if not layers:
@@ -245,6 +254,7 @@ class FSDP2Engine(TrainEngine):
         full_state_dict_from_rank0: the weights are loaded only on rank 0; other ranks may
             pass the same architecture on the ``meta`` device (or randomly initialised).
             Rank 0's weights and buffers are broadcast after sharding.
+        shard_dim: the parameter dimension the shards split (:func:`apply_fsdp2`).
         sequence_parallel_size: Ulysses sequence-parallel ranks per group (1 = off; must
             divide the world size and split the model's attention heads, see
             ``verl.kernels.ulysses``). The module's log-prob / value forwards
@@ -275,6 +285,7 @@ class FSDP2Engine(TrainEngine):
         offload_params: bool = False,
         offload_optimizer: bool = False,
         sequence_parallel_size: int = 1,
+        shard_dim: int = 0,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -288,6 +299,7 @@ class FSDP2Engine(TrainEngine):
                 "would need a sharded inf check); use bf16"
             )
         self.reshard_after_forward = bool(reshard_after_forward)
+        self.shard_dim = int(shard_dim)
         self.mixed_precision = dict(mixed_precision or {})
         self.mp_policy = mixed_precision_policy(self.mixed_precision)
         self.cpu_offload = bool(cpu_offload)
@@ -361,6 +373,7 @@ class FSDP2Engine(TrainEngine):
             reshard_after_forward=self.reshard_after_forward,
             mp_policy=self.mp_policy,
             offload_policy=offload,
+            shard_dim=self.shard_dim,
         )
         if on_meta:
             module.to_empty(device=self.device)

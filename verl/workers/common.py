@@ -289,6 +289,7 @@ def engine_options(
     mp = getattr(fsdp_config, "mixed_precision", None)
     return {
         "reshard_after_forward": fsdp_config.reshard_after_forward,
+        "shard_dim": getattr(fsdp_config, "shard_dim", 0),
         "mixed_precision": None if mp is None else dataclasses.asdict(mp),
         "cpu_offload": params,
         "offload_optimizer": optim and not params,
