@@ -141,8 +141,10 @@ def test_inflight_batches_are_saved_and_restored(tmp_path):
 def test_config_checks(rl_config):
     cfg = rl_config(*ASYNC)
     assert cfg.trainer.async_rollout is True and cfg.trainer.max_staleness == 1
-    with pytest.raises(ConfigError, match="rollout_is_threshold"):
-        rl_config("trainer.async_rollout=true")
+    # no correction given: switched on (logged), never left off
+    assert (
+        rl_config("trainer.async_rollout=true").actor_rollout_ref.actor.rollout_is_threshold == 2.0
+    )
     assert rl_config(*ASYNC, "trainer.backend=ray").trainer.async_rollout is True
     with pytest.raises(ConfigError, match="dynamic sampling"):
         rl_config(*ASYNC, "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true")
