@@ -170,3 +170,17 @@ def test_worker_refuses_a_teacher_with_another_tokenizer(model_dir, tmp_path):
     tok.save_pretrained(teacher_dir)
     with pytest.raises(ValueError, match=re.escape(str(teacher_dir))):
         _worker(model_dir, teacher_dir)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "int4"])
+def test_teacher_in_a_reduced_precision_scores_close_to_fp32(model_dir, other_model_dir, precision):
+    data = _batch()
+    want = _worker(model_dir, other_model_dir).compute_teacher_log_prob(data)
+    worker = _worker(model_dir, other_model_dir, f"algorithm.distill.teacher_precision={precision}")
+    assert not any(p.requires_grad for p in worker.teacher_engine.module.parameters())
+    got = worker.compute_teacher_log_prob(data)
+    mask = data.batch["response_mask"].bool()
+    w, g = want.batch["teacher_log_probs"][mask], got.batch["teacher_log_probs"][mask]
+    assert torch.isfinite(g).all()
+    # rounded (measured: bf16 2e-3, fp8 2e-2, int4 7e-2 at most), not a different model
+    assert 0 < (g - w).abs().max().item() < 0.2, (precision, (g - w).abs().max().item())
