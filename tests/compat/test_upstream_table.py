@@ -242,3 +242,24 @@ def test_sft_keys_of_upstream_scripts_load():
     assert cfg.data.micro_batch_size_per_device == 2 and cfg.model.dtype == "bf16"
     assert cfg.optim.warmup_style == "cosine" and cfg.optim.lr_warmup_steps_ratio == 0.1
     assert cfg.trainer.logger == ["console"] and cfg.data.messages_key == "messages"
+
+
+def test_no_upstream_entry_shadows_a_native_key():
+    """A key the schema has is read natively, never renamed or dropped by the upstream
+    table (the actor's fsdp_config.optimizer_offload must not be dropped as 'speed only')."""
+    from verl.compat.upstream import UPSTREAM_KEYS
+    from verl.config import TrainerConfig
+
+    def native(key: str) -> bool:
+        node = TrainerConfig()
+        for part in key.split("."):
+            if not hasattr(node, part):
+                return False
+            node = getattr(node, part)
+        return True
+
+    # an entry naming the key itself only reads upstream's values (logger=console -> [console])
+    shadowed = sorted(
+        k for k, e in UPSTREAM_KEYS.items() if "*" not in k and native(k) and e.native != k
+    )
+    assert shadowed == [], shadowed

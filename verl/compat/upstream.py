@@ -1014,10 +1014,10 @@ def _under(prefix: str, knobs: dict[str, UpstreamKey]) -> dict[str, UpstreamKey]
 
 _ARR = "actor_rollout_ref"
 for _role, _sp in (("actor", f"{_ARR}.actor"), ("ref", f"{_ARR}.ref")):
-    for _path, _entry in _under(
-        f"{_ARR}.{_role}.fsdp_config",
-        _engine_knobs(f"{_ARR}.model.dtype", f"{_sp}.ulysses_sequence_parallel_size"),
-    ).items():
+    _knobs = _engine_knobs(f"{_ARR}.model.dtype", f"{_sp}.ulysses_sequence_parallel_size")
+    if _role == "actor":  # the actor has an optimizer: its optimizer_offload is native
+        del _knobs["optimizer_offload"]
+    for _path, _entry in _under(f"{_ARR}.{_role}.fsdp_config", _knobs).items():
         UPSTREAM_KEYS.setdefault(_path, _entry)
 for _path, _entry in _under(
     "critic.model.fsdp_config",
