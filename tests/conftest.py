@@ -20,6 +20,7 @@ import os
 import signal
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,21 @@ def ray_session() -> Iterator[Any]:
     yield ray
     if started_here:
         shutdown_ray()  # Ray, and the watchdog that ties its processes to this one
+
+
+class ProcessGroupLeft(UserWarning):
+    """A test left a torch.distributed default group initialised in the pytest process."""
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A group made in this process by a test (a one-rank FSDP2 run in the driver) would
+    make later tests see a group they did not make: leave it, and say which test made it."""
+    import torch.distributed as dist
+
+    before = dist.is_available() and dist.is_initialized()
+    yield
+    if not before and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        message = f"{request.node.nodeid} left a torch.distributed process group"
+        warnings.warn(message, ProcessGroupLeft, stacklevel=2)

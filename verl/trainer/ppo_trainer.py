@@ -99,6 +99,7 @@ from verl.trainer.stopping import (
     loss_not_finite,
 )
 from verl.trainer.tracking import Tracker
+from verl.workers.common import release_private_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -627,6 +628,7 @@ class RLTrainer:
                 close()
         self.tracker.close()
         self.placement.shutdown()
+        release_private_process_group()  # a one-rank FSDP2 run's group in this process
         self.run_lock.release()
 
     def save_hf(self, out_dir: str | Path) -> Path:

@@ -33,7 +33,12 @@ from verl.kernels.prefix_packing import prompt_groups
 from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
-from verl.utils.distributed import find_free_port, init_distributed, is_distributed
+from verl.utils.distributed import (
+    destroy_distributed,
+    find_free_port,
+    init_distributed,
+    is_distributed,
+)
 from verl.workers.micro_batching import MicroBatch, split_micro_batches
 
 logger = logging.getLogger(__name__)
@@ -409,13 +414,18 @@ def dynamic_precision(
     return DynamicPrecision(role, module, device, t.dynamic_precision_min_free_gb, reload)
 
 
+# Whether this process made a private one-rank group (ensure_process_group).
+_PRIVATE_GROUP = False
+
+
 def ensure_process_group(rank: int, world_size: int, device_type: str) -> None:
     """Make sure a ``torch.distributed`` group exists for an FSDP2 engine.
 
     Multi-rank groups are created by the worker-group backend before the worker exists;
     a one-rank FSDP2 run in the driver process (local backend) gets a private group on a
-    free loopback port here.
+    free loopback port here, which :func:`release_private_process_group` leaves.
     """
+    global _PRIVATE_GROUP
     if is_distributed():
         return
     if world_size != 1:
@@ -424,6 +434,17 @@ def ensure_process_group(rank: int, world_size: int, device_type: str) -> None:
             "workers must be started by the ray backend (trainer.backend=ray)"
         )
     init_distributed(0, 1, "127.0.0.1", find_free_port(), device_type=device_type)
+    _PRIVATE_GROUP = True
+
+
+def release_private_process_group() -> None:
+    """Leave the one-rank group :func:`ensure_process_group` made in this process, if any
+    (a later run in the same process, e.g. one that must refuse FSDP2 without a launcher,
+    would otherwise find a group it did not make). Groups made by a launcher stay."""
+    global _PRIVATE_GROUP
+    if _PRIVATE_GROUP and is_distributed():
+        destroy_distributed()
+    _PRIVATE_GROUP = False
 
 
 def to_device(data: DataProto, device: torch.device) -> DataProto:
