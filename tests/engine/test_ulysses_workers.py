@@ -231,7 +231,12 @@ def _close(got, want, what: str) -> None:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_workers_with_sequence_parallelism_equal_one_process(results, model_dir, variant):
-    want = _run(_config(model_dir, 1, variant), slice(0, ROWS))
+    from verl.workers.common import release_private_process_group
+
+    try:  # the one-process reference: FSDP2 workers on a private one-rank group
+        want = _run(_config(model_dir, 1, variant), slice(0, ROWS))
+    finally:
+        release_private_process_group()
     mask = _inputs()["response_mask"].bool()
     for key in ("old_log_probs", "entropys", "ref_log_probs", "values", "values_after"):
         got = torch.cat([r[variant][key] for r in results])

@@ -33,7 +33,9 @@ def test_003_section_2_2_megatron_extra_says_why_it_is_empty():
     from verl.compat import AliasError, translate_tree
 
     tree = {"actor_rollout_ref": {"actor": {"parallel_config": {"type": "megatron"}}}}
-    with pytest.raises(AliasError, match="Megatron-LM and DDP are not available"):
+    with pytest.raises(
+        AliasError, match="DDP is not available, and there is no Megatron-LM engine"
+    ):
         translate_tree(tree)
 
 
