@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -352,12 +353,7 @@ def install() -> None:
                     )
                     return out, None
                 return original(module, query, key, value, attention_mask, **kwargs)
-            for unsupported in ("sliding_window", "softcap", "position_bias"):
-                if kwargs.get(unsupported) is not None:
-                    raise ValueError(
-                        f"block attention: {type(module).__name__} passes {unsupported}="
-                        f"{kwargs[unsupported]!r}, which block attention does not implement"
-                    )
+            refuse_unsupported_kwargs("block attention", module, kwargs)
             out = block_attention(
                 query,
                 key,
@@ -370,3 +366,14 @@ def install() -> None:
 
         AttentionInterface.register("sdpa", sdpa_or_block_attention)
         _installed["sdpa"] = original
+
+
+def refuse_unsupported_kwargs(what: str, module: Any, kwargs: dict[str, Any]) -> None:
+    """Raise when a model's attention call passes an option the replacement attention
+    (``what``: block or sequence-parallel attention) does not implement."""
+    for unsupported in ("sliding_window", "softcap", "position_bias"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(
+                f"{what}: {type(module).__name__} passes {unsupported}="
+                f"{kwargs[unsupported]!r}, which {what} does not implement"
+            )

@@ -51,7 +51,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from verl.kernels.block_attention import BlockAttentionPlan, block_attention, plan_block_attention
+from verl.kernels.block_attention import (
+    BlockAttentionPlan,
+    block_attention,
+    plan_block_attention,
+    refuse_unsupported_kwargs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -344,12 +349,7 @@ def install(impl: str) -> None:
             ctx = kwargs.pop(SP_KWARG, None)
             if ctx is None:
                 return original(module, query, key, value, attention_mask, **kwargs)
-            for unsupported in ("sliding_window", "softcap", "position_bias"):
-                if kwargs.get(unsupported) is not None:
-                    raise ValueError(
-                        f"sequence-parallel attention: {type(module).__name__} passes "
-                        f"{unsupported}={kwargs[unsupported]!r}, which it does not implement"
-                    )
+            refuse_unsupported_kwargs("sequence-parallel attention", module, kwargs)
             out = ulysses_attention(
                 query,
                 key,
