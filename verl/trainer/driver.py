@@ -27,7 +27,9 @@ validation, its checkpoints and its export. Several ranks of an SPMD offline run
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +42,7 @@ from verl.trainer.stopping import RunInterrupted, StepHealth, StopRequests, Vali
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Trainee", "run"]
+__all__ = ["Trainee", "epochs", "run"]
 
 
 class Trainee(Protocol):
@@ -86,6 +88,12 @@ class Trainee(Protocol):
 
     def close(self) -> None:
         """Release the run's processes (idempotent)."""
+
+
+def epochs(loader: Iterable[Any]) -> Iterator[Any]:
+    """``loader``'s batches, epoch after epoch (each epoch a new ``iter(loader)``, so a
+    resumable loader's position advances with every batch drawn)."""
+    return itertools.chain.from_iterable(itertools.repeat(loader))
 
 
 def run(trainer: Trainee) -> dict[str, Any]:

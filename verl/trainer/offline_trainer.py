@@ -14,7 +14,6 @@ alone logs, holds the run lock and writes the files other than the engine shards
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import os
@@ -306,7 +305,7 @@ class OfflineTrainer:
     def run_step(self) -> dict[str, Any]:
         """One optimizer step over the loader's next batch (epoch after epoch)."""
         if self._batches is None:
-            self._batches = itertools.chain.from_iterable(itertools.repeat(self.train_loader))
+            self._batches = driver.epochs(self.train_loader)
         micro_batches = next(self._batches)
         start = time.perf_counter()
         metrics = self.train_step(micro_batches)

@@ -42,7 +42,6 @@ resumed from step k takes exactly the steps the uninterrupted run takes after k.
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import time
 import uuid
@@ -488,7 +487,7 @@ class RLTrainer:
         """Step ``global_step`` from the loader's next batches, profiled when asked
         (``trainer.profile_steps``), with the data position's metrics."""
         if self._batches is None:  # epoch after epoch; every batch drawn advances the loader
-            self._batches = itertools.chain.from_iterable(itertools.repeat(self.train_loader))
+            self._batches = driver.epochs(self.train_loader)
         batches = self._batches
         step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
         metrics = self.profiler.run(self.global_step, step)  # trace, stage table
