@@ -49,7 +49,7 @@ def _child_train(args: argparse.Namespace) -> dict:
     import torch
 
     from verl.config import load_config
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
     out = Path(tempfile.mkdtemp(prefix="bench_lora_"))

@@ -108,9 +108,9 @@ def child(out: Path, overrides: list[str]) -> None:
     import transformers  # noqa: F401
 
     sampler.mark("import transformers")
-    import verl.trainer.main_ppo as main_ppo
-    import verl.trainer.metrics as metrics
-    import verl.trainer.ppo_trainer as ppo_trainer
+    import verl.cli.ppo as main_ppo
+    import verl.trainer.lifecycle.metrics as metrics
+    import verl.trainer.rl.trainer as ppo_trainer
     from verl.workers import actor_rollout_ref
 
     sampler.mark("import verl's trainer")

@@ -50,8 +50,8 @@ def _child(args) -> dict:
     import torch
 
     from verl.config import load_config
-    from verl.trainer.ppo_trainer import RLTrainer
-    from verl.trainer.tracking import Tracker
+    from verl.trainer.lifecycle.tracking import Tracker
+    from verl.trainer.rl.trainer import RLTrainer
 
     torch.set_num_threads(args.threads)
     if args.config == "before":

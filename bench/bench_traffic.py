@@ -51,8 +51,8 @@ PRESETS = {
 def measure(model: str, preset: str, extra: list[str], out_dir: str) -> dict:
     from verl.config import load_config
     from verl.controller.traffic import TrafficMeter
-    from verl.trainer.ppo_trainer import RLTrainer
-    from verl.trainer.tracking import Tracker
+    from verl.trainer.lifecycle.tracking import Tracker
+    from verl.trainer.rl.trainer import RLTrainer
 
     overrides = [
         f"actor_rollout_ref.model.path={model}",

@@ -60,8 +60,8 @@ from verl.data.io import read_records, write_records
 from verl.models.embedded import embedded_model_dir
 from verl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, save_tiny_model_dir
 from verl.tools.calculator import CALCULATOR_SCHEMA
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.offline.sft import SFTTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 # Prompt and response budgets in tokens: the prompt is ~45 tokens with the short tools
 # line; a response (call, tool result, answer) ~55 for SmolLM2's tokenizer.

@@ -45,9 +45,9 @@ from verl.data.io import read_records, write_records
 from verl.data.preference_pairs import write_answer_pairs
 from verl.data.sft_dataset import make_arithmetic_sft_rows
 from verl.models.tiny import save_tiny_model_dir
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.rm_trainer import RMTrainer
-from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.offline.rm import RMTrainer
+from verl.trainer.offline.sft import SFTTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 MAX_PROMPT = 48
 MAX_RESPONSE = 8

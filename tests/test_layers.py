@@ -72,8 +72,25 @@ for _package, _deps in ALLOWED.items():
         _deps.add("registry")
 
 
+# the modules users run by their upstream paths (``python -m verl.trainer.main_ppo``): shims over
+# verl.cli, at the top like it
+ENTRY_SHIMS = {
+    "trainer/main_ppo.py",
+    "trainer/main_sft.py",
+    "trainer/main_dpo.py",
+    "trainer/main_rm.py",
+    "trainer/main_eval.py",
+    "trainer/main_generation.py",
+    "trainer/sft_trainer.py",
+    "trainer/fsdp_sft_trainer.py",
+    "model_merger.py",
+}
+
+
 def _package_of(path: Path) -> str:
     rel = path.relative_to(ROOT)
+    if rel.as_posix() in ENTRY_SHIMS:
+        return "entry"
     if rel.parts[:2] == ("utils", "reward_score"):
         return "utils.reward_score"
     return rel.parts[0].removesuffix(".py")

@@ -252,8 +252,8 @@ class _Payload:
 
 
 def test_a_planted_pickle_in_an_async_checkpoint_is_refused_unread(tmp_path):
-    from verl.trainer.async_rollout import AsyncRollout
-    from verl.trainer.checkpoint import CheckpointError
+    from verl.trainer.lifecycle.checkpoint import CheckpointError
+    from verl.trainer.rl.async_rollout import AsyncRollout
 
     marker = tmp_path / "payload_ran"
     directory = tmp_path / "global_step_2" / "async_rollout"

@@ -37,7 +37,7 @@ def test_the_rl_trainer_does_not_import_what_a_jsonl_run_does_not_use():
     """pyarrow costs ~28 MiB of RSS in every process that imports it: the trainer imports
     it only when a parquet file is read or written (verl/data/io.py, lazy_dataset.py)."""
     code = (
-        "import sys, verl.trainer.main_ppo, verl.trainer.ppo_trainer; "
+        "import sys, verl.cli.ppo, verl.trainer.rl.trainer; "
         "print(sorted(m for m in ('pyarrow', 'ray', 'datasets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

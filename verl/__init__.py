@@ -18,7 +18,7 @@ _LAZY = {
     "TrainerConfig": "verl.config",
     "DataParallelConfig": "verl.config",
     "load_config": "verl.config",
-    "RLTrainer": "verl.trainer.ppo_trainer",
+    "RLTrainer": "verl.trainer.rl.trainer",
     "PPOTrainer": "verl.trainer.api",
     "Trainer": "verl.trainer.api",
     "make_trainer_config": "verl.trainer.api",
@@ -26,10 +26,10 @@ _LAZY = {
     "set_device_map": "verl.compat.device_map",
     "SFTConfig": "verl.config",
     "DPOConfig": "verl.config",
-    "SFTTrainer": "verl.trainer.sft_trainer",
-    "DPOTrainer": "verl.trainer.dpo_trainer",
+    "SFTTrainer": "verl.trainer.offline.sft",
+    "DPOTrainer": "verl.trainer.offline.dpo",
     "RMConfig": "verl.config",
-    "RMTrainer": "verl.trainer.rm_trainer",
+    "RMTrainer": "verl.trainer.offline.rm",
 }
 
 __all__ = ["__version__", *_LAZY]

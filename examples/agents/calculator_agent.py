@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from verl.config import load_config
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     if args.model == "tiny":
         from verl.models.tiny import save_tiny_model_dir

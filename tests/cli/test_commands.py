@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from verl import cli
+from verl.cli.config_gen import default_yaml, iter_rows
 from verl.config.load import get_path
 from verl.config.schema import TrainerConfig
-from verl.trainer.config_gen import default_yaml, iter_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,7 +167,7 @@ def test_merge_takes_upstream_flags_and_equals_export(tiny_model_dir, tmp_path, 
     from safetensors.torch import load_file
 
     from verl.config import load_config
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     cfg = load_config(
         overrides=[

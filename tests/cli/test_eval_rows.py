@@ -8,7 +8,7 @@ import json
 import pytest
 
 from verl import cli
-from verl.trainer.evaluation import evaluate_rows, format_report, score_rows
+from verl.trainer.rl.evaluation import evaluate_rows, format_report, score_rows
 
 
 def test_a_string_is_one_response(tmp_path, capsys):

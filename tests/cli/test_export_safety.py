@@ -24,10 +24,10 @@ import pytest
 from safetensors.torch import load_file
 
 from verl import cli, model_merger
+from verl.cli.export import EXPORT_MARKER
 from verl.config import load_config
-from verl.model_merger import EXPORT_MARKER
 from verl.models.lora import LORA_ADAPTER_DIR
-from verl.trainer.checkpoint import LATEST_FILE, MANIFEST_FILE, _crc32, read_manifest
+from verl.trainer.lifecycle.checkpoint import LATEST_FILE, MANIFEST_FILE, _crc32, read_manifest
 
 HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8")
@@ -35,7 +35,7 @@ LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alp
 
 def _train(tiny_model_dir: Path, run_dir: Path, *extra: str) -> Path:
     """One step of the tiny model, checkpointed: ``run_dir/global_step_1``."""
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     cfg = load_config(
         overrides=[

@@ -15,7 +15,7 @@ from verl.cli._rollout_args import load_rollout_config, run_config_file
 from verl.cli.evaluate import build_parser
 from verl.config import load_config, to_yaml
 from verl.rewards.scorers import default_compute_score
-from verl.trainer.evaluation import default_ks, evaluate_rows, pass_at_k
+from verl.trainer.rl.evaluation import default_ks, evaluate_rows, pass_at_k
 
 COLUMNS = {
     "data_source",
@@ -214,7 +214,7 @@ def test_eval_does_not_warn_about_training(tmp_path, caplog):
 def _fake_run(tmp_path, max_response_length: int, max_prompt_length: int):
     """A run directory as the trainer leaves it: a complete checkpoint holding the resolved
     config, and the final model in ``huggingface/`` beside it."""
-    from verl.trainer.checkpoint import CheckpointManager
+    from verl.trainer.lifecycle.checkpoint import CheckpointManager
 
     cfg = load_config(
         None,

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from verl import cli, model_merger
+from verl.cli.export import EXPORT_MARKER
 from verl.config import load_config
-from verl.model_merger import EXPORT_MARKER
 from verl.models.lora import LORA_ADAPTER_DIR
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 def lora_checkpoint(tmp_path_factory, tiny_model_dir) -> Path:
     """One LoRA step of the tiny model (an entropy bonus, so the adapters move even when
     every reward is equal), checkpointed with the default contents: ``.../global_step_1``."""
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     run_dir = tmp_path_factory.mktemp("lora_merge") / "run"
     cfg = load_config(

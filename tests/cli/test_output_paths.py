@@ -30,13 +30,13 @@ def no_generation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("generate_rows ran: the output path was not checked first")
 
-    monkeypatch.setattr("verl.trainer.generation.generate_rows", refuse)
+    monkeypatch.setattr("verl.trainer.rl.generation.generate_rows", refuse)
 
 
 @pytest.fixture
 def fake_generation(monkeypatch):
     """generate_rows returns ROWS at once (no model)."""
-    monkeypatch.setattr("verl.trainer.generation.generate_rows", lambda *a, **k: list(ROWS))
+    monkeypatch.setattr("verl.trainer.rl.generation.generate_rows", lambda *a, **k: list(ROWS))
 
 
 def _half_write(target) -> None:
@@ -115,7 +115,7 @@ def test_eval_json_checked_first_and_written_atomically(tmp_path, capsys, monkey
     gens.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     calls = []
     monkeypatch.setattr(
-        "verl.trainer.evaluation.read_generations", lambda path: calls.append(path) or ROWS
+        "verl.trainer.rl.evaluation.read_generations", lambda path: calls.append(path) or ROWS
     )
     outdir = tmp_path / "m.json"
     outdir.mkdir()

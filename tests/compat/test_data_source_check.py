@@ -32,7 +32,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise _ModelsWouldLoad
 
-    monkeypatch.setattr("verl.trainer.ppo_trainer.build_roles", refuse)
+    monkeypatch.setattr("verl.trainer.rl.trainer.build_roles", refuse)
 
 
 def _rows(sources: list[str]) -> list[dict]:
@@ -57,7 +57,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 def _trainer(tiny_model: Path, tmp_path: Path, train: Path, val: Path, *extra: str):
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     cfg = load_config(
         overrides=[

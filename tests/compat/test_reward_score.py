@@ -82,7 +82,7 @@ def test_default_compute_score_takes_upstreams_arguments():
 def test_main_eval_calls_a_reward_function_by_position(tmp_path, capsys):
     """Upstream's recipe reward function names its parameters as it likes and takes three
     positional arguments (upstream calls reward_fn(data_source, response, ground_truth))."""
-    from verl.trainer import main_eval
+    from verl.cli import upstream_eval as main_eval
 
     reward = tmp_path / "reward.py"
     reward.write_text(
@@ -104,7 +104,7 @@ def test_main_eval_calls_a_reward_function_by_position(tmp_path, capsys):
 
 
 def test_megatron_config_name_says_what_runs_instead(capsys):
-    from verl.trainer import main_ppo
+    from verl.cli import ppo as main_ppo
 
     assert main_ppo.main(["--config-name", "ppo_megatron_trainer", "--validate-only"]) == 2
     err = capsys.readouterr().err

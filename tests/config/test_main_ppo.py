@@ -9,9 +9,9 @@ import textwrap
 import pytest
 
 from verl import cli
+from verl.cli import ppo as main_ppo
 from verl.config import TrainerConfig, from_dict
 from verl.config.load import load_yaml_text
-from verl.trainer import main_ppo
 
 HEAVY = ("torch", "transformers", "ray", "numpy", "pyarrow")
 
@@ -60,7 +60,7 @@ def test_config_errors_and_validation_import_nothing_heavy():
     code = textwrap.dedent(
         f"""
         import sys
-        from verl.trainer.main_ppo import main
+        from verl.cli.ppo import main
         assert main(["data.train_bach_size=4"]) == 2
         assert main(["--validate-only", "actor_rollout_ref.rollout.n=2"]) == 0
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
@@ -147,7 +147,7 @@ def test_hydra_config_path_and_name(tmp_path, monkeypatch, capsys: pytest.Captur
     assert main_ppo.main(["--config=x.yaml", "--config-name=mine"]) == 2
     assert "give --config or --config-name, not both" in capsys.readouterr().err
     # the offline entry points read the same flags with their own packaged name
-    from verl.trainer import main_sft
+    from verl.cli import sft as main_sft
 
     argv = ["--config-path=config", "--config-name=sft_trainer", "--validate-only"]
     assert main_sft.main(argv) == 0

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-import verl.model_merger as model_merger
+import verl.cli.export as model_merger
 from verl.config import TrainerConfig, precision
 from verl.config.device_map import ROLE_DEVICE_KEYS, DataParallelConfig
 from verl.config.roles import GROUPS, ROLES, TRAINABLE_ROLES, group_devices_key, role_of_group
-from verl.trainer.checkpoint import ROLE_DIRS
+from verl.trainer.lifecycle.checkpoint import ROLE_DIRS
 
 
 def test_the_table():

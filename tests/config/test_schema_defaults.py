@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import verl
+from verl.cli.config_gen import default_yaml, with_tables
 from verl.config import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -25,7 +26,6 @@ from verl.config import (
     to_yaml,
 )
 from verl.config.load import iter_schema, load_yaml_text, section_class
-from verl.trainer.config_gen import default_yaml, with_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "config.md"
@@ -53,14 +53,14 @@ def test_committed_yaml_is_generated_from_schema():
     committed = default_config_text()
     assert committed == default_yaml(), (
         "verl/trainer/config/ppo_trainer.yaml is stale: run "
-        "python -m verl.trainer.config_gen yaml > verl/trainer/config/ppo_trainer.yaml"
+        "python -m verl.cli.config_gen yaml > verl/trainer/config/ppo_trainer.yaml"
     )
     assert load_yaml_text(committed) == to_dict(TrainerConfig())
 
 
 def test_docs_table_is_generated_from_schema():
     doc = DOCS.read_text()
-    assert doc == with_tables(doc), "run python -m verl.trainer.config_gen docs docs/config.md"
+    assert doc == with_tables(doc), "run python -m verl.cli.config_gen docs docs/config.md"
 
 
 def test_every_leaf_is_documented_and_commented():
@@ -171,7 +171,7 @@ def test_gen_runs_as_a_module_without_a_runpy_warning():
             "-W",
             "error::RuntimeWarning",
             "-m",
-            "verl.trainer.config_gen",
+            "verl.cli.config_gen",
             "yaml",
             "sft",
         ],

@@ -246,7 +246,7 @@ class Stoppable(Worker):
 
 def test_heartbeat_timeout_is_validated():
     from verl.config import TrainerConfig
-    from verl.trainer.placement import _start_ray
+    from verl.trainer.rl.placement import _start_ray
 
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be > 0"):
         RayOptions(heartbeat_timeout_s=0)

@@ -119,7 +119,7 @@ def test_main_job_is_the_harder_task_with_per_op_validation(tmp_path):
 
     from verl.config import load_config
     from verl.data.io import read_records
-    from verl.trainer.setup import prepare_data_files
+    from verl.trainer.lifecycle.setup import prepare_data_files
 
     cfg = load_config(EXAMPLES / "grpo_smollm2_arithmetic.yaml")
     a = cfg.data.arithmetic

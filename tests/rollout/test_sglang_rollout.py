@@ -184,7 +184,7 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
     from verl.models.tiny import save_tiny_model_dir
     from verl.rollout import register_rollout
     from verl.rollout.registry import ROLLOUT_BACKENDS
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     model_dir = save_tiny_model_dir(tmp_path / "model", arch="qwen2", tokenizer=tokenizer)
     register_rollout("test_sglang_fake", FakeBackedSGLang)

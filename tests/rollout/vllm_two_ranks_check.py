@@ -33,7 +33,7 @@ from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import save_tiny_model_dir
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hello"]
 

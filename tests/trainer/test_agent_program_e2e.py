@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "calculator_agent.py"
 

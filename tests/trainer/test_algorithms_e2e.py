@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from verl.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from verl.registry import PF_PPO_WEIGHTS
 from verl.rewards.placement import place_on_last_token
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def even_token_reward(batch):

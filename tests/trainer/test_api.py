@@ -9,7 +9,7 @@ import pytest
 from verl.config import ConfigError
 from verl.models.tiny import save_tiny_model_dir
 from verl.trainer.api import PPOTrainer, Trainer, make_trainer_config
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_a_model_object_from_another_source_than_the_tokenizer_is_refused(
 
 def test_a_model_object_with_no_known_tokenizer_is_refused(tmp_path):
     from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
-    from verl.trainer.build import module_tokenizer
+    from verl.trainer.rl.build import module_tokenizer
 
     module = build_tiny_model()  # built in memory: no name_or_path
     with pytest.raises(ValueError, match=r"no name_or_path .* pass tokenizer=") as err:

@@ -1,4 +1,4 @@
-"""One-step-off asynchronous training (``trainer.async_rollout``, ``verl/trainer/async_rollout.py``).
+"""One-step-off asynchronous training (``trainer.async_rollout``, ``verl/trainer/rl/async_rollout.py``).
 
 The pipeline against a fake rollout group (weights only change between generations,
 staleness recorded and bounded, the in-flight batches saved and restored), the config
@@ -18,9 +18,9 @@ import torch
 
 from verl.config import ConfigError
 from verl.protocol import DataProto
-from verl.trainer.async_rollout import AsyncRollout, StalenessError
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.async_rollout import AsyncRollout, StalenessError
+from verl.trainer.rl.trainer import RLTrainer
 
 ASYNC = ("trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0")
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from verl.config import ConfigError
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def test_missing_data_file_fails_config_validation(rl_config, tmp_path):

@@ -28,8 +28,8 @@ import torch
 
 from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
-from verl.trainer.checkpoint import complete_checkpoints, read_manifest
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
+from verl.trainer.rl.trainer import RLTrainer
 from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
 from . import test_multi_turn_e2e as e2e
@@ -63,7 +63,8 @@ REWARD = (
 CHILD = """
 import functools, os, signal, sys
 from verl.config import load_config
-from verl.trainer import ppo_trainer, tracking
+from verl.trainer.lifecycle import tracking
+from verl.trainer.rl import trainer as ppo_trainer
 from verl.workers import ActorRolloutRefWorker
 
 phase, nth, when = sys.argv[2], int(sys.argv[3]), sys.argv[4]

@@ -1,9 +1,9 @@
-"""Run checkpoints of the RL trainer (``verl/trainer/checkpoint.py``, ``resume.py``) and export.
+"""Run checkpoints of the RL trainer (``verl/trainer/lifecycle/checkpoint.py``, ``resume.py``) and export.
 
 Single-process runs on the tiny model: exact resume (N steps == N/2 + crash + resume + N/2,
 metrics and weights bit for bit, with sampled rollouts), a SIGKILL in the middle of a save
 in a child process, a full disk, retention and the ``latest`` pointer, refusal of a
-changed config, ``resume_path`` errors, and ``verl.model_merger`` (log-probs and values of
+changed config, ``resume_path`` errors, and ``verl.cli.export`` (log-probs and values of
 the exported model against the live workers). The two-rank FSDP2 version (Ray, slow) resumes
 within 1e-6, exports a sharded checkpoint and loads it into one process.
 """
@@ -27,11 +27,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from verl.cli.export import main as merger_main
+from verl.cli.export import merge_checkpoint
 from verl.config import ConfigError, load_config, to_yaml
-from verl.model_merger import main as merger_main
-from verl.model_merger import merge_checkpoint
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
-from verl.trainer.checkpoint import (
+from verl.trainer.lifecycle.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
     CheckpointError,
@@ -39,9 +39,9 @@ from verl.trainer.checkpoint import (
     complete_checkpoints,
     read_manifest,
 )
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.resume import resume_checkpoint_path
-from verl.trainer.run_lock import LOCK_FILE
+from verl.trainer.lifecycle.resume import resume_checkpoint_path
+from verl.trainer.lifecycle.run_lock import LOCK_FILE
+from verl.trainer.rl.trainer import RLTrainer
 
 # Four steps with everything that carries state from step to step: sampled rollouts from
 # the global RNG (rollout.seed null), a critic (GAE), an adaptive in-reward KL coefficient,
@@ -189,9 +189,9 @@ _CHILD = """
 import sys, time
 from pathlib import Path
 
-import verl.trainer.resume as resume
+import verl.trainer.lifecycle.resume as resume
 from verl.config import load_config
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 marker = Path(sys.argv[1])
 real_write = resume.write_json_atomic

@@ -20,16 +20,16 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.trainer.async_rollout import (
+from verl.trainer.lifecycle.checkpoint import MANIFEST_FILE, CheckpointError, _crc32, _file_sizes
+from verl.trainer.lifecycle.run_lock import LOCK_FILE, RunLock, RunLockError
+from verl.trainer.rl.async_rollout import (
     INFLIGHT_JSON,
     INFLIGHT_TENSORS,
     decode_batches,
     encode_batches,
     read_inflight,
 )
-from verl.trainer.checkpoint import MANIFEST_FILE, CheckpointError, _crc32, _file_sizes
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.run_lock import LOCK_FILE, RunLock, RunLockError
+from verl.trainer.rl.trainer import RLTrainer
 
 ASYNC = ("trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0")
 

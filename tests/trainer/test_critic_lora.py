@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.model_merger import merge_checkpoint
+from verl.cli.export import merge_checkpoint
 from verl.models.lora import LoraSpec, apply_lora_to_value_model, merged_state_dict
 from verl.models.value_model import CausalLMWithValueHead
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 CRITIC_LORA = (
     "algorithm.adv_estimator=gae",

@@ -8,8 +8,8 @@ import pytest
 
 from verl.controller.dispatch import get_method_dispatch
 from verl.controller.traffic import TrafficMeter, pickled_size
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.trainer import RLTrainer
 
 GAE = (
     "algorithm.adv_estimator=gae",

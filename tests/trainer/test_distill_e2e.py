@@ -12,7 +12,7 @@ import pytest
 from verl import cli
 from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
-from verl.trainer.passes import old_log_prob_pass
+from verl.trainer.rl.passes import old_log_prob_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "distill" / "opd_smollm2_arithmetic.yaml"

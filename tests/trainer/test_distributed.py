@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from verl.models.tiny import save_tiny_model_dir
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 pytestmark = pytest.mark.slow
 

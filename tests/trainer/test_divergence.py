@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from verl.engine import NonFiniteLossError
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.stopping import TrainingDivergedError
+from verl.trainer.lifecycle.stopping import TrainingDivergedError
+from verl.trainer.rl.trainer import RLTrainer
 
 # GRPO learns nothing from the tiny model's all-zero arithmetic rewards; this reward varies
 # within a group, so the update has a gradient to follow.

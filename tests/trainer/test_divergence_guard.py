@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from verl.config import load_config
-from verl.trainer.stopping import DivergenceGuard, divergence_error
+from verl.trainer.lifecycle.stopping import DivergenceGuard, divergence_error
 
 
 def test_bounds_and_streak():

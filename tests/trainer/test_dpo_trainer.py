@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from verl.cli import dpo as main_dpo
+from verl.cli.config_gen import default_yaml
 from verl.config import ConfigError, DPOConfig, load_dpo_config
 from verl.data.io import write_records
 from verl.data.preference_dataset import collate_preference
 from verl.models import load_causal_lm
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
-from verl.trainer import main_dpo
-from verl.trainer.config_gen import default_yaml
-from verl.trainer.dpo_trainer import DPOTrainer
+from verl.trainer.offline.dpo import DPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -266,7 +266,7 @@ def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tm
     two FSDP2 ranks in torchrun's process group (no Ray), a two-rank checkpoint, the export;
     then SIGTERM to torchrun mid-run stops both ranks after the same step, with its
     checkpoint."""
-    from verl.trainer.checkpoint import read_manifest
+    from verl.trainer.lifecycle.checkpoint import read_manifest
 
     def launch(run_dir: Path, steps: int) -> subprocess.Popen:
         args = [

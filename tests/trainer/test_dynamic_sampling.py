@@ -10,12 +10,12 @@ from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.protocol import DataProto
 from verl.rewards.placement import place_on_last_token
-from verl.trainer.dynamic_sampling import (
+from verl.trainer.rl.dynamic_sampling import (
     collect_informative_groups,
     filter_metric_values,
     merge_step_metrics,
 )
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 N = 2  # responses per prompt
 R = 3  # response length

@@ -22,11 +22,11 @@ import torch
 import transformers.modeling_utils
 from safetensors import SafetensorError
 
-import verl.trainer.final_export as final_export
+import verl.trainer.lifecycle.final_export as final_export
 from verl import cli
-from verl.trainer.checkpoint import LATEST_FILE, read_manifest
-from verl.trainer.final_export import FinalExportError
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.lifecycle.checkpoint import LATEST_FILE, read_manifest
+from verl.trainer.lifecycle.final_export import FinalExportError
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def _no_space_safetensors(*args, **kwargs):
@@ -179,7 +179,7 @@ def test_a_full_disk_while_logging_metrics_warns_once_and_training_goes_on(
 
     monkeypatch.setattr(os, "write", write)
     trainer = RLTrainer(rl_config("trainer.total_training_steps=3"))
-    with caplog.at_level(logging.WARNING, logger="verl.trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.lifecycle.tracking"):
         result = trainer.fit()
     monkeypatch.undo()
     assert len(trainer.history) == 3 and (tmp_path / "huggingface" / "model.safetensors").is_file()

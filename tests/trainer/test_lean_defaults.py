@@ -8,7 +8,7 @@ import pytest
 
 from verl.config import load_config
 from verl.config.schema_roles import DEFAULT_TOKEN_BUDGET
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def test_the_default_config_is_the_lean_one():

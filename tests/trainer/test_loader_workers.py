@@ -8,7 +8,7 @@ import multiprocessing
 import pytest
 
 from verl.data import LazyRLHFDataset
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 QUIET = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1")
 

@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from verl.model_merger import merge_checkpoint
+from verl.cli.export import merge_checkpoint
 from verl.models.lora import LORA_ADAPTER_DIR
 from verl.rewards.placement import place_on_last_token
 from verl.testing import assert_bitwise, checkpoint_tensors
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 LORA = (
     "actor_rollout_ref.model.lora_rank=4",

@@ -20,7 +20,7 @@ from verl.data.base import render_chat
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from verl.rollout.agent_loop import multi_turn_metrics
 from verl.tools.calculator import CALCULATOR_SCHEMA, calculate
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 QUESTIONS = {"12*34": "408", "56*78": "4368"}
 

@@ -25,25 +25,25 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from verl.cli.export import merge_checkpoint
 from verl.config import ConfigError, load_dpo_config, load_sft_config, to_yaml
 from verl.controller import Dispatch, WorkerDiedError, register
 from verl.engine.dcp_io import read_dcp_tensors
-from verl.model_merger import merge_checkpoint
-from verl.trainer.checkpoint import (
+from verl.trainer.lifecycle.checkpoint import (
     LATEST_FILE,
     CheckpointError,
     complete_checkpoints,
     read_manifest,
 )
-from verl.trainer.dpo_trainer import DPOTrainer
-from verl.trainer.offline_launch import (
+from verl.trainer.lifecycle.stopping import RunInterrupted
+from verl.trainer.offline.dpo import DPOTrainer
+from verl.trainer.offline.launch import (
     OfflineTrainWorker,
     start_rank_group,
     train_on_ranks,
     wait_forwarding_stops,
 )
-from verl.trainer.sft_trainer import SFTTrainer
-from verl.trainer.stopping import RunInterrupted
+from verl.trainer.offline.sft import SFTTrainer
 
 try:  # the workers of the two-rank test live here: Ray ships their code by value
     import ray
@@ -134,9 +134,9 @@ import sys, time
 from pathlib import Path
 
 from verl.config import load_dpo_config, load_sft_config
-from verl.trainer.dpo_trainer import DPOTrainer
-from verl.trainer.sft_trainer import SFTTrainer
-from verl.trainer.stopping import RunInterrupted
+from verl.trainer.offline.dpo import DPOTrainer
+from verl.trainer.offline.sft import SFTTrainer
+from verl.trainer.lifecycle.stopping import RunInterrupted
 
 kind, marker, config_file = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 cls, load = {"sft": (SFTTrainer, load_sft_config), "dpo": (DPOTrainer, load_dpo_config)}[kind]

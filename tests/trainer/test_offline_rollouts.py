@@ -1,4 +1,4 @@
-"""Training from pre-generated rollouts (``data.rollout_files``, verl.trainer.offline_rollouts):
+"""Training from pre-generated rollouts (``data.rollout_files``, verl.trainer.rl.offline_rollouts):
 ``verl generate`` writes them, the trainer trains from them with the stored log-probs as the
 behaviour policy of the rollout correction."""
 
@@ -14,7 +14,7 @@ from verl import cli
 from verl.config import ConfigError
 from verl.data import DatasetValidationError
 from verl.data.arithmetic import write_arithmetic_dataset
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 OFFLINE = (
     "actor_rollout_ref.actor.rollout_is_threshold=2.0",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def test_offload_keys_reach_every_engine_and_ppo_trains(rl_config):

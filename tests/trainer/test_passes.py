@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.trainer.passes import old_log_prob_pass
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.passes import old_log_prob_pass
+from verl.trainer.rl.trainer import RLTrainer
 
 ONE_STEP = ("actor_rollout_ref.actor.ppo_mini_batch_size=4",)  # = data.train_batch_size
 A = "actor_rollout_ref.actor"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from verl.cli import ppo as main_ppo
 from verl.config import to_yaml
-from verl.trainer import main_ppo
-from verl.trainer.plot import PANELS, plot_after_run, plot_runs, read_run
+from verl.trainer.lifecycle.plot import PANELS, plot_after_run, plot_runs, read_run
 
 pytest.importorskip("matplotlib")
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from verl.models.tiny import save_tiny_model_dir
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 REQUIRED_KEYS = {
     "critic/score/mean",
@@ -182,7 +182,7 @@ def test_ppo_with_critic_runs(rl_config):
     ],
 )
 def test_unsupported_settings_fail_before_loading(rl_config, override, phrase):
-    from verl.trainer.setup import NotSupportedYet
+    from verl.trainer.lifecycle.setup import NotSupportedYet
 
     with pytest.raises(NotSupportedYet, match=re.escape(phrase)):
         RLTrainer(rl_config(*override.split()))

@@ -9,7 +9,7 @@ import torch
 
 from verl.engine import NonFiniteLossError
 from verl.engine.base import TrainEngine
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 PPO = (
     "algorithm.adv_estimator=gae",

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import verl.kernels.torch_functional as tf
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.trainer import RLTrainer
 
 A = "actor_rollout_ref.actor"
 GRPO = (

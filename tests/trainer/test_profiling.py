@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.profiling import StepProfiler, add_overhead, timing_table
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.profiling import StepProfiler, add_overhead, timing_table
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def test_stage_table_and_overhead():
@@ -48,12 +48,12 @@ def test_bad_profile_steps_are_refused_by_name(tmp_path, steps):
 def test_training_run_profiles_the_chosen_step_and_logs_stages(rl_config, tmp_path, caplog):
     cfg = rl_config("trainer.profile_steps=[2]", "trainer.val_before_train=false")
     trainer = RLTrainer(cfg, tracker=Tracker([]))
-    with caplog.at_level(logging.INFO, logger="verl.trainer.profiling"):
+    with caplog.at_level(logging.INFO, logger="verl.trainer.lifecycle.profiling"):
         trainer.fit()
     assert [p.name for p in trainer.profiler.traces] == ["profile_step_2.json"]
     assert trainer.profiler.traces[0].parent == trainer.run_dir
     assert trainer.profiler.traces[0].stat().st_size > 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "verl.trainer.profiling"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "verl.trainer.lifecycle.profiling"]
     for step in (1, 2):
         assert any(m.startswith(f"step {step}: gen ") and "update_actor" in m for m in lines)
     assert all(row["timing_s/other"] >= 0 for row in trainer.history)

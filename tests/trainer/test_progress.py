@@ -7,9 +7,9 @@ import io
 import pytest
 from tqdm import tqdm
 
-import verl.trainer.driver as trainer_loop
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.progress import advance, step_postfix
+import verl.trainer.lifecycle.driver as trainer_loop
+from verl.trainer.lifecycle.progress import advance, step_postfix
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def test_step_postfix_formats_known_keys_and_skips_missing():

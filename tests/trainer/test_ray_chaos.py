@@ -30,8 +30,8 @@ import pytest
 
 from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
-from verl.trainer.checkpoint import complete_checkpoints, read_manifest
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
+from verl.trainer.rl.trainer import RLTrainer
 from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ CHILD = """
 import os, signal, sys, time
 from verl.config import load_config
 from verl.controller import ray_backend
-from verl.trainer import ppo_trainer
+from verl.trainer.rl import trainer as ppo_trainer
 
 method, nth, victim = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 real = ray_backend._RayPending.wait

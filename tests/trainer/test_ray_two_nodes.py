@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from verl.config import to_yaml
-from verl.trainer.checkpoint import complete_checkpoints, read_manifest
+from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
 from verl.utils.lifetime import processes_with_env
 
 from .ray_nodes import two_ray_nodes
@@ -51,7 +51,7 @@ import psutil
 import ray
 from verl.config import load_config
 from verl.controller import ensure_ray, ray_backend
-from verl.trainer import ppo_trainer
+from verl.trainer.rl import trainer as ppo_trainer
 
 cfg = load_config(sys.argv[1])
 victim = int(sys.argv[2])

@@ -23,7 +23,7 @@ from verl.rewards.placement import place_on_last_token
 from verl.rollout import register_rollout
 from verl.rollout.native import NativeRollout
 from verl.rollout.registry import ROLLOUT_BACKENDS
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 # as in test_algorithms_e2e: 2 prompts x 2 responses of at most 4 tokens
 OVERRIDES = (

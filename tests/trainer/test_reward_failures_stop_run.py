@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from verl.rewards import RewardFailureError
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 
 def _reward_file(tmp_path, body: str) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Reward-model training (verl/trainer/rm_trainer.py): the Bradley-Terry loss and accuracy on
+"""Reward-model training (verl/trainer/offline/rm.py): the Bradley-Terry loss and accuracy on
 hand-made pairs, learning on a tiny model, LoRA with a fully trained score head, the export
 loading as ``reward_model.model.path`` and scoring as in training, ``main_rm`` / ``verl rm``,
 and exact resume after a crash."""
@@ -15,15 +15,15 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from verl.cli import main as verl_main
+from verl.cli import rm as main_rm
+from verl.cli.config_gen import default_yaml, with_tables
 from verl.config import ConfigError, RMConfig, TrainerConfig, load_rm_config
 from verl.data.io import write_records
 from verl.models import load_reward_model
 from verl.models.tiny import build_tiny_tokenizer
 from verl.protocol import DataProto
-from verl.trainer import main_rm
-from verl.trainer.checkpoint import complete_checkpoints
-from verl.trainer.config_gen import default_yaml, with_tables
-from verl.trainer.rm_trainer import RMTrainer, reward_pair_loss, reward_pair_metrics
+from verl.trainer.lifecycle.checkpoint import complete_checkpoints
+from verl.trainer.offline.rm import RMTrainer, reward_pair_loss, reward_pair_metrics
 from verl.workers.reward_model import RewardModelWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +267,7 @@ def test_generated_defaults_and_docs_table_are_current():
     doc = (ROOT / "docs/reward_model.md").read_text()
     assert "BEGIN GENERATED RM CONFIG TABLE" in doc
     assert doc == with_tables(doc), (
-        "docs/reward_model.md table is stale: python -m verl.trainer.config_gen docs "
+        "docs/reward_model.md table is stale: python -m verl.cli.config_gen docs "
         "docs/reward_model.md"
     )
 
@@ -365,7 +365,7 @@ def test_rm_resumes_bit_for_bit_after_a_crash(tiny_model_dir, tmp_path, lora_ran
 def test_two_fsdp2_ranks_train_like_one_process(ray_session, tiny_model_dir, tmp_path):
     """Two FSDP2 ranks (Ray actors, gloo) with LoRA: the same losses, accuracies and
     exported reward model as one process, up to float reduction order."""
-    from verl.trainer.offline_launch import train_on_ranks
+    from verl.trainer.offline.launch import train_on_ranks
 
     lora = ("model.lora_rank=4", "trainer.num_threads=1")
     one = RMTrainer(_exact_config(tiny_model_dir, tmp_path / "one", *lora)).train()

@@ -16,7 +16,7 @@ import torch
 from verl.rollout import register_rollout
 from verl.rollout.native import NativeRollout
 from verl.rollout.registry import ROLLOUT_BACKENDS
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 EVENTS: list[str] = []
 ENGINES: list[OwnCopyRollout] = []

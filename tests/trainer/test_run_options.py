@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from verl.config import ConfigError
-from verl.trainer.checkpoint import complete_checkpoints
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.lifecycle.checkpoint import complete_checkpoints
+from verl.trainer.rl.trainer import RLTrainer
 
 GAE = (
     "algorithm.adv_estimator=gae",

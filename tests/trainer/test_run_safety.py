@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from verl.trainer.checkpoint import (
+from verl.trainer.lifecycle.checkpoint import (
     LATEST_FILE,
     CheckpointError,
     CheckpointManager,
     complete_checkpoints,
     read_manifest,
 )
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.run_lock import LOCK_FILE, RunDirectoryInUse, RunLock
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.run_lock import LOCK_FILE, RunDirectoryInUse, RunLock
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.trainer import RLTrainer
 
 SAVE_EVERY_STEP = (
     "trainer.save_freq=1",
@@ -57,7 +57,7 @@ def test_second_lock_on_a_directory_names_the_holder(tmp_path):
 
 _HOLD = """
 import sys, time
-from verl.trainer.run_lock import RunLock
+from verl.trainer.lifecycle.run_lock import RunLock
 lock = RunLock([sys.argv[1]])
 lock.acquire()
 print("locked", flush=True)
@@ -78,7 +78,10 @@ def test_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, caplog)
     finally:
         child.kill()
         child.wait()
-    with caplog.at_level(logging.WARNING, logger="verl.trainer.run_lock"), RunLock([tmp_path]):
+    with (
+        caplog.at_level(logging.WARNING, logger="verl.trainer.lifecycle.run_lock"),
+        RunLock([tmp_path]),
+    ):
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert f"pid {child.pid} on host" in caplog.text and "taking over" in caplog.text
 
@@ -135,7 +138,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_resume_falls_back(rl_config,
     with pytest.raises(CheckpointError, match=r"actor/model.safetensors: CRC-32 [0-9a-f]{8}"):
         read_manifest(newest, verify=True)
 
-    with caplog.at_level(logging.WARNING, logger="verl.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.lifecycle.checkpoint"):
         resumed = RLTrainer(rl_config(*SAVE_EVERY_STEP, "trainer.total_training_steps=3"))
         resumed.fit()
     assert resumed.resumed_from == tmp_path / "global_step_1"

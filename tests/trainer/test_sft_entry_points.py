@@ -30,7 +30,7 @@ ENTRY_MODULES = [
     "verl.trainer.main_eval",
     "verl.trainer.fsdp_sft_trainer",
     "verl.trainer.sft_trainer",
-    "verl.trainer.config_gen",
+    "verl.cli.config_gen",
     "verl.model_merger",
 ]
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from verl.cli import sft as main_sft
+from verl.cli.config_gen import default_yaml, with_tables
 from verl.config import ConfigError, SFTConfig, load_sft_config
 from verl.config.load import load_yaml_text
 from verl.data.io import write_records
 from verl.models import load_causal_lm
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
-from verl.trainer import main_sft
-from verl.trainer.config_gen import default_yaml, with_tables
-from verl.trainer.sft_trainer import SFTTrainer
+from verl.trainer.offline.sft import SFTTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,13 +196,13 @@ def test_committed_defaults_and_docs_are_generated_from_the_schema():
     assert load_sft_config() == SFTConfig()
     doc = (ROOT / "docs/sft_dpo.md").read_text()
     assert doc == with_tables(doc), (
-        "docs/sft_dpo.md tables are stale: python -m verl.trainer.config_gen docs docs/sft_dpo.md"
+        "docs/sft_dpo.md tables are stale: python -m verl.cli.config_gen docs docs/sft_dpo.md"
     )
 
 
 def test_cli_subprocess_prints_config_without_torch():
     code = (
-        "import sys; from verl.trainer.main_sft import main; "
+        "import sys; from verl.cli.sft import main; "
         "assert main(['--validate-only']) == 0; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
     )

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 STEPS = 300
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from verl.config import ConfigError
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker, markdown_table
+from verl.trainer.lifecycle.tracking import Tracker, markdown_table
+from verl.trainer.rl.trainer import RLTrainer
 
 SAMPLES = [
     {"data_source": "arith", "prompt": "1+2=", "response": "3", "score": 1.0},

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from verl import cli
 from verl.data.arithmetic import write_arithmetic_dataset
-from verl.trainer.ppo_trainer import RLTrainer
+from verl.trainer.rl.trainer import RLTrainer
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +136,7 @@ def test_an_upstream_style_script_with_sequence_parallelism_trains(
     """Upstream's run-script keys with ``ulysses_sequence_parallel_size=2`` for the actor,
     the reference and the critic, through ``main_ppo`` as a shell passes them: two GAE
     steps with a KL loss on 2 ranks, checkpointed and exported."""
-    from verl.trainer import main_ppo
+    from verl.cli import ppo as main_ppo
 
     run = tmp_path / "run"
     argv = [

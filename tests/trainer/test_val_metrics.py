@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl.trainer.metrics import compute_validation_metrics
+from verl.trainer.lifecycle.metrics import compute_validation_metrics
 
 
 def test_split_by_extra_info_field():

@@ -293,7 +293,7 @@ def test_000_section_8_offline_dataset_with_mixed_precision(small, tiny_model, t
 
     from verl import cli
     from verl.data.arithmetic import write_arithmetic_dataset
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     train, _ = write_arithmetic_dataset(tmp_path / "data", 8, 2, 1, ["+"], 0, "parquet", "chat")
     out = tmp_path / "offline.parquet"

@@ -227,7 +227,7 @@ def test_001_section_4_1_train_dataloader(tmp_path, small, caplog):
     # in-process loader gives (the tutorial's 4 workers, 2 here: the machine has 2 cores)
     from verl.data import LazyRLHFDataset
     from verl.models import load_tokenizer
-    from verl.trainer.build import build_data
+    from verl.trainer.rl.build import build_data
 
     cfg.data.dataloader_num_workers = 2
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
@@ -416,7 +416,7 @@ def test_001_section_7_3_async_rollout(tmp_path, small, caplog):
 def test_001_section_7_3_async_rollout_trains_with_the_pipeline_full(tmp_path, small):
     # the block with 8 prompts per generation ahead of 4-prompt training batches: two
     # batches in flight, the stale samples importance-corrected
-    from verl.trainer.ppo_trainer import RLTrainer
+    from verl.trainer.rl.trainer import RLTrainer
 
     block = ASYNC_BLOCK.replace("64", "8")
     cfg = _load(tmp_path, small, block, extra=("trainer.total_training_steps=3",))

@@ -13,7 +13,7 @@ import torch
 from verl.config import load_config
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.protocol import DataProto
-from verl.trainer.metrics import compute_data_metrics, compute_rollout_mismatch_metrics
+from verl.trainer.lifecycle.metrics import compute_data_metrics, compute_rollout_mismatch_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 P, R = 6, 5

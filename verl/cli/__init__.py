@@ -18,17 +18,17 @@ import sys
 
 # command -> (module with main(argv, prog=...), leading arguments, one-line help)
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "train": ("verl.trainer.main_ppo", (), "validate the config and run PPO/GRPO training"),
+    "train": ("verl.cli.ppo", (), "validate the config and run PPO/GRPO training"),
     "distill": (
-        "verl.trainer.main_ppo",
+        "verl.cli.ppo",
         ("algorithm.distill.enable=true",),
         "on-policy distillation: verl train with algorithm.distill.enable=true",
     ),
-    "sft": ("verl.trainer.main_sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
-    "dpo": ("verl.trainer.main_dpo", (), "DPO / IPO / KTO on preference data"),
-    "rm": ("verl.trainer.main_rm", (), "reward-model training on preference pairs"),
+    "sft": ("verl.cli.sft", (), "supervised fine-tuning (docs/sft_dpo.md)"),
+    "dpo": ("verl.cli.dpo", (), "DPO / IPO / KTO on preference data"),
+    "rm": ("verl.cli.rm", (), "reward-model training on preference pairs"),
     "export": (
-        "verl.model_merger",
+        "verl.cli.export",
         (),
         "write a checkpoint's actor (or critic) as a HuggingFace directory",
     ),

@@ -117,7 +117,7 @@ def run_config_file(model: str | None) -> Path | None:
     """
     if model is None or not Path(model).is_dir():
         return None
-    from verl.trainer.checkpoint import CONFIG_FILE, latest_checkpoint
+    from verl.trainer.lifecycle.checkpoint import CONFIG_FILE, latest_checkpoint
 
     here = Path(model).resolve()
     for folder in (here, *list(here.parents)[:2]):

@@ -57,9 +57,9 @@ def build_parser(prog: str = "verl config") -> argparse.ArgumentParser:
 
 def reference(trainer: str, fmt: str) -> str:
     """The reference of ``trainer``'s config (ppo, sft, dpo) as ``fmt`` (yaml or table)."""
+    from verl.cli.config_gen import config_table, default_yaml
     from verl.config.schema import TrainerConfig
     from verl.config.schema_offline import DPOConfig, SFTConfig
-    from verl.trainer.config_gen import config_table, default_yaml
 
     if fmt == "table":
         return config_table({"ppo": TrainerConfig, "sft": SFTConfig, "dpo": DPOConfig}[trainer])
@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None, prog: str = "verl config") -> int:
         return 0
     rest = [*(["--config", args.config] if args.config else []), "--print-config"]
     if args.trainer == "ppo":
-        from verl.trainer import main_ppo as entry
+        from verl.cli import ppo as entry
     elif args.trainer == "sft":
-        from verl.trainer import main_sft as entry
+        from verl.cli import sft as entry
     else:
-        from verl.trainer import main_dpo as entry
+        from verl.cli import dpo as entry
     return entry.main([*rest, *args.overrides], prog=prog)
 
 

@@ -8,7 +8,7 @@ With ``--model`` / ``--data`` the responses are generated as ``verl generate`` d
 ``--generations`` they are read from a file (``verl generate``'s, or any file with one row
 per prompt holding ``data_source`` and a ``responses`` list; rows without ``scores`` /
 ``accs`` are scored by their data source's scorer against ``ground_truth``). The metrics:
-:mod:`verl.trainer.evaluation`.
+:mod:`verl.trainer.rl.evaluation`.
 """
 
 from __future__ import annotations
@@ -64,20 +64,20 @@ def main(argv: list[str] | None = None, prog: str = "verl eval") -> int:
             parser.error(str(exc))
     from verl.config import ConfigError
     from verl.data import DatasetValidationError
-    from verl.trainer.evaluation import evaluate_rows, format_report
+    from verl.trainer.rl.evaluation import evaluate_rows, format_report
 
     try:
         cfg = load_rollout_config(args, parser)
         if args.generations is not None:
-            from verl.trainer.build import load_compute_score
-            from verl.trainer.evaluation import read_generations, score_rows
+            from verl.trainer.rl.build import load_compute_score
+            from verl.trainer.rl.evaluation import read_generations, score_rows
 
             rows = score_rows(read_generations(args.generations), load_compute_score(cfg))
         else:
             missing = [f for f in args.data if not Path(f).is_file()]
             if missing:
                 parser.error(f"--data {missing[0]!r}: no such file")
-            from verl.trainer.generation import generate_rows
+            from verl.trainer.rl.generation import generate_rows
 
             rows = generate_rows(cfg, args.data, batch_size=args.batch_size, limit=args.limit)
         report = evaluate_rows(rows, args.k)

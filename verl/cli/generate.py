@@ -4,7 +4,7 @@
         --n 8 --temperature 1.0 --out gens.parquet
 
 One row per prompt with its ``n`` responses, their log-probs and scores (the columns:
-:mod:`verl.trainer.generation`). Sampling goes through the configured rollout backend and
+:mod:`verl.trainer.rl.generation`). Sampling goes through the configured rollout backend and
 scoring through the validation reward manager, as in training; ``verl eval
 --generations gens.parquet`` turns the file into accuracy and pass@k.
 """
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str = "verl generate") -> int:
         print(exc, file=sys.stderr)
         return 2
     from verl.data import DatasetValidationError, write_records
-    from verl.trainer.generation import generate_rows
+    from verl.trainer.rl.generation import generate_rows
 
     try:
         rows = generate_rows(cfg, args.data, batch_size=args.batch_size, limit=args.limit)

@@ -9,7 +9,7 @@ and ``--backend`` is accepted for ``fsdp`` (this project's checkpoints are read 
 engine wrote them). ``verl export``'s own flags (``--checkpoint``, ``--out``, ``--role``,
 ``--overwrite``, ``--trust-remote-code``, ``--allow-missing-checksums``) work as well.
 
-The output follows ``verl export``'s rules (:func:`verl.model_merger.check_output`): upstream's
+The output follows ``verl export``'s rules (:func:`verl.cli.export.check_output`): upstream's
 habit of writing into ``global_step_N/actor/huggingface`` is refused (that folder is part of
 the checkpoint: its files are in the manifest and retention deletes it with the checkpoint),
 as is any output that is, contains or lies in a checkpoint or a run's own folders, and
@@ -24,8 +24,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from verl import model_merger
-from verl.trainer.checkpoint import MANIFEST_FILE
+from verl.cli import export as model_merger
+from verl.trainer.lifecycle.checkpoint import MANIFEST_FILE
 
 ROLE_DIRS = ("actor", "critic")
 

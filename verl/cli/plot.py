@@ -2,7 +2,7 @@
 
 Reads each run's ``metrics.jsonl`` (the ``trainer.log_dir`` of a run with the ``jsonl``
 logger) and draws reward, validation accuracy, KL, entropy, response length, grad norm
-and step time against the step, several runs overlaid (:mod:`verl.trainer.plot`).
+and step time against the step, several runs overlaid (:mod:`verl.trainer.lifecycle.plot`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None, prog: str = "verl plot") -> int:
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     from pathlib import Path
 
-    from verl.trainer.plot import metrics_file, plot_runs
+    from verl.trainer.lifecycle.plot import metrics_file, plot_runs
 
     try:
         out = args.out

@@ -5,7 +5,7 @@
     cfg = TrainerConfig(); cfg.actor_rollout_ref.rollout.n = 4; cfg.validate()
 
 The dataclasses hold every default (``verl/trainer/config/*.yaml`` and the key tables of the
-docs are generated from them by ``python -m verl.trainer.config_gen``). The offline trainers'
+docs are generated from them by ``python -m verl.cli.config_gen``). The offline trainers'
 configs (``SFTConfig``, ``DPOConfig``, ``RMConfig``, loaded with ``load_sft_config`` /
 ``load_dpo_config`` / ``load_rm_config``) live in ``schema_offline.py``. This package
 imports nothing of verl but ``verl.registry``, ``verl.utils`` (device probes) and ``verl.compat`` (alias tables, flat

@@ -3,7 +3,7 @@
 The tree mirrors upstream verl's ``ppo_trainer.yaml`` (``data``, ``actor_rollout_ref``,
 ``critic``, ``reward_model``, ``custom_reward_function``, ``algorithm``, ``trainer``).
 These dataclasses hold every default; ``verl/trainer/config/ppo_trainer.yaml`` is
-generated from them (``python -m verl.trainer.config_gen yaml``). Constructing a config does not
+generated from them (``python -m verl.cli.config_gen yaml``). Constructing a config does not
 validate it: call ``cfg.validate()`` (``load_config`` does).
 """
 

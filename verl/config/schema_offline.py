@@ -5,7 +5,7 @@ loaders.
 They follow the PPO schema's conventions and reuse its shared sections (``ModelConfig``,
 ``OptimConfig``, ``ArithmeticConfig``); ``verl/trainer/config/{sft,dpo,rm}_trainer.yaml`` and
 the tables of ``docs/sft_dpo.md`` and ``docs/reward_model.md`` are generated from them
-(``python -m verl.trainer.config_gen``).
+(``python -m verl.cli.config_gen``).
 """
 
 # `entry(...)` returns a dataclasses.Field (default_factory for mutables), which RUF009 cannot see.

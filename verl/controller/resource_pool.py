@@ -6,7 +6,7 @@ Ray) turns it into processes.
 
 Which role runs in which pool is not decided here: the one placement model is the device
 map (``verl.config.device_map``: device ids per role, roles with the same ids colocated in
-one pool), and ``verl.trainer.placement`` builds one ``ResourcePool`` per pool of it.
+one pool), and ``verl.trainer.rl.placement`` builds one ``ResourcePool`` per pool of it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Rows are the DPO pair format (``verl.data.preference_dataset``), plus an optiona
     margin     float, optional: how much better chosen is (upstream's ``margin`` column)
 
 The margin ``m`` enters the Bradley-Terry loss as ``-logsigmoid(r_chosen - r_rejected - m)``
-(``verl.trainer.rm_trainer.reward_pair_loss``). Every row of a dataset has a finite number
+(``verl.trainer.offline.rm.reward_pair_loss``). Every row of a dataset has a finite number
 there, or none does (then ``m = 0``); a dataset with margins on some rows only is refused
 with the rows that lack one. Labelled singles (KTO's prompt/completion/label) are refused:
 a reward model compares two completions of one prompt.

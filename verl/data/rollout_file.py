@@ -1,6 +1,6 @@
 """Pre-generated rollouts as training data: the rows ``verl generate`` writes, read back.
 
-A rollout file (parquet or JSON lines, :mod:`verl.trainer.generation`) holds one row per
+A rollout file (parquet or JSON lines, :mod:`verl.trainer.rl.generation`) holds one row per
 prompt with ``n`` responses. :class:`RolloutFileDataset` reads the columns training needs:
 
 - ``prompt_token_ids``: the prompt's token ids (unpadded);
@@ -18,7 +18,7 @@ file, the row and the fix; nothing is silently dropped.
 An item is a prompt item as :class:`~verl.data.RLHFDataset` gives it (``input_ids`` and the
 per-prompt fields, so :func:`~verl.data.collate_fn` pads it like any prompt) plus
 ``offline_rollout``: ``{"response_ids", "log_probs", "scores", "accs"}``. The trainer's
-rollout source (:mod:`verl.trainer.offline_rollouts`) turns a collated batch into the
+rollout source (:mod:`verl.trainer.rl.offline_rollouts`) turns a collated batch into the
 rollout layout of :mod:`verl.rollout.base` without generating.
 """
 

@@ -12,7 +12,7 @@ from anywhere, so here:
   ``torch.load(weights_only=True)``, which refuses anything but tensors, containers and
   primitives;
 - :func:`read_dcp_tensors` reads the full, unsharded tensors under a key prefix in one
-  process with no process group (the offline export path, ``verl.model_merger``);
+  process with no process group (the offline export path, ``verl.cli.export``);
 - :func:`load_dcp_state` restores a module (+ optimizer) from a DCP checkpoint, resharding
   to whatever layout the module has (FSDP2 on any number of ranks, or a plain module).
 """

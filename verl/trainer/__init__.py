@@ -1,7 +1,7 @@
 """Trainers (RL, SFT, DPO), their entry points and the short Python API.
 
 ``from verl.trainer import PPOTrainer`` (the spelling of tutorial 003) and the other public
-trainer names are imported lazily, so ``import verl.trainer.main_ppo`` stays torch-free
+trainer names are imported lazily, so ``import verl.cli.ppo`` stays torch-free
 until the trainer is built.
 """
 
@@ -13,9 +13,9 @@ _LAZY = {
     "PPOTrainer": "verl.trainer.api",
     "Trainer": "verl.trainer.api",
     "make_trainer_config": "verl.trainer.api",
-    "RLTrainer": "verl.trainer.ppo_trainer",
-    "SFTTrainer": "verl.trainer.sft_trainer",
-    "DPOTrainer": "verl.trainer.dpo_trainer",
+    "RLTrainer": "verl.trainer.rl.trainer",
+    "SFTTrainer": "verl.trainer.offline.sft",
+    "DPOTrainer": "verl.trainer.offline.dpo",
 }
 
 __all__ = list(_LAZY)

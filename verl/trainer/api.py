@@ -1,6 +1,6 @@
 """The short Python API: a config, a trainer object, ``.fit()``.
 
-Two styles, both thin layers over :class:`~verl.trainer.ppo_trainer.RLTrainer`:
+Two styles, both thin layers over :class:`~verl.trainer.rl.trainer.RLTrainer`:
 
 * ``PPOTrainer(config, reward_fn=..., reward_normalization=True,
   reward_clip_range=(-5.0, 5.0), log_with="console").fit()`` — the whole run from a
@@ -29,8 +29,8 @@ from verl.config import TrainerConfig
 from verl.data import collate_fn
 from verl.models import load_causal_lm
 from verl.protocol import DataProto
-from verl.trainer.ppo_trainer import RLTrainer
-from verl.trainer.tracking import Tracker
+from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.trainer import RLTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class PPOTrainer(RLTrainer):
             an ``actor_module`` object the tokenizer is ``tokenizer``, else the configured
             model path's, else the module's own (``name_or_path``); a module whose
             ``name_or_path`` and the tokenizer's source differ, or whose tokenizer cannot be
-            known, is refused (:func:`verl.trainer.build.module_tokenizer`).
+            known, is refused (:func:`verl.trainer.rl.build.module_tokenizer`).
     """
 
     def __init__(

@@ -1,45 +1,16 @@
-"""Entry point of preference optimisation: ``python -m verl.trainer.main_dpo [--config FILE] key=value ...``
+"""The module users run, ``python -m verl.trainer.main_dpo [--config FILE] key=value ...``: preference optimisation (DPO / IPO / KTO).
 
-DPO, IPO or KTO (``algorithm.loss_type``) on preference data. The config (defaults
-``verl/trainer/config/dpo_trainer.yaml`` + FILE + dotted overrides) is validated before
-torch is imported; a config error exits with code 2. Then ``DPOTrainer`` runs and the final
-model is written as a HuggingFace directory.
-
-    python -m verl.trainer.main_dpo                                   # built-in arithmetic pairs
-    python -m verl.trainer.main_dpo data.train_files=pairs.jsonl algorithm.beta=0.2
-    python -m verl.trainer.main_dpo algorithm.loss_type=kto data.train_files=kto.jsonl
+The code is :mod:`verl.cli.dpo`; this module keeps the command line (and upstream verl's scripts)
+working as written.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from verl.config import DPOConfig, load_dpo_config
-from verl.trainer.main_sft import run_offline
+from verl.cli.dpo import main
 
-
-def run_dpo(cfg: DPOConfig) -> dict[str, Any]:
-    """Train on a validated config (imports torch and transformers); returns the results."""
-    import transformers
-
-    from verl.trainer.offline_launch import train_offline
-
-    transformers.utils.logging.disable_progress_bar()
-    return train_offline("dpo", cfg)
-
-
-def main(argv: list[str] | None = None, prog: str = "python -m verl.trainer.main_dpo") -> int:
-    """Command-line entry; returns the exit code (0 ok, 2 bad config)."""
-    return run_offline(
-        argv,
-        kind="dpo",
-        prog=prog,
-        description="DPO / IPO / KTO on preference data. See docs/sft_dpo.md.",
-        load=load_dpo_config,
-        run=run_dpo,
-    )
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -536,7 +536,7 @@ class ActorRolloutRefWorker(Worker):
         ``loss_agg_mode``). Returns the metrics, reduced over the data-parallel ranks.
 
         Without ``old_log_probs`` (the trainer skipped the old-log-prob pass, see
-        ``verl.trainer.passes``) the update must be one optimizer step; the old log-probs
+        ``verl.trainer.rl.passes``) the update must be one optimizer step; the old log-probs
         are then its own detached log-probs, and the metrics the pass would have fed
         (``actor/entropy``, ``rollout/*`` drift) come from its forward.
         """

@@ -1,4 +1,4 @@
-"""One worker rank's share of a run checkpoint (see ``verl/trainer/checkpoint.py``).
+"""One worker rank's share of a run checkpoint (see ``verl/trainer/lifecycle/checkpoint.py``).
 
 A trainable role's directory in a checkpoint holds its engine checkpoint (model, optimizer,
 LR schedule, written by ``TrainEngine.save_checkpoint``: sharded DCP under FSDP2, one set of
@@ -100,7 +100,7 @@ def save_hf_metadata(module: Any, tokenizer: Any, out_dir: str) -> None:
     config = getattr(module, "config", None)
     if config is None:
         logger.warning(
-            "%s has no HF config: the checkpoint cannot be exported with verl.model_merger",
+            "%s has no HF config: the checkpoint cannot be exported with verl.cli.export",
             type(module).__name__,
         )
         return

@@ -246,7 +246,7 @@ class CriticWorker(Worker):
     ) -> None:
         """Write this rank's share of a run checkpoint (a collective under FSDP2): the critic
         engine, this rank's RNG and update counter; rank 0 writes the body's HF config (and
-        tokenizer) to ``hf_config_dir`` for ``verl.model_merger --role critic``, or with
+        tokenizer) to ``hf_config_dir`` for ``verl.cli.export --role critic``, or with
         ``hf_weights`` (``save_contents`` has ``hf_model``) the whole critic as that export
         writes it (body + ``value_head.safetensors``; not for a LoRA critic)."""
         save_worker_checkpoint(

@@ -1,0 +1,521 @@
+"""One-step-off asynchronous rollout (``trainer.async_rollout=true``).
+
+Synchronous training alternates: generate batch k with the weights after k-1 updates, then
+train on it. Here generation runs on a background thread, on a copy of the policy of its
+own (:class:`~verl.workers.rollout_copy.RolloutCopyWorker`), ``trainer.max_staleness``
+batches ahead of training (default 1)::
+
+    step k:  take batch k (generated earlier)     | rollout thread: generating batch k+1
+             push weights v_{k-1} to the copy,    |   (weights v_{k-2}), then loads
+             queue batch k+s with them            |   v_{k-1} and generates batch k+s
+             score, log-probs, advantages,        |
+             update -> v_k                        |
+
+``v_j`` is the policy after ``j`` actor updates. A batch queued at step ``k`` (weights
+``v_{k-1}``) trains at step ``k+s`` (weights ``v_{k+s-1}``): its **staleness**, the number
+of updates between the policy that sampled it and the policy that trains on it, is ``s``
+(less for the first ``s`` steps). It is recorded per sample (``staleness``,
+``rollout_policy_version`` in ``non_tensor_batch``) and as metrics, and a batch staler than
+``max_staleness`` is an error, never trained on.
+
+Where the copy runs: in the driver process on the local backend; on the Ray backend, in a
+Ray actor of its own (a resource pool of one process beside the device map's), the thread
+here then only waits on its calls. Weights reach it through the same bucketed push the
+vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
+
+Correctness of the weights: the rollout thread runs one task after another (load weights,
+generate), so the copy's weights never change during a generation; the trainer only hands
+it a snapshot (``state_dict_for_save``, CPU copies) taken at the step boundary, and the
+actor's optimizer never touches the copy.
+
+Sampling is seeded per generation batch (``trainer.seed`` and the batch's index), so a
+batch's responses depend only on the prompts and the weights, not on the thread's timing.
+
+Checkpoints: the in-flight batches are **saved** with the checkpoint (prompts, responses,
+policy version), after waiting for them to finish; the loader position saved beside them
+points after the last one queued. A resumed run trains on exactly those batches and then
+continues as the uninterrupted run would.
+
+Their files hold data only, nothing is unpickled when they load:
+``async_rollout/inflight.safetensors`` holds every tensor, ``async_rollout/inflight.json``
+everything else (the per-sample numpy object arrays and ``meta_info``), each value tagged
+with its type so that it comes back as the same type (a tuple stays a tuple, an
+``np.int64`` an ``np.int64``, a numeric array keeps its dtype and bytes). Saving a value of
+another type (an arbitrary object) is refused, naming where it is. A checkpoint holding a
+pickled ``inflight.pt`` (older versions) is refused on load: unpickling it could run any
+code the file carries.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.lifecycle.checkpoint import CheckpointError
+from verl.utils.atomic_io import atomic_path, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncRollout", "StalenessError"]
+
+INFLIGHT_TENSORS = "inflight.safetensors"
+INFLIGHT_JSON = "inflight.json"
+LEGACY_INFLIGHT_FILE = "inflight.pt"  # pickled by older versions: refused
+INFLIGHT_FORMAT = 1
+
+
+class StalenessError(RuntimeError):
+    """A batch would train more than ``trainer.max_staleness`` updates after it was sampled."""
+
+
+@dataclass
+class _InFlight:
+    prompts: DataProto
+    version: int  # actor updates in the weights that generate it
+    index: int  # generation batch number (seeds the sampling)
+    result: Future | None = None
+    gen: DataProto | None = None  # the finished generation (a loaded checkpoint's)
+
+
+class AsyncRollout:
+    """The queue of generation batches ahead of training, on a thread of its own.
+
+    Args:
+        rollout_group: worker group of :class:`~verl.workers.rollout_copy.RolloutCopyWorker`.
+        generate: ``(group, prompts) -> responses`` (the trainer's ``_generate``: rollout
+            plus the prompts' per-sample fields joined back on).
+        weights: returns the actor's current full state dict (CPU copies).
+        max_staleness: how many batches generation runs ahead (``trainer.max_staleness``).
+        seed: base of the per-batch sampling seeds.
+    """
+
+    def __init__(
+        self,
+        rollout_group: Any,
+        generate: Callable[[Any, DataProto], DataProto],
+        weights: Callable[[], dict[str, torch.Tensor]],
+        *,
+        max_staleness: int,
+        seed: int,
+    ) -> None:
+        if max_staleness < 1:
+            raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 1")
+        self.group = rollout_group
+        self._generate = generate
+        self._weights = weights
+        self.max_staleness = max_staleness
+        self.seed = seed
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-rollout")
+        self._queue: deque[_InFlight] = deque()
+        self._launched = 0  # generation batches queued since the start of the run
+        self._copy_version: int | None = None  # what the copy holds (None: unknown)
+        self._pending_meta: list[dict[str, Any]] = []  # load_state_dict -> load_files
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ the pipeline
+    def fill(self, next_prompts: Callable[[], DataProto], version: int) -> None:
+        """Queue batches from ``next_prompts`` with the weights of ``version`` updates until
+        ``max_staleness + 1`` are in flight (the one to train now and those ahead)."""
+        while len(self._queue) <= self.max_staleness:
+            prompts = next_prompts()
+            # One id per prompt: the n responses of a prompt share it (the GRPO group).
+            prompts.non_tensor_batch["uid"] = np.array(
+                [f"{self._launched}-{i}" for i in range(len(prompts))], dtype=object
+            )
+            item = _InFlight(prompts, version, self._launched)
+            self._launched += 1
+            item.result = self._executor.submit(self._run, item, self._weights_for(version))
+            self._queue.append(item)
+
+    def _weights_for(self, version: int) -> dict[str, torch.Tensor] | None:
+        """A snapshot of the actor's weights (taken now, at the step boundary) for the copy
+        to load before generating with ``version``; None when it will hold them already."""
+        if self._copy_version == version:
+            return None
+        self._copy_version = version
+        return self._weights()
+
+    def _run(self, item: _InFlight, weights: dict[str, torch.Tensor] | None) -> DataProto:
+        """On the rollout thread: load ``weights`` (if any), then generate ``item``."""
+        sync_s = 0.0
+        if weights is not None:
+            sync_s = self.group.load_policy_weights(weights, item.version)[0][
+                "async/weight_sync_seconds"
+            ]
+        start = time.perf_counter()
+        prompts = DataProto.from_dict(
+            tensors=dict(item.prompts.batch),
+            non_tensors=dict(item.prompts.non_tensor_batch),
+            meta_info={**item.prompts.meta_info, "seed": self.seed * 1_000_003 + item.index},
+        )
+        gen = self._generate(self.group, prompts)
+        gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
+        gen.meta_info["async_weight_sync_seconds"] = sync_s
+        return gen
+
+    def pop(self, train_version: int) -> tuple[DataProto, dict[str, float]]:
+        """The oldest batch, finished, for training on the weights of ``train_version``
+        updates: its responses with ``staleness`` and ``rollout_policy_version`` per sample,
+        and the ``async/*`` metrics. Raises :class:`StalenessError` past ``max_staleness``."""
+        item = self._queue.popleft()
+        gen = item.gen if item.gen is not None else item.result.result()
+        staleness = train_version - item.version
+        if staleness > self.max_staleness or staleness < 0:
+            raise StalenessError(
+                f"a batch sampled with the policy after {item.version} updates would train "
+                f"after {train_version}: staleness {staleness} > trainer.max_staleness="
+                f"{self.max_staleness}"
+            )
+        gen.non_tensor_batch["rollout_policy_version"] = np.full(len(gen), item.version)
+        gen.non_tensor_batch["staleness"] = np.full(len(gen), staleness)
+        metrics = {
+            "async/staleness_mean": float(staleness),
+            "async/staleness_max": float(staleness),
+            # wall-clock, on the rollout thread (the step's own wait is timing_s/gen)
+            "timing_s/async_gen": float(gen.meta_info.pop("async_gen_seconds", 0.0)),
+            "timing_s/async_weight_sync": float(
+                gen.meta_info.pop("async_weight_sync_seconds", 0.0)
+            ),
+        }
+        return gen, metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def _finish(self) -> None:
+        for item in self._queue:
+            if item.gen is None:
+                item.gen = item.result.result()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (JSON); the in-flight batches go to a file (:meth:`save_files`)."""
+        return {
+            "launched": self._launched,
+            "inflight": [{"version": i.version, "index": i.index} for i in self._queue],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._drop_queue()
+        self._launched = int(state["launched"])
+        self._copy_version = None  # the copy's weights are pushed again before use
+        self._pending_meta = list(state["inflight"])
+
+    def save_files(self, directory: Path) -> None:
+        """Write the in-flight batches (waiting for their generation to finish):
+        :data:`INFLIGHT_TENSORS` (every tensor) and :data:`INFLIGHT_JSON` (the rest).
+
+        Raises:
+            TypeError: a batch holds a value that cannot be stored as data (see
+                :func:`encode_batches`); nothing is written.
+        """
+        self._finish()
+        tensors, doc = encode_batches([(i.prompts, i.gen) for i in self._queue])
+        directory.mkdir(parents=True, exist_ok=True)
+        from safetensors.torch import save_file
+
+        with atomic_path(directory / INFLIGHT_TENSORS) as tmp:
+            save_file(tensors, str(tmp))
+        write_json_atomic(directory / INFLIGHT_JSON, doc)
+
+    def load_files(self, directory: Path) -> None:
+        """Restore the in-flight batches :meth:`save_files` wrote (after
+        :meth:`load_state_dict`).
+
+        Raises:
+            CheckpointError: the files are missing, malformed, pickled (an ``inflight.pt``:
+                refused unread) or list another number of batches than the trainer state.
+        """
+        meta = self._pending_meta
+        saved = read_inflight(directory) if meta else []
+        if len(saved) != len(meta):
+            raise CheckpointError(
+                f"{directory / INFLIGHT_JSON}: {len(saved)} in-flight batches, the trainer "
+                f"state lists {len(meta)}"
+            )
+        for m, (prompts, gen) in zip(meta, saved):
+            self._queue.append(_InFlight(prompts, int(m["version"]), int(m["index"]), gen=gen))
+        self._pending_meta = []
+
+    def _drop_queue(self) -> None:
+        for item in self._queue:
+            if item.result is not None:
+                item.result.cancel()
+        for item in self._queue:  # a running generation must end before the copy is reused
+            if item.result is not None and not item.result.cancelled():
+                # dropped work: its error does not matter
+                with contextlib.suppress(Exception):
+                    item.result.result()
+        self._queue.clear()
+
+    def close(self) -> None:
+        """Drop the queued batches and stop the thread (idempotent)."""
+        self._drop_queue()
+        self._executor.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------- the files' format
+#
+# inflight.json: {"format": 1, "batches": [{"prompts": P, "gen": P}, ...]} where P is
+# {"batch": V, "non_tensor_batch": V, "meta_info": V} and V a value: JSON null, booleans,
+# numbers, strings and lists stand for themselves; every other value is a JSON object with
+# one key naming its type (so a JSON object is never a plain value):
+#   {"dict": [[key V, value V], ...]}    {"tuple": [V, ...]}    {"set" | "frozenset": [V, ...]}
+#   {"bytes": base64}                     {"tensor": name in inflight.safetensors}
+#   {"ndarray": {"dtype": "<i8", "shape": [..], "data": base64}}   (numeric arrays)
+#   {"objects": {"shape": [..], "items": [V, ...]}}                (object arrays, C order)
+#   {"npscalar": {"dtype": "<f4", "data": base64}}                 (np.int64(3), ...)
+
+_PLAIN = (bool, int, float, str)
+
+
+class _Encoder:
+    """Values -> JSON-able values, tensors collected under generated names."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def __call__(self, value: Any, where: str) -> Any:
+        if value is None or type(value) in _PLAIN:
+            return value
+        if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided or value.is_quantized:
+                raise TypeError(f"{where}: a {value.layout} tensor cannot be saved")
+            name = str(len(self.tensors))
+            # an own, contiguous CPU copy: safetensors refuses tensors that share storage
+            self.tensors[name] = value.detach().to("cpu", copy=True).contiguous()
+            return {"tensor": name}
+        if isinstance(value, np.ndarray):
+            if value.dtype == object:
+                items = [self(v, f"{where}[{i}]") for i, v in enumerate(value.ravel())]
+                return {"objects": {"shape": list(value.shape), "items": items}}
+            _check_plain_dtype(value.dtype, where)
+            data = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+            return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape), "data": data}}
+        if isinstance(value, np.generic):
+            _check_plain_dtype(value.dtype, where)
+            data = base64.b64encode(value.tobytes()).decode("ascii")
+            return {"npscalar": {"dtype": value.dtype.str, "data": data}}
+        if type(value) is dict:
+            return {
+                "dict": [
+                    [self(k, f"{where} key {k!r}"), self(v, f"{where}[{k!r}]")]
+                    for k, v in value.items()
+                ]
+            }
+        if type(value) is list:
+            return [self(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if type(value) in (tuple, set, frozenset):
+            kind = type(value).__name__
+            return {kind: [self(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+        if type(value) is bytes:
+            return {"bytes": base64.b64encode(value).decode("ascii")}
+        raise TypeError(
+            f"{where} is a {type(value).__module__}.{type(value).__qualname__}: the in-flight "
+            "batches of an async-rollout checkpoint hold data only (None, bool, int, float, "
+            "str, bytes, lists, tuples, sets, dicts, numpy arrays and scalars, tensors)"
+        )
+
+
+def _check_plain_dtype(dtype: np.dtype, where: str) -> None:
+    if dtype.hasobject or dtype.fields is not None or dtype.kind == "V":
+        raise TypeError(f"{where}: numpy dtype {dtype} cannot be saved as plain bytes")
+
+
+def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :class:`_Encoder` (raises ValueError / TypeError / KeyError on a
+    malformed document)."""
+    if value is None or type(value) in _PLAIN:
+        return value
+    if type(value) is list:
+        return [_decode(v, tensors) for v in value]
+    if type(value) is not dict or len(value) != 1:
+        raise ValueError(f"not a tagged value: {str(value)[:80]}")
+    ((kind, body),) = value.items()
+    if kind == "dict":
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in body}
+    if kind in ("tuple", "set", "frozenset"):
+        return {"tuple": tuple, "set": set, "frozenset": frozenset}[kind](
+            _decode(v, tensors) for v in body
+        )
+    if kind == "bytes":
+        return base64.b64decode(body, validate=True)
+    if kind == "tensor":
+        return tensors[body]
+    if kind == "ndarray":
+        dtype = np.dtype(body["dtype"])
+        _check_plain_dtype(dtype, "ndarray")
+        raw = base64.b64decode(body["data"], validate=True)
+        return np.frombuffer(raw, dtype=dtype).reshape(body["shape"]).copy()
+    if kind == "npscalar":
+        dtype = np.dtype(body["dtype"])
+        _check_plain_dtype(dtype, "npscalar")
+        (scalar,) = np.frombuffer(base64.b64decode(body["data"], validate=True), dtype=dtype)
+        return scalar
+    if kind == "objects":
+        items = [_decode(v, tensors) for v in body["items"]]
+        out = np.empty(len(items), dtype=object)
+        for i, item in enumerate(items):
+            out[i] = item
+        return out.reshape(body["shape"])
+    raise ValueError(f"unknown value type {kind!r}")
+
+
+def _encode_proto(encode: _Encoder, data: DataProto, where: str) -> dict[str, Any]:
+    return {
+        "batch": encode(dict(data.batch), f"{where}.batch"),
+        "non_tensor_batch": encode(dict(data.non_tensor_batch), f"{where}.non_tensor_batch"),
+        "meta_info": encode(dict(data.meta_info), f"{where}.meta_info"),
+    }
+
+
+def _decode_proto(doc: Any, tensors: dict[str, torch.Tensor]) -> DataProto:
+    parts = {key: _decode(doc[key], tensors) for key in ("batch", "non_tensor_batch", "meta_info")}
+    if not all(isinstance(v, dict) for v in parts.values()):
+        raise ValueError("batch, non_tensor_batch and meta_info must be dicts")
+    if not all(isinstance(t, torch.Tensor) for t in parts["batch"].values()):
+        raise ValueError("batch holds a value that is not a tensor")
+    if not all(isinstance(a, np.ndarray) for a in parts["non_tensor_batch"].values()):
+        raise ValueError("non_tensor_batch holds a value that is not a numpy array")
+    data = DataProto(
+        batch=parts["batch"],
+        non_tensor_batch=parts["non_tensor_batch"],
+        meta_info=parts["meta_info"],
+    )
+    # as saved: construction made every array an object array (one assigned later may not be)
+    data.non_tensor_batch.update(parts["non_tensor_batch"])
+    return data
+
+
+def encode_batches(
+    batches: list[tuple[DataProto, DataProto]],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``[(prompts, generated), ...]`` as ``(tensors, json document)`` (format above).
+
+    Raises:
+        TypeError: a value is not data (e.g. an arbitrary object in ``non_tensor_batch``);
+            the message says where, e.g. ``batch 0 gen.non_tensor_batch['x'][3]``.
+    """
+    encode = _Encoder()
+    doc = {
+        "format": INFLIGHT_FORMAT,
+        "batches": [
+            {
+                "prompts": _encode_proto(encode, prompts, f"batch {i} prompts"),
+                "gen": _encode_proto(encode, gen, f"batch {i} gen"),
+            }
+            for i, (prompts, gen) in enumerate(batches)
+        ],
+    }
+    return encode.tensors, doc
+
+
+def decode_batches(tensors: dict[str, torch.Tensor], doc: Any) -> list[tuple[DataProto, DataProto]]:
+    """The inverse of :func:`encode_batches` (ValueError on a malformed document)."""
+    if not isinstance(doc, dict) or doc.get("format") != INFLIGHT_FORMAT:
+        raise ValueError(
+            f"format {doc.get('format') if isinstance(doc, dict) else doc!r}, "
+            f"expected {INFLIGHT_FORMAT}"
+        )
+    try:
+        return [
+            (_decode_proto(b["prompts"], tensors), _decode_proto(b["gen"], tensors))
+            for b in doc["batches"]
+        ]
+    except (KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
+        raise ValueError(f"malformed document ({type(err).__name__}: {err})") from err
+
+
+def read_inflight(directory: Path) -> list[tuple[DataProto, DataProto]]:
+    """The ``[(prompts, generated), ...]`` saved in ``directory`` (no unpickling).
+
+    Raises:
+        CheckpointError: the files are missing or malformed, or the directory holds only a
+            pickled ``inflight.pt`` (refused without reading it).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    json_file, tensor_file = directory / INFLIGHT_JSON, directory / INFLIGHT_TENSORS
+    if not json_file.is_file():
+        if (directory / LEGACY_INFLIGHT_FILE).exists():
+            raise CheckpointError(
+                f"refusing to load {directory / LEGACY_INFLIGHT_FILE}: it is a pickle file, "
+                "and unpickling a checkpoint file can run any code it carries; this version "
+                f"of verl saves the in-flight batches as {INFLIGHT_TENSORS} + {INFLIGHT_JSON}. "
+                "Resume from a checkpoint this version wrote, or start fresh "
+                "(trainer.resume_mode=disable)"
+            )
+        raise CheckpointError(f"{json_file} is missing: the in-flight batches are not saved")
+    try:
+        tensors = load_file(str(tensor_file))
+    except (OSError, SafetensorError) as err:
+        raise CheckpointError(f"{tensor_file} is unreadable: {err}") from err
+    try:
+        doc = json.loads(json_file.read_text(encoding="utf-8"))
+        return decode_batches(tensors, doc)
+    except (OSError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{json_file} is not a valid in-flight batch file: {err}") from err
+
+
+def build_async_rollout(
+    cfg: Any,
+    tokenizer: Any,
+    module: torch.nn.Module | None,
+    generate: Callable[[Any, DataProto], DataProto],
+    actor_group: Any,
+    placement: Any,
+) -> AsyncRollout:
+    """The rollout copy and the pipeline over it.
+
+    The copy is a worker group of one :class:`~verl.workers.rollout_copy.RolloutCopyWorker`
+    on a resource pool of its own (``async_rollout``): in the driver process on the local
+    backend, one more Ray actor on the Ray backend. Its model is loaded like the actor's, or
+    is ``module`` (a copy of the actor's initial module). It joins ``placement``'s pools, so
+    it is shut down with the roles.
+    """
+    from verl.controller.factory import make_worker_group
+    from verl.controller.resource_pool import ResourcePool
+    from verl.utils.device import resolve_device
+    from verl.workers.rollout_copy import RolloutCopyWorker
+
+    device_type = resolve_device(cfg.trainer.device).type
+    pool = ResourcePool([1], use_gpu=device_type == "cuda", name="async_rollout")
+    options = None
+    if cfg.worker_backend == "ray":
+        from verl.controller.ray_backend import RayOptions
+
+        options = RayOptions(
+            device_type=device_type, heartbeat_timeout_s=cfg.trainer.worker_heartbeat_timeout
+        )
+    group = make_worker_group(
+        cfg.worker_backend,
+        RolloutCopyWorker,
+        pool,
+        config=cfg,
+        module=module,
+        tokenizer=copy.deepcopy(tokenizer),  # fast tokenizers are not safe across threads
+        ray_options=options,
+    )
+    placement.pools.append(group)
+    group.init_model(total_steps=1)  # its optimizer never steps
+    return AsyncRollout(
+        group,
+        generate,
+        lambda: actor_group.state_dict_for_save()[0],  # rank 0 holds the full dict
+        max_staleness=cfg.trainer.max_staleness,
+        seed=cfg.trainer.seed,
+    )
