@@ -27,9 +27,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from verl.cli.export import main as merger_main
 from verl.cli.export import merge_checkpoint
 from verl.config import ConfigError, load_config, to_yaml
+from verl.model_merger import main as merger_main
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.lifecycle.checkpoint import (
     LATEST_FILE,

@@ -528,14 +528,11 @@ def build_parser(prog: str = "python -m verl.model_merger") -> argparse.Argument
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Command-line entry; returns the exit code. ``merge ...`` (upstream verl's command
-    line) is read by ``verl merge`` (:mod:`verl.cli.merge`), which calls back here."""
+    """Command-line entry; returns the exit code. (Upstream verl's command line,
+    ``python -m verl.model_merger merge ...``, is read by ``verl merge``,
+    :mod:`verl.cli.merge`, which translates it to these flags.)"""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["merge"]:
-        from verl.cli.merge import main as merge_main
-
-        return merge_main(argv, prog=prog or "python -m verl.model_merger")
     args = (build_parser() if prog is None else build_parser(prog)).parse_args(argv)
     try:
         out = merge_checkpoint(
