@@ -6,10 +6,10 @@ function called with the call's ``arguments`` as keyword arguments, returning te
 
 :func:`tool_from_function` builds one from a plain function: the schema is the function's
 ``schema`` attribute when it has one, else it is derived from its type hints and its
-Google-style docstring (``transformers.utils.get_json_schema``). :func:`load_tool` does the
-same for ``name`` in a Python file (``multi_turn.tools: [{path, name}]`` in the config),
-importing the file as a fresh module, like custom reward functions, or for an import path
-``path: module:qualname``.
+Google-style docstring (``transformers.utils.get_json_schema``).
+:func:`verl.tools.loader.load_tool` does the same for ``name`` in a Python file
+(``multi_turn.tools: [{path, name}]`` in the config), importing the file as a fresh
+module, like custom reward functions, or for an import path ``path: module:qualname``.
 
 The agent loop (``verl.rollout.agent_loop``) runs tools with a timeout and turns anything
 that goes wrong (an exception, ``SystemExit`` and ``KeyboardInterrupt`` included, a
@@ -29,10 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from verl.utils.file_import import load_callable
-from verl.utils.import_path import is_import_path, resolve_import_path
-
-__all__ = ["Tool", "call_deadline", "load_tool", "time_left", "tool_from_function"]
+__all__ = ["Tool", "call_deadline", "time_left", "tool_from_function"]
 
 _CALL = threading.local()
 
@@ -104,31 +101,3 @@ def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:
         schema["function"].pop("return", None)
     name = name or schema.get("function", {}).get("name") or fn.__name__
     return Tool(name=name, schema=schema, fn=fn)
-
-
-def load_tool(path: str, name: str) -> Tool:
-    """The tool ``name`` of the Python file ``path`` (a function, or a ready :class:`Tool`).
-
-    ``path`` may be ``builtin`` for the tools shipped with verl (``calculator``,
-    ``python``), or an import path ``module:qualname`` (what
-    ``ToolConfig.from_function`` writes for a function given in Python); ``name`` is then
-    the tool's name. Raises ``FileNotFoundError``, ``ImportError`` or ``AttributeError``
-    naming the file or module and what it defines.
-    """
-    if path == "builtin":
-        from verl.tools import BUILTIN_TOOLS
-
-        if name not in BUILTIN_TOOLS:
-            raise AttributeError(
-                f"no built-in tool {name!r}; built-in tools: {sorted(BUILTIN_TOOLS)}"
-            )
-        return BUILTIN_TOOLS[name]()
-    if is_import_path(path):
-        obj = resolve_import_path(path)
-        if not callable(obj):
-            raise TypeError(f"tool {path!r} is a {type(obj).__name__}, not a callable")
-        return obj if isinstance(obj, Tool) else tool_from_function(obj, name)
-    _, obj = load_callable(
-        path, name, "tool file", "set multi_turn.tools[].path to an existing .py file, or 'builtin'"
-    )
-    return obj if isinstance(obj, Tool) else tool_from_function(obj, name)
