@@ -12,12 +12,12 @@ ROOT = Path(verl.__file__).parent
 # package -> the verl packages it may import (besides itself)
 ALLOWED = {
     # verl.registry is the bottom layer: the registries and their lazy built-in entries,
-    # importing nothing of verl, so every layer (the config too) may ask it.
+    # importing nothing of verl, so every layer (the config too) may ask it; the config
+    # loader finds its input adapters there (CONFIG_ADAPTERS, built-in ones in verl.compat)
     "registry": set(),
-    # the alias tables of verl.compat.aliases (which import nothing of verl, checked below),
-    # the flat keyword adapter verl.compat.flat_keys, and the device probes of verl.utils
-    "config": {"compat", "utils"},
-    # the API edge: alias tables, and adapters over the config (verl.compat.device_map)
+    # the device probes of verl.utils
+    "config": {"utils"},
+    # the API edge: other spellings read onto the config, adapters over it
     "compat": {"config", "utils"},
     "protocol": set(),
     "algorithms": set(),
@@ -121,24 +121,3 @@ def test_each_layer_imports_only_lower_layers():
         for dep in _imported_packages(path) - ALLOWED[pkg] - {pkg}:
             violations.append(f"{path.relative_to(ROOT.parent)} imports verl.{dep}")
     assert not violations, "\n".join(violations)
-
-
-def test_compat_aliases_import_nothing_of_verl():
-    """The config package calls verl.compat.aliases, so it must sit below the config; it
-    imports only its table of upstream keys, which imports nothing of verl."""
-    tree = ast.parse((ROOT / "compat" / "aliases.py").read_text(encoding="utf-8"))
-    modules = {
-        node.module
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("verl")
-    }
-    modules |= {
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-        if alias.name.startswith("verl")
-    }
-    assert modules == {"verl.compat.upstream"}
-    for path in sorted((ROOT / "compat" / "upstream").glob("*.py")):
-        assert _imported_packages(path) <= {"compat"}, path

@@ -4,9 +4,12 @@ Tutorials and older releases spell things differently: ``from verl.trainer.ppo i
 PPOTrainer``, ``DataCollector``, torch dtypes where a precision is named, per-role
 ``parallel_config`` blocks in YAML, ``set_device_map(dp_config)`` alone. This package holds
 the alias tables and the small adapters that accept them, each logging a note naming the
-native spelling. ``verl.compat.aliases`` imports nothing of verl (the config package calls
-it), ``verl.compat.flat_keys`` (the ``TrainerConfig(mixed_precision=...)`` keywords) only
-the config's lower modules; the other modules sit on top of the trainer. Names are imported lazily.
+native spelling. It sits above the config, which imports nothing of it: the config loader
+and ``TrainerConfig(...)`` ask ``verl.registry.CONFIG_ADAPTERS`` for their input adapters,
+whose built-in entries name this package's (``verl.compat.loading`` for YAML trees,
+overrides and enumerated values, ``verl.compat.flat_keys`` for the keywords, with
+``verl.compat.precision_keys``); ``verl.compat.upstream`` is upstream verl's key table.
+The other modules sit on top of the trainer. Names are imported lazily.
 
 See ``docs/tutorials/`` for the tables, one page per tutorial.
 """

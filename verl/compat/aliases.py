@@ -12,16 +12,18 @@ change results here, is dropped with a note saying why.
 Upstream verl's run-script keys (``*_per_gpu``, ``trainer.critic_warmup``, ...) have a table
 of their own, :mod:`verl.compat.upstream`, which :func:`translate_tree` applies first.
 
-Two entry points, each called once by the config package (its only dependency on this
-module, which imports nothing of verl but that table, and never torch):
+Its entry points, applied around the native loader by the input adapters of
+:mod:`verl.compat.loading` and :mod:`verl.compat.flat_keys` (registered in
+``verl.registry.CONFIG_ADAPTERS``; this module imports nothing of verl but the upstream
+table, and never torch):
 
-* :func:`translate_flat_kwargs` — keyword arguments of ``TrainerConfig(...)``
-  (called from ``verl/config/schema.py``, ``_init_with_flat_keys``);
-* :func:`translate_tree` — the user YAML tree of ``load_config(path)`` (called from
-  ``verl/config/load.py``, ``load_validated``);
-* :func:`translate_override` — one dotted ``key=value`` command-line override, through the
-  same tree translation (called from ``verl/config/load.py``, ``apply_override``), so that
-  ``trainer.fsdp_init=true`` means on the command line what it means in a YAML file.
+* :func:`translate_flat_kwargs` -- keyword arguments of ``TrainerConfig(...)``
+  (``verl.compat.flat_keys.adapt_keywords``);
+* :func:`translate_tree` -- the user YAML tree of ``load_config(path)``
+  (``verl.compat.loading.LoadAdapter.tree``);
+* :func:`translate_override` -- one dotted ``key=value`` command-line override, through the
+  same tree translation (``LoadAdapter.override``), so that ``trainer.fsdp_init=true``
+  means on the command line what it means in a YAML file.
 
 Two spellings of one native key (an alias and the native key, or two aliases) must give
 the same value, in a YAML file and on the command line alike: :class:`KeySources` records

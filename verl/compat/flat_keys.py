@@ -5,6 +5,13 @@ is the same config as setting the nested keys ("twins") of those flat keys. A fl
 key whose twin was also given a different (non-default) value is an error, never a silent
 override. The table in ``docs/precision.md`` ("Flat keys") is the user-facing version.
 These keys exist only in the Python API: YAML and overrides use the nested keys.
+
+:func:`adapt_keywords` is the ``keywords`` input adapter of ``verl.registry.CONFIG_ADAPTERS``,
+which ``TrainerConfig.__init__`` asks: it names torch dtypes and the tutorials' spellings
+(:func:`verl.compat.aliases.translate_flat_kwargs`), takes the flat keys out, refuses an
+unknown keyword with the nearest key, and gives back what to do on the built config: set
+the flat keys' twins (:func:`apply_flat_keys`), then name the precisions written as text and
+fill the role precision keys (:mod:`verl.compat.precision_keys`).
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from verl.compat.aliases import note_ignore_modules
-from verl.config.load import ConfigError, ConfigProblem, get_path
+from verl.compat.aliases import note_ignore_modules, translate_flat_kwargs
+from verl.compat.precision_keys import fill_role_precisions, name_precision_strings
+from verl.config.load import ConfigError, ConfigProblem, field_types, get_path, suggest
 from verl.config.schema_roles import MixedPrecisionConfig
 
 _ARR = "actor_rollout_ref"
@@ -180,3 +188,42 @@ def apply_flat_keys(cfg: Any, flat: Mapping[str, Any]) -> None:
     for path, (new, _) in assigned.items():
         parent, _, last = path.rpartition(".")
         setattr(get_path(cfg, parent), last, new)
+
+
+def adapt_keywords(
+    cls: type, kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], Callable[[Any], None]]:
+    """``cls(**kwargs)``'s section keywords, and what to do on the built config (see the
+    module docstring). Raises ``TypeError`` for a keyword that is neither a section of
+    ``cls`` nor a flat key, ``AliasError`` for a spelling with no native meaning."""
+    kwargs = translate_flat_kwargs(kwargs)  # torch dtypes, tutorial spellings
+    flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT}
+    unknown = [key for key in kwargs if key not in field_types(cls)]
+    if unknown:
+        raise TypeError(_unknown_keywords(cls, unknown, kwargs))
+
+    def finish(cfg: Any) -> None:
+        if flat:
+            apply_flat_keys(cfg, flat)
+        name_precision_strings(cfg)  # "bfloat16", "torch.float16" ... -> bf16, fp16
+        fill_role_precisions(cfg)  # trainer.mixed_precision / model_precision_map -> role keys
+
+    return kwargs, finish
+
+
+def _unknown_keywords(cls: type, unknown: list[str], kwargs: Mapping[str, Any]) -> str:
+    """The message for ``cls(**kwargs)``'s keywords that are neither a section nor a flat
+    key: each with the nearest key (``*_per_gpu`` as ``*_per_device``)."""
+    name, lines = cls.__name__, []
+    for key in unknown:
+        native = key[: -len("_per_gpu")] + "_per_device" if key.endswith("_per_gpu") else key
+        lines.append(f"{key}={kwargs[key]!r}{suggest(native, cls, cls)}")
+    return (
+        f"{name}(): unknown keyword{'s' if len(unknown) > 1 else ''} "
+        + "; ".join(lines)
+        + f"; {name} takes its sections ({', '.join(field_types(cls))}) and "
+        "the flat "
+        f"keys ({', '.join(FLAT_KEYS)}), and a nested key is set on its section "
+        f"({name}(data=DataConfig(...))) or as an override "
+        "(load_config(overrides=['data.train_batch_size=8']))"
+    )

@@ -8,8 +8,11 @@ The dataclasses hold every default (``verl/trainer/config/*.yaml`` and the key t
 docs are generated from them by ``python -m verl.cli.config_gen``). The offline trainers'
 configs (``SFTConfig``, ``DPOConfig``, ``RMConfig``, loaded with ``load_sft_config`` /
 ``load_dpo_config`` / ``load_rm_config``) live in ``schema_offline.py``. This package
-imports nothing of verl but ``verl.registry``, ``verl.utils`` (device probes) and ``verl.compat`` (alias tables, flat
-keywords), and never torch at import. Names are imported on first use. See ``docs/config.md``.
+imports nothing of verl but ``verl.registry`` and ``verl.utils`` (device probes), and never
+torch at import. It reads native spellings; other spellings (upstream verl's keys, the
+tutorials' aliases, torch dtypes, flat keywords) are read by the input adapters registered
+in ``verl.registry.CONFIG_ADAPTERS``, whose built-in entries live in ``verl.compat``, the
+layer above (``verl.config.load``). Names are imported on first use. See ``docs/config.md``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ only on an existing key, ``~key`` rejected), built by :func:`build` and checked.
 ints for floats and, when loading, numbers for strings and a string for a list of strings;
 nothing else is coerced. "Check" mode (``strict=True``, ``validate`` on objects built in
 Python) wants section instances. Every problem is raised together as one ``ConfigError``.
+
+This loader reads the native spellings. Other spellings (upstream verl's keys, the
+tutorials' aliases, torch dtypes, ``TrainerConfig``'s flat keywords) are read by the input
+adapters registered in ``verl.registry.CONFIG_ADAPTERS`` (:func:`input_adapter`), whose
+built-in entries live in ``verl.compat``, the layer above: the user's tree and each
+override pass through them before the typed build, and an enumerated value through the
+``value`` adapter when the build does not recognise it.
 """
 
 from __future__ import annotations
@@ -27,15 +34,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from verl.compat.aliases import (
-    AliasError,
-    KeySources,
-    Spelling,
-    note,
-    precision_string,
-    translate_override,
-    translate_tree,
-)
+from verl.registry import CONFIG_ADAPTERS
 from verl.utils.import_path import NotImportableError, import_path
 
 logger = logging.getLogger(__name__)
@@ -443,9 +442,9 @@ class _Builder:
         choices = typing.get_args(tp)
         if isinstance(value, str) and value in choices:
             return value
-        named = precision_string(value)  # "bfloat16", "torch.bfloat16" where bf16 is meant
-        if named in choices and not self.strict:
-            note(f"{path}={value}", f"{path}={named}")
+        spelled = input_adapter("value")  # e.g. "bfloat16" where bf16 is meant (verl.compat)
+        named = None if spelled is None or self.strict else spelled(path, value, choices)
+        if named in choices:
             return named
         names = ", ".join(choices)
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
@@ -485,6 +484,29 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def init_fields(obj: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """What a dataclass's generated ``__init__`` does, for a config class that defines its
+    own: each field of ``obj`` from ``args`` (in field order) or ``kwargs``, else its
+    default; an extra, unknown or repeated argument raises ``TypeError`` naming it."""
+    name, fields = type(obj).__name__, dataclasses.fields(obj)
+    if len(args) > len(fields):
+        raise TypeError(f"{name}() takes {len(fields)} positional arguments, {len(args)} given")
+    values = {f.name: value for f, value in zip(fields, args)}
+    for key, value in kwargs.items():
+        if key in values:
+            raise TypeError(f"{name}() got multiple values for argument {key!r}")
+        if key not in field_types(type(obj)):
+            hint = suggest(key, type(obj), type(obj))
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}{hint}")
+        values[key] = value
+    for f in fields:
+        if f.name in values:
+            value = values[f.name]
+        else:
+            value = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        setattr(obj, f.name, value)
+
+
 def build(
     cls: type[C], data: Any, *, strict: bool = False
 ) -> tuple[C, list[ConfigProblem], set[str]]:
@@ -499,6 +521,32 @@ def build(
 # --------------------------------------------------------------------------- load
 
 
+def input_adapter(hook: str) -> Callable[..., Any] | None:
+    """The input adapter registered for ``hook`` in ``verl.registry.CONFIG_ADAPTERS``
+    (``loading``, ``value``, ``keywords``; built-in: ``verl.compat``), or None."""
+    return CONFIG_ADAPTERS.get(hook) if hook in CONFIG_ADAPTERS else None
+
+
+class NativeSpellings:
+    """The loading adapter when none is registered: every key and value as written."""
+
+    def tree(self, tree: dict[str, Any], refused: list[str]) -> dict[str, Any]:
+        return tree
+
+    def override(self, key: str, value: Any, refused: list[tuple[str, str]]) -> list[Any]:
+        return [(key, value)]
+
+
+def loading_adapter(root: type) -> Any:
+    """One load's adapter of other spellings for the schema ``root``: ``.tree(tree,
+    refused)`` gives the user tree in native keys (appending each refused key's message to
+    ``refused``), ``.override(key, value, refused)`` the native ``(key, value)`` assignments
+    of one override (raising ``ValueError`` for a refused key; ``(native key, message)``
+    appended for a spelling that disagrees with an earlier one of the same load)."""
+    make = input_adapter("loading")
+    return NativeSpellings() if make is None else make(root)
+
+
 def load_validated(
     root: type[C],
     path: str | os.PathLike[str] | None,
@@ -509,15 +557,14 @@ def load_validated(
     ``check(cfg, bad_paths)`` gives the semantic problems and warnings (logged)."""
     problems: list[ConfigProblem] = []
     tree = (read_user_yaml(Path(path), problems) if path is not None else None) or {}
-    # verl.compat: the tutorials' and upstream's keys and torch dtypes, mapped onto the
-    # schema; a refused key is one problem, and the file's other keys are still translated
-    alias_errors: list[str] = []
-    sources = KeySources()  # which spelling set each native key (file, command line)
-    known = schema_paths(root).__contains__
-    tree = translate_tree(tree, root.__name__, errors=alias_errors, sources=sources, known=known)
-    problems += [ConfigProblem("", message) for message in alias_errors]
+    # the input adapters (verl.compat): other spellings mapped onto the schema; a refused
+    # key is one problem, and the file's other keys are still read
+    adapter = loading_adapter(root)
+    refused: list[str] = []
+    tree = adapter.tree(tree, refused)
+    problems += [ConfigProblem("", message) for message in refused]
     for text in overrides:
-        apply_override(tree, text, problems, root=root, sources=sources)
+        apply_override(tree, text, problems, root=root, adapter=adapter)
     cfg, build_problems, bad_paths = build(root, tree)
     checked, warnings = check(cfg, bad_paths)
     report(problems + build_problems + checked, warnings)
@@ -569,13 +616,14 @@ def apply_override(
     text: str,
     problems: list[ConfigProblem],
     root: type,
-    sources: KeySources | None = None,
+    adapter: Any = None,
 ) -> None:
     """Apply one ``key=value`` override to the dict ``tree`` (of schema ``root``) in place, or
     record a problem. The path is checked as it is walked (a typo gets a did-you-mean); a
-    null section is created with its defaults when a key inside it is set. ``sources``
-    (shared by one load's overrides) refuses two spellings of one key with different
-    values, as a YAML file does (``verl.compat.aliases.KeySources``)."""
+    null section is created with its defaults when a key inside it is set. ``adapter`` (one
+    load's :func:`loading_adapter`, default a new one) maps another spelling of the key onto
+    the native keys it sets, refusing one that disagrees with another spelling of the same
+    key, as a YAML file's keys are read."""
     key, sep, raw = text.partition("=")
     key = key.strip()
 
@@ -593,18 +641,14 @@ def apply_override(
         value = parse_value(raw)
     except yaml.YAMLError as exc:
         return fail(key, f"value is not valid YAML ({str(exc).splitlines()[0]})")
-    try:  # verl.compat: the same alias translation as a YAML file's keys
-        assignments = translate_override(key, value, root.__name__, schema_paths(root).__contains__)
-    except AliasError as exc:
+    adapter = loading_adapter(root) if adapter is None else adapter
+    refused: list[tuple[str, str]] = []  # (native key, why), each one problem
+    try:  # the same adapters as a YAML file's keys
+        assignments = adapter.override(key, value, refused)
+    except ValueError as exc:
         return fail(key, str(exc))
-    sources = KeySources() if sources is None else sources
+    problems += [ConfigProblem(native, message, (native,)) for native, message in refused]
     for native_key, native_value in assignments:
-        try:
-            spelling = Spelling(key, value, native_value, "command line")
-            native_value = sources.claim(native_key, spelling)
-        except AliasError as exc:
-            problems.append(ConfigProblem(native_key, str(exc), (native_key,)))
-            continue
         _set_path(tree, native_key, native_value, text, problems, root, plus)
 
 

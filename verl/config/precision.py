@@ -4,8 +4,10 @@ One key per role (``<role section>.precision``): ``none`` (the model's dtype, no
 ``fp32`` / ``bf16`` / ``fp16`` (trainable roles keep fp32 master weights and compute in it;
 inference roles store their weights in it), weight-only ``fp8`` / ``int4`` (inference roles
 only), or ``auto`` (:func:`auto_select_precision`). The adapters ``trainer.mixed_precision``,
-``trainer.model_precision_map`` and the FSDP2 block's ``param_dtype`` fill the role keys left
-null (:func:`fill_role_precisions`); a role nothing states a precision for is ``auto``. Every
+``trainer.model_precision_map`` and the FSDP2 block's ``param_dtype`` say what a role key left
+null means (:func:`trainer_precision`: read here whenever the key is null, and written into
+it when a config is built, by ``verl.compat.precision_keys``, the API edge that also names
+dtypes written as text); a role nothing states a precision for is ``auto``. Every
 consumer asks :func:`role_precision`. Checks run in :func:`precision_problems` before any
 model loads, without importing torch unless an explicit choice needs a look at the device.
 See ``docs/precision.md``.
@@ -13,14 +15,12 @@ See ``docs/precision.md``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import typing
 from typing import Any
 
-from verl.compat.aliases import note, precision_string
 from verl.config._fields import Precision
-from verl.config.load import field_types, get_path, unwrap_optional
+from verl.config.load import get_path
 from verl.config.roles import ROLES as _ROLES
 from verl.config.roles import TRAINABLE_ROLES
 from verl.utils.device_probe import (
@@ -67,8 +67,9 @@ def _section(cfg: Any, role: str) -> Any:
     return get_path(cfg, _ROLES[role].section)
 
 
-def _from_trainer(cfg: Any, role: str) -> str | None:
-    """What the adapter keys say of ``role``: ``trainer.model_precision_map``, else
+def trainer_precision(cfg: Any, role: str) -> str | None:
+    """What the trainer-wide keys say of ``role`` (read whenever its role key is null, and
+    written into that key when a config is built, ``verl.compat.precision_keys``): ``trainer.model_precision_map``, else
     ``trainer.mixed_precision``, else (trainable roles) the FSDP2 block's ``param_dtype``."""
     t = cfg.trainer
     if role in t.model_precision_map:
@@ -81,50 +82,9 @@ def _from_trainer(cfg: Any, role: str) -> str | None:
     return None if block is None else block.param_dtype
 
 
-def _is_precision(tp: Any) -> bool:
-    """Whether a schema type is a precision enumeration (``Precision``, ``Dtype``)."""
-    tp = unwrap_optional(tp)[0]
-    return typing.get_origin(tp) is typing.Literal and "bf16" in typing.get_args(tp)
-
-
-def _is_precision_map(tp: Any) -> bool:
-    """Whether a schema type is ``dict[str, <precision>]`` (``trainer.model_precision_map``)."""
-    tp = unwrap_optional(tp)[0]
-    return typing.get_origin(tp) is dict and _is_precision(typing.get_args(tp)[1])
-
-
-def name_precision_strings(obj: Any, prefix: str = "") -> None:
-    """In place: every precision key of the config ``obj`` (sections followed) holding a
-    dtype written as text (``"bfloat16"``, ``"torch.float16"``) gets the precision name
-    (``bf16``, ``fp16``), with the alias note; torch dtypes themselves are named by
-    ``verl.compat.aliases.replace_dtypes``."""
-    hints = field_types(type(obj))
-    for f in dataclasses.fields(obj):
-        value, path, tp = getattr(obj, f.name), f"{prefix}{f.name}", hints[f.name]
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            name_precision_strings(value, f"{path}.")
-        elif _is_precision(tp) and precision_string(value) is not None:
-            setattr(obj, f.name, precision_string(value))
-            note(f"{path}={value!r}", f"{path}={precision_string(value)}")
-        elif isinstance(value, dict) and _is_precision_map(tp):
-            for key, item in value.items():
-                if precision_string(item) is not None:
-                    value[key] = precision_string(item)
-                    note(f"{path}.{key}={item!r}", f"{path}.{key}={value[key]}")
-
-
-def fill_role_precisions(cfg: Any) -> None:
-    """Write what the adapter keys say (:func:`_from_trainer`) into every role precision key
-    that is null, in place."""
-    for role in ROLES:
-        section = _section(cfg, role)
-        if section.precision is None:
-            section.precision = _from_trainer(cfg, role)
-
-
 def _written_precision(cfg: Any, role: str) -> str:
     """``role``'s role key, else what the trainer keys say, else ``auto``."""
-    return _section(cfg, role).precision or _from_trainer(cfg, role) or "auto"
+    return _section(cfg, role).precision or trainer_precision(cfg, role) or "auto"
 
 
 # Tutorial 000, section 4.1's tip, quoted where its advice resolves a mix of half precisions.

@@ -12,14 +12,11 @@ validate it: call ``cfg.validate()`` (``load_config`` does).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl.compat.aliases import translate_flat_kwargs
-from verl.compat.flat_keys import FLAT_KEYS, apply_flat_keys
 from verl.config._fields import (
     PATH_FIELDS,
     ArithmeticOp,
@@ -35,8 +32,7 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
-from verl.config.load import field_types, from_mapping, load_validated, suggest
-from verl.config.precision import fill_role_precisions, name_precision_strings
+from verl.config.load import from_mapping, init_fields, input_adapter, load_validated
 from verl.config.schema_roles import (
     ActorRolloutRefConfig,
     CriticConfig,
@@ -415,6 +411,19 @@ class TrainerConfig:
         DataParallelConfig, "device ids per role (the device map)"
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """The sections by keyword (or position, in field order); a section not given takes
+        its defaults. Other keywords (the flat keys, ``TrainerConfig(mixed_precision="bf16")``,
+        and torch dtypes) are read by the ``keywords`` input adapter of
+        ``verl.registry.CONFIG_ADAPTERS`` (built-in: ``verl.compat.flat_keys``), which also
+        fills what they and the trainer-wide precision keys set on the built config."""
+        adapt, finish = input_adapter("keywords"), None
+        if adapt is not None:
+            kwargs, finish = adapt(type(self), kwargs)
+        init_fields(self, args, kwargs)
+        if finish is not None:
+            finish(self)
+
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
         """Check the whole config; raise ``ConfigError`` listing every problem; return the
         warnings (also logged). See :func:`verl.config.validate.validate`."""
@@ -510,47 +519,6 @@ class TrainerConfig:
 
     def _path_fields(self) -> dict[str, str]:
         return {name: getattr(self.trainer, name) for name in PATH_FIELDS}
-
-
-_dataclass_init = TrainerConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _init_with_flat_keys(self: TrainerConfig, *args: Any, **kwargs: Any) -> None:
-    """The dataclass ``__init__``, plus the flat keys of ``verl.compat.flat_keys``
-    (``TrainerConfig(mixed_precision="bf16")``); then the role precision keys left null are
-    filled from the trainer's (``verl.config.precision``)."""
-    kwargs = translate_flat_kwargs(kwargs)  # verl.compat: torch dtypes, tutorial spellings
-    flat = {key: kwargs.pop(key) for key in list(kwargs) if key in FLAT_KEYS}
-    unknown = [key for key in kwargs if key not in field_types(TrainerConfig)]
-    if unknown:
-        raise TypeError(_unknown_keywords(unknown, kwargs))
-    _dataclass_init(self, *args, **kwargs)
-    if flat:
-        apply_flat_keys(self, flat)
-    name_precision_strings(self)  # "bfloat16", "torch.float16" ... -> bf16, fp16
-    fill_role_precisions(self)  # trainer.mixed_precision / model_precision_map -> role keys
-
-
-def _unknown_keywords(unknown: list[str], kwargs: Mapping[str, Any]) -> str:
-    """The message for ``TrainerConfig(**kwargs)``'s keywords that are neither a section
-    nor a flat key: each with the nearest key (``*_per_gpu`` as ``*_per_device``)."""
-    lines = []
-    for key in unknown:
-        native = key[: -len("_per_gpu")] + "_per_device" if key.endswith("_per_gpu") else key
-        lines.append(f"{key}={kwargs[key]!r}{suggest(native, TrainerConfig, TrainerConfig)}")
-    return (
-        f"TrainerConfig(): unknown keyword{'s' if len(unknown) > 1 else ''} "
-        + "; ".join(lines)
-        + f"; TrainerConfig takes its sections ({', '.join(field_types(TrainerConfig))}) and "
-        "the flat "
-        f"keys ({', '.join(FLAT_KEYS)}), and a nested key is set on its section "
-        "(TrainerConfig(data=DataConfig(...))) or as an override "
-        "(load_config(overrides=['data.train_batch_size=8']))"
-    )
-
-
-TrainerConfig.__init__ = _init_with_flat_keys
 
 
 def load_config(

@@ -16,6 +16,7 @@ from verl.registry.core import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "CONFIG_ADAPTERS",
     "DISTILL_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
@@ -237,3 +238,16 @@ REWARD_MANAGERS: Registry = Registry("reward manager", needs={})
 REWARD_MANAGERS.add("naive", "verl.rewards.manager:RewardManager")
 # agent programs (rollout.agent): the reward the agent returned, else as naive
 REWARD_MANAGERS.add("agent", "verl.rollout.agent_program:AgentRewardManager")
+
+# ---------------------------------------------------------------- config input adapters
+# The native config loader (verl.config.load) and TrainerConfig(...) ask this registry for
+# the adapters of other spellings: upstream verl's keys, the tutorials' aliases, torch dtypes,
+# flat keywords. The built-in ones live in verl.compat, the API edge above the config, which
+# the config never imports; without an entry the loader reads native spellings only.
+CONFIG_ADAPTERS: Registry = Registry("config input adapter", needs={})
+# (root schema class) -> an object with .tree(tree, errors) and .override(key, value, refused)
+CONFIG_ADAPTERS.add("loading", "verl.compat.loading:LoadAdapter")
+# (key path, value, choices) -> the choice a value spells ("bfloat16" -> bf16), else None
+CONFIG_ADAPTERS.add("value", "verl.compat.loading:spelled_choice")
+# (config class, keyword arguments) -> (native keyword arguments, finish(config) or None)
+CONFIG_ADAPTERS.add("keywords", "verl.compat.flat_keys:adapt_keywords")
