@@ -11,13 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from verl.rewards.isolation import (
-    FAILURE_KINDS,
-    FailureTracker,
-    coerce_result,
-    failed,
-    safe_call,
-)
+from verl.rewards.isolation import FailureTracker, safe_call
+from verl.rewards.results import FAILURE_KINDS, coerce_result, failed
 from verl.rewards.worker_pool import RewardWorkerPool
 
 TIMEOUT_S = 0.5

@@ -20,8 +20,8 @@ from verl.rewards import (
     load_reward_function,
     register_scorer,
 )
-from verl.rewards.isolation import MAX_OUTPUT_CHARS, call_inline, coerce_result
 from verl.rewards.manager import too_many_failures
+from verl.rewards.results import MAX_OUTPUT_CHARS, call_inline, coerce_result
 
 
 @pytest.fixture(scope="module")

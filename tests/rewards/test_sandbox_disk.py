@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from verl.rewards import sandbox
-from verl.rewards.sandbox import clean_stale_dirs, run_python
+from verl.rewards import sandbox_dirs
+from verl.rewards.sandbox import run_python
+from verl.rewards.sandbox_dirs import clean_stale_dirs
 
 FILL = """
 block = b"x" * (512 * 1024)  # each file under RLIMIT_FSIZE
@@ -102,4 +103,4 @@ def test_clean_stale_dirs_removes_unreadable_leftovers(tmp_path):
     other_ns.mkdir()
     assert clean_stale_dirs(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and other_ns.exists()
-    assert sandbox._DIR_RE.match(Path(sandbox._dir_prefix() + "x").name)
+    assert sandbox_dirs._DIR_RE.match(Path(sandbox_dirs.dir_prefix() + "x").name)

@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
-from verl.rewards.isolation import ERROR
+from verl.rewards.results import ERROR
 from verl.rollout import SamplingParams, build_rollout
 from verl.rollout.agent_loop import TurnOutput
 from verl.rollout.agent_program import (

@@ -313,7 +313,7 @@ def test_001_section_6_1_reward_tensors_and_devices(tiny_model):
     # its tensors never meet the model's; a per-batch tensor is refused with the reason
     from transformers import AutoModelForCausalLM
 
-    from verl.rewards.isolation import coerce_result
+    from verl.rewards.results import coerce_result
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     reward = torch.tensor(0.5, device=model.device)

@@ -13,7 +13,8 @@
   environment (`PATH`, `HOME`, `TMPDIR`, `LANG`), stdin from a file and stdout/stderr to
   files (a program printing forever cannot fill the trainer's memory); the directory is
   removed afterwards;
-- has a disk quota on that directory (`max_disk_bytes`, `DEFAULT_MAX_DISK_FILES` entries):
+- has a disk quota on that directory (`max_disk_bytes`, `DEFAULT_MAX_DISK_FILES` entries;
+  `verl.rewards.sandbox_dirs`):
   `RLIMIT_FSIZE` bounds each file, and the trainer measures the directory's allocated
   size every `DISK_POLL_S` while the run lasts and kills the run (status "output_limit")
   once it is over. This needs no privilege (a size-limited tmpfs would need a mount); a
@@ -21,7 +22,7 @@
   fallback the program can still write wherever the trainer's user can, outside it;
 - leaves no directory behind: the directory's name holds the trainer's pid (and PID
   namespace), and the first run of a process removes those of trainers that no longer
-  exist (killed with SIGKILL mid-run; `clean_stale_dirs`).
+  exist (killed with SIGKILL mid-run; `verl.rewards.sandbox_dirs.clean_stale_dirs`).
 
 **Isolated mode** (`SandboxResult.isolated`; needs root or the equivalent capabilities in
 the trainer's user namespace; probed once by `isolation()`): the run is started through
@@ -79,19 +80,22 @@ import itertools
 import logging
 import marshal
 import os
-import re
 import resource
-import select
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from verl.rewards.sandbox_dirs import (
+    DEFAULT_MAX_DISK_BYTES,
+    clean_stale_dirs_once,
+    dir_prefix,
+    wait_within_quota,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +105,6 @@ STATUSES = ("ok", "error", "timeout", "memory", "output_limit")
 DEFAULT_MAX_PROCESSES = 32  # processes + threads of one run (isolated mode)
 SETUP_FAILED = 125  # sandbox_init.py's exit code when it cannot build the sandbox
 _MAX_CAPTURE = 64 * 1024  # bytes of stdout/stderr read back into the result
-DEFAULT_MAX_DISK_BYTES = 64 << 20  # allocated bytes of the run's directory
-DEFAULT_MAX_DISK_FILES = 4096  # files and directories in it
-DISK_POLL_S = 0.02  # how often the directory is measured while the run lasts
-_DIR_RE = re.compile(r"^verl-sandbox-([0-9]+)-([0-9]+)-")
 _UID_BASE = 1_500_000_000
 _RUNS = itertools.count()
 _LAUNCHER = Path(__file__).with_name("sandbox_init.py")
@@ -321,104 +321,6 @@ def _read(f) -> str:
     return f.read(_MAX_CAPTURE).decode("utf-8", errors="replace")
 
 
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _dir_prefix() -> str:
-    """Prefix of this process's run directories: ``verl-sandbox-<pid ns>-<pid>-``."""
-    return f"verl-sandbox-{_pid_namespace()}-{os.getpid()}-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _remove_tree(path: str) -> None:
-    """``shutil.rmtree`` that also removes what a program made unreadable (``chmod 0``)."""
-
-    def retry(func: Callable[..., object], target: str, _exc: object) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            if os.path.isdir(target) and not os.path.islink(target):
-                os.chmod(target, stat.S_IRWXU)
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                func(target)
-
-    shutil.rmtree(path, onerror=retry)
-
-
-def clean_stale_dirs(root: str | None = None) -> list[str]:
-    """Remove the run directories (under ``root``, default the temp directory) of trainers
-    of this PID namespace that no longer run; a process killed mid-run (SIGKILL) left them.
-    Returns the paths removed. Called once per process, by its first run."""
-    root = root or tempfile.gettempdir()
-    namespace, removed = _pid_namespace(), []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
-    for entry in entries:
-        match = _DIR_RE.match(entry.name)
-        if match is None or int(match[1]) != namespace or not entry.is_dir(follow_symlinks=False):
-            continue
-        pid = int(match[2])
-        if pid == os.getpid() or _alive(pid):
-            continue
-        _remove_tree(entry.path)
-        if not os.path.exists(entry.path):
-            removed.append(entry.path)
-    if removed:
-        logger.info(
-            "code sandbox: removed %d directories of dead runs under %s", len(removed), root
-        )
-    return removed
-
-
-@functools.lru_cache(maxsize=1)
-def _clean_once() -> None:
-    clean_stale_dirs()
-
-
-def _over_quota(path: str, max_bytes: int, max_files: int) -> str | None:
-    """Why the directory ``path`` is over its quota (allocated bytes, entries), or None.
-    Stops as soon as it is over; a directory it cannot read counts as over."""
-    total = files = 0
-    stack = [path]
-    while stack:
-        try:
-            scan = os.scandir(stack.pop())
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"a directory could not be measured ({exc.strerror})"
-        with scan:
-            for entry in scan:
-                files += 1
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                total += info.st_blocks * 512
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(entry.path)
-                if total > max_bytes:
-                    return f"its files passed max_disk_bytes={max_bytes}"
-                if files > max_files:
-                    return f"it made more than {max_files} files"
-    return None
-
-
 def run_python(
     code: str,
     stdin: str = "",
@@ -467,9 +369,9 @@ def run_python(
         raise ValueError(f"max_processes={max_processes} must be >= 1")
     if max_disk_bytes < 1:
         raise ValueError(f"max_disk_bytes={max_disk_bytes} must be >= 1")
-    _clean_once()
+    clean_stale_dirs_once()
     found = isolation()
-    with tempfile.TemporaryDirectory(prefix=_dir_prefix(), ignore_cleanup_errors=True) as tmp:
+    with tempfile.TemporaryDirectory(prefix=dir_prefix(), ignore_cleanup_errors=True) as tmp:
         script = os.path.join(tmp, "solution.py")
         with open(script, "w", encoding="utf-8") as f:
             f.write(code)
@@ -499,7 +401,7 @@ def _run(
     max_disk_bytes: int = DEFAULT_MAX_DISK_BYTES,
 ) -> SandboxResult:
     if tmp is None:  # the probe
-        with tempfile.TemporaryDirectory(prefix=_dir_prefix(), ignore_cleanup_errors=True) as t:
+        with tempfile.TemporaryDirectory(prefix=dir_prefix(), ignore_cleanup_errors=True) as t:
             return _run(argv, stdin, timeout_s, memory_mb, max_output_bytes, tmp=t,
                         namespaces=namespaces, seccomp=seccomp, isolate_network=False)  # fmt: skip
     start = time.monotonic()
@@ -537,7 +439,7 @@ def _run(
             return SandboxResult("error", None, "", f"cannot start sandbox: {exc}", 0.0, netns)
         quota = None
         try:
-            ended, quota = _wait(proc, timeout_s, tmp, max_disk_bytes)
+            ended, quota = wait_within_quota(proc, timeout_s, tmp, max_disk_bytes)
             if quota is not None:
                 status = "output_limit"
             elif not ended:
@@ -557,41 +459,6 @@ def _run(
     if status == "ok" and returncode != 0:
         status = _classify(returncode, stderr)
     return SandboxResult(status, returncode, stdout, stderr, duration, netns, namespaces, seccomp)
-
-
-def _wait(
-    proc: subprocess.Popen, timeout_s: float, workdir: str, max_disk_bytes: int
-) -> tuple[bool, str | None]:
-    """Wait up to `timeout_s` for `proc` to exit, measuring `workdir` every `DISK_POLL_S`:
-    ``(exited, why the directory is over its quota or None)``; it stops at the first.
-
-    Through a pidfd where the kernel has them: `Popen.wait(timeout=...)` polls with a
-    doubling sleep (0.5 ms ... 50 ms), so a 33 ms run was noticed only after ~64 ms.
-    """
-    deadline = time.monotonic() + timeout_s
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            step = min(left, DISK_POLL_S)
-            if pidfd is not None:
-                if select.select([pidfd], [], [], step)[0]:
-                    return True, None
-            else:
-                try:
-                    proc.wait(timeout=step)
-                    return True, None
-                except subprocess.TimeoutExpired:
-                    pass
-            over = _over_quota(workdir, max_disk_bytes, DEFAULT_MAX_DISK_FILES)
-            if over is not None:
-                return False, over
-        return proc.poll() is not None, None
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
 
 
 def _classify(returncode: int, stderr: str) -> str:

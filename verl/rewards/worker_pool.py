@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from verl.rewards.isolation import ERROR, TIMEOUT, RewardResult, call_inline, failed
+from verl.rewards.results import ERROR, TIMEOUT, RewardResult, call_inline, failed
 from verl.utils.lifetime import die_with_parent, forked_from_main_thread
 
 logger = logging.getLogger(__name__)
