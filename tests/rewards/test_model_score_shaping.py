@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from verl.rewards import RewardManager, shape_model_scores
+from verl.rewards import BatchReward, RewardManager
 
 
 def _model_scores(values: list[float], lengths: list[int], width: int = 4):
@@ -21,7 +21,7 @@ def _model_scores(values: list[float], lengths: list[int], width: int = 4):
 def test_normalise_then_clip_hand_computed():
     manager = RewardManager(tokenizer=None, normalize=True, clip_range=(-1.0, 1.0))
     scores, mask = _model_scores([10.0, 0.0, -2.0, 4.0], [4, 2, 1, 3])
-    shaped, metrics, extras = shape_model_scores(manager, scores, mask, update_stats=True)
+    shaped, metrics, extras = manager.shape_scores(scores, mask, update_stats=True)
     raw = np.array([10.0, 0.0, -2.0, 4.0])
     mean, std = raw.mean(), raw.std()  # 3.0, population std sqrt(21.0)
     want = np.clip((raw - mean) / (std + 1e-8), -1.0, 1.0)
@@ -42,19 +42,19 @@ def test_normalise_then_clip_hand_computed():
 def test_no_shaping_leaves_scores_and_user_callables_pass_through():
     scores, mask = _model_scores([3.0, -7.0], [2, 4])
     plain = RewardManager(tokenizer=None)
-    shaped, _, _ = shape_model_scores(plain, scores, mask, update_stats=True)
+    shaped, _, _ = plain.shape_scores(scores, mask, update_stats=True)
     assert torch.equal(shaped, scores)
     plain.close()
-    same, metrics, extras = shape_model_scores(lambda batch: None, scores, mask, True)
+    same, metrics, extras = BatchReward(lambda batch: None).shape_scores(scores, mask, True)
     assert same is scores and metrics == {} and extras == {}
 
 
 def test_validation_batches_do_not_move_the_running_statistics():
     manager = RewardManager(tokenizer=None, normalize=True)
     scores, mask = _model_scores([1.0, 3.0], [1, 1])
-    shape_model_scores(manager, scores, mask, update_stats=True)
+    manager.shape_scores(scores, mask, update_stats=True)
     before = (manager.normalizer.count, manager.normalizer.mean)
-    _, metrics, _ = shape_model_scores(manager, scores * 100, mask, update_stats=False)
+    _, metrics, _ = manager.shape_scores(scores * 100, mask, update_stats=False)
     assert (manager.normalizer.count, manager.normalizer.mean) == before
     assert metrics == {}
     manager.close()

@@ -4,6 +4,9 @@
     manager = RewardManager(tokenizer)                      # built-in scorers by data_source
     token_level_scores, metrics, extras = manager(batch)    # (batch, response_len), dict, dict
 
+The trainer calls every reward through one contract, `contract.py` (batch in, scores,
+metrics and per-response extras out); per-response scorers enter it through the manager.
+
 Layout: `scorers/` (text -> score, with a registry by data source), `custom.py` (load a
 function from a file), `isolation.py` + `worker_pool.py` (failures -> score 0 and a count,
 timeouts in killable worker processes), `normalization.py` (running mean/std),
@@ -14,6 +17,12 @@ namespaces, with limits and a seccomp filter, for `scorers/code.py`, whose test 
 `scorers/code_harness.py`).
 """
 
+from verl.rewards.contract import (
+    BatchReward,
+    ModelScoredReward,
+    RewardFunction,
+    as_reward_function,
+)
 from verl.rewards.custom import load_reward_function
 from verl.rewards.isolation import (
     FAILURE_KINDS,
@@ -27,7 +36,6 @@ from verl.rewards.manager import (
     RewardManager,
     get_reward_manager,
     register_reward_manager,
-    shape_model_scores,
 )
 from verl.rewards.model_reward import rm_scores_to_token_level, sequence_scores_from_values
 from verl.rewards.normalization import RunningMeanStd
@@ -43,14 +51,18 @@ from verl.rewards.worker_pool import RewardWorkerPool
 
 __all__ = [
     "FAILURE_KINDS",
+    "BatchReward",
     "FailureTracker",
+    "ModelScoredReward",
     "OverlongBuffer",
     "RewardFailureError",
+    "RewardFunction",
     "RewardManager",
     "RewardResult",
     "RewardWorkerPool",
     "RunningMeanStd",
     "UnknownDataSourceError",
+    "as_reward_function",
     "default_compute_score",
     "get_reward_manager",
     "get_scorer",
@@ -62,5 +74,4 @@ __all__ = [
     "rm_scores_to_token_level",
     "safe_call",
     "sequence_scores_from_values",
-    "shape_model_scores",
 ]

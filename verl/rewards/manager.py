@@ -53,6 +53,7 @@ import torch
 
 from verl.algorithms.reward_shaping import overlong_penalty
 from verl.registry import REWARD_MANAGERS, UnknownNameError
+from verl.rewards.contract import RewardFunction
 from verl.rewards.isolation import (
     DEFAULT_MAX_ABS_REWARD,
     FailureTracker,
@@ -195,8 +196,9 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     }
 
 
-class RewardManager:
-    """Score a batch of responses into `token_level_scores` (batch, response_len).
+class RewardManager(RewardFunction):
+    """Score a batch of responses into `token_level_scores` (batch, response_len): the
+    per-response scorers in the reward contract (`verl.rewards.contract`).
 
     Args:
         tokenizer: has `batch_decode(list[list[int]], skip_special_tokens=True)` or `decode`.
@@ -533,6 +535,26 @@ class RewardManager:
         return self._decode(ids.unsqueeze(0), torch.ones_like(ids).unsqueeze(0))[0]
 
     # ------------------------------------------------------------------ lifecycle
+    def shape_scores(
+        self, token_scores: torch.Tensor, response_mask: torch.Tensor, update_stats: bool
+    ) -> tuple[torch.Tensor, dict[str, float], dict[str, Any]]:
+        """Sequence scores made elsewhere (a reward model's, stored rollouts'; each on one
+        token of ``token_scores`` ``(batch, response_len)``) shaped exactly like this
+        manager's own: overlong penalty, running normalisation, clip
+        (``reward_model.overlong_buffer / normalize / clip_range``), in that order.
+        ``update_stats``: move the running mean/std (training batches only).
+
+        Returns ``(token_level_scores, metrics, extras)``: the shaped sequence score on each
+        response's last valid token, the shaping metrics, and ``{"score": raw score}``.
+        """
+        mask = response_mask.cpu()
+        raw = token_scores.detach().cpu().double().sum(-1).numpy()
+        lengths = (mask != 0).sum(dim=-1).numpy()
+        shaped, metrics = self._shape(raw, lengths, mask.shape[-1], update_stats)
+        metrics |= _stats("reward/model_score", raw)
+        shaped_tokens = place_on_last_token(torch.from_numpy(shaped).float(), mask)
+        return shaped_tokens, (metrics if update_stats else {}), {"score": raw}
+
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: the running normaliser (empty when normalize=False)."""
         return {"normalizer": self.normalizer.state_dict()} if self.normalizer else {}
@@ -554,34 +576,6 @@ class RewardManager:
 
 
 # ---------------------------------------------------------------------- registry
-def shape_model_scores(
-    manager: Any, token_scores: torch.Tensor, response_mask: torch.Tensor, update_stats: bool
-) -> tuple[torch.Tensor, dict[str, float], dict[str, Any]]:
-    """Reward-model scores shaped by ``manager`` exactly like rule-based scores: overlong
-    penalty, running normalisation, clip (``reward_model.overlong_buffer / normalize /
-    clip_range``), in that order.
-
-    Args:
-        manager: the trainer's scorer; anything but a :class:`RewardManager` (a user
-            callable) leaves the scores as they are.
-        token_scores: ``(batch, response_len)``, each sequence's model score on one token.
-        response_mask: ``(batch, response_len)``, 1 on valid response tokens.
-        update_stats: move the running mean/std (training batches only).
-
-    Returns ``(token_level_scores, metrics, extras)``: the shaped sequence score on each
-    response's last valid token, the shaping metrics, and ``{"score": raw model score}``.
-    """
-    if not isinstance(manager, RewardManager):
-        return token_scores, {}, {}
-    mask = response_mask.cpu()
-    raw = token_scores.detach().cpu().double().sum(-1).numpy()
-    lengths = (mask != 0).sum(dim=-1).numpy()
-    shaped, metrics = manager._shape(raw, lengths, mask.shape[-1], update_stats)
-    metrics |= _stats("reward/model_score", raw)
-    shaped_tokens = place_on_last_token(torch.from_numpy(shaped).float(), mask)
-    return shaped_tokens, (metrics if update_stats else {}), {"score": raw}
-
-
 def register_reward_manager(name: str, *, override: bool = False) -> Callable[[type], type]:
     """Class decorator registering a reward manager under `name` (config `reward_manager`).
 

@@ -27,7 +27,14 @@ from verl.data.rl_dataset import scan_first_rows_by_source
 from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
 from verl.models import load_tokenizer, resolve_model_path
 from verl.protocol import DataProto
-from verl.rewards import OverlongBuffer, RewardManager, get_reward_manager, load_reward_function
+from verl.rewards import (
+    OverlongBuffer,
+    RewardFunction,
+    RewardManager,
+    as_reward_function,
+    get_reward_manager,
+    load_reward_function,
+)
 from verl.tools import tool_schemas
 from verl.tools.interaction import load_interaction
 from verl.trainer.lifecycle.setup import prepare_data_files
@@ -283,15 +290,16 @@ def load_compute_score(cfg: TrainerConfig) -> Callable[..., Any] | None:
 
 def build_reward_manager(
     cfg: TrainerConfig, tokenizer: Any, compute_score: Callable[..., Any] | None, train: bool
-) -> Any:
-    """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers).
+) -> RewardFunction:
+    """A :class:`RewardManager` over ``compute_score`` (default: the built-in scorers), or
+    the registered ``reward_model.reward_manager``, in the reward contract.
 
     Training rewards get the configured shaping (overlong penalty, normalisation,
     clipping); validation rewards are raw scores, comparable across runs. Training from
     ``data.rollout_files`` takes the stored scores through that shaping
     (:class:`~verl.trainer.rl.offline_rollouts.StoredScoreReward`).
     """
-    manager = _reward_manager(cfg, tokenizer, compute_score, train)
+    manager = as_reward_function(_reward_manager(cfg, tokenizer, compute_score, train))
     if train and cfg.data.rollout_files:  # the stored scores, shaped by the manager
         return StoredScoreReward(manager)
     return manager

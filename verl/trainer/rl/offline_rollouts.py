@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.rewards import shape_model_scores
+from verl.rewards import RewardFunction
 from verl.rewards.placement import place_on_last_token
 from verl.rollout.base import SamplingParams, assemble_rollout_output
 
@@ -97,23 +97,23 @@ class OfflineRolloutSource:
         return getattr(self._group, name)
 
 
-class StoredScoreReward:
+class StoredScoreReward(RewardFunction):
     """The training reward of stored rollouts: their scores, shaped by ``manager`` as a
-    reward model's would be (:func:`verl.rewards.shape_model_scores`); batches without
+    reward model's would be (``RewardFunction.shape_scores``); batches without
     stored scores go to ``manager``. Its state (running statistics) is ``manager``'s."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: RewardFunction) -> None:
         self.manager = manager
 
     def __call__(
-        self, gen: DataProto, update_stats: bool = True
+        self, gen: DataProto, *, update_stats: bool = True
     ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
         if "offline_score" not in gen.non_tensor_batch:
             return self.manager(gen, update_stats=update_stats)
         mask = gen.batch["response_mask"]
         raw = torch.from_numpy(gen.non_tensor_batch["offline_score"]).float()
         token_scores = place_on_last_token(raw, mask.cpu())
-        scores, metrics, extras = shape_model_scores(self.manager, token_scores, mask, update_stats)
+        scores, metrics, extras = self.manager.shape_scores(token_scores, mask, update_stats)
         extras = {"score": raw.double().numpy(), "acc": gen.non_tensor_batch["offline_acc"]}
         return scores, metrics, extras
 
@@ -124,6 +124,4 @@ class StoredScoreReward:
         self.manager.load_state_dict(state)
 
     def close(self) -> None:
-        close = getattr(self.manager, "close", None)
-        if close is not None:
-            close()
+        self.manager.close()

@@ -52,19 +52,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.algorithms import ADVANTAGE_ESTIMATORS, apply_kl_penalty
-from verl.algorithms.pf_ppo import pf_ppo_indices
+from verl.algorithms import apply_kl_penalty
 from verl.compat.device_map import apply_pending_device_map
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
-from verl.rewards import RewardManager, shape_model_scores
+from verl.rewards import ModelScoredReward, RewardFunction, as_reward_function
 from verl.trainer.lifecycle import driver, final_export
 from verl.trainer.lifecycle.checkpoint import CheckpointManager
 from verl.trainer.lifecycle.metrics import (
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
     compute_throughput_metrics,
-    compute_validation_metrics,
     timer,
 )
 from verl.trainer.lifecycle.profiling import StepProfiler
@@ -80,11 +78,12 @@ from verl.trainer.lifecycle.stopping import (
     DivergenceGuard,
     StepHealth,
     StopRequests,
-    ValidationStopped,
     diverged_error,
     loss_not_finite,
 )
 from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl import validation
+from verl.trainer.rl.advantages import compute_advantages, pf_ppo_redraw
 from verl.trainer.rl.async_rollout import AsyncRollout, build_async_rollout
 from verl.trainer.rl.batch_source import build_batch_source, draws
 from verl.trainer.rl.build import (
@@ -188,6 +187,8 @@ class RLTrainer:
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
+        if self.rm_wg is not None:  # the model's scores replace the rules', shaped alike
+            self.reward_fn = ModelScoredReward(self.rm_wg, self.reward_fn)
         self.async_rollout: AsyncRollout | None = None  # trainer.async_rollout (.async_rollout)
         if cfg.trainer.async_rollout:
             try:
@@ -229,6 +230,26 @@ class RLTrainer:
         self._batches: Any = None  # the loader's batches, epoch after epoch (run_step)
 
     # ------------------------------------------------------------------ setup helpers
+    @property
+    def reward_fn(self) -> RewardFunction:
+        """The training reward, in the one reward contract (:mod:`verl.rewards.contract`);
+        any callable assigned here (``batch -> (scores, metrics, extras)``) is wrapped into
+        it, so the step never asks which kind of reward it holds."""
+        return self._reward_fn
+
+    @reward_fn.setter
+    def reward_fn(self, fn: RewardFn | RewardFunction) -> None:
+        self._reward_fn = as_reward_function(fn)
+
+    @property
+    def val_reward_fn(self) -> RewardFunction:
+        """The validation reward (raw scores), in the same contract as :attr:`reward_fn`."""
+        return self._val_reward_fn
+
+    @val_reward_fn.setter
+    def val_reward_fn(self, fn: RewardFn | RewardFunction) -> None:
+        self._val_reward_fn = as_reward_function(fn)
+
     def build_reward_manager(self, compute_score: Callable[..., Any] | None, train: bool):
         """A reward manager over ``compute_score`` (default: the built-in scorers); see
         :func:`verl.trainer.rl.build.build_reward_manager`."""
@@ -289,7 +310,7 @@ class RLTrainer:
         """Score the responses ``gen`` (see :meth:`generate_and_score`), adding to
         ``metrics``; ReMax's greedy baseline regenerates from ``prompts``."""
         with timer("reward", metrics):
-            scores, reward_metrics, extras = self._score(gen, update_stats=True)
+            scores, reward_metrics, extras = self.reward_fn(gen, update_stats=True)
             metrics |= reward_metrics
             gen.batch["token_level_scores"] = scores
             for key in ("score", "acc"):
@@ -301,8 +322,8 @@ class RLTrainer:
             if prompts is None:
                 raise ValueError("score_responses: the greedy baseline needs the prompts")
             with timer("gen_greedy_baseline", metrics):
-                greedy = self._generate(_with_meta(prompts, do_sample=False, n=1))
-                baseline, _, _ = self._score(greedy, update_stats=False)
+                greedy = self._generate(validation.with_meta(prompts, do_sample=False, n=1))
+                baseline, _, _ = self.reward_fn(greedy, update_stats=False)
             n = len(gen) // len(prompts)
             gen.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return gen, metrics
@@ -374,50 +395,8 @@ class RLTrainer:
             rewards = scores
         gen.batch["token_level_rewards"] = rewards
         with timer("adv", metrics):
-            self._compute_advantages(gen)
+            compute_advantages(gen, cfg)
         return gen, metrics
-
-    def _score(
-        self, gen: DataProto, update_stats: bool
-    ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
-        """Token-level scores of ``gen``: the reward model's when enabled, else the rules'.
-
-        Returns ``(token_level_scores, metrics, per-response extras)``.
-        ``update_stats=False`` scores without moving running reward statistics (used for
-        baselines, which must not count as training samples).
-        """
-        if self.rm_wg is not None:  # the model's scores replace the rules', shaped alike
-            rm = self.rm_wg.compute_rm_score(gen).batch["rm_scores"]
-            return shape_model_scores(self.reward_fn, rm, gen.batch["response_mask"], update_stats)
-        if isinstance(self.reward_fn, RewardManager):
-            scores, metrics, extras = self.reward_fn(gen, update_stats=update_stats)
-        else:
-            scores, metrics, extras = self.reward_fn(gen)
-        return scores, (metrics if update_stats else {}), extras
-
-    def _compute_advantages(self, gen: DataProto) -> None:
-        acfg, b = self.config.algorithm, gen.batch
-        estimator = ADVANTAGE_ESTIMATORS.entry(acfg.adv_estimator)
-        inputs = dict(
-            token_level_rewards=b["token_level_rewards"],
-            response_mask=b["response_mask"],
-            values=b.get("values"),
-            index=gen.non_tensor_batch["uid"],
-            reward_baselines=b.get("reward_baselines"),
-            old_log_probs=b.get("old_log_probs"),
-            ref_log_probs=b.get("ref_log_probs"),
-            sum_pi_squared=b.get("sum_pi_squared"),
-            gamma=acfg.gamma,
-            lam=acfg.lam,
-            norm_adv_by_std=acfg.norm_adv_by_std_in_grpo,
-        )
-        # the inputs the estimator takes, plus its hyperparameters from adv_estimator_kwargs
-        kwargs = estimator.call_kwargs(
-            inputs, acfg.adv_estimator_kwargs, "algorithm.adv_estimator_kwargs"
-        )
-        advantages, returns = estimator.target(**kwargs)
-        b["advantages"] = advantages
-        b["returns"] = returns
 
     def update_policy(self, gen: DataProto) -> dict[str, Any]:
         """Critic then actor updates on a batch from :meth:`collect_data`; the actor waits
@@ -451,7 +430,7 @@ class RLTrainer:
         gen, more = self.prepare_update(gen, self.old_log_prob_pass)
         metrics |= more
         if self.config.algorithm.use_pf_ppo:  # PF-PPO: redraw the responses by score
-            gen, more = self._pf_ppo_redraw(gen)
+            gen, more = pf_ppo_redraw(gen, self.config, self.global_step)
             metrics |= more
         metrics |= self.update_policy(gen)  # critic, then actor
         step_seconds = time.perf_counter() - start
@@ -463,14 +442,6 @@ class RLTrainer:
         metrics |= compute_data_metrics(gen, self.config.data.max_response_length)
         metrics |= compute_throughput_metrics(gen, step_seconds)
         return metrics
-
-    def _pf_ppo_redraw(self, gen: DataProto) -> tuple[DataProto, dict[str, Any]]:
-        """PF-PPO: the step's responses redrawn with replacement, weighted by score."""
-        pf = self.config.algorithm.pf_ppo
-        scores = gen.batch["token_level_scores"].sum(-1)
-        seed = self.config.trainer.seed * 1_000_003 + self.global_step
-        rows, metrics = pf_ppo_indices(scores, pf.reweight_method, pf.weight_pow, seed=seed)
-        return gen[rows], metrics
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
@@ -525,50 +496,24 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``: the metrics of
-        ``compute_validation_metrics``; ``trainer.log_val_generations`` rows as a table."""
+        """Greedy (``rollout.val_kwargs``) generation on ``data.val_files``, scored by the
+        validation reward (:func:`verl.trainer.rl.validation.validate`); the
+        ``trainer.log_val_generations`` rows go to the tracker as a table."""
         if self.val_dataset is None:
             return {}
-        cfg = self.config
-        vk = cfg.actor_rollout_ref.rollout.val_kwargs
-        bs = cfg.data.val_batch_size or len(self.val_dataset)
-        scores: list[float] = []
-        accs: list[float] = []
-        sources: list[str] = []
-        infos: list[Any] = []
-        table: list[dict[str, Any]] = []  # trainer.log_val_generations samples
-        dumped: list[dict[str, Any]] = []  # every sample, for trainer.validation_data_dir
-        for start in range(0, len(self.val_dataset), bs):
-            if self._stop.requested:  # SIGTERM / SIGINT: do not wait for the other batches
-                raise ValidationStopped(self._stop.signum)
-            items = [
-                self.val_dataset[i] for i in range(start, min(start + bs, len(self.val_dataset)))
-            ]
-            batch = _with_meta(
-                self.collate(items),
-                do_sample=vk.do_sample,
-                n=vk.n,
-                temperature=vk.temperature,
-                top_p=vk.top_p,
-                top_k=vk.top_k,
-            )
-            gen = self._generate(batch)
-            _, _, extras = self.val_reward_fn(gen)
-            batch_scores = [float(x) for x in extras["score"]]
-            batch_accs = [float(x) for x in extras.get("acc", batch_scores)]
-            want = cfg.trainer.log_val_generations - len(table)
-            table += generation_samples(gen, batch_scores, self.tokenizer, want)
-            if self.validation_data_dir is not None:
-                dumped += generation_samples(gen, batch_scores, self.tokenizer, len(gen))
-            scores.extend(batch_scores)
-            # a scorer that reports no accuracy counts its score as the accuracy
-            accs.extend(b if np.isnan(a) else a for a, b in zip(batch_accs, batch_scores))
-            sources.extend(str(s) for s in gen.non_tensor_batch["data_source"])
-            infos.extend(gen.non_tensor_batch.get("extra_info", [None] * len(batch_scores)))
+        metrics, table = validation.validate(
+            self.config,
+            self.val_dataset,
+            self.collate,
+            self._generate,
+            self.val_reward_fn,
+            self.tokenizer,
+            stop=self._stop,
+            sample_dir=self.validation_data_dir,
+            step=self.global_step,
+        )
         self.tracker.log_generations(table, step=self.global_step)
-        if self.validation_data_dir is not None:
-            write_samples(self.validation_data_dir, self.global_step, dumped)
-        return compute_validation_metrics(accs, scores, sources, infos, cfg.trainer.val_group_by)
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> Path | None:
@@ -633,12 +578,3 @@ class RLTrainer:
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the actor as a HuggingFace model directory (``from_pretrained``-loadable)."""
         return Path(self.actor_rollout_wg.save_hf(str(out_dir))[0])
-
-
-def _with_meta(batch: DataProto, **meta: Any) -> DataProto:
-    """A shallow copy of ``batch`` with extra sampling overrides in ``meta_info``."""
-    return DataProto.from_dict(
-        tensors=dict(batch.batch),
-        non_tensors=dict(batch.non_tensor_batch),
-        meta_info={**batch.meta_info, **meta},
-    )
