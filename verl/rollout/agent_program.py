@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.rewards.isolation import ERROR, TIMEOUT, check_bound, coerce_result, failed
+from verl.rewards.results import ERROR, TIMEOUT, check_bound, coerce_result, failed
 from verl.rewards.manager import RewardManager
 from verl.rollout.agent_loop import EngineTurnGenerator, TurnGenerator
 from verl.rollout.base import SamplingParams, assemble_rollout_output, validate_prompts
