@@ -47,7 +47,7 @@ import time
 import torch
 from _common import W2_MODEL_KWARGS
 
-import verl.kernels.torch_functional as tf
+import verl.kernels.packed_model as pm
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.workers.micro_batching import split_micro_batches
@@ -121,12 +121,12 @@ AUTOCAST: torch.dtype | None = None
 @contextlib.contextmanager
 def _block_attention_off():
     """Packed passes attend under the bins' full masks (the path before block attention)."""
-    real = tf.block_attention_layers
-    tf.block_attention_layers = lambda model: 0
+    real = pm.block_attention_layers
+    pm.block_attention_layers = lambda model: 0
     try:
         yield
     finally:
-        tf.block_attention_layers = real
+        pm.block_attention_layers = real
 
 
 def _micro(data: DataProto, response: int, config: str, budget: int, micro: int):
@@ -144,7 +144,7 @@ def _micro(data: DataProto, response: int, config: str, budget: int, micro: int)
 
 def _computed(model, data: DataProto, response: int, config: str, budget: int, micro: int):
     """Token columns the base transformer computes (packing: bins x width)."""
-    from verl.kernels.torch_functional import pack_batch
+    from verl.kernels.packed_model import pack_batch
 
     total = 0
     for mb in _micro(data, response, config, budget, micro):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import verl.kernels.packed_model as pm
 import verl.kernels.torch_functional as tf
 from verl.kernels import block_attention as ba
 from verl.models.tiny import build_tiny_model
@@ -196,7 +197,7 @@ def test_model_passes_use_the_plan_and_match_masked(monkeypatch, share):
     )
     lp_block, ent_block = _logprobs(model, t, share)
     assert len(plans) == 1 and plans[0].calls == model.config.num_hidden_layers
-    monkeypatch.setattr(tf, "block_attention_layers", lambda model: 0)
+    monkeypatch.setattr(pm, "block_attention_layers", lambda model: 0)
     lp_mask, ent_mask = _logprobs(model, t, share)
     assert len(plans) == 1  # the masked pass built no plan
     assert float((lp_block - lp_mask).abs().max()) <= 1e-5
@@ -219,9 +220,9 @@ def test_attention_that_bypasses_the_plan_is_caught(monkeypatch):
 def test_models_without_block_attention_use_the_mask():
     model = build_tiny_model()
     model.config._attn_implementation = "eager"
-    assert tf.block_attention_layers(model) == 0
+    assert pm.block_attention_layers(model) == 0
     model.config._attn_implementation = "sdpa"
-    assert tf.block_attention_layers(model) == model.config.num_hidden_layers
+    assert pm.block_attention_layers(model) == model.config.num_hidden_layers
     model.config.sliding_window = 16
     model.config.use_sliding_window = True
-    assert tf.block_attention_layers(model) == 0
+    assert pm.block_attention_layers(model) == 0

@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+import verl.kernels.packed_model as pm
 import verl.kernels.torch_functional as tf
 from verl.algorithms.losses import actor_loss
 from verl.kernels.packing import pack_sequences
@@ -168,9 +169,9 @@ def test_no_repeated_prompts_and_cut_groups(monkeypatch):
     t = _batch()
     packed = pack_shared_prefix(t["input_ids"], t["attention_mask"], R, max_unit=9)
     assert int((packed.input_ids != 0).sum()) > sum(PROMPT_LENS) + sum(r for _, r in ROWS)
-    real_pack = tf.pack_shared_prefix
+    real_pack = pm.pack_shared_prefix
     monkeypatch.setattr(
-        tf, "pack_shared_prefix", lambda *a, **k: real_pack(*a, **k, max_unit=9, capacity=20)
+        pm, "pack_shared_prefix", lambda *a, **k: real_pack(*a, **k, max_unit=9, capacity=20)
     )
     out = _passes(model, t, ("pad", "share"))
     _assert_same(out["pad"], out["share"])
@@ -180,13 +181,13 @@ def test_attention_without_4d_masks_falls_back_to_plain_packing(monkeypatch, cap
     torch.manual_seed(3)
     model = build_tiny_model()
     t = _batch()
-    monkeypatch.setattr(tf, "_MASK_KINDS", {"eager": "additive"})  # sdpa "rejects" 4D masks
-    monkeypatch.setattr(tf, "_fallback_logged", set())
+    monkeypatch.setattr(pm, "_MASK_KINDS", {"eager": "additive"})  # sdpa "rejects" 4D masks
+    monkeypatch.setattr(pm, "_fallback_logged", set())
     calls = []
     monkeypatch.setattr(
-        tf, "pack_sequences", lambda *a, **k: calls.append(1) or pack_sequences(*a, **k)
+        pm, "pack_sequences", lambda *a, **k: calls.append(1) or pack_sequences(*a, **k)
     )
-    with caplog.at_level(logging.WARNING, logger=tf.__name__):
+    with caplog.at_level(logging.WARNING, logger=pm.__name__):
         out = _passes(model, t, ("pad", "share", "share"))
     assert len(calls) == 2  # both shared passes packed plainly
     warnings = [r for r in caplog.records if "takes no custom 4D attention mask" in r.message]

@@ -8,12 +8,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-import verl.kernels.torch_functional as tf
-from verl.kernels.torch_functional import (
-    compute_response_log_probs,
-    entropy_from_logits,
-    logprobs_from_logits,
-)
+import verl.kernels.packed_model as pm
+from verl.kernels.logprob_kernels import LogProbEntropy, entropy_from_logits, logprobs_from_logits
+from verl.kernels.torch_functional import compute_response_log_probs
 
 VOCAB = 97
 
@@ -163,7 +160,7 @@ def test_response_log_probs_no_entropy_and_no_grad():
 @pytest.mark.parametrize("fallback", [False, True])
 def test_response_log_probs_gradients_match_full_forward(fallback, monkeypatch):
     if fallback:  # force the generic model(..., logits_to_keep=...) path
-        monkeypatch.setattr(tf, "_PLAIN_HEAD_MODEL_TYPES", frozenset())
+        monkeypatch.setattr(pm, "PLAIN_HEAD_MODEL_TYPES", frozenset())
     model = _tiny_lm("llama").train()
     ids, mask, pos = _batch()
     response_len, temperature = 5, 0.8
@@ -205,11 +202,11 @@ def test_response_log_probs_bad_args():
 
 def test_shape_multiple_only_for_reduced_precision_on_cpu():
     model = _tiny_lm("qwen2")
-    assert tf.shape_multiple(model) == 1
+    assert pm.shape_multiple(model) == 1
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert tf.shape_multiple(model) == tf.CPU_REDUCED_PRECISION_SHAPE_MULTIPLE == 64
-    assert tf.shape_multiple(model.to(torch.bfloat16)) == 64
-    assert tf.shape_multiple(torch.nn.Identity()) == 1  # no weights: nothing to round for
+        assert pm.shape_multiple(model) == pm.CPU_REDUCED_PRECISION_SHAPE_MULTIPLE == 64
+    assert pm.shape_multiple(model.to(torch.bfloat16)) == 64
+    assert pm.shape_multiple(torch.nn.Identity()) == 1  # no weights: nothing to round for
 
 
 @pytest.mark.parametrize("pack", [False, True])
@@ -236,7 +233,7 @@ def test_shape_rounding_changes_no_value_and_bounds_the_shapes(pack, share_prefi
         return lp, ent, grads
 
     ref_lp, ref_ent, ref_grads = run()
-    monkeypatch.setattr(tf, "shape_multiple", lambda module: 8)
+    monkeypatch.setattr(pm, "shape_multiple", lambda module: 8)
     rows_seen = []
     for layer in (model.lm_head, model.model.layers[0].mlp.up_proj):
         layer.register_forward_hook(lambda m, inp, out: rows_seen.append(inp[0].shape[:-1]))
@@ -278,7 +275,7 @@ def test_fused_log_prob_entropy_matches_autograd(uses, disposable):
 
     x = logits.clone().requires_grad_()
     given = x * 1.0  # a non-leaf the function may overwrite
-    lp, ent = tf._LogProbEntropy.apply(given, labels, uses != "log_probs", disposable)
+    lp, ent = LogProbEntropy.apply(given, labels, uses != "log_probs", disposable)
     if uses == "log_probs":
         assert ent is None
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import verl.kernels.torch_functional as tf
+import verl.kernels.packed_model as pm
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.trainer import RLTrainer
 
@@ -37,8 +37,8 @@ def _train(cfg) -> tuple[list[dict], dict[str, torch.Tensor]]:
 @pytest.mark.slow
 def test_grpo_with_shared_prompts_trains_like_without(rl_config, monkeypatch):
     shared = []
-    real = tf.pack_shared_prefix
-    monkeypatch.setattr(tf, "pack_shared_prefix", lambda *a, **k: shared.append(1) or real(*a, **k))
+    real = pm.pack_shared_prefix
+    monkeypatch.setattr(pm, "pack_shared_prefix", lambda *a, **k: shared.append(1) or real(*a, **k))
     history_on, weights_on = _train(rl_config(*GRPO))
     # 2 steps x (reference pass + update), at least one micro-batch each
     assert len(shared) >= 4

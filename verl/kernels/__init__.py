@@ -2,7 +2,11 @@
 engines share.
 
 - :mod:`verl.kernels.torch_functional`: log-probs and entropies of response tokens, chunked
-  over the LM head; packed and padded forward passes.
+  over the LM head (:func:`~verl.kernels.torch_functional.compute_response_log_probs`).
+- :mod:`verl.kernels.logprob_kernels`: the chunked log-prob / entropy autograd kernels over
+  a logits tensor.
+- :mod:`verl.kernels.packed_model`: a model's forward pass on a packed batch (packing for
+  a model, block-attention plan or packed mask, sequence-parallel inputs).
 - :mod:`verl.kernels.packing` / :mod:`verl.kernels.prefix_packing`: sequences packed into
   rows without padding, and a group's shared prompt computed once.
 - :mod:`verl.kernels.block_attention`: attention over packed rows computed block by block

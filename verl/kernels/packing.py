@@ -12,7 +12,7 @@ sequence, so every token sees exactly what it saw in the padded row, and the res
 with the padded pass up to float rounding (tests: within 1e-5). With sdpa attention the
 packer's ``blocks`` (one per sequence) let :mod:`verl.kernels.block_attention` attend each
 sequence's own keys only instead of the whole bin under a mask
-(:func:`verl.kernels.torch_functional.packed_forward`).
+(:func:`verl.kernels.packed_model.packed_forward`).
 
 The capacity is at least the longest sequence; by default bins hold between
 ``_MIN_CAPACITY`` and twice that many tokens (or one sequence), so short sequences share a
@@ -160,7 +160,7 @@ def pack_sequences(
         pad_token_id: id of the bins' trailing filler (its outputs are never read).
         width_multiple: round the packed width up to a multiple of this (filler columns),
             so that passes see few distinct shapes (see
-            :func:`verl.kernels.torch_functional.shape_multiple`).
+            :func:`verl.kernels.packed_model.shape_multiple`).
     """
     rows, seq_len = input_ids.shape
     prompt_width = seq_len - response_len
