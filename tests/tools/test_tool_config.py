@@ -14,7 +14,7 @@ import yaml
 from verl import cli
 from verl.config import ConfigError, TrainerConfig, from_dict, load_config, to_dict, to_yaml
 from verl.config.load import load_yaml_text
-from verl.config.schema_roles import MultiTurnConfig, ToolConfig
+from verl.config.schema_rollout import MultiTurnConfig, ToolConfig
 from verl.tools import load_tool
 from verl.tools.calculator import calculate, calculator_tool
 from verl.tools.interaction import arithmetic_retry

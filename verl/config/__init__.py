@@ -34,7 +34,8 @@ _MODULES = {
     "schema_roles": "ActorConfig ActorRolloutRefConfig CheckpointConfig CriticConfig "
     "CriticModelConfig FSDPConfig MixedPrecisionConfig ModelConfig OptimConfig "
     "OverlongBufferConfig RefConfig RefFSDPConfig RewardModelConfig RewardModelModelConfig "
-    "RolloutConfig ValKwargsConfig",
+    "TrainedRoleConfig",
+    "schema_rollout": "MultiTurnConfig RolloutConfig ToolConfig ValKwargsConfig",
 }
 _LAZY = {name: f"{__name__}.{mod}" for mod, names in _MODULES.items() for name in names.split()}
 

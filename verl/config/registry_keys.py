@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from verl.config.load import get_path, show
+from verl.config.load import get_path
+from verl.config.yaml_text import show
 from verl.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,

@@ -19,17 +19,12 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from verl.config._fields import Strategy, entry
-from verl.config.load import ConfigProblem, load_validated, show
+from verl.config.checks import Checks, check_data_source, check_optim, check_registries, check_run
+from verl.config.load import ConfigProblem, load_validated
 from verl.config.schema import ArithmeticConfig, ClusterRunConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import (
-    Checks,
-    check_data_source,
-    check_optim,
-    check_registries,
-    check_run,
-    validate_tree,
-)
+from verl.config.validate import validate_tree
+from verl.config.yaml_text import show
 
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]

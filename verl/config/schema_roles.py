@@ -1,5 +1,9 @@
 """Config sections of the model-holding roles: actor / rollout / reference, critic, reward model.
 
+The trained roles (actor, critic) share their keys through :class:`TrainedRoleConfig`; the
+rollout's sections (sampling, multi-turn tools, agent programs, serving engines) live in
+``verl.config.schema_rollout``.
+
 Key names follow upstream verl where the same setting exists (``ppo_mini_batch_size``,
 ``clip_ratio``, ``fsdp_config.param_offload`` ...), with ``_per_device`` in place of
 ``_per_gpu`` since a device may be a CPU process. Batch-size units are stated in
@@ -11,7 +15,6 @@ Key names follow upstream verl where the same setting exists (``ppo_mini_batch_s
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +27,7 @@ from verl.config._fields import (
     WarmupStyle,
     entry,
 )
+from verl.config.schema_rollout import RolloutConfig
 from verl.registry import POLICY_LOSSES
 
 # Tokens per micro-batch when ppo_max_token_len_per_device is null: measured on a 2-core
@@ -176,13 +180,15 @@ class CheckpointConfig:
 
 
 @dataclass
-class ActorConfig(MicroBatchSplit):
-    """The policy being trained: PPO-style clipped updates."""
+class TrainedRoleConfig(MicroBatchSplit):
+    """The keys every trained role (``actor_rollout_ref.actor``, ``critic``) has, declared
+    once: precision, engine, batching into mini- and micro-batches, packing, sequence
+    parallelism, optimizer, FSDP2 wrapping and checkpoint contents."""
 
     precision: Precision | None = entry(
         None,
-        "actor and rollout compute precision: none, fp32, bf16, fp16, auto; "
-        "null = trainer.mixed_precision",
+        "compute precision of the role (the actor's is also the rollout's): none, fp32, "
+        "bf16, fp16, auto; null = trainer.mixed_precision",
     )
     strategy: Strategy = entry(
         "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
@@ -199,7 +205,8 @@ class ActorConfig(MicroBatchSplit):
     use_dynamic_bsz: bool | None = entry(
         None,
         "micro-batches by the token budget (true) or by row counts (false) in the update and "
-        "the old/ref log-prob passes; null = token budget for a pass without a row count",
+        "the no-gradient passes (the actor's old/ref log-probs, the critic's values); null = "
+        "token budget for a pass without a row count",
     )
     ppo_max_token_len_per_device: int | None = entry(
         None,
@@ -208,6 +215,39 @@ class ActorConfig(MicroBatchSplit):
         ge=1,
     )
     ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
+    shuffle: bool = entry(True, "shuffle samples between mini-batches")
+    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
+    pack_sequences: bool = entry(
+        True,
+        "forwards (log-probs or values) and the update run on each micro-batch's real tokens "
+        "packed end to end (position ids restart per sequence, attention stays within it): "
+        "no padding compute; false = padded rows",
+    )
+    share_prompt_prefix: bool = entry(
+        True,
+        "with pack_sequences, rows with identical prompt ids (a GRPO group) are packed as "
+        "one prompt + their responses (explicit attention mask; same results): each prompt "
+        "computed once in the update and the no-gradient passes; micro-batches keep a group "
+        "together. sdpa/eager attention only (others: plain packing)",
+    )
+    ulysses_sequence_parallel_size: int = entry(
+        1,
+        "Ulysses sequence parallelism: ranks that split each micro-batch's tokens (and, "
+        "around attention, its heads) in the forward and update passes; must divide the "
+        "role's ranks and the model's attention heads; fsdp2 only; 1 = off "
+        "(docs/distributed.md)",
+        ge=1,
+    )
+    optim: OptimConfig = entry(OptimConfig, "optimizer of the trained model")
+    fsdp_config: FSDPConfig = entry(FSDPConfig, "FSDP2 wrapping of the trained model")
+    checkpoint: CheckpointConfig = entry(CheckpointConfig, "checkpoint contents of the role")
+
+
+@dataclass
+class ActorConfig(TrainedRoleConfig):
+    """The policy being trained: PPO-style clipped updates (the trained-role keys of
+    :class:`TrainedRoleConfig`, then the policy's own)."""
+
     recompute_old_log_prob: bool | None = entry(
         None,
         "run the separate old-log-prob pass; null = auto: skipped (the update's own detached "
@@ -215,7 +255,6 @@ class ActorConfig(MicroBatchSplit):
         "(ppo_epochs=1, ppo_mini_batch_size >= data.train_batch_size) and nothing reads "
         "old_log_probs before it (KL in reward, an estimator that takes them)",
     )
-    shuffle: bool = entry(True, "shuffle samples between mini-batches")
     clip_ratio: float = entry(0.2, "PPO clip epsilon", gt=0)
     clip_ratio_low: float | None = entry(None, "lower clip epsilon; null = clip_ratio")
     clip_ratio_high: float | None = entry(None, "upper clip epsilon; null = clip_ratio", gt=0)
@@ -263,36 +302,11 @@ class ActorConfig(MicroBatchSplit):
         "KL estimator of the KL loss: k1 (kl), abs, k2 (mse), k3 (low_var_kl); suffix + "
         "for k2's gradient",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
     logprob_chunk_size: int = entry(
         512,
         "tokens whose float32 logits exist at once when computing log-probs (bounds memory)",
         ge=1,
     )
-    pack_sequences: bool = entry(
-        True,
-        "log-prob and update forwards run on each micro-batch's real tokens packed end to end "
-        "(position ids restart per sequence, attention stays within it): no padding compute; "
-        "false = padded rows",
-    )
-    share_prompt_prefix: bool = entry(
-        True,
-        "with pack_sequences, rows with identical prompt ids (a GRPO group) are packed as "
-        "one prompt + their responses (explicit attention mask; same results): each prompt "
-        "computed once in the update, old- and reference log-prob passes; micro-batches "
-        "keep a group together. sdpa/eager attention only (others: plain packing)",
-    )
-    ulysses_sequence_parallel_size: int = entry(
-        1,
-        "Ulysses sequence parallelism: ranks that split each micro-batch's tokens (and, "
-        "around attention, its heads) in the log-prob and update passes; must divide the "
-        "role's ranks and the model's attention heads; fsdp2 only; 1 = off "
-        "(docs/distributed.md)",
-        ge=1,
-    )
-    optim: OptimConfig = entry(OptimConfig, "actor optimizer")
-    fsdp_config: FSDPConfig = entry(FSDPConfig, "actor FSDP2 wrapping")
-    checkpoint: CheckpointConfig = entry(CheckpointConfig, "actor checkpoint contents")
 
     @property
     def clip_ratio_bounds(self) -> tuple[float, float]:
@@ -307,209 +321,6 @@ class ActorConfig(MicroBatchSplit):
         if self.loss_agg_mode is not None:
             return self.loss_agg_mode
         return POLICY_LOSSES.needs(self.policy_loss, "default_loss_agg_mode", None) or "token-mean"
-
-
-@dataclass
-class ValKwargsConfig:
-    """Sampling settings used for validation (greedy by default)."""
-
-    n: int = entry(1, "responses per validation prompt", ge=1)
-    temperature: float = entry(0.0, "sampling temperature", ge=0)
-    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]", gt=0, le=1)
-    top_k: int = entry(-1, "top-k sampling; -1 = off", ge=1, off=-1)
-    do_sample: bool = entry(False, "sample; false = greedy")
-
-
-@dataclass
-class ToolConfig:
-    """One tool of multi-turn rollouts: a function (or ``verl.tools.Tool``) in a file or a
-    module. In Python, :meth:`from_function` (or a function put in ``MultiTurnConfig.tools``)
-    makes one from the function itself, written as its import path ``module:qualname``."""
-
-    path: str = entry(
-        "builtin",
-        "Python file defining the tool, or an import path module:qualname; "
-        "builtin = verl's own tools",
-    )
-    name: str = entry("calculator", "the tool's name (builtin: calculator, python)")
-
-    @classmethod
-    def from_function(cls, fn: Any, name: str | None = None) -> ToolConfig:
-        """The entry of a tool function (or ``verl.tools.Tool``) defined at the top level of
-        an importable module (``path: module:qualname``) or of a file loaded by verl
-        (``path: file.py``). The config is written as YAML into every checkpoint, so a
-        function with no such form (a lambda, a nested function, one defined in the script
-        being run) raises ``ValueError`` saying so."""
-        from verl.utils.import_path import NotImportableError, import_path
-
-        tool_name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None)
-        module = sys.modules.get(getattr(fn, "__module__", None) or "")
-        source = getattr(module, "__file__", None)
-        if (  # loaded from a file by verl (verl.utils.file_import): name the file
-            getattr(module, "__name__", "").startswith("_verl_")
-            and source
-            and getattr(fn, "__qualname__", None) == tool_name
-        ):
-            return cls(path=source, name=tool_name)
-        try:
-            return cls(path=import_path(fn), name=tool_name)
-        except NotImportableError as exc:
-            raise ValueError(
-                f"multi_turn.tools: the tool {tool_name!r} cannot be written into the run's "
-                f"config (saved as YAML in every checkpoint; a resumed run and each worker "
-                f"load the tool from it): {exc}. Or set multi_turn.tools=[{{path: file.py, "
-                f"name: {tool_name}}}]"
-            ) from exc
-
-    @staticmethod
-    def not_a_section_hint(value: Any) -> str:
-        """The end of the validation message for a ``tools`` item that is not an entry."""
-        if not callable(value):
-            return ""
-        try:
-            fixed = ToolConfig.from_function(value)
-        except ValueError as exc:
-            return f"; {exc}"
-        return (
-            f"; write ToolConfig.from_function(fn), i.e. {{path: {fixed.path}, name: {fixed.name}}}"
-        )
-
-
-@dataclass
-class InteractionConfig:
-    """The environment of multi-turn rollouts: replies as a user turn after a final answer."""
-
-    path: str | None = entry(
-        None, "Python file defining the interaction; builtin = verl's own; null = no interaction"
-    )
-    name: str = entry("arithmetic_retry", "the function's name (builtin: arithmetic_retry)")
-
-
-@dataclass
-class MultiTurnConfig:
-    """Multi-turn rollouts with tools (the agent loop, docs/multiturn.md)."""
-
-    enable: bool = entry(False, "generate with the agent loop: model turns and tool results")
-    max_turns: int = entry(4, "model turns per response (tool results come between them)", ge=1)
-    max_tool_response_tokens: int = entry(256, "tokens of a tool result kept; longer is cut", ge=1)
-    tools: list[ToolConfig] = entry([], "tools the model may call: a list of {path, name}")
-    tool_timeout: float = entry(10.0, "seconds a round of tool calls may take; then an error", gt=0)
-    max_parallel_tool_calls: int = entry(
-        8, "tool calls run at once per rollout worker; the others of a round wait", ge=1
-    )
-    interaction: InteractionConfig = entry(
-        InteractionConfig, "replies to a turn without a tool call (feedback, or the end)"
-    )
-
-    def __post_init__(self) -> None:
-        # A function (or verl.tools.Tool) given in Python becomes its {path, name} entry; one
-        # that has no such form stays, and validation refuses it (ToolConfig.not_a_section_hint).
-        if isinstance(self.tools, (list, tuple)):
-            self.tools = [_tool_entry(t) for t in self.tools]
-
-
-@dataclass
-class AgentProgramConfig:
-    """Agent programs as rollouts (docs/agents.md): the user's agent talks to an
-    OpenAI-compatible endpoint served from the rollout engine during the rollout."""
-
-    program: str | None = entry(
-        None,
-        "the agent, fn(base_url, api_key, task) -> reward | None: an import path "
-        "module:function or file.py:function; null = no agent program",
-    )
-    command: str | None = entry(
-        None,
-        "or a command run per rollout (task JSON on stdin, OPENAI_BASE_URL / OPENAI_API_KEY "
-        "in its environment, reward JSON on its last stdout line); null = none",
-    )
-    concurrency: int = entry(16, "agents running at once on each rollout worker", ge=1)
-    timeout_s: float = entry(300.0, "seconds an agent may run; then it is stopped, no row", gt=0)
-    max_requests: int = entry(64, "model requests one agent may make; more are refused", ge=1)
-
-    @property
-    def enable(self) -> bool:
-        """Whether rollouts run an agent program (``program`` or ``command`` set)."""
-        return bool(self.program) or bool(self.command)
-
-
-def _tool_entry(item: Any) -> Any:
-    if isinstance(item, ToolConfig) or not callable(item):
-        return item
-    try:
-        return ToolConfig.from_function(item)
-    except ValueError:
-        return item
-
-
-@dataclass
-class ServingEngineConfig:
-    """Settings every serving-engine backend (vllm, sglang) has: lengths and the weight push."""
-
-    max_model_len: int | None = entry(
-        None,
-        "longest prompt + response in tokens; null = data.max_prompt_length + max_response_length",
-    )
-    weight_sync_bucket_mb: float = entry(
-        256.0, "MiB per bucket of the post-update weight push", gt=0
-    )
-    weight_sync_timeout_s: float = entry(
-        120.0, "seconds the engine may take per bucket before the sync fails with an error", gt=0
-    )
-
-
-@dataclass
-class VLLMRolloutConfig(ServingEngineConfig):
-    """The vllm rollout backend's engine (read only when rollout.name=vllm)."""
-
-    kv_cache_gib: int = entry(1, "KV-cache size on CPU in whole GiB (VLLM_CPU_KVCACHE_SPACE)", ge=1)
-    gpu_memory_utilization: float = entry(
-        0.5, "fraction of GPU memory vLLM may use (CUDA)", gt=0, le=1
-    )
-    enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
-    tensor_parallel_size: int = entry(
-        1, "vLLM's own tensor-parallel size (1: the push is in-process)", ge=1
-    )
-
-
-@dataclass
-class SGLangRolloutConfig(ServingEngineConfig):
-    """The sglang rollout backend's engine (read only when rollout.name=sglang; CUDA only)."""
-
-    mem_fraction_static: float = entry(
-        0.5, "fraction of GPU memory SGLang takes for weights and KV cache", gt=0, le=1
-    )
-    tensor_parallel_size: int = entry(1, "SGLang's own tensor-parallel size (tp_size)", ge=1)
-
-
-@dataclass
-class RolloutConfig:
-    """Response generation. Response length is data.max_response_length."""
-
-    name: str = entry("native", "rollout backend: native, hf, vllm, sglang")
-    n: int = entry(4, "responses sampled per prompt (GRPO-style estimators need >= 2)", ge=1)
-    temperature: float = entry(1.0, "sampling temperature (> 0 when do_sample)", ge=0)
-    top_p: float = entry(1.0, "nucleus sampling mass, in (0, 1]", gt=0, le=1)
-    top_k: int = entry(-1, "top-k sampling; -1 = off", ge=1, off=-1)
-    do_sample: bool = entry(True, "sample; false = greedy")
-    stop: list[str] = entry([], "extra stop strings (EOS always stops)")
-    log_prob_micro_batch_size_per_device: int | None = entry(
-        None,
-        "samples per forward when recomputing old log-probs; null = as the actor's update "
-        "(its token budget by default)",
-        ge=1,
-    )
-    seed: int | None = entry(None, "sampling seed; null = trainer.seed")
-    compile_decode: bool = entry(
-        False, "native: torch.compile the decode step over a static KV cache (docs/rollout.md)"
-    )
-    val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
-    multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
-    agent: AgentProgramConfig = entry(
-        AgentProgramConfig, "agent programs as rollouts, over an OpenAI-compatible endpoint"
-    )
-    vllm: VLLMRolloutConfig = entry(VLLMRolloutConfig, "vllm backend engine settings")
-    sglang: SGLangRolloutConfig = entry(SGLangRolloutConfig, "sglang backend engine settings")
 
 
 @dataclass
@@ -576,46 +387,18 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticConfig(MicroBatchSplit):
-    """The value function, trained by clipped value regression."""
+class CriticConfig(TrainedRoleConfig):
+    """The value function, trained by clipped value regression (the trained-role keys of
+    :class:`TrainedRoleConfig`, then the critic's own)."""
 
     enable: bool | None = entry(None, "null = on iff algorithm.adv_estimator needs values (gae)")
-    precision: Precision | None = entry(
-        None,
-        "critic compute precision: none, fp32, bf16, fp16, auto; null = trainer.mixed_precision",
-    )
-    strategy: Strategy = entry(
-        "auto", "train engine: single (one process), fsdp2, or auto (fsdp2 for > 1 device)"
-    )
     model: CriticModelConfig = entry(CriticModelConfig, "value model")
     optim: OptimConfig = entry(OptimConfig(lr=1e-5), "critic optimizer")
-    ppo_mini_batch_size: int = entry(
-        4, "prompts per optimizer step (multiplied by rollout.n into samples)", ge=1
-    )
-    ppo_micro_batch_size_per_device: int | None = entry(
-        None,
-        "samples per forward/backward per device; null = micro-batches of at most "
-        "ppo_max_token_len_per_device tokens",
-        ge=1,
-    )
     forward_micro_batch_size_per_device: int | None = entry(
         None,
         "samples per forward when computing values (no gradient); null = as the update",
         ge=1,
     )
-    use_dynamic_bsz: bool | None = entry(
-        None,
-        "micro-batches by the token budget (true) or by row counts (false) in the update and "
-        "the value pass; null = token budget for a pass without a row count",
-    )
-    ppo_max_token_len_per_device: int | None = entry(
-        None,
-        "token budget per micro-batch per device (rows x padded length); a longer sample "
-        f"goes alone; null = {DEFAULT_TOKEN_BUDGET}",
-        ge=1,
-    )
-    ppo_epochs: int = entry(1, "passes over each step's batch", ge=1)
-    shuffle: bool = entry(True, "shuffle samples between mini-batches")
     cliprange_value: float = entry(0.5, "value clip range around the old values", gt=0)
     loss_coef: float = entry(1.0, "multiplier of the value loss", gt=0)
     loss_agg_mode: str = entry(
@@ -623,24 +406,6 @@ class CriticConfig(MicroBatchSplit):
         "how token losses become one scalar: token-mean, seq-mean-token-sum, "
         "seq-mean-token-mean, seq-mean-token-sum-norm",
     )
-    grad_clip: float = entry(1.0, "max global gradient norm", gt=0)
-    pack_sequences: bool = entry(
-        True,
-        "value and update forwards run on each micro-batch's real tokens packed end to end "
-        "(as actor.pack_sequences); false = padded rows",
-    )
-    share_prompt_prefix: bool = entry(
-        True,
-        "with pack_sequences, each prompt group's prompt is computed once (as "
-        "actor.share_prompt_prefix)",
-    )
-    ulysses_sequence_parallel_size: int = entry(
-        1,
-        "Ulysses sequence parallelism of the value and update passes (as the actor's); 1 = off",
-        ge=1,
-    )
-    fsdp_config: FSDPConfig = entry(FSDPConfig, "critic FSDP2 wrapping")
-    checkpoint: CheckpointConfig = entry(CheckpointConfig, "critic checkpoint contents")
 
 
 @dataclass
