@@ -2,7 +2,7 @@
 run as a child driver, SIGKILLed mid-call and resumed each time (issue 20, item 9).
 
 A kill lands while the ranks run a call: the child driver wraps the Ray backend's wait for
-a worker call (``_RayPending.wait``) and, at the n-th call of the chosen method, either
+a worker call (``RayPending.wait``) and, at the n-th call of the chosen method, either
 SIGKILLs itself (the driver) or SIGKILLs rank 1's actor process and then waits (a worker).
 Either way the call's work is under way on the ranks when the kill lands.
 
@@ -64,11 +64,11 @@ REWARD = (
 CHILD = """
 import os, signal, sys, time
 from verl.config import load_config
-from verl.controller import ray_backend
+from verl.controller import ray_calls
 from verl.trainer.rl import trainer as ppo_trainer
 
 method, nth, victim = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-real = ray_backend._RayPending.wait
+real = ray_calls.RayPending.wait
 calls = 0
 
 
@@ -86,7 +86,7 @@ def wait(self, timeout=None):
     return real(self, timeout)
 
 
-ray_backend._RayPending.wait = wait
+ray_calls.RayPending.wait = wait
 try:
     ppo_trainer.RLTrainer(load_config(sys.argv[1])).fit()
 except BaseException:

@@ -50,7 +50,7 @@ import json, os, signal, sys, time
 import psutil
 import ray
 from verl.config import load_config
-from verl.controller import ensure_ray, ray_backend
+from verl.controller import ensure_ray, ray_calls
 from verl.trainer.rl import trainer as ppo_trainer
 
 cfg = load_config(sys.argv[1])
@@ -60,7 +60,7 @@ deadline = time.monotonic() + 60
 while sum(n["Alive"] for n in ray.nodes()) < 2:
     assert time.monotonic() < deadline, "the worker node did not join"
     time.sleep(0.2)
-real = ray_backend._RayPending.wait
+real = ray_calls.RayPending.wait
 calls = 0
 
 
@@ -77,7 +77,7 @@ def wait(self, timeout=None):
     return real(self, timeout)
 
 
-ray_backend._RayPending.wait = wait
+ray_calls.RayPending.wait = wait
 trainer = ppo_trainer.RLTrainer(cfg)
 print("NODES " + json.dumps(trainer.actor_rollout_wg.nodes), file=sys.stderr, flush=True)
 try:

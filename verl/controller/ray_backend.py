@@ -34,7 +34,9 @@ thread of each actor) and surfaces as ``WorkerStalledError`` after
 ``RayOptions.heartbeat_timeout_s``. ``shutdown()`` kills the actors.
 
 Starting or joining the cluster is ``verl.controller.ray_cluster`` (``ensure_ray``);
-placement groups are ``verl.controller.ray_placement``.
+placement groups are ``verl.controller.ray_placement``; the actor of one rank is
+``verl.controller.ray_actor``; the driver's view of the actors and of the calls running on
+them (waits, deaths, stalls, shutdown) is ``verl.controller.ray_calls``.
 
 This module imports Ray; ``verl.controller`` loads it only when a Ray name is first used.
 """
@@ -43,27 +45,21 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import OutOfMemoryError, RayActorError, RayError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.controller.ray_cluster import LOOPBACK, ensure_ray
-from verl.controller.ray_failures import death_cause, node_death
-from verl.controller.ray_heartbeat import HEARTBEAT_GROUP, Heartbeat
-from verl.controller.ray_placement import PoolPlacement, acquire_placement, release_placement
+from verl.controller.ray_actor import _WorkerHost
+from verl.controller.ray_calls import RayActors, RayPending
+from verl.controller.ray_cluster import ensure_ray
+from verl.controller.ray_heartbeat import Heartbeat
+from verl.controller.ray_placement import acquire_placement
 from verl.controller.resource_pool import ResourcePool
-from verl.controller.worker import DistInfo, Worker, instantiate_worker
-from verl.controller.worker_group import (
-    PendingOutputs,
-    WorkerDiedError,
-    WorkerGroup,
-    WorkerStalledError,
-)
+from verl.controller.worker import DistInfo, Worker
+from verl.controller.worker_group import WorkerGroup
 from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -74,17 +70,6 @@ __all__ = ["RayOptions", "RayWorkerGroup", "ensure_ray"]
 # actors only need to be placed in it, and a small claim lets up to 100 groups (roles)
 # share one bundle, which is what colocation by pool means.
 _ACTOR_SHARE = 0.01
-
-# After an ordinary error from one rank, how long to look for a dead rank among the others:
-# a rank blocked in a collective with a rank that died fails with a connection error at
-# about the moment the death is reported, and the death is the cause worth naming.
-_DEATH_GRACE_S = 2.0
-
-_DEATH_ERRORS = (RayActorError, WorkerCrashedError, OutOfMemoryError)
-
-# How long shutdown waits for idle workers' ``Worker.close`` (an inference engine's own
-# shutdown) before killing the actors anyway.
-_CLOSE_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -130,314 +115,6 @@ class RayOptions:
                 f"heartbeat_timeout_s={self.heartbeat_timeout_s!r} must be > 0 seconds, or None "
                 "to turn the heartbeat off"
             )
-
-
-# --------------------------------------------------------------------------- actor side
-
-
-@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={HEARTBEAT_GROUP: 1})
-class _WorkerHost:
-    """The Ray actor of one rank: sets up the process, then holds and calls the worker."""
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-        self._worker: Worker | None = None
-        # rank 0's bound rendezvous socket; kept open for the store that listens on it
-        self._store_socket: socket.socket | None = None
-
-    def __repr__(self) -> str:
-        # Ray prefixes the actor's log lines with this: "(CriticWorker rank=1 pid=...)"
-        return self._label
-
-    def rendezvous(self, world_size: int) -> tuple[str, int]:
-        """This node's IP and a port on it for rank 0 to host the rendezvous store.
-
-        For a process group, the port is held: a socket bound to the node's IP (127.0.0.1
-        on a local cluster) and listening, handed to the store in ``init_worker``, so the
-        store listens on that address only (torch's own store listens on every interface).
-        """
-        from verl.utils.distributed import find_free_port
-
-        node_ip = ray.util.get_node_ip_address()
-        if world_size == 1:
-            # nothing listens unless an engine builds its own group later: keep the port free
-            return node_ip, find_free_port(node_ip)
-        family = socket.AF_INET6 if ":" in node_ip else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.bind((node_ip, 0))
-        listener.listen(socket.SOMAXCONN)
-        self._store_socket = listener
-        return node_ip, int(listener.getsockname()[1])
-
-    def init_worker(
-        self,
-        worker_cls: type[Worker],
-        info: DistInfo,
-        args: tuple,
-        kwargs: dict[str, Any],
-        device_type: str,
-        num_threads: int,
-        collective_timeout_s: float | None,
-    ) -> tuple[int, str]:
-        """Set up the process (env, threads, logging, process group), then build the worker."""
-        # Ray forwards the actor's stderr to the driver, prefixed with this actor's label;
-        # without a handler the workers' log records would be dropped.
-        logging.basicConfig(
-            level=os.environ.get("VERL_WORKER_LOG_LEVEL", "INFO").upper(),
-            format="%(levelname)s %(name)s: %(message)s",
-        )
-        os.environ.update(info.to_env())
-        os.environ["OMP_NUM_THREADS"] = str(num_threads)
-        os.environ["MKL_NUM_THREADS"] = str(num_threads)
-        import torch
-
-        torch.set_num_threads(num_threads)
-        if info.world_size > 1:
-            from verl.utils.distributed import init_distributed
-
-            if info.master_addr == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
-                # a local cluster: gloo's peer sockets on loopback too, not on the address
-                # the host name resolves to
-                loopback = [n for _, n in socket.if_nameindex() if n in ("lo", "lo0")]
-                if loopback:
-                    os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
-
-            assert info.master_addr is not None and info.master_port is not None
-            init_distributed(
-                info.rank,
-                info.world_size,
-                info.master_addr,
-                info.master_port,
-                device_type=device_type,
-                timeout_s=collective_timeout_s,
-                listen_fd=self._store_socket.fileno() if self._store_socket else None,
-            )
-        self._worker = instantiate_worker(worker_cls, info, args, kwargs)
-        # the IP alone does not tell apart nodes sharing a machine (or an address)
-        node_id = ray.get_runtime_context().get_node_id()
-        return os.getpid(), f"{ray.util.get_node_ip_address()} id {node_id[:12]}"
-
-    @ray.method(concurrency_group=HEARTBEAT_GROUP)
-    def heartbeat(self) -> int:
-        """Answered from a thread of its own, also while ``execute`` runs: the process runs."""
-        return os.getpid()
-
-    @ray.method(concurrency_group=HEARTBEAT_GROUP)
-    def request_stop(self, signum: int) -> None:
-        """``Worker.request_stop`` from the heartbeat's thread, so it lands while ``execute``
-        runs (a flag the running call polls; nothing else is touched)."""
-        if self._worker is not None:
-            self._worker.request_stop(signum)
-
-    def close_worker(self) -> None:
-        """``Worker.close`` before the actor is killed (releases engines, temporary files)."""
-        if self._worker is not None:
-            self._worker.close()
-
-    def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
-        """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""
-        role, method = target
-        if self._worker is None:
-            raise RuntimeError(f"{self._label}: the worker was not constructed")
-        if role is None:
-            return getattr(self._worker, method)(*args, **kwargs)
-        return self._worker.call_role(role, method, *args, **kwargs)  # type: ignore[attr-defined]
-
-
-# --------------------------------------------------------------------------- driver side
-
-
-@dataclass
-class _Actors:
-    """The actors of one group, shared by its ``spawn()`` role views."""
-
-    label: str
-    pool: ResourcePool
-    placement: PoolPlacement | None
-    handles: list[Any] = field(default_factory=list)
-    pids: list[int | None] = field(default_factory=list)
-    nodes: list[str | None] = field(default_factory=list)  # "<ip> id <node id>" per rank
-    dead: WorkerDiedError | None = None
-    closed: bool = False
-    heartbeat: Heartbeat | None = None
-    # results of ranks a failed call stopped waiting for; kept (not dropped) so that Ray does
-    # not report their errors as unhandled, and collected quietly at shutdown
-    abandoned: list[Any] = field(default_factory=list)
-    # the calls started on the workers (``execute``), to tell at shutdown whether any runs
-    running: list[Any] = field(default_factory=list)
-
-    def started(self, refs: list[Any]) -> None:
-        """Note the refs of a call just started (and forget the finished ones)."""
-        if self.running:
-            _, self.running = ray.wait(self.running, num_returns=len(self.running), timeout=0)
-        self.running.extend(refs)
-
-    def _close_workers(self) -> None:
-        """``Worker.close`` on every rank, when none is running a call or has died (a busy or
-        broken group is killed at once: a stop that must be quick is not held up)."""
-        if self.dead is not None or not self.handles:
-            return
-        if self.running:
-            _, busy = ray.wait(self.running, num_returns=len(self.running), timeout=0)
-            if busy:
-                return
-        refs = [handle.close_worker.remote() for handle in self.handles]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_GRACE_S)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except Exception as e:  # closing is best effort; the kill below follows anyway
-                logger.warning("%s: closing a worker failed: %s", self.label, e)
-        self.abandoned.extend(ref for ref in refs if ref not in ready)
-
-    def shutdown(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if ray.is_initialized():
-            self._close_workers()
-            for handle in self.handles:
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception as e:  # already dead, or the cluster is gone
-                    logger.debug("could not kill %s actor: %s", self.label, e)
-            if self.abandoned:
-                ready, _ = ray.wait(
-                    self.abandoned, num_returns=len(self.abandoned), timeout=_DEATH_GRACE_S
-                )
-                for ref in ready:
-                    try:
-                        ray.get(ref)
-                    except Exception as e:
-                        logger.debug("abandoned %s result: %s", self.label, type(e).__name__)
-            self.abandoned = []
-        if self.placement is not None:
-            release_placement(self.pool, self.placement)
-            self.placement = None
-        logger.debug("shut down %d %s actor(s)", len(self.handles), self.label)
-
-
-class _RayPending(PendingOutputs):
-    """The per-rank ObjectRefs of one call; ``wait`` raises on the first failing rank."""
-
-    def __init__(self, actors: _Actors, role: str, method: str, refs: list[Any]) -> None:
-        self._actors = actors
-        self._role = role
-        self._method = method
-        self._rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        self._outputs: list[Any] = [None] * len(refs)
-        self._pending = list(refs)
-
-    def done(self) -> bool:
-        if not self._pending:
-            return True
-        ready, _ = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
-        return len(ready) == len(self._pending)
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        heartbeat = self._actors.heartbeat
-        while self._pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if heartbeat is not None:
-                self._check_heartbeat(heartbeat)
-                left = heartbeat.interval_s if left is None else min(left, heartbeat.interval_s)
-            ready, self._pending = ray.wait(self._pending, num_returns=1, timeout=left)
-            if (
-                not ready
-                and heartbeat is not None
-                and (deadline is None or time.monotonic() < deadline)
-            ):
-                continue
-            if not ready:
-                ranks = sorted(self._rank_of[r] for r in self._pending)
-                raise TimeoutError(
-                    f"{self._role}.{self._method}: ranks {ranks} still running after {timeout}s"
-                )
-            for ref in ready:
-                try:
-                    self._outputs[self._rank_of[ref]] = self._get(ref)
-                except BaseException:
-                    self._actors.abandoned.extend(self._pending)
-                    self._pending = []
-                    raise
-        return self._outputs
-
-    def _check_heartbeat(self, heartbeat: Heartbeat) -> None:
-        stall = heartbeat.check()
-        if stall is None:
-            return
-        rank = stall.rank
-        pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
-        node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
-        where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
-        error = WorkerStalledError(
-            self._role,
-            rank,
-            f"({where or 'process not started yet'}) no answer to its heartbeat for "
-            f"{stall.silent_s:.1f}s (timeout {heartbeat.timeout_s:g}s, "
-            "trainer.worker_heartbeat_timeout): the process is alive but does not run "
-            "(stopped with SIGSTOP, frozen, or stuck in native code holding the interpreter "
-            "lock); the group is unusable, restart the run (it resumes from the last "
-            "checkpoint)",
-            method=self._method,
-        )
-        if self._actors.dead is None:
-            self._actors.dead = error
-        self._actors.abandoned.extend(self._pending)
-        self._actors.abandoned.extend(heartbeat.abandon())
-        self._actors.heartbeat = None
-        self._pending = []
-        raise error
-
-    def _get(self, ref: Any) -> Any:
-        rank = self._rank_of[ref]
-        try:
-            return ray.get(ref)
-        except _DEATH_ERRORS as e:
-            if self._actors.closed:
-                raise RuntimeError(
-                    f"the {self._role} worker group was shut down while {self._method!r} ran"
-                ) from e
-            raise self._died(rank, e) from e
-        except Exception as e:
-            # a rank in a collective with a dead rank fails too: report the dead one
-            death = self._find_death()
-            if death is not None:
-                logger.debug("rank %d failed after rank %d died: %s", rank, death.rank, e)
-                raise death from e
-            _note(e, f"(in {self._role}.{self._method} on rank {rank})")
-            raise
-
-    def _find_death(self) -> WorkerDiedError | None:
-        deadline = time.monotonic() + _DEATH_GRACE_S
-        rest = list(self._pending)
-        while rest and (left := deadline - time.monotonic()) > 0:
-            ready, rest = ray.wait(rest, num_returns=1, timeout=left)
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except _DEATH_ERRORS as e:
-                    return self._died(self._rank_of[ref], e)
-                except Exception:
-                    continue
-        return None
-
-    def _died(self, rank: int, error: RayError) -> WorkerDiedError:
-        pid = self._actors.pids[rank] if rank < len(self._actors.pids) else None
-        node = self._actors.nodes[rank] if rank < len(self._actors.nodes) else None
-        where = ", ".join(x for x in (pid and f"pid {pid}", node and f"node {node}") if x)
-        cause = f"({where}) {death_cause(error)}" if where else death_cause(error)
-        cause += node_death(node)
-        died = WorkerDiedError(self._role, rank, cause, method=self._method)
-        if self._actors.dead is None:
-            self._actors.dead = died
-        return died
-
-
-def _note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):  # Python >= 3.11
-        error.add_note(note)
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -488,7 +165,7 @@ class RayWorkerGroup(WorkerGroup):
             bundle["GPU"] = 1.0
         start = time.monotonic()
         placement = acquire_placement(resource_pool, bundle, opts.placement_timeout_s)
-        self._actors = _Actors(worker_cls.__name__, resource_pool, placement)
+        self._actors = RayActors(worker_cls.__name__, resource_pool, placement)
         try:
             self._create_actors(worker_cls, args, kwargs)
         except BaseException:
@@ -528,7 +205,7 @@ class RayWorkerGroup(WorkerGroup):
 
         # rank 0 hosts the rendezvous (also for world_size 1: an engine may still want one)
         rendezvous = [actors.handles[0].rendezvous.remote(pool.world_size)]
-        ((master_addr, master_port),) = _RayPending(
+        ((master_addr, master_port),) = RayPending(
             actors, worker_cls.__name__, "rendezvous", rendezvous
         ).wait()
         refs = []
@@ -552,7 +229,7 @@ class RayWorkerGroup(WorkerGroup):
                     opts.collective_timeout_s,
                 )
             )
-        started = _RayPending(actors, worker_cls.__name__, "__init__", refs).wait()
+        started = RayPending(actors, worker_cls.__name__, "__init__", refs).wait()
         actors.pids = [pid for pid, _ in started]
         actors.nodes = [node for _, node in started]
 
@@ -583,7 +260,7 @@ class RayWorkerGroup(WorkerGroup):
             return self._actors.label
         return f"{self._role} ({self._target_cls.__name__})"
 
-    def _start(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> _RayPending:
+    def _start(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> RayPending:
         if self._actors.closed:
             raise RuntimeError(f"the {self._label} worker group was shut down")
         dead = self._actors.dead
@@ -607,7 +284,7 @@ class RayWorkerGroup(WorkerGroup):
             for handle, (args, kwargs) in zip(self._actors.handles, calls, strict=True)
         ]
         self._actors.started(refs)
-        return _RayPending(self._actors, self._label, method_name, refs)
+        return RayPending(self._actors, self._label, method_name, refs)
 
     def _execute(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         return self._start(method_name, calls).wait()
@@ -629,8 +306,8 @@ class RayWorkerGroup(WorkerGroup):
 
     def shutdown(self) -> None:
         """Close the workers (``Worker.close``, when no call runs and none died; at most
-        ``_CLOSE_GRACE_S``), kill the actors (of every role, for a colocated group) and
-        release the pool.
+        ``_CLOSE_GRACE_S`` of ``verl.controller.ray_calls``), kill the actors (of every
+        role, for a colocated group) and release the pool.
 
         The pool's placement groups are removed once no other group uses them. Idempotent.
         """
