@@ -30,6 +30,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["auto", "local", "ray"]
 ResumeMode = Literal["auto", "disable", "resume_path"]
 ArithmeticOp = Literal["+", "-", "*"]
+ArithmeticPhrasing = Literal["question", "words", "compute", "calculate"]
 BuiltinDataset = Literal["arithmetic"]
 # DAPO dynamic sampling: the per-response value compared within a prompt group.
 FilterGroupsMetric = Literal["acc", "score", "seq_reward"]

@@ -20,6 +20,7 @@ from typing import Any
 from verl.config._fields import (
     PATH_FIELDS,
     ArithmeticOp,
+    ArithmeticPhrasing,
     Backend,
     BuiltinDataset,
     Device,
@@ -54,6 +55,14 @@ class ArithmeticConfig:
         "RL built-in data only",
     )
     ops: list[ArithmeticOp] = entry(["+"], "operators drawn from: +, -, *")
+    negative: bool = entry(
+        False, "subtraction in either order, so answers may be negative; RL built-in data only"
+    )
+    phrasings: list[ArithmeticPhrasing] = entry(
+        ["question"],
+        "question forms drawn per prompt: question (What is 3 + 4?), words (3 plus 4), "
+        "compute, calculate; extra_info.phrasing names each (trainer.val_group_by)",
+    )
     train_size: int = entry(1024, "generated training prompts", ge=1)
     val_size: int = entry(64, "generated validation prompts", ge=0)
 

@@ -261,12 +261,22 @@ def _check_data(c: Checks, cfg: SFTConfig | DPOConfig | RMConfig, builtin: bool)
             f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
         )
     check_data_source(c, d, builtin)
-    if builtin and d.arithmetic.balance_digits:
+    rl_only = {
+        "balance_digits": "balances digit counts",
+        "negative": "has negative answers",
+    }
+    for key, what in rl_only.items():
+        if builtin and getattr(d.arithmetic, key):
+            c.error(
+                f"data.arithmetic.{key}",
+                f"data.arithmetic.{key}=true: only the RL built-in data (verl train) {what}; "
+                "the SFT/DPO built-in sets do not, so remove it",
+            )
+    if builtin and list(d.arithmetic.phrasings) != ["question"]:
         c.error(
-            "data.arithmetic.balance_digits",
-            "data.arithmetic.balance_digits=true: only the RL built-in data (verl train) "
-            "balances digit counts; the SFT/DPO built-in sets draw operands uniformly, so "
-            "remove it",
+            "data.arithmetic.phrasings",
+            f"data.arithmetic.phrasings={list(d.arithmetic.phrasings)}: only the RL built-in "
+            "data (verl train) varies the question's phrasing; remove it",
         )
     if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
         c.error(

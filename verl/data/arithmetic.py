@@ -16,11 +16,23 @@ Operands have exactly `digits` digits (0-9 for one digit); `digits` may also be 
 range, so most have `hi` digits; with `balance_digits=True` each operand's digit count is
 drawn uniformly from `lo..hi` first (`(1, 2)`: half the operands 0-9, half 10-99), which
 keeps the easier problems in the mix. Subtraction puts the larger
-operand first, so every answer is a non-negative integer. `prompt_style="plain"` gives a
+operand first, so every answer is a non-negative integer, unless `negative=True` (operands
+in either order, answers down to `-(10**digits - 1)`). `prompt_style="plain"` gives a
 completion prompt ("3 + 4 =") for base models (use it with `apply_chat_template=False`).
 `prompt_style="tool"` asks the model to use the calculator tool, for multi-turn rollouts
 (`actor_rollout_ref.rollout.multi_turn`, docs/multiturn.md): multiplying 3- or 4-digit
 numbers (`--digits 3 --ops '*'`) is hard for a small model alone and easy with the tool.
+
+**Phrasings** (chat prompts): `phrasings` names the question forms rows are drawn from,
+one per row uniformly (seeded, independent of the problem draw):
+
+    question   What is 3 + 4? Answer with just the number.          (the default)
+    words      What is 3 plus 4? Answer with just the number.       (plus, minus, times)
+    compute    Compute 3 * 4 and reply with only the result.
+    calculate  Calculate 9 minus 5. Give just the number.
+
+Each row's form is in ``extra_info["phrasing"]`` beside ``op``, so validation reports
+accuracy per operation and per phrasing with ``trainer.val_group_by=[op,phrasing]``.
 
 Train and validation come from disjoint seeds (`2 * seed` and `2 * seed + 1`). The
 validation set is drawn first and its problems are excluded from train, so no problem is in
@@ -61,6 +73,14 @@ from verl.data.io import write_records
 logger = logging.getLogger(__name__)
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+OPERATOR_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+# phrasing -> (template, operator spelled as a word)
+PHRASINGS = {
+    "question": ("What is {a} {op} {b}? Answer with just the number.", False),
+    "words": ("What is {a} {op} {b}? Answer with just the number.", True),
+    "compute": ("Compute {a} {op} {b} and reply with only the result.", False),
+    "calculate": ("Calculate {a} {op} {b}. Give just the number.", True),
+}
 PROMPT_STYLES = ("chat", "plain", "tool")
 FORMATS = ("parquet", "jsonl")
 DATA_SOURCE = "arithmetic"
@@ -81,7 +101,9 @@ def digit_bounds(digits: Digits) -> tuple[int, int]:
     return lo, hi
 
 
-def _check_args(digits: Digits, ops: Sequence[str], prompt_style: str) -> None:
+def _check_args(
+    digits: Digits, ops: Sequence[str], prompt_style: str, phrasings: Sequence[str] = ("question",)
+) -> None:
     lo, hi = digit_bounds(digits)
     if lo < 1 or hi < lo:
         raise ValueError(f"digits={digits} must be >= 1 (a range (lo, hi) needs 1 <= lo <= hi)")
@@ -100,6 +122,14 @@ def _check_args(digits: Digits, ops: Sequence[str], prompt_style: str) -> None:
         )
     if prompt_style not in PROMPT_STYLES:
         raise ValueError(f"prompt_style={prompt_style!r}; choose one of {PROMPT_STYLES}")
+    unknown = [name for name in phrasings if name not in PHRASINGS]
+    if unknown or not phrasings:
+        raise ValueError(f"phrasings={list(phrasings)}: choose one or more of {list(PHRASINGS)}")
+    if prompt_style != "chat" and tuple(phrasings) != ("question",):
+        raise ValueError(
+            f"phrasings={list(phrasings)} apply to chat prompts; prompt_style={prompt_style!r} "
+            "has one form"
+        )
 
 
 def operand_range(digits: Digits) -> tuple[int, int]:
@@ -108,11 +138,11 @@ def operand_range(digits: Digits) -> tuple[int, int]:
     return (0 if lo == 1 else 10 ** (lo - 1)), 10**hi - 1
 
 
-def problem_space_size(digits: Digits, ops: Sequence[str]) -> int:
+def problem_space_size(digits: Digits, ops: Sequence[str], negative: bool = False) -> int:
     """Number of distinct problems (a, op, b) the generator can produce."""
     lo, hi = operand_range(digits)
     m = hi - lo + 1
-    return sum(m * (m + 1) // 2 if op == "-" else m * m for op in set(ops))
+    return sum(m * (m + 1) // 2 if op == "-" and not negative else m * m for op in set(ops))
 
 
 def _random_operand(rng: random.Random, lo: int, hi: int, balance_digits: bool) -> int:
@@ -126,30 +156,35 @@ def _random_operand(rng: random.Random, lo: int, hi: int, balance_digits: bool) 
 
 
 def _random_problem(
-    rng: random.Random, lo: int, hi: int, ops: Sequence[str], balance_digits: bool = False
+    rng: random.Random,
+    lo: int,
+    hi: int,
+    ops: Sequence[str],
+    balance_digits: bool = False,
+    negative: bool = False,
 ) -> Problem:
     op = rng.choice(ops)
     a = _random_operand(rng, lo, hi, balance_digits)
     b = _random_operand(rng, lo, hi, balance_digits)
-    if op == "-" and a < b:
+    if op == "-" and a < b and not negative:
         a, b = b, a
     return a, op, b
 
 
-def _in_space(p: Problem, lo: int, hi: int, ops: Sequence[str]) -> bool:
+def _in_space(p: Problem, lo: int, hi: int, ops: Sequence[str], negative: bool = False) -> bool:
     """Can the generator produce problem `p` with these settings?"""
     a, op, b = p
     in_range = lo <= a <= hi and lo <= b <= hi
-    return in_range and op in ops and not (op == "-" and a < b)
+    return in_range and op in ops and (negative or not (op == "-" and a < b))
 
 
-def _all_problems(lo: int, hi: int, ops: Sequence[str]) -> list[Problem]:
+def _all_problems(lo: int, hi: int, ops: Sequence[str], negative: bool = False) -> list[Problem]:
     return [
         (a, op, b)
         for op in ops
         for a in range(lo, hi + 1)
         for b in range(lo, hi + 1)
-        if not (op == "-" and a < b)
+        if negative or not (op == "-" and a < b)
     ]
 
 
@@ -160,8 +195,10 @@ def sample_problems(
     seed: int,
     exclude: set[Problem] | None = None,
     balance_digits: bool = False,
+    negative: bool = False,
 ) -> list[Problem]:
-    """`n` problems, distinct while the space (minus `exclude`) allows, in random order.
+    """`n` problems, distinct while the space (minus `exclude`) allows, in random order
+    (``negative``: subtraction in either order, so answers may be negative).
 
     ``balance_digits`` (module docstring) weights the draw by digit count while at most half
     of the space is asked for; beyond that the draw enumerates the space and is uniform.
@@ -170,8 +207,8 @@ def sample_problems(
     _check_args(digits, ops, "chat")
     rng = random.Random(seed)
     lo, hi = operand_range(digits)
-    exclude = {p for p in exclude or () if _in_space(p, lo, hi, ops)}
-    available = problem_space_size(digits, ops) - len(exclude)
+    exclude = {p for p in exclude or () if _in_space(p, lo, hi, ops, negative)}
+    available = problem_space_size(digits, ops, negative) - len(exclude)
     if available <= 0:
         raise ValueError(
             f"no problems left: digits={digits}, ops={ops} give "
@@ -183,13 +220,13 @@ def sample_problems(
         seen: set[Problem] = set()
         out: list[Problem] = []
         while len(out) < n:
-            p = _random_problem(rng, lo, hi, ops, balance_digits)
+            p = _random_problem(rng, lo, hi, ops, balance_digits, negative)
             if p not in seen and p not in exclude:
                 seen.add(p)
                 out.append(p)
         return out
     # The space is small compared with n (available < 2n), so enumerating it is cheap.
-    pool = [p for p in _all_problems(lo, hi, ops) if p not in exclude]
+    pool = [p for p in _all_problems(lo, hi, ops, negative) if p not in exclude]
     if n <= len(pool):
         return rng.sample(pool, n)
     logger.warning(
@@ -205,14 +242,19 @@ def sample_problems(
 
 
 def arithmetic_row(
-    problem: Problem, index: int, split: str, prompt_style: str = "chat"
+    problem: Problem,
+    index: int,
+    split: str,
+    prompt_style: str = "chat",
+    phrasing: str = "question",
 ) -> dict[str, Any]:
-    """One dataset row for problem (a, op, b)."""
+    """One dataset row for problem (a, op, b), a chat prompt in the form ``phrasing``."""
     a, op, b = problem
     expression = f"{a} {op} {b}"
     answer = OPERATORS[op](a, b)
     if prompt_style == "chat":
-        content = f"What is {expression}? Answer with just the number."
+        template, in_words = PHRASINGS[phrasing]
+        content = template.format(a=a, op=OPERATOR_WORDS[op] if in_words else op, b=b)
     elif prompt_style == "tool":
         content = (
             f"What is {expression}? Call the calculator tool to compute it, then answer "
@@ -232,6 +274,7 @@ def arithmetic_row(
             "b": b,
             "op": op,
             "expression": expression,
+            "phrasing": phrasing if prompt_style == "chat" else prompt_style,
         },
     }
 
@@ -245,13 +288,24 @@ def make_arithmetic_rows(
     prompt_style: str = "chat",
     exclude: set[Problem] | None = None,
     balance_digits: bool = False,
+    negative: bool = False,
+    phrasings: Sequence[str] = ("question",),
 ) -> list[dict[str, Any]]:
-    """`n` arithmetic rows (see the module docstring), deterministic for a `seed`."""
+    """`n` arithmetic rows (see the module docstring), deterministic for a `seed`. The
+    phrasing of each row is drawn by a generator of its own, so the problems are the same
+    whatever ``phrasings`` is."""
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
-    _check_args(digits, ops, prompt_style)
-    problems = sample_problems(n, digits, ops, seed, exclude, balance_digits) if n else []
-    return [arithmetic_row(p, i, split, prompt_style) for i, p in enumerate(problems)]
+    _check_args(digits, ops, prompt_style, phrasings)
+    problems = sample_problems(n, digits, ops, seed, exclude, balance_digits, negative) if n else []
+    forms = list(dict.fromkeys(phrasings))
+    pick = random.Random(f"phrasing-{seed}")
+    return [
+        arithmetic_row(
+            p, i, split, prompt_style, forms[0] if len(forms) == 1 else pick.choice(forms)
+        )
+        for i, p in enumerate(problems)
+    ]
 
 
 def row_problem(row: dict[str, Any]) -> Problem:
@@ -270,9 +324,12 @@ def write_arithmetic_dataset(
     fmt: str = "parquet",
     prompt_style: str = "chat",
     balance_digits: bool = False,
+    negative: bool = False,
+    phrasings: Sequence[str] = ("question",),
 ) -> tuple[str, str | None]:
     """Write `train.<fmt>` and `test.<fmt>` into `out_dir`; returns (train_path, val_path),
-    val_path None when `val_size` is 0. `balance_digits`: see the module docstring."""
+    val_path None when `val_size` is 0. `balance_digits`, `negative`, `phrasings`: see the
+    module docstring."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}; choose one of {FORMATS}")
     if train_size < 1 or val_size < 0:
@@ -280,9 +337,17 @@ def write_arithmetic_dataset(
             f"train_size={train_size} must be >= 1 and val_size={val_size} >= 0 (0: no "
             "validation file)"
         )
-    _check_args(digits, ops, prompt_style)
+    _check_args(digits, ops, prompt_style, phrasings)
     val_rows = make_arithmetic_rows(
-        val_size, digits, ops, 2 * seed + 1, "test", prompt_style, balance_digits=balance_digits
+        val_size,
+        digits,
+        ops,
+        2 * seed + 1,
+        "test",
+        prompt_style,
+        balance_digits=balance_digits,
+        negative=negative,
+        phrasings=phrasings,
     )
     val_problems = {row_problem(r) for r in val_rows}
     train_rows = make_arithmetic_rows(
@@ -294,6 +359,8 @@ def write_arithmetic_dataset(
         prompt_style,
         exclude=val_problems,
         balance_digits=balance_digits,
+        negative=negative,
+        phrasings=phrasings,
     )
     suffix = "parquet" if fmt == "parquet" else "jsonl"
     train_path = write_records(train_rows, os.path.join(out_dir, f"train.{suffix}"))
@@ -378,6 +445,16 @@ def _build_parser(prog: str = "python -m verl.data.arithmetic") -> argparse.Argu
         action="store_true",
         help="draw each operand's digit count uniformly from --digits..--max-digits",
     )
+    p.add_argument(
+        "--negative", action="store_true", help="subtraction in either order (negative answers)"
+    )
+    p.add_argument(
+        "--phrasings",
+        nargs="+",
+        choices=list(PHRASINGS),
+        default=["question"],
+        help="question forms drawn per row (chat prompts)",
+    )
     return p
 
 
@@ -410,6 +487,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m verl.data.ari
             args.fmt,
             args.prompt_style,
             args.balance_digits,
+            args.negative,
+            args.phrasings,
         )
     except ValueError as e:
         parser.error(str(e))

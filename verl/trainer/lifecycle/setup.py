@@ -89,6 +89,8 @@ def prepare_data_files(cfg: TrainerConfig, run_dir: Path) -> tuple[list[str], li
             ops=list(a.ops),
             seed=d.seed,
             balance_digits=a.balance_digits,
+            negative=a.negative,
+            phrasings=list(a.phrasings),
         )
         logger.info("built-in arithmetic data: %s, %s", train_path, val_path)
         train_files = [str(train_path)]
