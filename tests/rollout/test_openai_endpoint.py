@@ -20,12 +20,9 @@ from verl.protocol import DataProto
 from verl.rewards.results import ERROR
 from verl.rollout import SamplingParams, build_rollout
 from verl.rollout.agent_loop import TurnOutput
-from verl.rollout.agent_program import (
-    AgentProgramRollout,
-    AgentRewardManager,
-    agent_program_metrics,
-    load_agent,
-)
+from verl.rollout.agent_program import AgentProgramRollout
+from verl.rollout.agent_rewards import AgentRewardManager, agent_program_metrics
+from verl.rollout.agent_runs import load_agent
 
 WIDTH = 96  # prompt width: room for an agent's own system message
 

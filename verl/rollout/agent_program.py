@@ -43,42 +43,35 @@ reward when there is one, scores the others like the default manager (``solution
 the model's own text of the trajectory; ``extra_info["messages"]``: the conversation), and
 counts a failed agent as a failed reward call (score 0; too many stop the run, as for any
 reward function).
+
+**Parts.** This module drives a step (starts agents, batches and answers their
+requests). Loading and running the agents is :mod:`verl.rollout.agent_runs`; trajectories
+to rows is :mod:`verl.rollout.agent_trajectory`; the metrics and
+:class:`AgentRewardManager` are :mod:`verl.rollout.agent_rewards`; the endpoint is
+:mod:`verl.rollout.openai_server` (records: :mod:`verl.rollout.openai_records`, prefix
+stitching: :mod:`verl.rollout.openai_stitching`, response bodies:
+:mod:`verl.rollout.openai_responses`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import inspect
 import json
 import logging
-import os
-import shlex
-import signal
-import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
-from verl.rewards.results import ERROR, TIMEOUT, check_bound, coerce_result, failed
-from verl.rewards.manager import RewardManager
 from verl.rollout.agent_loop import EngineTurnGenerator, TurnGenerator
-from verl.rollout.base import SamplingParams, assemble_rollout_output, validate_prompts
-from verl.rollout.openai_server import (
-    OpenAIEndpoint,
-    PendingRequest,
-    Record,
-    RequestRefused,
-    Session,
-    build_context,
-)
+from verl.rollout.agent_rewards import AgentRewardManager, agent_program_metrics
+from verl.rollout.agent_runs import AgentRun, AgentRunner, AgentSpec, load_agent, plain
+from verl.rollout.agent_trajectory import AGENT_KEYS, assemble_agent_batch
+from verl.rollout.base import SamplingParams, validate_prompts
+from verl.rollout.openai_records import PendingRequest, Record, RequestRefused
+from verl.rollout.openai_server import OpenAIEndpoint
+from verl.rollout.openai_stitching import build_context
 from verl.rollout.tool_calls import ChatDeltaRenderer, parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -86,111 +79,18 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AGENT_KEYS",
     "AgentProgramRollout",
+    # defined in verl.rollout.agent_rewards; the registry's "agent" reward manager and the
+    # trainer's metrics import them from here
     "AgentRewardManager",
     "agent_program_metrics",
     "build_agent_program",
     "load_agent",
 ]
 
-#: Per-sample columns of the output's non_tensor_batch (besides ``messages``,
-#: ``turn_info`` and the updated ``extra_info``).
-AGENT_KEYS = (
-    "agent_status",
-    "agent_error",
-    "agent_requests",
-    "agent_untrained_requests",
-    "agent_refused_requests",
-    "agent_seconds",
-    "agent_unauthorized_total",
-    "agent_late_total",
-)
-STATUSES = ("ok", "error", "timeout", "no_requests")
 # How long the rollout thread waits for a request before checking on the agents, and how
 # long it lets a batch fill once a request came in (unless every running agent has one).
 POLL_S = 0.05
 SETTLE_S = 0.02
-# Characters of a failed agent's error (or a command's stderr) kept.
-MAX_ERROR_CHARS = 2000
-
-
-# ---------------------------------------------------------------------------- agents
-@dataclass
-class AgentSpec:
-    """A loaded agent: a callable or a command's argv (exactly one)."""
-
-    fn: Callable[..., Any] | None = None
-    argv: list[str] | None = None
-    name: str = ""
-
-
-def load_agent(program: Any = None, command: str | list[str] | None = None) -> AgentSpec:
-    """The agent of ``rollout.agent``: ``program`` (a callable, ``module:function`` or
-    ``path/to/file.py:function``) or ``command`` (a command line, split like a shell's,
-    run without one). Raises ``ValueError`` naming the problem and the fix."""
-    if (program is None) == (command is None or command == [] or command == ""):
-        raise ValueError(
-            "rollout.agent needs exactly one of program (module:function or "
-            f"file.py:function) and command; got program={program!r}, command={command!r}"
-        )
-    if command:
-        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
-        return AgentSpec(argv=argv, name=" ".join(argv))
-    if callable(program):
-        return AgentSpec(fn=program, name=getattr(program, "__qualname__", repr(program)))
-    from verl.utils.import_path import is_import_path, resolve_import_path
-
-    if not isinstance(program, str) or ":" not in program:
-        raise ValueError(
-            f"rollout.agent.program={program!r} must be module:function or file.py:function"
-        )
-    if is_import_path(program):
-        fn = resolve_import_path(program)
-    else:
-        from verl.utils.file_import import load_callable
-
-        path, name = program.rsplit(":", 1)
-        _, fn = load_callable(
-            path, name, "agent program file", "set rollout.agent.program to file.py:function"
-        )
-    if not callable(fn):
-        raise TypeError(f"rollout.agent.program={program!r} is a {type(fn).__name__}, not callable")
-    return AgentSpec(fn=fn, name=program)
-
-
-@dataclass
-class _Run:
-    """One agent run: its task, session, thread (and process) and outcome."""
-
-    row: int
-    task: dict[str, Any]
-    session: Session
-    status: str = "pending"
-    reward: Any = None
-    error: str | None = None
-    started: float = 0.0
-    seconds: float = 0.0
-    thread: threading.Thread | None = None
-    process: subprocess.Popen | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    cancelled: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars / arrays in a task as plain Python (JSON-able where possible)."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------- the rollout
@@ -264,6 +164,7 @@ class AgentProgramRollout:
         except ValueError:  # no chat template, or one that is not append-only: text matching
             self.renderer = None
         self.endpoint = OpenAIEndpoint(tokenizer, max_requests=max_requests)
+        self._runner = AgentRunner(self.agent, self.endpoint)
         self._warned: set[str] = set()
 
     def close(self) -> None:
@@ -285,21 +186,31 @@ class AgentProgramRollout:
             for sample in range(params.n):
                 task = self._task(non_tensor, row, sample, prompt_ids)
                 index = len(runs)
-                runs.append(_Run(row=index, task=task, session=self.endpoint.open_session(index)))
+                runs.append(
+                    AgentRun(row=index, task=task, session=self.endpoint.open_session(index))
+                )
         try:
             self._drive(runs, base_url, params, width)
         finally:
             for run in runs:
-                self._stop(run)
+                self._runner.stop(run)
             self.endpoint.refuse_queued()
-        return self._assemble(prompts, params, runs, width)
+        return assemble_agent_batch(
+            prompts,
+            params,
+            runs,
+            width,
+            pad_token_id=self.pad_token_id,
+            counters=self.endpoint.counters,
+            warned=self._warned,
+        )
 
-    # ------------------------------------------------------------------ tasks / agents
+    # ------------------------------------------------------------------ tasks
     def _task(
         self, non_tensor: Mapping[str, Any], row: int, sample: int, prompt_ids: list[int]
     ) -> dict[str, Any]:
         def column(key: str) -> Any:
-            return _plain(non_tensor[key][row]) if key in non_tensor else None
+            return plain(non_tensor[key][row]) if key in non_tensor else None
 
         messages = column("raw_prompt")
         if isinstance(messages, str):
@@ -314,113 +225,15 @@ class AgentProgramRollout:
             "sample": sample,
         }
 
-    def _start(self, run: _Run, base_url: str) -> None:
-        run.started = time.monotonic()
-        run.status = "running"
-        key = run.session.key
-        target = self._call_fn if self.agent.fn is not None else self._call_command
-        run.thread = threading.Thread(
-            target=target,
-            args=(run, base_url, key),
-            daemon=True,
-            name=f"verl-agent-{run.row}-{uuid.uuid4().hex[:6]}",
-        )
-        run.thread.start()
-
-    def _finish(self, run: _Run, status: str, reward: Any = None, error: str | None = None):
-        with run.lock:
-            if run.done.is_set():
-                return
-            run.status, run.reward, run.error = status, reward, error
-            run.seconds = time.monotonic() - run.started
-            run.done.set()
-        self.endpoint.wake()
-
-    def _call_fn(self, run: _Run, base_url: str, key: str) -> None:
-        try:
-            value = self.agent.fn(base_url, key, run.task)
-            if inspect.iscoroutine(value):
-                value = asyncio.run(value)
-        except BaseException as exc:  # the agent's failure is counted, never raised
-            self._finish(run, "error", error=_short(f"{type(exc).__name__}: {exc}"))
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._finish(run, "ok", reward=_plain(value))
-
-    def _call_command(self, run: _Run, base_url: str, key: str) -> None:
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
-        try:
-            with run.lock:
-                if run.cancelled:
-                    return
-                run.process = subprocess.Popen(
-                    self.agent.argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=env,
-                    text=True,
-                    start_new_session=True,  # its own process group: killed as one
-                )
-            out, err = run.process.communicate(json.dumps(run.task, default=str))
-        except OSError as exc:
-            self._finish(run, "error", error=f"cannot run {self.agent.argv!r}: {exc}")
-            return
-        if run.process.returncode != 0:
-            self._finish(
-                run,
-                "error",
-                error=_short(
-                    f"exited with status {run.process.returncode}; stderr: {err[-1000:]!r}"
-                ),
-            )
-            return
-        lines = [line for line in out.splitlines() if line.strip()]
-        try:
-            value = json.loads(lines[-1]) if lines else None
-        except json.JSONDecodeError:
-            value = lines
-        if not lines or isinstance(value, list):
-            self._finish(
-                run,
-                "error",
-                error="the last line of its stdout is not JSON (print the reward, e.g. 1.0, "
-                f'{{"score": 1.0}} or null); stdout ends {out[-200:]!r}',
-            )
-            return
-        self._finish(run, "ok", reward=value)
-
-    def _stop(self, run: _Run) -> None:
-        """Close the run's key; kill its command; mark it timed out if it still runs."""
-        self.endpoint.close_session(run.session)
-        if run.status == "pending":
-            self._finish(run, "error", error="never started: the rollout stopped first")
-        with run.lock:
-            run.cancelled = True
-            process = run.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        if run.thread is not None and self.agent.argv is not None:
-            run.thread.join(10.0)  # communicate() returns once the process is gone
-        if process is not None:
-            try:
-                process.wait(10.0)
-            except subprocess.TimeoutExpired:
-                logger.warning(
-                    "agent command %s (pid %d) did not exit", self.agent.name, process.pid
-                )
-
     # ------------------------------------------------------------------ the loop
-    def _drive(self, runs: list[_Run], base_url: str, params: SamplingParams, width: int):
+    def _drive(self, runs: list[AgentRun], base_url: str, params: SamplingParams, width: int):
         waiting = list(runs)
-        running: list[_Run] = []
+        running: list[AgentRun] = []
         rounds = 0
         while waiting or running:
             while waiting and len(running) < self.concurrency:
                 run = waiting.pop(0)
-                self._start(run, base_url)
+                self._runner.start(run, base_url)
                 running.append(run)
             batch = self.endpoint.take(POLL_S, SETTLE_S, len(running))
             if batch:
@@ -432,10 +245,10 @@ class AgentProgramRollout:
                 if run.done.is_set():
                     self.endpoint.close_session(run.session)
                 elif now - run.started > self.timeout_s:
-                    self._finish(
+                    self._runner.finish(
                         run, "timeout", error=f"ran past rollout.agent.timeout_s={self.timeout_s:g}"
                     )
-                    self._stop(run)
+                    self._runner.stop(run)
                     logger.warning(
                         "agent %s (row %d) ran past timeout_s=%g and was stopped",
                         self.agent.name,
@@ -611,209 +424,6 @@ class AgentProgramRollout:
         session.records.append(record)
         session.stitching[c.stitch] += 1
         job.pending.answer(record, job.logprobs)
-
-    # ------------------------------------------------------------------ output
-    def _assemble(
-        self,
-        prompts: Any,
-        params: SamplingParams,
-        runs: list[_Run],
-        width: int,
-    ) -> Any:
-        from verl.protocol import DataProto
-
-        rows, budget = len(runs), params.max_new_tokens
-        input_ids = prompts.batch["input_ids"].cpu()
-        input_mask = prompts.batch["attention_mask"].cpu()
-        prompt_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        prompt_mask = torch.zeros((rows, width), dtype=input_mask.dtype)
-        responses = torch.full((rows, budget), self.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros((rows, budget), dtype=torch.long)
-        real = torch.zeros((rows, budget), dtype=torch.long)
-        log_probs = torch.zeros((rows, budget), dtype=torch.float32)
-        columns: dict[str, list[Any]] = {k: [] for k in ("messages", "turn_info", *AGENT_KEYS)}
-        extra_infos = []
-        counters = self.endpoint.counters
-        for r, run in enumerate(runs):
-            records = run.session.records
-            status = run.status
-            if status == "ok" and not records:
-                status = "no_requests"
-            chain: list[int] = []
-            kept: list[int] = []
-            if status == "ok":
-                index: int | None = len(records) - 1
-                while index is not None:
-                    chain.append(index)
-                    index = records[index].parent
-                chain.reverse()
-                last = records[chain[-1]]
-                prompt = last.context[: last.prompt_len]
-                response = last.context[last.prompt_len :] + last.sampled
-                mask = last.flags[last.prompt_len :] + [1] * len(last.sampled)
-                lps = last.context_log_probs[last.prompt_len :] + last.log_probs
-                if len(response) > budget:  # the endpoint's budget check makes this impossible
-                    raise RuntimeError(f"agent row {r}: {len(response)} response tokens > {budget}")
-                n = len(response)
-                responses[r, :n] = torch.tensor(response, dtype=torch.long)
-                response_mask[r, :n] = torch.tensor(mask, dtype=torch.long)
-                real[r, :n] = 1
-                log_probs[r, :n] = torch.tensor(lps, dtype=torch.float32)
-                columns["messages"].append(self._messages(records, chain))
-            else:  # nothing of a failed agent is trained: its dataset prompt, no response
-                source = r // params.n
-                prompt = input_ids[source][input_mask[source].bool()].tolist()
-                columns["messages"].append([])
-            prompt_ids[r, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            prompt_mask[r, width - len(prompt) :] = 1
-            # of each request of the chain, the sampled ids that are in the row
-            kept = [records[i].kept for i in chain[1:]] + [
-                len(records[i].sampled) for i in chain[-1:]
-            ]
-            columns["turn_info"].append(
-                [
-                    {
-                        "model_tokens": len(records[i].sampled),
-                        "trained_tokens": k,
-                        "finish_reason": records[i].finish_reason,
-                        "endpoint": records[i].endpoint,
-                        "stitch": records[i].stitch,
-                    }
-                    for i, k in zip(chain, kept)
-                ]
-            )
-            columns["agent_status"].append(status)
-            columns["agent_error"].append(run.error)
-            columns["agent_requests"].append(len(records))
-            columns["agent_untrained_requests"].append(len(records) - sum(k > 0 for k in kept))
-            columns["agent_refused_requests"].append(run.session.refused)
-            columns["agent_seconds"].append(run.seconds)
-            columns["agent_unauthorized_total"].append(counters["unauthorized"])
-            columns["agent_late_total"].append(counters["after_end"])
-            info = run.task["extra_info"]
-            info = dict(info) if isinstance(info, Mapping) else {}
-            extra_infos.append(
-                info
-                | {"agent_reward": run.reward, "agent_status": status, "agent_error": run.error}
-            )
-        given = sum(1 for run in runs if run.reward is not None)
-        if given and "reward_manager" not in self._warned:
-            self._warned.add("reward_manager")
-            logger.info(
-                "%d of %d agents returned a reward; reward_model.reward_manager=agent uses it",
-                given,
-                rows,
-            )
-        statuses = [c for c in columns["agent_status"] if c != "ok"]
-        if statuses:
-            logger.warning(
-                "agent rollouts: %s of %d did not finish normally",
-                {s: statuses.count(s) for s in set(statuses)},
-                rows,
-            )
-        src_non_tensor = {
-            k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensor_batch.items()
-        }
-        tensors = {
-            k: v.cpu().repeat_interleave(params.n, dim=0)
-            for k, v in prompts.batch.items()
-            if k not in ("input_ids", "attention_mask", "position_ids")
-        }
-        position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp_min(0)
-        rolled = DataProto.from_dict(
-            tensors={
-                **tensors,
-                "input_ids": prompt_ids,
-                "attention_mask": prompt_mask,
-                "position_ids": position_ids,
-            },
-            non_tensors=src_non_tensor,
-            meta_info=dict(prompts.meta_info),
-        )
-        device = prompts.batch["input_ids"].device
-        out = assemble_rollout_output(
-            rolled.to(device), dataclasses.replace(params, n=1), responses, response_mask, log_probs
-        )
-        attention = out.batch["attention_mask"]
-        attention[:, -budget:] = real.to(device=attention.device, dtype=attention.dtype)
-        columns["extra_info"] = extra_infos
-        for key, values in columns.items():
-            column = np.empty(rows, dtype=object)  # element-wise: a list stays one object
-            for i, value in enumerate(values):
-                column[i] = value
-            out.non_tensor_batch[key] = column
-        return out
-
-    def _messages(self, records: list[Record], chain: list[int]) -> list[dict[str, Any]]:
-        """The conversation after the chain's first prompt: for chat, the last request's
-        messages past the first request's, then the last reply; for completions, each
-        turn's text as an assistant message."""
-        first, last = records[chain[0]], records[chain[-1]]
-        if last.messages is not None and first.messages is not None:
-            return [*last.messages[len(first.messages) :], dict(last.reply or {})]
-        return [{"role": "assistant", "content": records[i].text} for i in chain]
-
-
-# ---------------------------------------------------------------------------- metrics
-def agent_program_metrics(non_tensor: Any) -> dict[str, float]:
-    """``agent/*`` metrics of a batch from agent programs (empty for other batches)."""
-    if "agent_status" not in non_tensor:
-        return {}
-    status = list(non_tensor["agent_status"])
-    requests = np.asarray(non_tensor["agent_requests"], dtype=np.float64)
-    out = {f"agent/{s if s != 'error' else 'errors'}": float(status.count(s)) for s in STATUSES}
-    out["agent/timeouts"] = out.pop("agent/timeout")
-    out |= {
-        "agent/requests": float(requests.sum()),
-        "agent/requests_mean": float(requests.mean()) if requests.size else 0.0,
-        "agent/untrained_requests": float(np.sum(non_tensor["agent_untrained_requests"])),
-        "agent/refused_requests": float(np.sum(non_tensor["agent_refused_requests"])),
-        "agent/seconds_max": float(np.max(non_tensor["agent_seconds"], initial=0.0)),
-        "agent/unauthorized_requests_total": float(
-            np.max(non_tensor["agent_unauthorized_total"], initial=0)
-        ),
-        "agent/late_requests_total": float(np.max(non_tensor["agent_late_total"], initial=0)),
-    }
-    return out
-
-
-# ---------------------------------------------------------------------------- rewards
-class AgentRewardManager(RewardManager):
-    """The reward manager of agent programs (``reward_model.reward_manager=agent``).
-
-    A row whose ``extra_info`` has an ``agent_reward`` gets that reward (checked like a
-    reward function's result: a number or a dict with ``score``, finite, within
-    ``max_abs_reward``); a row whose agent failed (``agent_status`` ``error`` or
-    ``timeout``) is a failed reward call (score 0, counted as ``reward/errors`` or
-    ``reward/timeouts``, and part of the failure rate that stops a run); the other rows are
-    scored as by the default manager (the built-in scorers or the custom function).
-    """
-
-    def _score(self, kwargs_list: list[dict[str, Any]]) -> list[Any]:
-        results: list[Any] = [None] * len(kwargs_list)
-        rest: list[int] = []
-        own: list[int] = []
-        for i, kw in enumerate(kwargs_list):
-            info = kw.get("extra_info")
-            info = info if isinstance(info, Mapping) else {}
-            status = info.get("agent_status")
-            if status in ("error", "timeout"):
-                kind = ERROR if status == "error" else TIMEOUT
-                results[i] = failed(kind, f"agent {status}: {info.get('agent_error')}")
-            elif info.get("agent_reward") is not None:
-                results[i] = check_bound(coerce_result(info["agent_reward"]), self.max_abs_reward)
-            else:
-                rest.append(i)
-                continue
-            own.append(i)
-        if rest:
-            for i, result in zip(rest, super()._score([kwargs_list[i] for i in rest])):
-                results[i] = result
-        for i in own:
-            self.failures.record(results[i], f"agent of sample {i}")
-        if own:
-            self._stop_if_failing([kwargs_list[i] for i in own], [results[i] for i in own], {})
-        return results
 
 
 # ---------------------------------------------------------------------------- the worker
