@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-logger = logging.getLogger("verl.rewards.sandbox")  # the sandbox's log lines, as before
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_DISK_BYTES",
