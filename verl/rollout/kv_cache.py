@@ -17,6 +17,11 @@ Two batch operations support the rollout engine:
 All layers advance together: every row has the same number of cache columns, padding inside
 them is handled by the attention mask.
 
+:class:`SlotKVCache` is the continuous-batching variant: every row (a slot) has a length of
+its own, decode writes go to each row's own next column, and a slot is refilled with a new
+prompt's prefill (copied from a :class:`PreallocatedKVCache`) while the other rows keep
+their columns.
+
 With ``static=True`` (for a ``torch.compile``-d decode step) every decode write goes to the
 column held in a tensor (``index_copy_``) and the attention gets the whole ``max_len`` buffer,
 so the shapes a decode step sees never change; the caller masks the unwritten columns.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["PreallocatedKVCache"]
+__all__ = ["PreallocatedKVCache", "SlotKVCache"]
 
 
 class _PreallocatedLayer(CacheLayerMixin):
@@ -194,3 +199,119 @@ class PreallocatedKVCache(Cache):
         """Keep only rows ``index`` (1-D long), in that order."""
         for layer in self.layers:
             layer.select_rows(index)
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer of a :class:`SlotKVCache`: ``(slots, kv_heads, max_len, head_dim)`` buffers,
+    zero-filled at allocation (columns past a row's length are masked, and a masked NaN
+    would still reach the output through the value matmul)."""
+
+    is_sliding = False
+
+    def __init__(self, owner: SlotKVCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states, value_states)
+
+    def allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        o = self.owner
+        like = {"dtype": keys.dtype, "device": keys.device}
+        self.keys = torch.zeros(o.slots, keys.shape[1], o.max_len, keys.shape[-1], **like)
+        self.values = torch.zeros(o.slots, values.shape[1], o.max_len, values.shape[-1], **like)
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.owner
+        if key_states.shape[-2] != 1 or o.columns is None:
+            raise RuntimeError(
+                "SlotKVCache takes decode steps only (one token per row, after begin_step); "
+                "prefill goes through a PreallocatedKVCache and SlotKVCache.insert"
+            )
+        rows = torch.arange(key_states.shape[0], device=key_states.device)
+        self.keys[rows, :, o.columns] = self._stored(key_states[:, :, 0])
+        self.values[rows, :, o.columns] = self._stored(value_states[:, :, 0])
+        return self.keys[:, :, : o.width], self.values[:, :, : o.width]
+
+    def _stored(self, states: torch.Tensor) -> torch.Tensor:
+        if self.owner.round_to is not None:
+            states = states.to(self.owner.round_to)
+        return states.to(self.keys.dtype)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.owner.width - 1, 0)
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+
+class SlotKVCache(Cache):
+    """KV cache of ``slots`` rows for continuous batching: each row has its own length.
+
+    - :meth:`insert` copies the filled prefix of a prefill cache (rows of newly admitted
+      prompts, their ``n`` samples fanned out) into the given slots; the slot's later
+      columns keep a previous occupant's values, which the caller's mask hides.
+    - :meth:`begin_step` ``(columns, width)`` before each decode forward: row ``i`` writes
+      its new key / value at ``columns[i]`` and the attention sees columns ``[0, width)``
+      of every row (``width`` > every ``columns[i]``); the caller's 4-D mask says which of
+      them each row may attend to.
+    - :meth:`select_rows` keeps some rows (compaction once no prompt waits for a slot).
+
+    ``dtype`` / ``round_to`` as in :class:`PreallocatedKVCache`; the buffers take the dtype
+    of the first inserted cache when ``dtype`` is None.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype | None = None,
+        round_to: torch.dtype | None = None,
+    ) -> None:
+        self.slots = slots
+        self.max_len = max_len
+        self.store_dtype = dtype
+        self.round_to = round_to
+        self.columns: torch.Tensor | None = None
+        self.width = 0
+        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+
+    def insert(self, slots: torch.Tensor, prefill: PreallocatedKVCache, columns: int) -> None:
+        """Copy columns ``[0, columns)`` of every row of ``prefill`` (already rounded and in
+        its storage dtype) into rows ``slots`` (1-D long, one per prefill row)."""
+        if columns > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {columns} tokens > max_len={self.max_len}")
+        for mine, theirs in zip(self.layers, prefill.layers):
+            keys, values = theirs.keys[:, :, :columns], theirs.values[:, :, :columns]
+            if not mine.is_initialized:
+                dtype = self.store_dtype or keys.dtype
+                mine.allocate(keys.to(dtype), values.to(dtype))
+            mine.keys[slots, :, :columns] = keys.to(mine.keys.dtype)
+            mine.values[slots, :, :columns] = values.to(mine.values.dtype)
+
+    def begin_step(self, columns: torch.Tensor, width: int) -> None:
+        """The next decode forward writes row ``i`` at ``columns[i]`` (1-D long) and attends
+        over ``width`` columns."""
+        if width > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {width} tokens > max_len={self.max_len}")
+        self.columns, self.width = columns, width
+
+    def select_rows(self, index: torch.Tensor, width: int) -> None:
+        """Keep only rows ``index`` (1-D long), in that order; copies ``width`` columns."""
+        for layer in self.layers:
+            if not layer.is_initialized:
+                continue
+            keys = layer.keys.new_zeros(index.numel(), *layer.keys.shape[1:])
+            values = layer.values.new_zeros(index.numel(), *layer.values.shape[1:])
+            keys[:, :, :width] = layer.keys[:, :, :width].index_select(0, index)
+            values[:, :, :width] = layer.values[:, :, :width].index_select(0, index)
+            layer.keys, layer.values = keys, values
+        self.slots = int(index.numel())

@@ -14,8 +14,14 @@ It reads the training module's weights in place (no copy) and runs this loop:
    decode forwards.
 3. **Compaction.** Rows that hit a stop token / stop string are dropped from the batch and
    the cache once they make up ``compaction_threshold`` of the running rows, so late steps
-   only compute unfinished rows. Sampling draws one uniform per row of the FULL batch each
-   step (see ``verl.rollout.sampling``), so compaction never changes any sample.
+   only compute unfinished rows. Each sample draws its uniforms from a hash of (seed, its
+   output row, its token index) (``verl.rollout.sampling.row_uniforms``), so compaction
+   never changes any sample.
+4. **Slots.** At most ``max_num_seqs`` rows decode at once. A call with more rows runs with
+   continuous batching by default (:mod:`verl.rollout.continuous`): a finished row's slot
+   is refilled with the next waiting prompt at once, rows at different positions decode in
+   one step. Samples do not depend on the slot or step a prompt ran in (same seeding), so
+   greedy and seeded outputs equal the lock-step engine's.
 
 Generation runs under ``torch.no_grad`` with the module in eval mode; its previous
 training mode is restored afterwards. Not ``torch.inference_mode``: under it autocast
@@ -30,6 +36,7 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,8 +50,9 @@ from verl.rollout.base import (
     eval_mode,
     validate_prompts,
 )
+from verl.rollout.continuous import generate_continuous
 from verl.rollout.kv_cache import PreallocatedKVCache
-from verl.rollout.sampling import sample_next_tokens
+from verl.rollout.sampling import row_uniforms, sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
 
 logger = logging.getLogger(__name__)
@@ -80,6 +88,15 @@ class NativeRollout(RolloutEngine):
             per layer type (sliding windows) decode eagerly.
         compile_backend: the ``torch.compile`` backend for ``compile_decode`` (a name or a
             callable; ``"eager"`` traces without generating code, for debugging).
+        max_num_seqs: rows (samples) decoded at once, the KV cache's slots (None = every
+            row of the call). A call with more rows runs them through that many slots.
+        continuous_batching: with more rows than slots, refill a finished row's slot with
+            the next prompt at once (:mod:`verl.rollout.continuous`); False = lock-step
+            waves of ``max_num_seqs // n`` prompts, each decoded until its longest row ends.
+            Either way every sample is the same (per-sample seeding,
+            :func:`~verl.rollout.sampling.row_uniforms`).
+        logits_processor: ``(logits (rows, vocab), sample rows (rows,), token index (rows,))
+            -> logits``, applied before each sampling (e.g. a scripted stop in a benchmark).
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -96,6 +113,10 @@ class NativeRollout(RolloutEngine):
         stop_string_window: int | None = None,
         compile_decode: bool = False,
         compile_backend: Any = "inductor",
+        max_num_seqs: int | None = None,
+        continuous_batching: bool = True,
+        logits_processor: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+        | None = None,
     ) -> None:
         if not 0 <= compaction_threshold <= 1:
             raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
@@ -116,6 +137,13 @@ class NativeRollout(RolloutEngine):
         self.compile_decode = compile_decode
         self.compile_backend = compile_backend
         self._compiled_forward: Any = None
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs} must be >= 1 (or null)"
+            )
+        self.max_num_seqs = max_num_seqs
+        self.continuous_batching = continuous_batching
+        self.logits_processor = logits_processor
         self.last_stats: dict[str, float] = {}
 
         config = module.config
@@ -155,8 +183,14 @@ class NativeRollout(RolloutEngine):
 
     @classmethod
     def config_options(cls, config: Any) -> dict[str, Any]:
-        """``actor_rollout_ref.rollout.compile_decode``."""
-        return {"compile_decode": config.actor_rollout_ref.rollout.compile_decode}
+        """``actor_rollout_ref.rollout.compile_decode``, ``max_num_seqs`` and
+        ``continuous_batching``."""
+        rollout = config.actor_rollout_ref.rollout
+        return {
+            "compile_decode": rollout.compile_decode,
+            "max_num_seqs": getattr(rollout, "max_num_seqs", None),
+            "continuous_batching": getattr(rollout, "continuous_batching", True),
+        }
 
     # ------------------------------------------------------------------ public
     def generate(self, prompts: Any, params: SamplingParams) -> Any:
@@ -259,6 +293,32 @@ class NativeRollout(RolloutEngine):
             return kv_real[:, :length].long()
         return self._to_model_mask(kv_real[:, None, None, :length], dtype)
 
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        steps: torch.Tensor | int,
+        params: SamplingParams,
+        seed: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and log-probs of samples ``rows`` (their output rows) at their token index
+        ``steps``, from ``logits`` (len(rows), vocab): the logits processor, then
+        :func:`~verl.rollout.sampling.sample_next_tokens` with the per-sample uniforms of
+        :func:`~verl.rollout.sampling.row_uniforms`."""
+        if self.logits_processor is not None:
+            if not isinstance(steps, torch.Tensor):
+                steps = torch.full_like(rows, steps)
+            logits = self.logits_processor(logits, rows, steps)
+        uniforms = None if seed is None else row_uniforms(seed, rows, steps)
+        return sample_next_tokens(
+            logits,
+            greedy=params.greedy,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            uniforms=uniforms,
+        )
+
     def _generate(
         self,
         input_ids: torch.Tensor,
@@ -268,34 +328,120 @@ class NativeRollout(RolloutEngine):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
-        max_new_tokens and ``lengths`` counts tokens up to and including the stop."""
+        max_new_tokens and ``lengths`` counts tokens up to and including the stop.
+
+        At most ``max_num_seqs`` rows decode at once: all ``N`` in one lock-step batch when
+        they fit; else continuous batching (:mod:`verl.rollout.continuous`) or, with it off
+        (or for the compiled decode and per-layer-mask models), lock-step waves of
+        ``max_num_seqs // n`` prompts."""
         t_start = time.perf_counter()
         device = self._device()
+        n = params.n
+        batch = input_ids.shape[0]
+        rows = batch * n
+        slots = self.max_num_seqs or rows
+        if slots < n:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.max_num_seqs={slots} < rollout.n={n}: the n "
+                f"samples of a prompt share its prefill and decode together; set "
+                f"max_num_seqs >= {n}"
+            )
+        stop_ids = (
+            params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
+        )
+        stop_ids_t = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        checker = StopStringChecker(self.tokenizer, params.stop_strings, self.stop_string_window)
+        seed = None
+        if not params.greedy:
+            seed = params.seed
+            if seed is None:  # follow torch's global RNG, so torch.manual_seed reproduces
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+        key_real = attention_mask.to(device).bool()
+        ids, pos = input_ids.to(device), position_ids.to(device)
+        can_stream = not self.compile_decode and self._mask_mode in _MASK_4D_IMPLS
+        totals: dict[str, float] = {}
+        if rows > slots and self.continuous_batching and can_stream:
+            responses, log_probs, lengths, totals = generate_continuous(
+                self,
+                ids,
+                key_real,
+                pos,
+                params,
+                slots=slots,
+                seed=seed,
+                stop_ids=stop_ids_t if stop_ids else None,
+                checker=checker,
+            )
+            mode = "continuous"
+        else:
+            per_wave = max(1, slots // n)
+            parts = []
+            for first in range(0, batch, per_wave):
+                last = min(batch, first + per_wave)
+                part = self._lockstep(
+                    ids[first:last],
+                    key_real[first:last],
+                    pos[first:last],
+                    params,
+                    first_row=first * n,
+                    seed=seed,
+                    stop_ids=stop_ids_t if stop_ids else None,
+                    checker=checker,
+                )
+                parts.append(part[:3])
+                for key, value in part[3].items():
+                    totals[key] = (
+                        max(totals.get(key, 0.0), value)
+                        if key == "prompt_len"
+                        else (totals.get(key, 0.0) + value)
+                    )
+            responses, log_probs, lengths = (torch.cat(p) for p in zip(*parts))
+            mode = "lockstep" if len(parts) == 1 else "waves"
+        t_end = time.perf_counter()
+        generated = int(lengths.sum())
+        self.last_stats = {
+            "prompts": float(batch),
+            "samples": float(rows),
+            "slots": float(min(slots, rows)),
+            "continuous": float(mode == "continuous"),
+            "generated_tokens": float(generated),
+            **totals,
+            "decode_s": t_end - t_start - totals.get("prefill_s", 0.0),
+            "total_s": t_end - t_start,
+            "tokens_per_s": generated / max(t_end - t_start, 1e-9),
+        }
+        return responses, log_probs, lengths
+
+    def _lockstep(
+        self,
+        input_ids: torch.Tensor,
+        key_real: torch.Tensor,
+        position_ids: torch.Tensor,
+        params: SamplingParams,
+        *,
+        first_row: int,
+        seed: int | None,
+        stop_ids: torch.Tensor | None,
+        checker: StopStringChecker,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """One lock-step batch (a wave): its prompts prefilled together, its rows decoded
+        until the last one stops (finished rows compacted away). ``first_row``: the output
+        row of its first sample (it keys the sampling). Returns ``(responses, log_probs,
+        lengths, stats)`` of its rows."""
+        t_start = time.perf_counter()
+        device = input_ids.device
         dtype = next(self.module.parameters()).dtype
         n, max_new = params.n, params.max_new_tokens
         batch = input_ids.shape[0]
         rows = batch * n
 
         # Padding columns shared by every row cost compute and change nothing.
-        key_real = attention_mask.to(device).bool()
         first = int(key_real.any(dim=0).int().argmax())
         key_real = key_real[:, first:]
-        ids = input_ids[:, first:].to(device)
-        pos = position_ids[:, first:].to(device)
+        ids = input_ids[:, first:]
+        pos = position_ids[:, first:]
         prompt_len = ids.shape[1]
         max_len = prompt_len + max_new - 1  # the last sampled token is never fed back
-
-        stop_ids = (
-            params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
-        )
-        stop_ids_t = torch.tensor(stop_ids, dtype=torch.long, device=device)
-        checker = StopStringChecker(self.tokenizer, params.stop_strings, self.stop_string_window)
-        generator = None
-        if not params.greedy:
-            seed = params.seed
-            if seed is None:  # follow torch's global RNG, so torch.manual_seed reproduces
-                seed = int(torch.randint(0, 2**62, (1,)).item())
-            generator = torch.Generator(device=device).manual_seed(seed)
 
         static = self.compile_decode
         if static:
@@ -325,25 +471,15 @@ class NativeRollout(RolloutEngine):
         responses = torch.empty(rows, max_new, dtype=torch.long, device=device)
         log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
-        active = torch.arange(rows, device=device)  # full-batch row of each running row
+        active = torch.arange(rows, device=device)  # wave row of each running row
         alive = torch.ones(rows, dtype=torch.bool, device=device)
         compactions = 0
         row_steps = 0
         for step in range(max_new):
-            uniforms = None
-            if generator is not None:
-                uniforms = torch.rand(rows, generator=generator, device=device)[active]
-            tokens, chosen = sample_next_tokens(
-                logits,
-                greedy=params.greedy,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                uniforms=uniforms,
-            )
+            tokens, chosen = self._sample(logits, first_row + active, step, params, seed)
             responses[active, step] = tokens
             log_probs[active, step] = chosen
-            done = torch.isin(tokens, stop_ids_t) if stop_ids else torch.zeros_like(alive)
+            done = torch.isin(tokens, stop_ids) if stop_ids is not None else torch.zeros_like(alive)
             if checker:
                 running = alive.nonzero().flatten()
                 start = max(0, step + 1 - checker.window)
@@ -387,19 +523,15 @@ class NativeRollout(RolloutEngine):
                 )
             next_pos += 1
 
-        t_end = time.perf_counter()
-        generated = int(lengths.sum())
-        self.last_stats = {
-            "prompts": float(batch),
-            "samples": float(rows),
-            "prompt_len": float(prompt_len),
-            "generated_tokens": float(generated),
-            "decode_steps": float(step),
-            "decode_row_steps": float(row_steps),
-            "compactions": float(compactions),
-            "prefill_s": t_prefill - t_start,
-            "decode_s": t_end - t_prefill,
-            "total_s": t_end - t_start,
-            "tokens_per_s": generated / max(t_end - t_start, 1e-9),
-        }
-        return responses, log_probs, lengths
+        return (
+            responses,
+            log_probs,
+            lengths,
+            {
+                "prompt_len": float(prompt_len),
+                "decode_steps": float(step),
+                "decode_row_steps": float(row_steps),
+                "compactions": float(compactions),
+                "prefill_s": t_prefill - t_start,
+            },
+        )

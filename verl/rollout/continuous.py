@@ -1,0 +1,189 @@
+"""Continuous batching for the native engine: a fixed number of slots, refilled as rows end.
+
+The lock-step loop (:meth:`verl.rollout.native.NativeRollout._lockstep`) decodes a batch
+until its longest row stops; with more rows than the KV cache has slots (``max_num_seqs``)
+every wave then waits for its slowest row. Here the ``S`` slots of one
+:class:`~verl.rollout.kv_cache.SlotKVCache` are kept busy instead::
+
+    loop:
+        admit   while >= n slots are free and prompts wait: prefill the next prompts
+                (together, into a PreallocatedKVCache), copy their keys / values into free
+                slots (n samples each) and sample their first token
+        decode  one forward over the slots: row i feeds its last token at its own position,
+                writes its key / value at its own column and attends to its own columns
+                (a (S, 1, 1, width) boolean mask per row), so rows at different positions
+                decode in one step
+        sample  the running rows; a row that stops frees its slot
+
+Once no prompt waits, finished slots are compacted away (as in the lock-step loop).
+
+Rows stay independent: each row's mask admits only its own prompt and generated columns
+(columns of an earlier occupant and other padding are masked; every buffer starts zeroed,
+so a masked value is finite), positions are per row, and the sampling of a sample depends
+only on (seed, its output row, its token index)
+(:func:`~verl.rollout.sampling.row_uniforms`). So a sample is the same whichever slot and
+step it ran in: greedy and seeded outputs equal the lock-step engine's (up to the last bits
+of float sums over differently laid out columns, which can flip an exact tie only).
+
+Only for models whose attention takes a ready 4-D mask (``sdpa``, ``eager``, no sliding
+windows) and eager decoding; the engine uses lock-step waves otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
+
+if TYPE_CHECKING:
+    from verl.rollout.base import SamplingParams
+    from verl.rollout.native import NativeRollout
+    from verl.rollout.stopping import StopStringChecker
+
+__all__ = ["generate_continuous"]
+
+
+def generate_continuous(
+    engine: NativeRollout,
+    input_ids: torch.Tensor,
+    key_real: torch.Tensor,
+    position_ids: torch.Tensor,
+    params: SamplingParams,
+    *,
+    slots: int,
+    seed: int | None,
+    stop_ids: torch.Tensor | None,
+    checker: StopStringChecker,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
+    ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
+    ``slots`` KV-cache rows (``slots >= n``).
+
+    Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
+    float32, ``lengths`` (B*n,) and stats (``prefill_s``, ``decode_steps``,
+    ``decode_row_steps``, ``admissions``, ``compactions``, ``prompt_len``).
+    """
+    device = input_ids.device
+    dtype = next(engine.module.parameters()).dtype
+    n, max_new = params.n, params.max_new_tokens
+    batch, width_in = input_ids.shape
+    total = batch * n
+    # Every admitted group is padded to its own longest prompt (<= width_in).
+    max_len = width_in + max_new - 1
+    kv_dtype, kv_round = engine._cache_precision(device)
+    cache = SlotKVCache(engine._num_layers, slots, max_len, dtype=kv_dtype, round_to=kv_round)
+
+    responses = torch.empty(total, max_new, dtype=torch.long, device=device)
+    log_probs = torch.zeros(total, max_new, dtype=torch.float32, device=device)
+    lengths = torch.full((total,), max_new, dtype=torch.long, device=device)
+    # per slot: its output row (-1 = free), tokens generated, next column, next position,
+    # the token to feed, and the columns it may attend to
+    slot_row = torch.full((slots,), -1, dtype=torch.long, device=device)
+    slot_step = torch.zeros(slots, dtype=torch.long, device=device)
+    slot_col = torch.zeros(slots, dtype=torch.long, device=device)
+    slot_pos = torch.zeros(slots, dtype=torch.long, device=device)
+    slot_token = torch.full((slots,), engine.pad_token_id, dtype=torch.long, device=device)
+    kv_real = torch.zeros(slots, max_len, dtype=torch.bool, device=device)
+
+    stats = {"prefill_s": 0.0, "decode_steps": 0.0, "decode_row_steps": 0.0}
+    stats |= {"admissions": 0.0, "compactions": 0.0, "prompt_len": float(width_in)}
+    next_prompt = 0
+
+    def record(slot_idx: torch.Tensor, logits: torch.Tensor) -> None:
+        """Sample the rows in ``slot_idx`` from ``logits`` (len, vocab); free the stopped."""
+        rows, steps = slot_row[slot_idx], slot_step[slot_idx]
+        tokens, chosen = engine._sample(logits, rows, steps, params, seed)
+        responses[rows, steps] = tokens
+        log_probs[rows, steps] = chosen
+        done = steps + 1 >= max_new
+        if stop_ids is not None:
+            done |= torch.isin(tokens, stop_ids)
+        if checker:
+            tails = []
+            for row, step in zip(rows.tolist(), steps.tolist()):
+                start = max(0, step + 1 - checker.window)
+                tails.append(responses[row, start : step + 1].tolist())
+            done |= torch.tensor(checker.hits(tails), dtype=torch.bool, device=device)
+        lengths[rows[done]] = steps[done] + 1
+        slot_token[slot_idx] = tokens
+        slot_step[slot_idx] = steps + 1
+        freed = slot_idx[done]
+        slot_row[freed] = -1
+        slot_col[freed] = 0
+
+    def admit() -> None:
+        """Fill free slots with whole prompts (n samples each) and sample their first
+        token; repeats while a prompt's rows all stop at once and slots free up again."""
+        nonlocal next_prompt
+        while next_prompt < batch:
+            free = (slot_row < 0).nonzero().flatten()
+            count = min(int(free.numel()) // n, batch - next_prompt)
+            if count == 0:
+                return
+            t0 = time.perf_counter()
+            first, last = next_prompt, next_prompt + count
+            real = key_real[first:last]
+            lead = int(real.any(dim=0).int().argmax())  # columns padding in all of them
+            real = real[:, lead:]
+            ids = input_ids[first:last, lead:]
+            pos = position_ids[first:last, lead:]
+            plen = ids.shape[1]
+            prefill = PreallocatedKVCache(
+                engine._num_layers, count * n, plen, repeats=n, dtype=kv_dtype, round_to=kv_round
+            )
+            logits = engine._forward(ids, engine._prefill_mask(real, dtype), pos, prefill)
+            target = free[: count * n]
+            cache.insert(target, prefill, plen)
+            kv_real[target] = False
+            kv_real[target, :plen] = real.repeat_interleave(n, dim=0)
+            slot_row[target] = torch.arange(first * n, last * n, device=device)
+            slot_step[target] = 0
+            slot_col[target] = plen
+            slot_pos[target] = pos[:, -1].repeat_interleave(n) + 1
+            next_prompt = last
+            stats["admissions"] += 1
+            stats["prefill_s"] += time.perf_counter() - t0
+            record(target, logits.repeat_interleave(n, dim=0) if n > 1 else logits)
+
+    while True:
+        admit()
+        running = slot_row >= 0
+        if not bool(running.any()):
+            break
+        free_count = slots - int(running.sum())
+        if next_prompt >= batch and free_count:
+            threshold = max(1, math.ceil(engine.compaction_threshold * slots))
+            if engine.compaction and free_count >= threshold:
+                keep = running.nonzero().flatten()
+                width = int(slot_col[keep].max()) + 1
+                cache.select_rows(keep, min(width, max_len))
+                slot_row, slot_step, slot_col = slot_row[keep], slot_step[keep], slot_col[keep]
+                slot_pos, slot_token = slot_pos[keep], slot_token[keep]
+                kv_real = kv_real[keep]
+                slots = int(keep.numel())
+                running = slot_row >= 0
+                stats["compactions"] += 1
+        # Free slots decode a pad token at column 0 (never fully masked, never read).
+        rows_ix = torch.arange(slots, device=device)
+        kv_real[rows_ix, slot_col] = True
+        width = int(slot_col.max()) + 1
+        cache.begin_step(slot_col, width)
+        logits = engine._forward(
+            slot_token.unsqueeze(1),
+            engine._decode_mask(kv_real, width, dtype),
+            slot_pos.unsqueeze(1),
+            cache,
+            decode=True,
+        )
+        stats["decode_steps"] += 1
+        stats["decode_row_steps"] += float(slots)
+        kv_real[~running, 0] = False
+        slot_col = torch.where(running, slot_col + 1, slot_col)
+        slot_pos = slot_pos + 1
+        idx = running.nonzero().flatten()
+        record(idx, logits[idx])
+    return responses, log_probs, lengths, stats
