@@ -103,11 +103,11 @@ def test_long_tail_refills_slots(model, tokenizer, batch):
 
 
 def test_too_few_slots_is_refused(model, tokenizer, batch):
-    with pytest.raises(ValueError, match=r"max_num_seqs=2 < rollout.n=3"):
+    with pytest.raises(ValueError, match=r"decode_slots=2 < rollout.n=3"):
         NativeRollout(model, tokenizer, max_num_seqs=2).generate(
             batch, SamplingParams(n=3, max_new_tokens=2, seed=0)
         )
-    with pytest.raises(ValueError, match="max_num_seqs=0"):
+    with pytest.raises(ValueError, match="decode_slots=0"):
         NativeRollout(model, tokenizer, max_num_seqs=0)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from verl.config._fields import (
     PATH_FIELDS,
@@ -342,7 +342,21 @@ class RunConfig(ClusterRunConfig):
         "current one trains (docs/rollout.md#asynchronous-rollout)",
     )
     max_staleness: int = entry(
-        1, "async_rollout: batches generated ahead = actor updates a sample may lag", ge=1
+        1,
+        "async_rollout: actor updates a sample may lag (one_step_off: the batches generated "
+        "ahead, >= 1; streaming: >= 0, staler samples are dropped)",
+        ge=0,
+    )
+    rollout_mode: Literal["one_step_off", "streaming"] = entry(
+        "one_step_off",
+        "async_rollout: one_step_off (whole batches queued max_staleness ahead) or streaming "
+        "(groups buffered as generated, the staler ones dropped; docs/rollout.md#streaming)",
+    )
+    stream_buffer_groups: int | None = entry(
+        None,
+        "rollout_mode=streaming: prompt groups generated or buffered ahead of training; null "
+        "= (max_staleness + 1) * data.train_batch_size",
+        ge=1,
     )
     profile_steps: list[int] = entry(
         [],

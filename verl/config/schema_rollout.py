@@ -208,6 +208,17 @@ class RolloutConfig:
     compile_decode: bool = entry(
         False, "native: torch.compile the decode step over a static KV cache (docs/rollout.md)"
     )
+    decode_slots: int | None = entry(
+        None,
+        "native: rows (samples) decoded at once, the KV cache's slots; a call with more rows "
+        "runs through them (docs/rollout.md#continuous-batching); null = every row at once",
+        ge=1,
+    )
+    continuous_batching: bool = entry(
+        True,
+        "native, with more rows than decode_slots: refill a finished row's slot with the next "
+        "prompt at once; false = lock-step waves, each decoded until its longest row ends",
+    )
     val_kwargs: ValKwargsConfig = entry(ValKwargsConfig, "validation sampling")
     multi_turn: MultiTurnConfig = entry(MultiTurnConfig, "multi-turn rollouts with tools")
     agent: AgentProgramConfig = entry(

@@ -35,7 +35,8 @@ def resolve_async_rollout(cfg: Any) -> None:
     if t.async_rollout is not True:
         return
     actor = cfg.actor_rollout_ref.actor
-    if actor.rollout_is_threshold is None and actor.rollout_rs_threshold is None:
+    fresh = t.rollout_mode == "streaming" and t.max_staleness == 0  # never an older policy
+    if actor.rollout_is_threshold is None and actor.rollout_rs_threshold is None and not fresh:
         actor.rollout_is_threshold = DEFAULT_IS_THRESHOLD
         logger.warning(
             "trainer.async_rollout=true trains on samples of an older policy: rollout "
@@ -86,6 +87,13 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
     if not t.async_rollout:
         return
     key = "trainer.async_rollout"
+    if t.rollout_mode == "one_step_off" and t.max_staleness < 1:
+        c.error(
+            ("trainer.max_staleness", key),
+            f"trainer.max_staleness={t.max_staleness}: one-step-off training generates at "
+            "least one batch ahead (>= 1); trainer.rollout_mode=streaming takes 0 "
+            "(synchronous samples through the streaming buffer)",
+        )
     try:
         backend, dp = cfg.worker_backend, cfg.dp_size("actor_rollout_ref")
     except Exception:  # a bad device map is reported by its own check

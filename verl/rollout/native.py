@@ -139,7 +139,7 @@ class NativeRollout(RolloutEngine):
         self._compiled_forward: Any = None
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(
-                f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs} must be >= 1 (or null)"
+                f"actor_rollout_ref.rollout.decode_slots={max_num_seqs} must be >= 1 (or null)"
             )
         self.max_num_seqs = max_num_seqs
         self.continuous_batching = continuous_batching
@@ -183,12 +183,12 @@ class NativeRollout(RolloutEngine):
 
     @classmethod
     def config_options(cls, config: Any) -> dict[str, Any]:
-        """``actor_rollout_ref.rollout.compile_decode``, ``max_num_seqs`` and
+        """``actor_rollout_ref.rollout.compile_decode``, ``decode_slots`` (``max_num_seqs``) and
         ``continuous_batching``."""
         rollout = config.actor_rollout_ref.rollout
         return {
             "compile_decode": rollout.compile_decode,
-            "max_num_seqs": getattr(rollout, "max_num_seqs", None),
+            "max_num_seqs": getattr(rollout, "decode_slots", None),
             "continuous_batching": getattr(rollout, "continuous_batching", True),
         }
 
@@ -342,9 +342,9 @@ class NativeRollout(RolloutEngine):
         slots = self.max_num_seqs or rows
         if slots < n:
             raise ValueError(
-                f"actor_rollout_ref.rollout.max_num_seqs={slots} < rollout.n={n}: the n "
+                f"actor_rollout_ref.rollout.decode_slots={slots} < rollout.n={n}: the n "
                 f"samples of a prompt share its prefill and decode together; set "
-                f"max_num_seqs >= {n}"
+                f"decode_slots >= {n}"
             )
         stop_ids = (
             params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids

@@ -112,8 +112,8 @@ class AsyncRollout:
         max_staleness: int,
         seed: int,
     ) -> None:
-        if max_staleness < 1:
-            raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 1")
+        if max_staleness < 0:
+            raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 0")
         self.group = rollout_group
         self._generate = generate
         self._weights = weights
@@ -124,15 +124,24 @@ class AsyncRollout:
         self._launched = 0  # generation batches queued since the start of the run
         self._copy_version: int | None = None  # what the copy holds (None: unknown)
         self._pending_meta: list[dict[str, Any]] = []  # load_state_dict -> load_files
+        #: the sampling seed of generation batch ``index`` (a streaming source may choose)
+        self.seed_for: Callable[[int], int] = lambda index: self.seed * 1_000_003 + index
+        #: a streaming source's buffer, saved and restored with the in-flight batches
+        #: (``state_dict`` / ``load_state_dict`` / ``save_files`` / ``load_files``)
+        self.stream: Any = None
 
     def __len__(self) -> int:
         return len(self._queue)
 
     # ------------------------------------------------------------------ the pipeline
-    def fill(self, next_prompts: Callable[[], DataProto], version: int) -> None:
+    def fill(
+        self, next_prompts: Callable[[], DataProto], version: int, limit: int | None = None
+    ) -> None:
         """Queue batches from ``next_prompts`` with the weights of ``version`` updates until
-        ``max_staleness + 1`` are in flight (the one to train now and those ahead)."""
-        while len(self._queue) <= self.max_staleness:
+        ``limit`` are in flight (default ``max_staleness + 1``: the one to train now and
+        those ahead)."""
+        limit = self.max_staleness + 1 if limit is None else limit
+        while len(self._queue) < limit:
             prompts = next_prompts()
             # One id per prompt: the n responses of a prompt share it (the GRPO group).
             prompts.non_tensor_batch["uid"] = np.array(
@@ -162,12 +171,37 @@ class AsyncRollout:
         prompts = DataProto.from_dict(
             tensors=dict(item.prompts.batch),
             non_tensors=dict(item.prompts.non_tensor_batch),
-            meta_info={**item.prompts.meta_info, "seed": self.seed * 1_000_003 + item.index},
+            meta_info={**item.prompts.meta_info, "seed": self.seed_for(item.index)},
         )
         gen = self._generate(self.group, prompts)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s
         return gen
+
+    def queued_prompts(self) -> int:
+        """Prompts in the queued batches (finished or not)."""
+        return sum(len(item.prompts) for item in self._queue)
+
+    def head_ready(self) -> bool:
+        """Whether the oldest queued batch has finished generating (False when none)."""
+        if not self._queue:
+            return False
+        item = self._queue[0]
+        return item.gen is not None or (item.result is not None and item.result.done())
+
+    def pop_any(self) -> tuple[DataProto, int, dict[str, float]]:
+        """The oldest batch (waiting for it) as ``(responses, the version that generated
+        them, its async timing metrics)``, with no staleness check: a streaming source
+        checks each sample when it trains."""
+        item = self._queue.popleft()
+        gen = item.gen if item.gen is not None else item.result.result()
+        metrics = {
+            "timing_s/async_gen": float(gen.meta_info.pop("async_gen_seconds", 0.0)),
+            "timing_s/async_weight_sync": float(
+                gen.meta_info.pop("async_weight_sync_seconds", 0.0)
+            ),
+        }
+        return gen, item.version, metrics
 
     def pop(self, train_version: int) -> tuple[DataProto, dict[str, float]]:
         """The oldest batch, finished, for training on the weights of ``train_version``
@@ -203,16 +237,22 @@ class AsyncRollout:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters (JSON); the in-flight batches go to a file (:meth:`save_files`)."""
-        return {
+        state = {
             "launched": self._launched,
             "inflight": [{"version": i.version, "index": i.index} for i in self._queue],
         }
+        if self.stream is not None:
+            state["stream"] = self.stream.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._drop_queue()
         self._launched = int(state["launched"])
         self._copy_version = None  # the copy's weights are pushed again before use
         self._pending_meta = list(state["inflight"])
+        if self.stream is not None:
+            # a checkpoint of one-step-off mode resumed streaming: an empty buffer
+            self.stream.load_state_dict(state.get("stream"))
 
     def save_files(self, directory: Path) -> None:
         """Write the in-flight batches (waiting for their generation to finish):
@@ -230,6 +270,8 @@ class AsyncRollout:
         with atomic_path(directory / INFLIGHT_TENSORS) as tmp:
             save_file(tensors, str(tmp))
         write_json_atomic(directory / INFLIGHT_JSON, doc)
+        if self.stream is not None:
+            self.stream.save_files(directory)
 
     def load_files(self, directory: Path) -> None:
         """Restore the in-flight batches :meth:`save_files` wrote (after
@@ -249,6 +291,8 @@ class AsyncRollout:
         for m, (prompts, gen) in zip(meta, saved):
             self._queue.append(_InFlight(prompts, int(m["version"]), int(m["index"]), gen=gen))
         self._pending_meta = []
+        if self.stream is not None:
+            self.stream.load_files(directory)
 
     def _drop_queue(self) -> None:
         for item in self._queue:
@@ -439,8 +483,23 @@ def decode_batches(tensors: dict[str, torch.Tensor], doc: Any) -> list[tuple[Dat
         raise ValueError(f"malformed document ({type(err).__name__}: {err})") from err
 
 
-def read_inflight(directory: Path) -> list[tuple[DataProto, DataProto]]:
-    """The ``[(prompts, generated), ...]`` saved in ``directory`` (no unpickling).
+def write_batch_files(
+    directory: Path, batches: list[tuple[DataProto, DataProto]], stem: str = "inflight"
+) -> None:
+    """Write ``batches`` as ``{stem}.safetensors`` + ``{stem}.json`` in ``directory`` (the
+    format above; atomically, each file). Raises TypeError as :func:`encode_batches`."""
+    from safetensors.torch import save_file
+
+    tensors, doc = encode_batches(batches)
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_path(directory / f"{stem}.safetensors") as tmp:
+        save_file(tensors, str(tmp))
+    write_json_atomic(directory / f"{stem}.json", doc)
+
+
+def read_inflight(directory: Path, stem: str = "inflight") -> list[tuple[DataProto, DataProto]]:
+    """The ``[(prompts, generated), ...]`` saved in ``directory`` (no unpickling); ``stem``
+    names the files (``{stem}.safetensors``, ``{stem}.json``).
 
     Raises:
         CheckpointError: the files are missing or malformed, or the directory holds only a
@@ -449,9 +508,10 @@ def read_inflight(directory: Path) -> list[tuple[DataProto, DataProto]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    json_file, tensor_file = directory / INFLIGHT_JSON, directory / INFLIGHT_TENSORS
+    json_file = directory / f"{stem}.json"
+    tensor_file = directory / f"{stem}.safetensors"
     if not json_file.is_file():
-        if (directory / LEGACY_INFLIGHT_FILE).exists():
+        if stem == "inflight" and (directory / LEGACY_INFLIGHT_FILE).exists():
             raise CheckpointError(
                 f"refusing to load {directory / LEGACY_INFLIGHT_FILE}: it is a pickle file, "
                 "and unpickling a checkpoint file can run any code it carries; this version "
@@ -459,7 +519,7 @@ def read_inflight(directory: Path) -> list[tuple[DataProto, DataProto]]:
                 "Resume from a checkpoint this version wrote, or start fresh "
                 "(trainer.resume_mode=disable)"
             )
-        raise CheckpointError(f"{json_file} is missing: the in-flight batches are not saved")
+        raise CheckpointError(f"{json_file} is missing: the {stem} batches are not saved")
     try:
         tensors = load_file(str(tensor_file))
     except (OSError, SafetensorError) as err:
@@ -491,6 +551,7 @@ def build_async_rollout(
     from verl.controller.resource_pool import ResourcePool
     from verl.utils.device import resolve_device
     from verl.workers.rollout_copy import RolloutCopyWorker
+    from verl.workers.specs import rollout_copy_spec
 
     device_type = resolve_device(cfg.trainer.device).type
     pool = ResourcePool([1], use_gpu=device_type == "cuda", name="async_rollout")
@@ -505,7 +566,7 @@ def build_async_rollout(
         cfg.worker_backend,
         RolloutCopyWorker,
         pool,
-        config=cfg,
+        spec=rollout_copy_spec(cfg),
         module=module,
         tokenizer=copy.deepcopy(tokenizer),  # fast tokenizers are not safe across threads
         ray_options=options,

@@ -15,6 +15,10 @@ and the step goes on with log-probs, values, advantages and the updates. The sou
   earlier, generated on a copy of the policy while the previous step trained, scored now;
   the prompts drawn now are queued for generation with the current weights
   (:mod:`verl.trainer.rl.async_rollout`).
+- :class:`~verl.trainer.rl.streaming.StreamingSource`: ``trainer.rollout_mode=streaming``
+  (with ``async_rollout``): the same rollout copy generates into a bounded buffer of
+  groups; a step takes ``data.train_batch_size`` groups, dropping those staler than
+  ``trainer.max_staleness`` (:mod:`verl.trainer.rl.streaming`).
 
 Every prompt batch a source draws advances the loader, so a resumed run continues after the
 last batch generated from. :func:`build_batch_source` picks the source from the config.
@@ -140,9 +144,24 @@ def build_batch_source(
     version: Callable[[], int],
     pad_token_id: int,
 ) -> BatchSource:
-    """The source ``config`` asks for: one-step-off when ``pipeline`` exists
-    (``trainer.async_rollout``), dynamic sampling with ``algorithm.filter_groups.enable``,
-    else plain."""
+    """The source ``config`` asks for: with ``pipeline`` (``trainer.async_rollout``)
+    streaming (``trainer.rollout_mode=streaming``) or one-step-off, dynamic sampling with
+    ``algorithm.filter_groups.enable``, else plain."""
+    if pipeline is not None and config.trainer.rollout_mode == "streaming":
+        from verl.trainer.rl.streaming import StreamingSource
+
+        rollout_seed = config.actor_rollout_ref.rollout.seed
+        if rollout_seed is not None:
+            # the seed the synchronous rollout gives its k-th training call (k from 1)
+            pipeline.seed_for = lambda index: rollout_seed + index + 1
+        return StreamingSource(
+            pipeline,
+            score,
+            version,
+            num_groups=config.data.train_batch_size,
+            max_staleness=config.trainer.max_staleness,
+            buffer_groups=config.trainer.stream_buffer_groups,
+        )
     if pipeline is not None:
         return OneStepOffSource(pipeline, score, version)
     fg = config.algorithm.filter_groups
