@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from verl.engine.optim import OptimSpec, build_adamw, build_lr_scheduler
+from verl.engine.options import EngineOptions
 from verl.models.precision import is_activation_checkpointing, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -53,37 +54,25 @@ class TrainEngine(ABC):
             :attr:`module` afterwards.
         optimizer_cfg: AdamW + schedule, or ``None`` for an inference-only engine (e.g. the
             reference policy): then :meth:`optimizer_step` raises.
-        grad_clip: max global L2 grad norm, or ``None`` to only measure it.
-        device: where parameters live (``"cpu"``, ``"cuda:0"``...).
-        param_dtype: cast parameters to this dtype (``None`` keeps them). Keep float32
-            master weights when training with autocast.
-        autocast_dtype: run forwards under ``torch.autocast`` in this dtype (``None`` or
-            float32: no autocast).
-        grad_scaling: dynamic loss scaling (``torch.amp.GradScaler``); ``None`` = on iff
-            ``autocast_dtype`` is float16. A scaled step whose gradients overflow is skipped
-            and counted like any other non-finite step.
-        max_consecutive_nonfinite: raise :class:`NonFiniteLossError` when this many optimizer
-            steps in a row were skipped for a non-finite loss or gradient norm (0 = never).
-        offload_params / offload_optimizer: keep parameters (and gradients) / optimizer state
-            in host memory between uses: moved to ``device`` when a :meth:`train_mode`,
-            :meth:`eval_mode` or :meth:`gathered_params` block starts (optimizer state only
-            for ``train_mode``) and back when the outermost block ends. Nothing moves when
-            ``device`` is the CPU.
+        options: the engine arguments (:class:`~verl.engine.options.EngineOptions`: device,
+            precision, clipping, the non-finite guard, offloading); ``None``: the defaults.
+        overrides: :class:`~verl.engine.options.EngineOptions` fields replacing those of
+            ``options`` (``grad_clip=1.0``).
     """
 
     def __init__(
         self,
         module: nn.Module,
         optimizer_cfg: OptimSpec | None,
-        grad_clip: float | None = None,
-        device: str | torch.device = "cpu",
-        param_dtype: str | torch.dtype | None = None,
-        autocast_dtype: str | torch.dtype | None = None,
-        grad_scaling: bool | None = None,
-        max_consecutive_nonfinite: int = 0,
-        offload_params: bool = False,
-        offload_optimizer: bool = False,
+        options: EngineOptions | None = None,
+        **overrides: Any,
     ) -> None:
+        options = EngineOptions.of(options, **overrides)
+        self.options = options
+        grad_clip, device = options.grad_clip, options.device
+        param_dtype, autocast_dtype = options.param_dtype, options.autocast_dtype
+        grad_scaling = options.grad_scaling
+        max_consecutive_nonfinite = options.max_consecutive_nonfinite
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip={grad_clip} must be > 0, or None to disable clipping")
         self.device = torch.device(device)
@@ -122,8 +111,8 @@ class TrainEngine(ABC):
             self.scheduler = build_lr_scheduler(self.optimizer, optimizer_cfg)
             if grad_scaling:
                 self.scaler = torch.amp.GradScaler(self.device.type)
-        self.offload_params = bool(offload_params)
-        self.offload_optimizer = bool(offload_optimizer) and self.optimizer is not None
+        self.offload_params = bool(options.offload_params)
+        self.offload_optimizer = bool(options.offload_optimizer) and self.optimizer is not None
         self._resident_depth = 0
         if self.offload_params or self.offload_optimizer:
             self.offload_to_cpu(self.offload_params, self.offload_optimizer)

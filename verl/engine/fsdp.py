@@ -91,6 +91,15 @@ from torch.distributed.tensor import DTensor, Shard
 
 from verl.engine.base import OptimSpec, TrainEngine, resolve_dtype
 from verl.engine.dcp_io import load_dcp_state
+from verl.engine.options import EngineOptions
+from verl.engine.sharded_checkpoint import (
+    DCP_DIR,
+    FORMAT_VERSION,
+    SINGLE_ENGINE_MODEL_FILE,
+    STATE_FILE,
+    check_sharded_state,
+    scalar_state,
+)
 from verl.kernels.ulysses import SequenceParallel, apply_ulysses, build_sequence_parallel
 from verl.utils.atomic_io import publish_dir, write_text_atomic
 
@@ -103,9 +112,6 @@ __all__ = [
     "mixed_precision_policy",
 ]
 
-DCP_DIR = "model_optim"
-STATE_FILE = "engine_state.json"
-_FORMAT_VERSION = 1
 _MP_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype", "output_dtype")
 
 
@@ -244,8 +250,8 @@ def mixed_precision_policy(cfg: dict[str, Any] | None) -> MixedPrecisionPolicy |
 class FSDP2Engine(TrainEngine):
     """:class:`TrainEngine` over an FSDP2-sharded module, one process per device.
 
-    Args (beyond the base class's ``module, optimizer_cfg, grad_clip, device, param_dtype,
-    autocast_dtype``):
+    Args: the base class's (``module, optimizer_cfg, options, **overrides``); of the
+    :class:`~verl.engine.options.EngineOptions` this engine reads also:
         reshard_after_forward: ``True`` = FULL_SHARD, ``False`` = SHARD_GRAD_OP.
         mixed_precision: see :func:`mixed_precision_policy`; ``None`` computes in the
             parameters' dtype.
@@ -271,39 +277,28 @@ class FSDP2Engine(TrainEngine):
         self,
         module: nn.Module,
         optimizer_cfg: OptimSpec | None,
-        grad_clip: float | None = None,
-        device: str | torch.device = "cpu",
-        param_dtype: str | torch.dtype | None = None,
-        autocast_dtype: str | torch.dtype | None = None,
-        *,
-        reshard_after_forward: bool = True,
-        mixed_precision: dict[str, Any] | None = None,
-        cpu_offload: bool = False,
-        full_state_dict_from_rank0: bool = False,
-        grad_scaling: bool | None = None,
-        max_consecutive_nonfinite: int = 0,
-        offload_params: bool = False,
-        offload_optimizer: bool = False,
-        sequence_parallel_size: int = 1,
-        shard_dim: int = 0,
+        options: EngineOptions | None = None,
+        **overrides: Any,
     ) -> None:
+        options = EngineOptions.of(options, **overrides)
+        sequence_parallel_size = options.sequence_parallel_size
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "the fsdp2 engine needs torch.distributed to be initialised first: call "
                 "verl.utils.distributed.init_distributed(rank, world_size, master_addr, "
                 "master_port) in every worker process before building it"
             )
-        if resolve_dtype(autocast_dtype) == torch.float16 or grad_scaling:
+        if resolve_dtype(options.autocast_dtype) == torch.float16 or options.grad_scaling:
             raise NotImplementedError(
                 "autocast_dtype=float16 is not supported by the fsdp2 engine (its loss scaler "
                 "would need a sharded inf check); use bf16"
             )
-        self.reshard_after_forward = bool(reshard_after_forward)
-        self.shard_dim = int(shard_dim)
-        self.mixed_precision = dict(mixed_precision or {})
+        self.reshard_after_forward = bool(options.reshard_after_forward)
+        self.shard_dim = int(options.shard_dim)
+        self.mixed_precision = dict(options.mixed_precision or {})
         self.mp_policy = mixed_precision_policy(self.mixed_precision)
-        self.cpu_offload = bool(cpu_offload)
-        self.full_state_dict_from_rank0 = bool(full_state_dict_from_rank0)
+        self.cpu_offload = bool(options.cpu_offload)
+        self.full_state_dict_from_rank0 = bool(options.full_state_dict_from_rank0)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         if sequence_parallel_size < 1 or self.world_size % sequence_parallel_size:
@@ -315,18 +310,7 @@ class FSDP2Engine(TrainEngine):
         self.sequence_parallel: SequenceParallel | None = None
         self.units: list[FSDPModule] = []
         self._gathered = False
-        super().__init__(
-            module,
-            optimizer_cfg,
-            grad_clip,
-            device,
-            param_dtype,
-            autocast_dtype,
-            grad_scaling=False,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            offload_params=offload_params,
-            offload_optimizer=offload_optimizer,
-        )
+        super().__init__(module, optimizer_cfg, options.replace(grad_scaling=False))
 
     # ---- backend hooks ---------------------------------------------------------------
 
@@ -518,7 +502,7 @@ class FSDP2Engine(TrainEngine):
         dist.barrier()
         if self.rank == 0:
             state = {
-                "format_version": _FORMAT_VERSION,
+                "format_version": FORMAT_VERSION,
                 "world_size": self.world_size,
                 "sequence_parallel_size": self.sequence_parallel_size,
                 "param_names": self._param_names(),
@@ -592,42 +576,3 @@ class FSDP2Engine(TrainEngine):
     def _state_lives_on_host(self) -> bool:
         # With cpu_offload FSDP2 keeps shards and optimizer state on the host already.
         return self.device.type == "cpu" or self.cpu_offload
-
-
-# The single-process engine's weights file (see verl.engine.single): its presence marks a
-# checkpoint in that engine's format.
-SINGLE_ENGINE_MODEL_FILE = "model.safetensors"
-
-
-def check_sharded_state(
-    state: dict[str, Any], path: str, param_names: list[str], has_optimizer: bool
-) -> None:
-    """Check an ``engine_state.json`` of a DCP checkpoint against the engine loading it."""
-    state_file = os.path.join(path, STATE_FILE)
-    if state.get("format_version") != _FORMAT_VERSION:
-        raise ValueError(
-            f"{state_file} has format_version={state.get('format_version')}, "
-            f"this code reads {_FORMAT_VERSION}"
-        )
-    if state["param_names"] != param_names:
-        raise ValueError(
-            f"checkpoint at {path} was saved for different trainable parameters "
-            f"({len(state['param_names'])} saved vs {len(param_names)} here); "
-            "load it into the same model architecture"
-        )
-    if state["has_optimizer"] != has_optimizer:
-        raise ValueError(
-            f"checkpoint at {path} has optimizer state={state['has_optimizer']} but this "
-            f"engine has an optimizer={has_optimizer}; build it with the "
-            "same optimizer_cfg it was saved with"
-        )
-
-
-def scalar_state(saved: dict[str, Any], has_optimizer: bool) -> dict[str, Any]:
-    """The part of ``TrainEngine.state_dict()`` an fsdp2 checkpoint keeps in
-    ``engine_state.json`` (the model and optimizer are in the DCP shards)."""
-    return {
-        "scheduler": saved["scheduler"] if has_optimizer else None,
-        "skipped_steps": saved["skipped_steps"],
-        "consecutive_skipped": saved.get("consecutive_skipped", 0),
-    }

@@ -26,9 +26,10 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from verl.engine import fsdp
-from verl.engine.base import TrainEngine
+from verl.engine.base import OptimSpec, TrainEngine
 from verl.engine.dcp_io import load_dcp_state
+from verl.engine.options import EngineOptions
+from verl.engine.sharded_checkpoint import DCP_DIR, check_sharded_state, scalar_state
 from verl.utils.atomic_io import atomic_path, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,22 @@ _FORMAT_VERSION = 1
 
 
 class SingleProcessEngine(TrainEngine):
-    """:class:`TrainEngine` for one process on one device (see the base class for args)."""
+    """:class:`TrainEngine` for one process on one device (see the base class for args).
+
+    The fsdp2-only options (:data:`verl.engine.options.FSDP2_ONLY`) are refused when they
+    ask for anything this engine cannot do (:meth:`EngineOptions.check_single_process`).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer_cfg: OptimSpec | None,
+        options: EngineOptions | None = None,
+        **overrides: Any,
+    ) -> None:
+        options = EngineOptions.of(options, **overrides)
+        options.check_single_process()
+        super().__init__(module, optimizer_cfg, options)
 
     def _prepare_module(self, module: nn.Module) -> nn.Module:
         module.to(self.device)
@@ -78,7 +94,7 @@ class SingleProcessEngine(TrainEngine):
         logger.info("saved engine checkpoint to %s", path)
 
     def load_checkpoint(self, path: str) -> None:
-        if os.path.isdir(os.path.join(path, fsdp.DCP_DIR)):
+        if os.path.isdir(os.path.join(path, DCP_DIR)):
             self._load_sharded_checkpoint(path)
             return
         files = [os.path.join(path, name) for name in (MODEL_FILE, TENSORS_FILE, STATE_FILE)]
@@ -119,9 +135,9 @@ class SingleProcessEngine(TrainEngine):
             )
         with open(state_file) as f:
             state = json.load(f)
-        fsdp.check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
-        load_dcp_state(self.module, self.optimizer, os.path.join(path, fsdp.DCP_DIR), no_dist=True)
-        self.load_state_dict(fsdp.scalar_state(state, self.optimizer is not None))
+        check_sharded_state(state, path, self._param_names(), self.optimizer is not None)
+        load_dcp_state(self.module, self.optimizer, os.path.join(path, DCP_DIR), no_dist=True)
+        self.load_state_dict(scalar_state(state, self.optimizer is not None))
         logger.info(
             "loaded the fsdp2 checkpoint of %s ranks at %s into one process (step %d)",
             state.get("world_size"),
