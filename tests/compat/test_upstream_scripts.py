@@ -258,3 +258,71 @@ def test_upstream_script_trains_two_steps(family, upstream_env, tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     assert "wall time" in run.stdout, run.stdout[-2000:]
     assert (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
+
+
+# upstream's SFT scripts: sft_trainer (engine=fsdp, engine.strategy=fsdp2, its sequence
+# parallel size) under torchrun on one rank, and fsdp_sft_trainer's multi-turn SP script
+SFT_SCRIPT = """\
+#!/usr/bin/env bash
+set -xeuo pipefail
+SP_SIZE=${SP_SIZE:-8}
+$PYTHON -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 \\
+    -m verl.trainer.sft_trainer \\
+    data.train_files=$DATA/sft.parquet \\
+    data.train_batch_size=4 \\
+    data.max_length=128 \\
+    data.pad_mode=no_padding \\
+    data.truncation=error \\
+    data.use_dynamic_bsz=True \\
+    data.max_token_len_per_gpu=1024 \\
+    data.messages_key=messages \\
+    model.path=$MODEL \\
+    model.use_remove_padding=True \\
+    engine=fsdp \\
+    optim=fsdp \\
+    optim.lr=2e-5 \\
+    optim.warmup_style=cosine \\
+    engine.ulysses_sequence_parallel_size=${SP_SIZE} \\
+    engine.strategy=fsdp2 \\
+    engine.fsdp_size=-1 \\
+    trainer.test_freq=-1 \\
+    trainer.logger=['console'] \\
+    trainer.total_epochs=1 \\
+    trainer.total_training_steps=2 \\
+    trainer.default_local_dir=$OUT/ckpt \\
+    "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def sft_data(upstream_env) -> dict[str, str]:
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {i} plus 2?"},
+                {"role": "assistant", "content": f"{i + 2}"},
+            ]
+        }
+        for i in range(8)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), Path(upstream_env["DATA"]) / "sft.parquet")
+    return upstream_env
+
+
+def test_upstream_sft_trainer_script_validates(sft_data, tmp_path):
+    script = tmp_path / "run_sft.sh"
+    script.write_text(SFT_SCRIPT)
+    run = _run(script, {**sft_data, "WANDB_MODE": "disabled"}, tmp_path, "--validate-only")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "engine.ulysses_sequence_parallel_size=8 is dropped" in run.stderr
+
+
+@pytest.mark.slow
+def test_upstream_sft_trainer_script_trains_on_one_torchrun_rank(sft_data, tmp_path):
+    """engine.strategy=fsdp2 on one torchrun rank trains as one process (with a note)."""
+    script = tmp_path / "run_sft.sh"
+    script.write_text(SFT_SCRIPT)
+    run = _run(script, {**sft_data, "WANDB_MODE": "disabled"}, tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "trains as engine.strategy=single" in run.stderr
+    assert "(step 2)" in run.stdout and (tmp_path / "ckpt" / "huggingface").is_dir()

@@ -213,7 +213,6 @@ def test_an_interpolated_value_is_dropped(tmp_path):
     "override, message",
     [
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron-Core"),
-        ("reward_model.rollout.name=sglang", "generative reward model"),
         ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml", "interaction.path"),
         ("data.apply_chat_template_kwargs.enable_thinking=False", "chat-template arguments"),
     ],

@@ -12,11 +12,15 @@ The native loader (``verl.config.load``) reads native keys only; it asks
 * ``value`` -- :func:`spelled_choice`: a dtype written as text (``"bfloat16"``,
   ``"torch.bfloat16"``) where an enumerated key names a precision.
 
+An override of an on/off key with an empty value (``use_kl_loss=``: a script's unset shell
+variable) is read as false with a note, as upstream's code reads Hydra's empty string.
+
 Each adapter logs one note per alias naming the native spelling (``verl.compat`` logger).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from verl.compat.aliases import (
@@ -27,9 +31,11 @@ from verl.compat.aliases import (
     translate_override,
     translate_tree,
 )
-from verl.config.load import schema_paths
+from verl.config.load import iter_schema, schema_paths, unwrap_optional
 
 __all__ = ["LoadAdapter", "spelled_choice"]
+
+logger = logging.getLogger("verl.compat")
 
 
 class LoadAdapter:
@@ -39,6 +45,9 @@ class LoadAdapter:
         self.root = root.__name__
         self.known = schema_paths(root).__contains__  # *_per_gpu only onto a key that exists
         self.sources = KeySources()  # which spelling set each native key (file, command line)
+        self.flags = {  # the on/off keys: an empty value there is upstream's falsy ''
+            path for path, _, tp in iter_schema(root) if unwrap_optional(tp)[0] is bool
+        }
 
     def tree(self, tree: dict[str, Any], refused: list[str]) -> dict[str, Any]:
         """``tree`` in native keys; each refused key's message is appended to ``refused``
@@ -53,12 +62,26 @@ class LoadAdapter:
         ``refused`` for an assignment that disagrees with another spelling of this load."""
         out = []
         for native_key, native_value in translate_override(key, value, self.root, self.known):
+            if native_value == "" and native_key in self.flags:
+                native_value = _empty_flag(key)
             spelling = Spelling(key, value, native_value, "command line")
             try:
                 out.append((native_key, self.sources.claim(native_key, spelling)))
             except ValueError as exc:  # AliasError
                 refused.append((native_key, str(exc)))
         return out
+
+
+def _empty_flag(key: str) -> bool:
+    """``key=`` with nothing after ``=`` on an on/off key (a script's unset shell variable,
+    ``use_kl_loss=${use_kl_loss}``): Hydra passes an empty string, which upstream's code
+    tests for truth, so the flag is off; read as false with a note."""
+    logger.warning(
+        "%s= (an empty value: Hydra passes '', which upstream reads as off) is read as %s=false",
+        key,
+        key,
+    )
+    return False
 
 
 def spelled_choice(path: str, value: Any, choices: tuple[Any, ...]) -> str | None:

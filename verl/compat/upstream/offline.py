@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from verl.compat.upstream.entries import (
     _MEGATRON,
-    _NO_SP,
     _OFFLINE_FSDP,
     _PROFILER,
     _SPEED,
     DROP,
+    Refused,
     UpstreamKey,
     _drop,
     _strategy,
@@ -22,11 +22,22 @@ from verl.compat.upstream.rl import (
     _under,
 )
 
-_SFT_NO_SP = (
-    "sequence parallelism (Ulysses) is not implemented yet; set it to 1 (long samples: "
-    "model.enable_gradient_checkpointing, engine.logprob_chunk_size, a smaller "
-    "data.micro_batch_size_per_device)"
+_SFT_SP = (
+    "Ulysses splits each sample's tokens over that many ranks to save memory; the offline "
+    "engine here keeps whole samples on each rank, and its ranks are data-parallel over the "
+    "same global batch (data.train_batch_size) with the loss summed over every rank: the "
+    "same loss and gradients, memory and speed only (long samples: "
+    "model.enable_gradient_checkpointing, a smaller data.micro_batch_size_per_device)"
 )
+
+
+def _sp_size(value: object) -> object:
+    """A sequence-parallel size (a positive integer) is dropped with :data:`_SFT_SP`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise Refused(f"a sequence-parallel size is a positive integer, not {value!r}")
+    return DROP
+
+
 _OFFLINE_OFFLOAD = (
     "the offline engine keeps parameters and optimizer state where it trains them (on a "
     "CPU that is host memory already); offloading changes memory and speed, never results"
@@ -45,7 +56,11 @@ OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     "trainer.default_hdfs_dir": UPSTREAM_KEYS["trainer.default_hdfs_dir"],
     "model.fsdp_config.param_offload": _drop(_OFFLINE_OFFLOAD),
     "model.fsdp_config.cpu_offload": _drop(_OFFLINE_OFFLOAD),
-    "ulysses_sequence_parallel_size": _drop("no sequence parallelism", keeps=(1,), refusal=_NO_SP),
+    "ulysses_sequence_parallel_size": UpstreamKey(
+        reason=_SFT_SP,
+        value=_sp_size,
+        reads=f"any size: dropped ({_SFT_SP})",
+    ),
     "use_remove_padding": _drop("SFT pads or packs by data.packing"),
     "engine": UpstreamKey(
         native="engine.strategy",
@@ -58,8 +73,10 @@ OFFLINE_UPSTREAM_KEYS: dict[str, UpstreamKey] = {
         choice=True,
     ),
     "engine.strategy": _strategy("engine.strategy", "auto", _OFFLINE_FSDP),
-    "engine.ulysses_sequence_parallel_size": _drop(
-        "no sequence parallelism", keeps=(1,), refusal=_SFT_NO_SP
+    "engine.ulysses_sequence_parallel_size": UpstreamKey(
+        reason=_SFT_SP,
+        value=_sp_size,
+        reads=f"any size: dropped ({_SFT_SP})",
     ),
     "optim": UpstreamKey(
         keeps=("fsdp",),

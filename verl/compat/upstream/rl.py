@@ -217,8 +217,8 @@ _SUBTREES: dict[str, UpstreamKey] = {
         refusal="MoE routing replay is not implemented",
     ),
     "reward_model.rollout.*": _drop(
-        "upstream's generative reward model (an LLM judge served by vLLM/SGLang) is "
-        "configured here only by reward_model.rollout.name"
+        "the serving engine of upstream's reward loop (speed and memory); the reward model "
+        "here scores in its worker (reward_model.rollout.name: see its row)"
     ),
     "reward_model.reward_kwargs.*": _drop(
         "no reward-manager arguments",
@@ -232,11 +232,10 @@ _SUBTREES: dict[str, UpstreamKey] = {
     ),
 }
 _RL_MORE["reward_model.rollout.name"] = _drop(
-    "no generative reward model",
-    keeps=(None,),
-    refusal="a generative reward model (an LLM judge served by vLLM/SGLang) is not available; "
-    "a reward model here is a sequence classifier (reward_model.model.path), or score with a "
-    "custom reward function (custom_reward_function.path)",
+    "upstream's reward loop serves the reward model (reward_model.model.path) with this "
+    "engine and reads its score head; here the sequence classifier scores in its worker: the "
+    "same scores, the engine is speed only (a custom reward function that calls a served "
+    "generative judge through reward_router_address has no server to call here)"
 )
 
 # Upstream subtrees that moved between its releases: read as the older spelling, which the
