@@ -27,6 +27,7 @@ from verl.config._fields import (
     WarmupStyle,
     entry,
 )
+from verl.config.schema_reward import JudgeConfig, RemoteRewardConfig, RewardOverlapConfig
 from verl.config.schema_rollout import RolloutConfig
 from verl.registry import POLICY_LOSSES
 
@@ -466,3 +467,12 @@ class RewardModelConfig:
         ge=0.0,
         le=1.0,
     )
+    judge: JudgeConfig = entry(JudgeConfig, "an LLM judge as a reward source (docs/judge.md)")
+    remote: RemoteRewardConfig = entry(RemoteRewardConfig, "a scoring service over HTTP")
+    mixture: dict[str, float] = entry(
+        {},
+        "weights of reward sources by name (rules, model, judge, remote), summed into one "
+        "score; {} = one source: the reward model (enable), else the judge, the remote "
+        "service, the rules",
+    )
+    overlap: RewardOverlapConfig = entry(RewardOverlapConfig, "scoring overlapped with generation")

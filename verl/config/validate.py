@@ -26,6 +26,7 @@ from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem, build, report
 from verl.config.precision import precision_problems, precision_warnings
 from verl.config.registry_keys import registry_problems
+from verl.config.schema_reward import check_reward_sources
 from verl.config.validate_async import check_async_rollout, resolve_async_rollout
 from verl.config.yaml_text import show
 from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
@@ -418,6 +419,7 @@ def _check_rewards(c: Checks, cfg: TrainerConfig) -> None:
         )
     if rm.enable:
         c.model(f"{p}.model", rm.model)
+    check_reward_sources(c, rm, p)  # judge, remote service, mixture, overlap
     ob = rm.overlong_buffer
     if ob.enable and not 1 <= ob.len <= cfg.data.max_response_length:
         c.error(

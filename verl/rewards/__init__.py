@@ -14,7 +14,10 @@ timeouts in killable worker processes), `normalization.py` (running mean/std),
 `RewardManager`, which stops the run when too many calls fail), `model_reward.py` (seam for
 reward-model scores), `sandbox.py` + `sandbox_init.py` (run model-written code in
 namespaces, with limits and a seccomp filter, for `scorers/code.py`, whose test harness is
-`scorers/code_harness.py`).
+`scorers/code_harness.py`). Sources scored per response and wrapped into the contract by
+`sources.py`: `judge.py` (an LLM judge), `remote.py` (a scoring service over HTTP, through
+`http.py`), `mixture.py` (a weighted sum of sources) and `overlap.py` (scoring chunks in
+the background while generation continues); docs/judge.md.
 """
 
 from verl.rewards.contract import (

@@ -40,6 +40,7 @@ from verl.tools.interaction import load_interaction
 from verl.trainer.lifecycle.setup import prepare_data_files
 from verl.trainer.rl.offline_rollouts import OfflineRolloutSource, StoredScoreReward
 from verl.trainer.rl.placement import Placement, place_roles
+from verl.trainer.rl.reward_loop import uses_rules
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def check_data_sources(
     from verl.rewards import UnknownDataSourceError, get_scorer, known_data_sources
 
     checks = [("data.val_files", val_dataset, val_reward_fn)]
-    if not cfg.reward_model.enable:
+    if uses_rules(cfg):  # the rules score training (no reward model, judge or service alone)
         checks.insert(0, ("data.train_files", train_dataset, reward_fn))
     for key, dataset, manager in checks:
         if dataset is None or not getattr(manager, "builtin", False):

@@ -56,7 +56,7 @@ from verl.algorithms import apply_kl_penalty
 from verl.compat.device_map import apply_pending_device_map
 from verl.config import TrainerConfig, to_dict
 from verl.protocol import DataProto
-from verl.rewards import ModelScoredReward, RewardFunction, as_reward_function
+from verl.rewards import RewardFunction, as_reward_function
 from verl.trainer.lifecycle import driver, final_export
 from verl.trainer.lifecycle.checkpoint import CheckpointManager
 from verl.trainer.lifecycle.metrics import (
@@ -96,6 +96,7 @@ from verl.trainer.rl.build import (
     load_compute_score,
 )
 from verl.trainer.rl.passes import old_log_prob_pass
+from verl.trainer.rl.reward_loop import build_overlap, build_training_reward
 from verl.trainer.rl.samples import generation_samples, write_samples
 from verl.workers.common import release_private_process_group
 
@@ -187,8 +188,12 @@ class RLTrainer:
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
-        if self.rm_wg is not None:  # the model's scores replace the rules', shaped alike
-            self.reward_fn = ModelScoredReward(self.rm_wg, self.reward_fn)
+        try:  # the reward model, judge, scoring service or their mixture, shaped as rules
+            self.reward_fn = build_training_reward(cfg, tokenizer, self.reward_fn, self.rm_wg)
+            self.reward_overlap = build_overlap(cfg, self.reward_fn)  # reward_model.overlap
+        except BaseException:
+            self.placement.shutdown()
+            raise
         self.async_rollout: AsyncRollout | None = None  # trainer.async_rollout (.async_rollout)
         if cfg.trainer.async_rollout:
             try:
@@ -207,7 +212,7 @@ class RLTrainer:
             cfg,
             # late-bound: a subclass or test that replaces a phase changes what runs
             generate_and_score=lambda prompts: self.generate_and_score(prompts),
-            score=lambda gen, metrics: self.score_responses(gen, metrics),
+            score=lambda gen, metrics, prompts=None: self.score_responses(gen, metrics, prompts),
             pipeline=self.async_rollout,
             version=lambda: self.global_step - 1,
             pad_token_id=tokenizer.pad_token_id,
@@ -300,8 +305,9 @@ class RLTrainer:
         batch.non_tensor_batch["uid"] = np.array(
             [str(uuid.uuid4()) for _ in range(len(batch))], dtype=object
         )
-        with timer("gen", metrics):
-            gen = self._generate(batch)
+        with timer("gen", metrics):  # with reward_model.overlap, chunks are scored meanwhile
+            overlap = self.reward_overlap
+            gen = overlap.generate(self._generate, batch) if overlap else self._generate(batch)
         return self.score_responses(gen, metrics, prompts=batch)
 
     def score_responses(
@@ -566,7 +572,7 @@ class RLTrainer:
         trackers (idempotent)."""
         if self.async_rollout is not None:
             self.async_rollout.close()
-        for fn in (self.reward_fn, self.val_reward_fn, self.train_loader):
+        for fn in (self.reward_overlap, self.reward_fn, self.val_reward_fn, self.train_loader):
             close = getattr(fn, "close", None)
             if close is not None:
                 close()
