@@ -237,7 +237,7 @@ for _source in (
 REWARD_MANAGERS: Registry = Registry("reward manager", needs={})
 REWARD_MANAGERS.add("naive", "verl.rewards.manager:RewardManager")
 # agent programs (rollout.agent): the reward the agent returned, else as naive
-REWARD_MANAGERS.add("agent", "verl.rollout.agent_program:AgentRewardManager")
+REWARD_MANAGERS.add("agent", "verl.rollout.agent_rewards:AgentRewardManager")
 
 # ---------------------------------------------------------------- config input adapters
 # The native config loader (verl.config.load) and TrainerConfig(...) ask this registry for

@@ -27,13 +27,7 @@ from verl.rewards.contract import (
     as_reward_function,
 )
 from verl.rewards.custom import load_reward_function
-from verl.rewards.isolation import (
-    FAILURE_KINDS,
-    FailureTracker,
-    RewardFailureError,
-    RewardResult,
-    safe_call,
-)
+from verl.rewards.isolation import FailureTracker, RewardFailureError, safe_call
 from verl.rewards.manager import (
     OverlongBuffer,
     RewardManager,
@@ -43,6 +37,7 @@ from verl.rewards.manager import (
 from verl.rewards.model_reward import rm_scores_to_token_level, sequence_scores_from_values
 from verl.rewards.normalization import RunningMeanStd
 from verl.rewards.placement import place_on_last_token
+from verl.rewards.results import FAILURE_KINDS, RewardResult
 from verl.rewards.scorers import (
     UnknownDataSourceError,
     default_compute_score,

@@ -22,9 +22,8 @@ How calls run (`safe_call`):
   freeze the whole trainer, timeout included. `safe_call` starts a one-shot worker per call
   (tens of ms); the reward manager keeps a persistent pool for whole batches.
 
-`RewardResult`, `FAILURE_KINDS`, `DEFAULT_MAX_ABS_REWARD`, `call_inline` and
-`check_bound` are also importable from here (the reward manager and the package import
-them from this module); they are defined in `verl.rewards.results`.
+What a call returns (`RewardResult`, the failure kinds, the bound) is defined in
+`verl.rewards.results`.
 """
 
 from __future__ import annotations
@@ -35,22 +34,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl.rewards.results import (
-    DEFAULT_MAX_ABS_REWARD,
     FAILURE_KINDS,
     RewardResult,
     call_inline,
-    check_bound,
 )
 
 __all__ = [
-    "DEFAULT_MAX_ABS_REWARD",
-    "FAILURE_KINDS",
     "FailureTracker",
     "RewardFailureError",
-    "RewardResult",
-    "call_inline",
     "callable_name",
-    "check_bound",
     "default_tracker",
     "safe_call",
 ]

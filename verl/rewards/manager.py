@@ -54,17 +54,10 @@ import torch
 from verl.algorithms.reward_shaping import overlong_penalty
 from verl.registry import REWARD_MANAGERS, UnknownNameError
 from verl.rewards.contract import RewardFunction
-from verl.rewards.isolation import (
-    DEFAULT_MAX_ABS_REWARD,
-    FailureTracker,
-    RewardFailureError,
-    RewardResult,
-    call_inline,
-    callable_name,
-    check_bound,
-)
+from verl.rewards.isolation import FailureTracker, RewardFailureError, callable_name
 from verl.rewards.normalization import RunningMeanStd
 from verl.rewards.placement import place_on_last_token
+from verl.rewards.results import DEFAULT_MAX_ABS_REWARD, RewardResult, call_inline, check_bound
 from verl.rewards.scorers import default_compute_score, get_scorer
 from verl.rewards.worker_pool import RewardWorkerPool
 

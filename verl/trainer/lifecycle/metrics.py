@@ -18,7 +18,7 @@ import torch
 from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.protocol import DataProto
 from verl.rollout.agent_loop import multi_turn_metrics
-from verl.rollout.agent_program import agent_program_metrics
+from verl.rollout.agent_rewards import agent_program_metrics
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
