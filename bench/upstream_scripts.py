@@ -283,6 +283,7 @@ def build_fixtures(base: Path) -> Fixtures:
 
     # head size 32: the smallest vLLM's CPU attention kernels take
     size = {"hidden_size": 128, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}
+    size["max_position_embeddings"] = 2048  # the tools' prompts run past 512 tokens
     lm = save_tiny_model_dir(base / "tiny_lm", arch="qwen2", **size)
     rm = save_tiny_model_dir(base / "tiny_rm", arch="qwen2", reward_head=True, **size)
 
