@@ -65,7 +65,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.rollout.agent_loop import EngineTurnGenerator, TurnGenerator
-from verl.rollout.agent_rewards import AgentRewardManager, agent_program_metrics
 from verl.rollout.agent_runs import AgentRun, AgentRunner, AgentSpec, load_agent, plain
 from verl.rollout.agent_trajectory import AGENT_KEYS, assemble_agent_batch
 from verl.rollout.base import SamplingParams, validate_prompts
@@ -79,10 +78,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AGENT_KEYS",
     "AgentProgramRollout",
-    # defined in verl.rollout.agent_rewards; the registry's "agent" reward manager and the
-    # trainer's metrics import them from here
-    "AgentRewardManager",
-    "agent_program_metrics",
     "build_agent_program",
     "load_agent",
 ]
