@@ -433,7 +433,7 @@ def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path
         )
     # A valid two-rank config, built in one process: the ranks are started elsewhere.
     cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
-    with pytest.raises(ValueError, match=r"verl\.trainer\.offline_launch\.train_on_ranks"):
+    with pytest.raises(ValueError, match=r"verl\.trainer\.offline\.launch\.train_on_ranks"):
         SFTTrainer(cfg)
     cfg = make_config("sft", tiny_model_dir, run_dir, "engine.strategy=fsdp2")
     with pytest.raises(NotImplementedError, match=r"set trainer\.n_gpus_per_node"):

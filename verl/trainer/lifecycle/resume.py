@@ -1,22 +1,27 @@
-"""What an RL run checkpoints, and how it resumes from a checkpoint bit for bit.
+"""What a run checkpoints, and how it resumes from a checkpoint bit for bit (RL and offline).
 
 :class:`RunCheckpointer` composes the run's stateful parts, as the trainer hands them over
-(it reads no trainer attribute): each trainable role's worker group (its workers write the
-engine state, their RNG states and call counters: ``verl.workers.checkpointing``), and the
-driver-side components with ``state_dict()`` / ``load_state_dict()``: the trainer's progress,
-the data-loader position, the KL controller, the reward normalisation statistics. It writes
-them, the driver's RNG states and the resolved config through
-``verl.trainer.lifecycle.checkpoint.CheckpointManager`` (atomic directories), and restores all of it,
-the generators last. (DAPO dynamic sampling keeps no state across steps: the extra prompt
-batches it draws are in the data-loader position.)
+(it reads no trainer attribute): each trainable role (an RL worker group, whose workers write
+the engine state, their RNG states and call counters, ``verl.workers.checkpointing``; or an
+offline trainer's local engine behind the same ``save_checkpoint`` / ``load_checkpoint``
+interface), and the driver-side components with ``state_dict()`` / ``load_state_dict()``: the
+trainer's progress, the data-loader position, the KL controller, the reward normalisation
+statistics. It writes them, the driver's RNG states and the resolved config through
+``verl.trainer.lifecycle.checkpoint.CheckpointManager`` (atomic directories), and restores all
+of it, the generators last. (DAPO dynamic sampling keeps no state across steps: the extra
+prompt batches it draws are in the data-loader position.) Run by several driver processes
+together (an offline trainer's ranks, :class:`Drivers`), every rank writes its engine shard
+into the temporary directory rank 0 made and rank 0 alone writes the rest and the manifest.
 
 ``trainer.resume_mode`` (:func:`resume_checkpoint_path`): ``auto`` takes the newest complete
 checkpoint under ``default_local_dir`` (none: a fresh start), ``resume_path`` the directory in
-``trainer.resume_from_path``, ``disable`` none. A checkpoint whose config differs in a key of
-:data:`RESUME_IDENTITY_KEYS` (the model, the tokenizer, the training data and its order) is
-refused unless ``trainer.resume_force=true``; other differences are logged. A checkpoint of
-the single engine cannot be re-sharded for fsdp2 and is refused there; fsdp2 checkpoints load
-on any number of ranks. See ``docs/checkpoints.md``.
+``trainer.resume_from_path``, ``disable`` none. A checkpoint written by another trainer (the
+manifest's ``trainer``: absent for RL, ``sft`` / ``dpo`` / ``rm`` offline) is refused, and so
+is one whose config differs in an identity key (:data:`RESUME_IDENTITY_KEYS` for RL, the model,
+the tokenizer, the training data and its order; the offline trainers pass theirs) unless
+``trainer.resume_force=true``; other differences are logged. A checkpoint of the single engine
+cannot be re-sharded for fsdp2 and is refused there; fsdp2 checkpoints load on any number of
+ranks. See ``docs/checkpoints.md``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,7 +52,10 @@ from verl.utils.rng import rng_state, set_rng_state
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ONE_DRIVER",
     "RESUME_IDENTITY_KEYS",
+    "Drivers",
+    "RoleSettings",
     "RunCheckpointer",
     "Stateful",
     "check_resume_config",
@@ -166,7 +175,7 @@ def check_resume_config(
     )
 
 
-# ---------------------------------------------------------------------- the RL run
+# ---------------------------------------------------------------------- the run's parts
 
 
 @runtime_checkable
@@ -180,16 +189,78 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class Drivers(Protocol):
+    """The driver processes that run one checkpointer together, SPMD (an offline trainer's
+    ranks under torchrun or Ray, each with its own engine shard); ``broadcast`` and
+    ``all_gather`` are collectives over them."""
+
+    rank: int
+    world_size: int
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        ...
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        ...
+
+
+class _OneDriver:
+    """One driver process (the RL trainer's driver, a one-process offline run)."""
+
+    rank = 0
+    world_size = 1
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+ONE_DRIVER: Drivers = _OneDriver()
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """How a role's engine is set up, as its checkpoint records and checks it.
+
+    Attributes:
+        strategy: the engine strategy, ``single`` or ``fsdp2`` (in the manifest; a
+            ``single`` checkpoint is refused by an ``fsdp2`` run).
+        strategy_key: the config key that sets it, named in that refusal.
+        hf_weights: write the whole model as a HF directory into the role's
+            ``huggingface/`` (``save_contents`` has ``hf_model``); else its config and
+            tokenizer only.
+    """
+
+    strategy: str
+    strategy_key: str
+    hf_weights: bool = False
+
+    @classmethod
+    def of_rl_role(cls, config: TrainerConfig, role: str) -> RoleSettings:
+        """The settings of RL role ``role`` (``actor_rollout_ref``, ``critic``) in ``config``."""
+        section = "actor_rollout_ref.actor" if role == "actor_rollout_ref" else role
+        return cls(
+            strategy=config.engine_strategy(role),
+            strategy_key=f"{section}.strategy",
+            hf_weights="hf_model" in config.trained_section(role).checkpoint.save_contents,
+        )
+
+
 def _state_of(obj: Any) -> dict[str, Any] | None:
     """``obj.state_dict()``, or None for a component without state (a custom reward fn)."""
     return obj.state_dict() if isinstance(obj, Stateful) else None
 
 
 class RunCheckpointer:
-    """Saves and restores an RL run composed of stateful parts; knows no trainer.
+    """Saves and restores a run composed of stateful parts; knows no trainer.
 
     Args:
-        config: the run's config (written with the checkpoint, compared on resume).
+        config: the run's config (written with the checkpoint, compared on resume); any
+            typed run config with a ``trainer`` section (RL or offline).
         manager: the atomic checkpoint directories.
         progress: the run's own counters (``state_dict()`` gives ``global_step``, written at
             the top of ``trainer_state.json``).
@@ -197,9 +268,23 @@ class RunCheckpointer:
             ...), each saved under its name; one without ``state_dict`` is saved as null.
             One with ``save_files(dir)`` / ``load_files(dir)`` also keeps files in the
             checkpoint's directory ``<name>/`` (the asynchronous rollout's in-flight batches).
-        roles: the trainable roles' worker groups by role name; each writes its own
-            directory through its workers (``save_checkpoint`` / ``load_checkpoint``:
-            engine, RNG, call counters; ``verl.workers.checkpointing``).
+        roles: the trainable roles by role name; each writes its own directory: an object
+            with ``world_size`` (its ranks), ``save_checkpoint.submit(dir, hf_config_dir=,
+            hf_weights=)`` returning a future and ``load_checkpoint(dir)`` (an RL worker
+            group, whose workers write engine, RNG and call counters,
+            ``verl.workers.checkpointing``; or an adapter over a local engine).
+        role_settings: each role's :class:`RoleSettings` (default: read from the RL config,
+            :meth:`RoleSettings.of_rl_role`).
+        kind: the trainer that writes and may resume these checkpoints (``sft``, ``dpo``,
+            ``rm``; None for RL), recorded as ``trainer`` in the manifest and the state;
+            a checkpoint of another kind is refused.
+        identity_keys: config keys whose change refuses a resume (unless
+            ``trainer.resume_force``): :data:`RESUME_IDENTITY_KEYS` for RL.
+        drivers: the processes running this checkpointer together (default: one). Saving
+            is then collective: rank 0 makes the temporary directory, every rank writes its
+            roles' shards into it, rank 0 writes the rest once all are in; loading restores
+            every part on every rank and the driver's RNG on rank 0 (the other ranks get
+            theirs from their roles' worker state).
 
     Loading restores the roles, then the progress and the components in the order given,
     then the driver's random generators (last: nothing may move them afterwards).
@@ -207,75 +292,143 @@ class RunCheckpointer:
 
     def __init__(
         self,
-        config: TrainerConfig,
+        config: Any,
         manager: CheckpointManager,
         *,
         progress: Stateful,
         components: Mapping[str, Any],
         roles: Mapping[str, Any],
+        role_settings: Mapping[str, RoleSettings] | None = None,
+        kind: str | None = None,
+        identity_keys: tuple[str, ...] = RESUME_IDENTITY_KEYS,
+        drivers: Drivers = ONE_DRIVER,
     ) -> None:
-        clash = {"format_version", "rng"} & set(components)
+        clash = {"format_version", "trainer", "rng"} & set(components)
         if clash:
             raise ValueError(f"RunCheckpointer: component names {sorted(clash)} are reserved")
+        if role_settings is None:
+            role_settings = {role: RoleSettings.of_rl_role(config, role) for role in roles}
+        missing = set(roles) - set(role_settings)
+        if missing:
+            raise ValueError(f"RunCheckpointer: no role_settings for {sorted(missing)}")
         self.config = config
         self.manager = manager
         self.progress = progress
         self.components = dict(components)
         self.roles = dict(roles)
+        self.role_settings = dict(role_settings)
+        self.kind = kind
+        self.identity_keys = identity_keys
+        self.drivers = drivers
 
     # ------------------------------------------------------------------ save
     def save(self, step: int) -> Path:
-        """Write the complete state after step ``step`` (atomically); returns the path."""
-        cfg = self.config
+        """Write the complete state after step ``step`` (atomically); returns the path.
 
-        def write(tmp: Path) -> dict[str, Any]:
-            # The driver's generators first; the workers' saves leave every generator untouched.
-            state = {"format_version": FORMAT_VERSION, **self.progress.state_dict()}
-            state |= {name: _state_of(obj) for name, obj in self.components.items()}
-            for name, obj in self.components.items():  # tensors: files of their own
-                if hasattr(obj, "save_files"):
-                    obj.save_files(tmp / name)
-            state["rng"] = rng_state()
-            roles, pending = {}, []
+        Collective over :attr:`drivers`: every rank returns once the checkpoint is in place,
+        or raises :class:`CheckpointError` if the save failed (on any rank).
+        """
+        drivers = self.drivers
+        if drivers.world_size == 1:
+            return self.manager.save(step, self._write)
+        if drivers.rank != 0:
+            # Rank 0 sends the temporary directory ("" when it failed before), then the
+            # checkpoint's path once the manifest is in ("" when the save failed).
+            tmp = drivers.broadcast(None)
+            if not tmp:
+                raise CheckpointError(f"rank 0 failed to save checkpoint {step}")
+            try:
+                self._save_roles(Path(tmp))
+            except Exception:
+                drivers.broadcast(None)  # rank 0's "": it failed the save as well
+                raise
+            final = drivers.broadcast(None)
+            if not final:
+                raise CheckpointError(f"rank 0 failed to save checkpoint {step}")
+            return Path(final)
+        try:
+            path = self.manager.save(step, self._write)
+        except BaseException:
+            drivers.broadcast("")
+            raise
+        drivers.broadcast(str(path))
+        return path
+
+    def _write(self, tmp: Path) -> dict[str, Any]:
+        """Fill the temporary directory ``tmp`` (rank 0); returns the manifest's fields."""
+        # The driver's generators first; the roles' saves leave every generator untouched.
+        state: dict[str, Any] = {"format_version": FORMAT_VERSION}
+        if self.kind is not None:
+            state["trainer"] = self.kind
+        state |= self.progress.state_dict()
+        state |= {name: _state_of(obj) for name, obj in self.components.items()}
+        for name, obj in self.components.items():  # tensors: files of their own
+            if hasattr(obj, "save_files"):
+                obj.save_files(tmp / name)
+        state["rng"] = rng_state()
+        self.drivers.broadcast(str(tmp))
+        roles = self._save_roles(tmp)
+        write_json_atomic(tmp / TRAINER_STATE_FILE, state)
+        write_text_atomic(tmp / CONFIG_FILE, to_yaml(self.config))
+        extra: dict[str, Any] = {} if self.kind is None else {"trainer": self.kind}
+        return extra | {"roles": roles}
+
+    def _save_roles(self, tmp: Path) -> dict[str, Any]:
+        """This rank's share of every role's directory under ``tmp``; the roles' manifest
+        entries. With several drivers the ranks then agree (reached on a failure too): when
+        any rank's share failed, every rank raises, so that rank 0 never writes the manifest
+        of a checkpoint with a missing shard."""
+        roles: dict[str, Any] = {}
+        pending: list[Any] = []
+        errors: list[Exception] = []
+        failed: list[tuple[int, str]] = []
+        try:
             for role, group in self.roles.items():
                 role_dir = tmp / ROLE_DIRS[role]
+                settings = self.role_settings[role]
                 # Submitted together: roles on pools of their own write at the same time.
-                contents = cfg.trained_section(role).checkpoint.save_contents
-                pending.append(
-                    group.save_checkpoint.submit(
+                try:
+                    future = group.save_checkpoint.submit(
                         str(role_dir),
                         hf_config_dir=str(role_dir / HF_CONFIG_DIR),
-                        hf_weights="hf_model" in contents,
+                        hf_weights=settings.hf_weights,
                     )
-                )
+                except Exception as err:
+                    errors.append(err)
+                    break
+                pending.append(future)
                 roles[role] = {
                     "dir": ROLE_DIRS[role],
                     "world_size": group.world_size,
-                    "strategy": cfg.engine_strategy(role),
+                    "strategy": settings.strategy,
                 }
             # Wait for every role before reporting a failure, so that none is still writing
             # into the temporary directory when it is removed.
-            errors = []
             for future in pending:
                 try:
                     future.result()
                 except Exception as err:
                     errors.append(err)
-            if errors:
-                raise errors[0]
-            write_json_atomic(tmp / TRAINER_STATE_FILE, state)
-            write_text_atomic(tmp / CONFIG_FILE, to_yaml(cfg))
-            return {"roles": roles}
-
-        return self.manager.save(step, write)
+        finally:
+            if self.drivers.world_size > 1:  # every rank's files are in (or it failed)
+                own = f"{type(errors[0]).__name__}: {errors[0]}" if errors else ""
+                reports = self.drivers.all_gather(own)
+                failed = [(rank, report) for rank, report in enumerate(reports) if report]
+        if errors:
+            raise errors[0]
+        if failed:
+            listed = "; ".join(f"rank {rank}: {report}" for rank, report in failed)
+            raise CheckpointError(f"writing the roles' shards failed on another rank ({listed})")
+        return roles
 
     # ------------------------------------------------------------------ load
     def load(self, path: str | os.PathLike[str], verify: bool = True) -> None:
         """Restore every part from checkpoint ``path`` (each file's CRC-32 checked first
-        unless ``verify=False``, where the caller just did)."""
+        unless ``verify=False``, where the caller just did). Every driver rank calls it."""
         path = Path(path)
         manifest = read_manifest(path, verify=verify)
-        check_resume_config(path, self.config)
+        self._check_kind(path, manifest)
+        check_resume_config(path, self.config, self.identity_keys)
         self._check_roles(path, manifest)
         state = json.loads((path / TRAINER_STATE_FILE).read_text())
         for role, group in self.roles.items():
@@ -303,8 +456,24 @@ class RunCheckpointer:
                 _relaxed_data_position(obj, saved, err)
             if hasattr(obj, "load_files"):
                 obj.load_files(path / name)
-        set_rng_state(state["rng"])  # last: nothing above may move the restored generators
+        if self.drivers.rank == 0:
+            # Last: nothing above may move the restored generators. The other ranks got
+            # theirs back with their roles' worker state.
+            set_rng_state(state["rng"])
         logger.info("resumed from %s at step %s", path, state.get("global_step"))
+
+    def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
+        """Refuse a checkpoint written by another trainer (RL, SFT, DPO, RM)."""
+        saved = manifest.get("trainer")
+        if saved == self.kind:
+            return
+        saved_by = f"the {saved} trainer" if saved else "the RL trainer"
+        this = f"the {self.kind} trainer" if self.kind else "the RL trainer"
+        raise CheckpointError(
+            f"checkpoint {path} was saved by {saved_by}, not by {this}; resume it with the "
+            "trainer that wrote it, or start fresh (trainer.resume_mode=disable or another "
+            "trainer.default_local_dir)"
+        )
 
     def _check_roles(self, path: Path, manifest: dict[str, Any]) -> None:
         saved = manifest["roles"]
@@ -317,15 +486,15 @@ class RunCheckpointer:
                     f"checkpoint {path} has no {role} state but this run uses a {role}; start "
                     f"fresh, or set trainer.resume_force=true to start the {role} from scratch"
                 )
-            was, now = saved[role], self.config.engine_strategy(role)
-            size, new_size = was["world_size"], group.world_size
-            if was["strategy"] == "single" and now == "fsdp2":
+            settings = self.role_settings[role]
+            size, new_size = saved[role]["world_size"], group.world_size
+            if saved[role]["strategy"] == "single" and settings.strategy == "fsdp2":
                 raise CheckpointError(
                     f"checkpoint {path}: {role} was saved by the single-process engine "
                     f"(world size {size}) and this run uses fsdp2 on {new_size} rank(s); only "
                     "sharded fsdp2 checkpoints can be re-sharded. Resume with one process and "
-                    f"{'actor_rollout_ref.actor' if role == 'actor_rollout_ref' else role}."
-                    "strategy=single, or train with strategy=fsdp2 from the start"
+                    f"{settings.strategy_key}=single, or train with strategy=fsdp2 from the "
+                    "start"
                 )
             if size != new_size:
                 logger.warning(

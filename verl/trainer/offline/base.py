@@ -3,7 +3,9 @@ the step, its data and its model; the run around the step (lock, signals, resume
 schedule, logging, checkpoints, divergence, the final export) is :mod:`verl.trainer.lifecycle.driver`,
 as for RL. A subclass supplies :meth:`OfflineTrainer.train_step` (its loss over one batch of
 micro-batches) and :meth:`OfflineTrainer.evaluate`; checkpoints hold the engine, the data
-position and the RNG (:mod:`verl.trainer.offline.checkpoint`).
+position and the RNG, written and read by the RL trainer's
+:class:`~verl.trainer.lifecycle.resume.RunCheckpointer` (:attr:`OfflineTrainer.checkpointer`,
+:mod:`verl.trainer.offline.checkpoint`).
 
 One process, or SPMD over the ranks of a ``torch.distributed`` group (``engine.strategy``
 ``fsdp2``, started by ``verl.trainer.offline.launch``): every rank builds the same trainer,
@@ -34,12 +36,12 @@ from verl.models.lora import apply_lora, lora_spec_from_config
 from verl.models.precision import resolve_dtype
 from verl.trainer.lifecycle import driver, final_export
 from verl.trainer.lifecycle.checkpoint import CheckpointError, CheckpointManager
-from verl.trainer.lifecycle.resume import resume_checkpoint_path
+from verl.trainer.lifecycle.resume import RoleSettings, RunCheckpointer, resume_checkpoint_path
 from verl.trainer.lifecycle.run_lock import RunLock
 from verl.trainer.lifecycle.setup import NotSupportedYet, seed_everything
 from verl.trainer.lifecycle.stopping import StepHealth, StopRequests, nonfinite_error
 from verl.trainer.lifecycle.tracking import Tracker
-from verl.trainer.offline.checkpoint import load_offline_checkpoint, save_offline_checkpoint
+from verl.trainer.offline.checkpoint import OFFLINE_IDENTITY_KEYS, POLICY_ROLE, LocalEngineRole
 from verl.utils.device import resolve_device
 from verl.workers.common import save_hf_model
 
@@ -395,7 +397,7 @@ class OfflineTrainer:
     def load_checkpoint(self, path: str | Path, verify: bool = True) -> None:
         """Restore the state saved by :meth:`save_checkpoint` at ``path`` (every file checked
         against the manifest's CRC-32 unless ``verify=False``). Collective."""
-        load_offline_checkpoint(self, path, verify=verify)
+        self.checkpointer.load(path, verify=verify)
         self.resumed_from = Path(path)
         self._resume_checked = True
         # Metric rows of steps after the checkpoint belong to the rolled-back steps.
@@ -405,8 +407,39 @@ class OfflineTrainer:
         """Save the complete run state after step ``global_step`` to
         ``{trainer.default_local_dir}/global_step_{N}`` (atomically); returns that path.
         Collective."""
-        self.last_checkpoint = save_offline_checkpoint(self, self.checkpoints)
+        self.last_checkpoint = self.checkpointer.save(self.global_step)
         return self.last_checkpoint
+
+    @property
+    def checkpointer(self) -> RunCheckpointer:
+        """The run's stateful parts, composed for saving and loading as the RL trainer's
+        are: the progress (this trainer), the data loader, the policy engine in the actor's
+        place; the ranks save and load together."""
+        policy = LocalEngineRole(
+            self.engine, self.tokenizer, rank=self.rank, world_size=self.world_size
+        )
+        return RunCheckpointer(
+            self.config,
+            self.checkpoints,
+            progress=self,
+            components={"dataloader": self.train_loader},
+            roles={POLICY_ROLE: policy},
+            role_settings={POLICY_ROLE: RoleSettings(self.strategy, "engine.strategy")},
+            kind=self.kind,
+            identity_keys=OFFLINE_IDENTITY_KEYS,
+            drivers=self,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's progress (the checkpoint's top-level counters)."""
+        return {
+            "global_step": self.global_step,
+            "total_steps": self.total_steps,
+            "epoch": self.train_loader.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
 
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save the model and tokenizer as a HF directory (atomically: temp dir + rename).
