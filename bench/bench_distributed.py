@@ -116,15 +116,16 @@ def _separate_copy_worker_cls():
 
     from verl.models.loading import load_causal_lm
     from verl.rollout import build_rollout
+    from verl.workers.actor_rollout import sampling_params
     from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
     from verl.workers.common import to_device
 
     class SeparateRolloutCopyWorker(ActorRolloutRefWorker):
         def init_model(self, total_steps: int) -> None:
             super().init_model(total_steps)
-            arr = self.config.actor_rollout_ref
-            self.rollout_module = load_causal_lm(arr.model.path).eval().requires_grad_(False)
-            self.rollout = build_rollout(arr.rollout.name, self.rollout_module, self.tokenizer)
+            spec = self.spec
+            self.rollout_module = load_causal_lm(spec.model.path).eval().requires_grad_(False)
+            self.rollout = build_rollout(spec.rollout.name, self.rollout_module, self.tokenizer)
 
         def generate_sequences(self, prompts):
             self._generate_calls += 1
@@ -133,7 +134,14 @@ def _separate_copy_worker_cls():
             )
             self.rollout_module.load_state_dict(full)
             del full
-            params = self._sampling_params(prompts.meta_info)
+            params = sampling_params(
+                self.spec.rollout,
+                prompts.meta_info,
+                eos_token_id=self.tokenizer.eos_token_id,
+                max_new_tokens=self.spec.max_response_length,
+                generate_calls=self._generate_calls,
+                rank=self.rank,
+            )
             out = self.rollout.generate(to_device(prompts, self.device), params).to("cpu")
             out.meta_info["temperature"] = params.logprob_temperature
             return out
@@ -147,6 +155,7 @@ def _memory_rank(rank: int, world: int, port: int, args: argparse.Namespace, out
     from verl.config import load_config
     from verl.utils.distributed import init_distributed
     from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.workers.specs import actor_rollout_ref_spec
 
     torch.set_num_threads(1)
     torch.manual_seed(rank)
@@ -156,8 +165,7 @@ def _memory_rank(rank: int, world: int, port: int, args: argparse.Namespace, out
     cfg = load_config(overrides=_overrides(args.model_dir, work, world, 2))
     cls = ActorRolloutRefWorker if args.variant == "hybrid" else _separate_copy_worker_cls()
     worker = cls(
-        cfg,
-        role="actor_rollout",
+        actor_rollout_ref_spec(cfg, role="actor_rollout"),
         rank=rank,
         world_size=world,
         master_addr="127.0.0.1",

@@ -91,6 +91,7 @@ def _child_rollout(args: argparse.Namespace) -> dict:
 
     from verl.config import load_config
     from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.workers.specs import actor_rollout_ref_spec
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
@@ -104,7 +105,7 @@ def _child_rollout(args: argparse.Namespace) -> dict:
             f"trainer.log_dir={out}",
         ],
     )
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     worker.init_model(total_steps=4)
     module = worker.engine.module
     with torch.no_grad():  # trained-looking adapters: lora_B starts at zero

@@ -110,6 +110,7 @@ def _child_memory(args: argparse.Namespace) -> dict:
 
     from verl.config import load_config
     from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.workers.specs import actor_rollout_ref_spec
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
@@ -117,7 +118,7 @@ def _child_memory(args: argparse.Namespace) -> dict:
     imports = rss_bytes()  # torch, transformers and verl loaded, no model yet
     out = Path(tempfile.mkdtemp(prefix="bench_memory_"))
     cfg = load_config(overrides=[*_base_overrides(args.model_dir, out), *CONFIGS[args.config]])
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     worker.init_model(total_steps=4)
     prompts = prompt_batch(worker.tokenizer, cfg.data.train_batch_size)
     times: list[float] = []

@@ -82,13 +82,10 @@ def test_no_offload_means_no_moves(monkeypatch):
     assert moves == []
 
 
-def test_fsdp2_param_offload_is_the_cpu_offload_policy(monkeypatch):
+def test_fsdp2_param_offload_is_the_cpu_offload_policy():
     from types import SimpleNamespace
 
-    import verl.workers.common as common
-
-    monkeypatch.setattr(common, "ensure_process_group", lambda *a: None)
-    worker = SimpleNamespace(rank=0, world_size=2, device=torch.device("cpu"))
+    from verl.workers.role_options import engine_options
 
     def fsdp(params, optim):
         return SimpleNamespace(
@@ -98,9 +95,9 @@ def test_fsdp2_param_offload_is_the_cpu_offload_policy(monkeypatch):
             mixed_precision=None,
         )
 
-    both = common.engine_options(worker, "fsdp2", fsdp(True, True))
+    both = engine_options("fsdp2", fsdp(True, True))
     assert (both["cpu_offload"], both["offload_optimizer"]) == (True, False)
-    optim_only = common.engine_options(worker, "fsdp2", fsdp(False, True))
+    optim_only = engine_options("fsdp2", fsdp(False, True))
     assert (optim_only["cpu_offload"], optim_only["offload_optimizer"]) == (False, True)
-    single = common.engine_options(worker, "single", fsdp(True, False))
+    single = engine_options("single", fsdp(True, False))
     assert single == {"offload_params": True, "offload_optimizer": False}

@@ -25,6 +25,7 @@ from verl.config import load_config
 from verl.models import CausalLMWithValueHead
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.protocol import DataProto
+from verl.workers.specs import actor_rollout_ref_spec, critic_spec
 
 WORLD = 2
 P, R = 6, 5
@@ -144,7 +145,9 @@ def _run(cfg, rows: slice) -> dict[str, Any]:
     out: dict[str, Any] = {}
     tok = build_tiny_tokenizer()
     actor = ActorRolloutRefWorker(
-        cfg, role="actor_rollout_ref", module=build_tiny_model(), tokenizer=tok
+        actor_rollout_ref_spec(cfg, role="actor_rollout_ref"),
+        module=build_tiny_model(),
+        tokenizer=tok,
     )
     actor.init_model(total_steps=2)
     actor_grads = _full_grads(actor.engine)
@@ -163,7 +166,9 @@ def _run(cfg, rows: slice) -> dict[str, Any]:
     )
     out["actor_metrics"] = actor.update_actor(update)
     out["actor_grads"] = actor_grads
-    critic = CriticWorker(cfg, module=CausalLMWithValueHead(build_tiny_model()), tokenizer=tok)
+    critic = CriticWorker(
+        critic_spec(cfg), module=CausalLMWithValueHead(build_tiny_model()), tokenizer=tok
+    )
     critic.init_model(total_steps=2)
     critic_grads = _full_grads(critic.engine)
     values = critic.compute_values(data).batch["values"]

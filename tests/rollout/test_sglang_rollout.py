@@ -261,7 +261,7 @@ def test_engine_runs_and_receives_weights_in_the_given_dtype(model, tokenizer, p
 
 def test_serving_engines_take_the_actors_compute_precision():
     from verl.config import load_config
-    from verl.workers.common import rollout_options
+    from verl.workers.role_options import rollout_options
 
     def dtype_for(precision: str, rollout_cls=SGLangRollout):
         cfg = load_config(overrides=[f"trainer.mixed_precision={precision}"])

@@ -25,6 +25,7 @@ from verl.protocol import DataProto
 from verl.trainer.lifecycle.checkpoint import complete_checkpoints
 from verl.trainer.offline.rm import RMTrainer, reward_pair_loss, reward_pair_metrics
 from verl.workers.reward_model import RewardModelWorker
+from verl.workers.specs import reward_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -210,7 +211,7 @@ def test_export_loads_as_the_rl_reward_model(tmp_path, tiny_model_dir, tok, lora
     rl.trainer.device = "cpu"
     rl.reward_model.enable = True
     rl.reward_model.model.path = results["hf_dir"]
-    worker = RewardModelWorker(rl, actor_tokenizer=tok)
+    worker = RewardModelWorker(reward_model_spec(rl), actor_tokenizer=tok)
     worker.init_model()
     assert worker.retokenize is False  # the export holds the training tokenizer
     items = [trainer.val_dataset[i] for i in range(4)]

@@ -17,6 +17,7 @@ from verl.rollout import register_rollout
 from verl.rollout.native import NativeRollout
 from verl.rollout.registry import ROLLOUT_BACKENDS
 from verl.trainer.rl.trainer import RLTrainer
+from verl.workers.specs import actor_rollout_ref_spec
 
 EVENTS: list[str] = []
 ENGINES: list[OwnCopyRollout] = []
@@ -119,7 +120,7 @@ def test_own_copy_engine_on_several_ranks_with_multi_turn_is_refused_at_start(
         "actor_rollout_ref.rollout.name=test_own_copy",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
     )
-    worker = ActorRolloutRefWorker(cfg, rank=0, world_size=2)
+    worker = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg), rank=0, world_size=2)
     with pytest.raises(NotImplementedError, match=r"multi_turn\.enable=true cannot use"):
         worker.init_model(total_steps=2)
     assert worker.engine is None and ENGINES == []  # refused before loading anything

@@ -83,7 +83,7 @@ def test_000_section_4_1_mixed_precision():
 
 def test_000_section_4_2_model_precision_map(caplog):
     from verl import TrainerConfig
-    from verl.workers.common import precision_options
+    from verl.workers.role_options import precision_options
 
     config = TrainerConfig(
         mixed_precision="bf16",
@@ -181,7 +181,7 @@ def test_000_section_6_2_clipping_scaling_accumulation():
     assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_device == 4
     # loss scaling protects fp16 gradients only: in a bf16 (or fp32) run it is a no-op, said
     # so, and no scaler is built
-    from verl.workers.common import precision_options
+    from verl.workers.role_options import precision_options
 
     config.trainer.mixed_precision = "bf16"
     config.actor_rollout_ref.actor.precision = config.critic.precision = None

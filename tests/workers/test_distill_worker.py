@@ -13,6 +13,7 @@ from verl.config import load_config
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.specs import actor_rollout_ref_spec
 from verl.workers.teacher import check_same_tokenizer
 
 P, R = 6, 5
@@ -73,7 +74,9 @@ def _worker(model_dir, teacher_dir, *extra: str) -> ActorRolloutRefWorker:
         ]
     )
     torch.manual_seed(0)
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout", tokenizer=build_tiny_tokenizer())
+    worker = ActorRolloutRefWorker(
+        actor_rollout_ref_spec(cfg, role="actor_rollout"), tokenizer=build_tiny_tokenizer()
+    )
     worker.init_model(total_steps=4)
     return worker
 

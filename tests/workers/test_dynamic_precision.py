@@ -12,6 +12,7 @@ from verl.config import TrainerConfig
 from verl.models import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
 from verl.models.fp8 import is_fp8_model
 from verl.workers.dynamic_precision import DynamicPrecision, GiB, free_memory_bytes
+from verl.workers.specs import reward_model_spec
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_reward_worker_reloads_from_its_path(tok, tmp_path, monkeypatch):
     cfg.trainer.device = "cpu"
     cfg.reward_model.enable = True
     cfg.reward_model.model.path = str(path)
-    worker = RewardModelWorker(cfg, actor_tokenizer=tok)
+    worker = RewardModelWorker(reward_model_spec(cfg), actor_tokenizer=tok)
     worker.init_model()
     memory = FakeMemory(0.5)
     worker.dynamic.probe = memory
@@ -82,12 +83,11 @@ def test_reward_worker_reloads_from_its_path(tok, tmp_path, monkeypatch):
 
 
 def test_off_by_default_and_never_for_an_fp8_role(tmp_path, tok):
-    from verl.workers.common import dynamic_precision
+    from verl.workers.role_options import dynamic_precision_threshold
 
-    model = build_tiny_model(tokenizer=tok, hidden_size=32, num_layers=1)
-    assert dynamic_precision(TrainerConfig(), "reference", model, torch.device("cpu")) is None
+    assert dynamic_precision_threshold(TrainerConfig(), "reference") is None
     cfg = TrainerConfig(dynamic_precision=True, model_precision_map={"reference": "fp8"})
-    assert dynamic_precision(cfg, "reference", model, torch.device("cpu")) is None
+    assert dynamic_precision_threshold(cfg, "reference") is None
 
 
 def test_free_memory_probe_reads_the_host():

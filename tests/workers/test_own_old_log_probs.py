@@ -15,6 +15,7 @@ from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_m
 from verl.protocol import DataProto
 from verl.trainer.lifecycle.metrics import compute_data_metrics, compute_rollout_mismatch_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.specs import actor_rollout_ref_spec
 
 P, R = 6, 5
 PROMPT_LENS = [6, 2, 4, 3, 5, 1]
@@ -76,7 +77,9 @@ def _config(model_dir, *extra: str):
 
 def _update(cfg, module, data: DataProto, with_pass: bool):
     worker = ActorRolloutRefWorker(
-        cfg, role="actor_rollout", module=module, tokenizer=build_tiny_tokenizer()
+        actor_rollout_ref_spec(cfg, role="actor_rollout"),
+        module=module,
+        tokenizer=build_tiny_tokenizer(),
     )
     worker.init_model(total_steps=1)
     captured = []
@@ -125,7 +128,9 @@ def test_no_old_log_probs_with_several_optimizer_steps_is_an_error(model_dir):
     cfg = _config(model_dir, "actor_rollout_ref.actor.ppo_epochs=2")
     torch.manual_seed(0)
     worker = ActorRolloutRefWorker(
-        cfg, role="actor_rollout", module=build_tiny_model(), tokenizer=build_tiny_tokenizer()
+        actor_rollout_ref_spec(cfg, role="actor_rollout"),
+        module=build_tiny_model(),
+        tokenizer=build_tiny_tokenizer(),
     )
     worker.init_model(total_steps=1)
     with pytest.raises(ValueError, match="ppo_epochs=2"):

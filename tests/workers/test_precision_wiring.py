@@ -8,8 +8,9 @@ import torch
 from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.common import precision_options
 from verl.workers.critic import CriticWorker
+from verl.workers.role_options import precision_options
+from verl.workers.specs import actor_rollout_ref_spec, critic_spec, reward_model_spec
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_precision_map_reaches_actor_reference_and_critic(model_dir):
         "trainer.model_precision_map={reference: fp16, critic: bf16}",
         "trainer.max_consecutive_nonfinite_steps=5",
     )
-    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     actor.init_model(total_steps=2)
     ids = _ids()
 
@@ -83,7 +84,7 @@ def test_precision_map_reaches_actor_reference_and_critic(model_dir):
 
     assert _compute_dtypes(ref.module, ref_forward) == {torch.float16}
 
-    critic = CriticWorker(cfg, tokenizer=actor.tokenizer)
+    critic = CriticWorker(critic_spec(cfg), tokenizer=actor.tokenizer)
     critic.init_model(total_steps=2)
     ceng = critic.engine
     assert {p.dtype for p in ceng.module.parameters()} == {torch.float32}
@@ -96,7 +97,7 @@ def test_generation_computes_in_the_training_precision(model_dir, precision, wan
     from verl.protocol import DataProto
 
     cfg = _config(model_dir, f"trainer.mixed_precision={precision}", "data.max_response_length=3")
-    actor = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout"))
     actor.init_model(total_steps=2)
     ids = _ids()
     prompts = DataProto.from_dict(
@@ -117,7 +118,7 @@ def test_generation_computes_in_the_training_precision(model_dir, precision, wan
 
 def test_fp16_training_gets_loss_scaling(model_dir):
     cfg = _config(model_dir, "trainer.mixed_precision=fp16")
-    actor = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout"))
     actor.init_model(total_steps=2)
     assert actor.engine.autocast_dtype == torch.float16
     assert actor.engine.scaler is not None
@@ -170,7 +171,7 @@ def test_fp8_reference_gets_fp8_layers_and_the_actor_does_not(model_dir):
     from verl.models.fp8 import Fp8Linear, is_fp8_model
 
     cfg = _config(model_dir, "trainer.model_precision_map={reference: fp8}")
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     worker.init_model(total_steps=2)
     assert is_fp8_model(worker.ref_engine.module)
     assert not is_fp8_model(worker.engine.module)
@@ -191,7 +192,7 @@ def _fsdp2_actor(rank: int, model_dir: str, out: str) -> None:
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_device=2",
     )
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout"))
     worker.init_model(total_steps=2)
     eng = worker.engine
     ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0))
@@ -235,7 +236,7 @@ def test_reward_model_is_stored_in_its_precision():
     cfg.trainer.device = "cpu"
     cfg.reward_model.enable = True
     worker = RewardModelWorker(
-        cfg,
+        reward_model_spec(cfg),
         module=reward_model,
         tokenizer=tok,
         actor_tokenizer=tok,
@@ -261,7 +262,7 @@ def test_null_checkpointing_is_decided_per_role_by_its_micro_batch_tokens(model_
     cfg = _config(model_dir)
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None
     assert cfg.critic.model.enable_gradient_checkpointing is None
-    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     actor.init_model(total_steps=1)
     hf = actor.engine.module.config
     tokens_at_threshold = AUTO_CHECKPOINTING_MIN_BYTES // (
@@ -277,9 +278,9 @@ def test_null_checkpointing_is_decided_per_role_by_its_micro_batch_tokens(model_
         f"actor_rollout_ref.actor.ppo_max_token_len_per_device={tokens_at_threshold + 1}",
         "critic.ppo_micro_batch_size_per_device=2",
     )
-    actor = ActorRolloutRefWorker(cfg, role="actor_rollout_ref")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_spec(cfg, role="actor_rollout_ref"))
     actor.init_model(total_steps=1)
     assert is_activation_checkpointing(actor.engine.module)
-    critic = CriticWorker(cfg, tokenizer=actor.tokenizer)
+    critic = CriticWorker(critic_spec(cfg), tokenizer=actor.tokenizer)
     critic.init_model(total_steps=1)
     assert not is_activation_checkpointing(critic.engine.module)

@@ -9,6 +9,7 @@ from verl.controller import LocalWorkerGroup, ResourcePool
 from verl.models import build_tiny_tokenizer
 from verl.protocol import DataProto
 from verl.workers.reward_model import RewardModelWorker, vocab_fingerprint
+from verl.workers.specs import reward_model_spec
 
 PROMPTS = [
     [{"role": "user", "content": "What is 2 + 3?"}],
@@ -120,7 +121,7 @@ def _score_alone(model, ids):
 
 
 def _worker(path, tok, mbs=2, **kwargs):
-    worker = RewardModelWorker(_config(path, mbs), actor_tokenizer=tok, **kwargs)
+    worker = RewardModelWorker(reward_model_spec(_config(path, mbs)), actor_tokenizer=tok, **kwargs)
     worker.init_model()
     return worker
 
@@ -202,7 +203,10 @@ def test_retokenize_needs_raw_prompt(rm_setup, tok, data):
 def test_worker_group_splits_and_pads(rm_setup, tok, rows, data):
     path, model = rm_setup
     wg = LocalWorkerGroup(
-        RewardModelWorker, ResourcePool([2]), config=_config(path), actor_tokenizer=tok
+        RewardModelWorker,
+        ResourcePool([2]),
+        spec=reward_model_spec(_config(path)),
+        actor_tokenizer=tok,
     )
     wg.init_model()
     out = wg.compute_rm_score(data[:3])  # 3 rows over 2 ranks: padded, then unpadded

@@ -30,6 +30,7 @@ from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.common import micro_batches
 from verl.workers.critic import CriticWorker
 from verl.workers.micro_batching import split_micro_batches
+from verl.workers.specs import actor_rollout_ref_spec, critic_spec
 
 P, R = 6, 5
 PROMPT_LENS = [6, 2, 4, 3, 5, 1]
@@ -267,7 +268,9 @@ def _actor_module() -> torch.nn.Module:
 
 def _run_actor(cfg, module: torch.nn.Module, data: DataProto) -> tuple[list, dict]:
     worker = ActorRolloutRefWorker(
-        cfg, role="actor_rollout", module=module, tokenizer=build_tiny_tokenizer()
+        actor_rollout_ref_spec(cfg, role="actor_rollout"),
+        module=module,
+        tokenizer=build_tiny_tokenizer(),
     )
     worker.init_model(total_steps=1)
     captured = _capture_step_grads(worker.engine)
@@ -277,7 +280,7 @@ def _run_actor(cfg, module: torch.nn.Module, data: DataProto) -> tuple[list, dic
 
 
 def _run_critic(cfg, module: torch.nn.Module, data: DataProto) -> tuple[list, dict]:
-    worker = CriticWorker(cfg, module=module, tokenizer=build_tiny_tokenizer())
+    worker = CriticWorker(critic_spec(cfg), module=module, tokenizer=build_tiny_tokenizer())
     worker.init_model(total_steps=1)
     captured = _capture_step_grads(worker.engine)
     metrics = worker.update_critic(data)
@@ -338,12 +341,16 @@ def test_updates_run_the_engine_loop_and_sync_gradients_on_the_last_micro_batch(
     module = _actor_module()
     data = _actor_batch(module)
     actor = ActorRolloutRefWorker(
-        cfg, role="actor_rollout", module=module, tokenizer=build_tiny_tokenizer()
+        actor_rollout_ref_spec(cfg, role="actor_rollout"),
+        module=module,
+        tokenizer=build_tiny_tokenizer(),
     )
     actor.init_model(total_steps=2)
     torch.manual_seed(0)
     critic = CriticWorker(
-        cfg, module=CausalLMWithValueHead(build_tiny_model()), tokenizer=build_tiny_tokenizer()
+        critic_spec(cfg),
+        module=CausalLMWithValueHead(build_tiny_model()),
+        tokenizer=build_tiny_tokenizer(),
     )
     critic.init_model(total_steps=2)
     for worker, update in ((actor, actor.update_actor), (critic, critic.update_critic)):
@@ -465,8 +472,7 @@ def _fsdp2_rank(rank: int, port: int, out_dir: str, model_dir: str) -> None:
         module = _actor_module()
         data = _actor_batch(module)
         worker = ActorRolloutRefWorker(
-            cfg,
-            role="actor_rollout",
+            actor_rollout_ref_spec(cfg, role="actor_rollout"),
             module=module,
             tokenizer=build_tiny_tokenizer(),
             rank=rank,
@@ -481,7 +487,7 @@ def _fsdp2_rank(rank: int, port: int, out_dir: str, model_dir: str) -> None:
     cfg = _config(model_dir, "token-mean", False, extra=fsdp2)
     torch.manual_seed(0)
     critic = CriticWorker(
-        cfg,
+        critic_spec(cfg),
         module=CausalLMWithValueHead(build_tiny_model()),
         tokenizer=build_tiny_tokenizer(),
         rank=rank,

@@ -56,7 +56,7 @@ def serving_options(config: Any, engine_cfg: Any, key: str) -> dict[str, Any]:
 
     ``engine_cfg``: the backend's settings (``actor_rollout_ref.rollout.<key>``), which carry
     ``max_model_len``, ``weight_sync_bucket_mb`` and ``weight_sync_timeout_s``. The engine's
-    ``dtype`` comes from the worker (``verl.workers.common.rollout_options``).
+    ``dtype`` comes from the worker's spec (``verl.workers.role_options.rollout_options``).
     """
     rollout_cfg = config.actor_rollout_ref.rollout
     needed = config.data.max_prompt_length + config.data.max_response_length

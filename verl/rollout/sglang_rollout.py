@@ -74,7 +74,7 @@ class SGLangRollout(ServingRollout):
     Args:
         module: the actor's HF causal LM; its config and weights define the engine, which
             computes in ``dtype`` (default the module's; the worker passes the actor's
-            bf16 / fp16 compute precision: ``verl.workers.common.rollout_options``).
+            bf16 / fp16 compute precision: ``verl.workers.role_options.rollout_options``).
         tokenizer: saved beside the config for SGLang (stop strings, eos ids); required.
         pad_token_id / eos_token_ids: as for ``NativeRollout``.
         max_model_len: longest prompt + response in tokens (SGLang's ``context_length``).

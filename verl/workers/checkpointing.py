@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from verl.utils.atomic_io import write_json_atomic
@@ -29,6 +30,7 @@ __all__ = [
     "WORKER_STATE_FILE",
     "load_worker_checkpoint",
     "save_hf_metadata",
+    "save_role_checkpoint",
     "save_worker_checkpoint",
 ]
 
@@ -54,6 +56,33 @@ def save_worker_checkpoint(
         engine.save_checkpoint(path)  # creates `path` (rank 0) and ends with a barrier
         os.makedirs(path, exist_ok=True)
         write_json_atomic(os.path.join(path, WORKER_STATE_FILE.format(rank=rank)), state)
+
+
+def save_role_checkpoint(
+    engine: Any,
+    tokenizer: Any,
+    path: str,
+    *,
+    rank: int,
+    world_size: int,
+    counters: dict[str, int],
+    hf_config_dir: str | None,
+    write_hf_model: Callable[[str | None], Any] | None,
+) -> None:
+    """A trainable worker's ``save_checkpoint``: :func:`save_worker_checkpoint`, then for
+    export either the whole HF model (``write_hf_model(hf_config_dir)``, when given: the
+    role's own writer, which refuses what it cannot write) or, on rank 0, the HF metadata
+    (:func:`save_hf_metadata`) in ``hf_config_dir``, plus the LoRA config of a LoRA model
+    (export folds the adapters in, ``verl.model_merger``). Collective when sharded."""
+    save_worker_checkpoint(engine, path, rank=rank, world_size=world_size, counters=counters)
+    if write_hf_model is not None:
+        write_hf_model(hf_config_dir)
+    elif hf_config_dir is not None and rank == 0:
+        from verl.models.lora import is_lora_model, lora_config_of
+
+        save_hf_metadata(engine.module, tokenizer, hf_config_dir)
+        if is_lora_model(engine.module):
+            lora_config_of(engine.module).save_pretrained(hf_config_dir)
 
 
 def load_worker_checkpoint(engine: Any, path: str, *, rank: int, world_size: int) -> dict[str, int]:

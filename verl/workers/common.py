@@ -84,12 +84,12 @@ def iter_ppo_mini_batches(
         yield from epoch_data.split(mini_batch_size)
 
 
-def shares_prompt_prefix(role_cfg: Any) -> bool:
+def shares_prompt_prefix(batching: Any) -> bool:
     """Whether a role packs sequences with shared prompts (``pack_sequences`` and
     ``share_prompt_prefix``; roles without those keys do not)."""
     return bool(
-        getattr(role_cfg, "pack_sequences", False)
-        and getattr(role_cfg, "share_prompt_prefix", False)
+        getattr(batching, "pack_sequences", False)
+        and getattr(batching, "share_prompt_prefix", False)
     )
 
 
@@ -126,8 +126,7 @@ def run_ppo_update(
     data: DataProto,
     loss_fn: Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, Any]]],
     *,
-    role_cfg: Any,
-    loss_agg_mode: str | None = None,
+    batching: Any,
     mini_batch_size: int,
     seed: int,
     device: torch.device,
@@ -136,24 +135,20 @@ def run_ppo_update(
     """PPO epochs over mini-batches (one optimizer step each) of ``data`` for one role.
 
     Each mini-batch is cut into micro-batches on the host (:func:`micro_batches`: by
-    ``role_cfg.ppo_micro_batch_size_per_device`` rows when set, else by the role's token
-    budget), weighted by
-    :func:`micro_batch_weights` for ``role_cfg.loss_agg_mode``, moved to ``device`` and run
-    through ``engine.forward_backward(micro_batches, loss_fn, weights)``: gradient sync is
-    deferred to the last micro-batch and the micro-batch metrics come back in one host
-    read. Then ``engine.optimizer_step()`` (clipping, the non-finite guard, fp16 loss
-    scaling).
+    ``batching.ppo_micro_batch_size_per_device`` rows when set, else by the role's token
+    budget), weighted by :func:`micro_batch_weights` for ``batching.loss_agg_mode``, moved
+    to ``device`` and run through ``engine.forward_backward(micro_batches, loss_fn,
+    weights)``: gradient sync is deferred to the last micro-batch and the micro-batch
+    metrics come back in one host read. Then ``engine.optimizer_step()`` (clipping, the
+    non-finite guard, fp16 loss scaling).
 
     Args:
         engine: the role's ``TrainEngine``.
         data: the update batch on the host; its ``response_mask`` gives the response width.
         loss_fn: ``loss_fn(module, micro_batch) -> (loss, metrics)`` for one
             :class:`~verl.workers.micro_batching.MicroBatch` (already on ``device``).
-        role_cfg: the role's config section (``ppo_epochs``, ``shuffle``,
-            ``ppo_micro_batch_size_per_device``, ``use_dynamic_bsz``,
-            ``ppo_max_token_len_per_device``, ``loss_agg_mode``).
-        loss_agg_mode: the aggregation the loss uses, when not ``role_cfg.loss_agg_mode``
-            (the actor's null resolves to its policy loss's preference).
+        batching: the role's :class:`~verl.workers.specs.BatchingSpec` (``ppo_epochs``,
+            ``shuffle``, ``loss_agg_mode`` and the micro-batch split).
         mini_batch_size: samples per mini-batch on this rank.
         seed: seeds the per-epoch shuffle.
         prefix: metric name prefix (``"actor"``, ``"critic"``).
@@ -164,23 +159,21 @@ def run_ppo_update(
         (``loss_scale`` with fp16) per optimizer step. Call ``result()`` on every rank.
     """
     response_len = data.batch["response_mask"].shape[1]
-    if loss_agg_mode is None:
-        loss_agg_mode = role_cfg.loss_agg_mode
     acc = MetricsAccumulator()
     with engine.train_mode():
         for mini in iter_ppo_mini_batches(
             data,
             mini_batch_size=mini_batch_size,
-            epochs=role_cfg.ppo_epochs,
-            shuffle=role_cfg.shuffle,
+            epochs=batching.ppo_epochs,
+            shuffle=batching.shuffle,
             seed=seed,
-            by_group=shares_prompt_prefix(role_cfg),
+            by_group=shares_prompt_prefix(batching),
         ):
             engine.zero_grad()
             micro = micro_batches(
-                mini, response_len, None, role_cfg, sequence_parallel_size(engine)
+                mini, response_len, None, batching, sequence_parallel_size(engine)
             )
-            weights = micro_batch_weights([mb.data for mb in micro], loss_agg_mode)
+            weights = micro_batch_weights([mb.data for mb in micro], batching.loss_agg_mode)
             on_device = [dataclasses.replace(mb, data=to_device(mb.data, device)) for mb in micro]
             for metrics in engine.forward_backward(on_device, loss_fn, weights):
                 for key, value in metrics.items():
@@ -229,14 +222,16 @@ def micro_batches(
     data: DataProto,
     response_len: int,
     micro_batch_size: int | None,
-    role_cfg: Any = None,
+    batching: Any = None,
     sequence_parallel_size: int = 1,
 ) -> list[MicroBatch]:
     """The micro-batches of one forward/backward pass of a role.
 
-    ``micro_batch_size``: the pass's own row count (``None``: the role's update's). Row
-    counts apply unless ``role_cfg.use_dynamic_bsz`` is true; without any row count the
-    pass is packed by the role's token budget (``role_cfg.token_budget`` tokens, the same
+    ``batching``: how the role splits its passes: its :class:`~verl.workers.specs.BatchingSpec`
+    (or its config section, which has the same attributes). ``micro_batch_size``: the
+    pass's own row count (``None``: the role's update's). Row
+    counts apply unless ``batching.use_dynamic_bsz`` is true; without any row count the
+    pass is packed by the role's token budget (``batching.token_budget`` tokens, the same
     count of micro-batches on every data-parallel rank; real tokens when the role packs
     sequences, ``pack_sequences``, else rows x padded length): see
     ``verl.config.schema_roles.MicroBatchSplit``. Either way each micro-batch is cut to the
@@ -248,9 +243,9 @@ def micro_batches(
     per micro-batch, as they are.
     """
     rows = micro_batch_size
-    if role_cfg is not None:
-        rows = role_cfg.rows_per_micro_batch(micro_batch_size)
-        share = shares_prompt_prefix(role_cfg)
+    if batching is not None:
+        rows = batching.rows_per_micro_batch(micro_batch_size)
+        share = shares_prompt_prefix(batching)
         if rows is None or share:
             # whole prompt groups per micro-batch when they share their prompt; the count
             # may then differ between ranks, so it is agreed on in both modes
@@ -259,47 +254,15 @@ def micro_batches(
                 response_len,
                 micro_batch_size=rows,
                 max_token_len=(
-                    role_cfg.token_budget * sequence_parallel_size if rows is None else None
+                    batching.token_budget * sequence_parallel_size if rows is None else None
                 ),
                 agree=dp_max,
-                packed=getattr(role_cfg, "pack_sequences", False),
+                packed=getattr(batching, "pack_sequences", False),
                 share_prefix=share,
             )
     if rows is None:
-        raise ValueError("micro_batches: give micro_batch_size or a role_cfg with a token budget")
+        raise ValueError("micro_batches: give micro_batch_size or a batching with a token budget")
     return split_micro_batches(data, response_len, micro_batch_size=rows)
-
-
-def engine_options(
-    worker: Any, strategy: str, fsdp_config: Any, sequence_parallel_size: int = 1
-) -> dict[str, Any]:
-    """``build_engine`` keyword arguments of ``strategy`` from a role's ``fsdp_config`` (and
-    its ``ulysses_sequence_parallel_size``, fsdp2 only).
-
-    ``param_offload`` / ``optimizer_offload`` keep that state in host memory between uses
-    (the engine moves it to the device for each train/eval/generate block). On fsdp2,
-    ``param_offload`` is FSDP2's ``CPUOffloadPolicy`` instead (sharded parameters,
-    gradients and optimizer state live on the host; the optimizer steps there), so
-    ``optimizer_offload`` adds nothing to it. For ``fsdp2`` this also makes sure the
-    worker's process group exists.
-    """
-    params = bool(getattr(fsdp_config, "param_offload", False))
-    optim = bool(getattr(fsdp_config, "optimizer_offload", False))
-    if strategy != "fsdp2":
-        options = {"offload_params": params, "offload_optimizer": optim}
-        if sequence_parallel_size != 1:  # build_engine refuses it, naming the key
-            options["sequence_parallel_size"] = sequence_parallel_size
-        return options
-    ensure_process_group(worker.rank, worker.world_size, worker.device.type)
-    mp = getattr(fsdp_config, "mixed_precision", None)
-    return {
-        "reshard_after_forward": fsdp_config.reshard_after_forward,
-        "shard_dim": getattr(fsdp_config, "shard_dim", 0),
-        "mixed_precision": None if mp is None else dataclasses.asdict(mp),
-        "cpu_offload": params,
-        "offload_optimizer": optim and not params,
-        "sequence_parallel_size": sequence_parallel_size,
-    }
 
 
 def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice]:
@@ -321,67 +284,11 @@ def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice
     return DataProto.concat(parts), slice(start, start + len(data))
 
 
-def precision_options(config: Any, role: str, strategy: str, fsdp_options: dict) -> dict:
-    """``build_engine`` precision keyword arguments of ``role`` (actor, critic, reference).
-
-    From the role's precision key (``verl.config.precision.role_precision``, which the
-    trainer-wide keys fill), merged over ``fsdp_options`` (:func:`engine_options`):
-
-    - trainable roles keep fp32 master weights and optimizer state; bf16/fp16 compute is
-      ``torch.autocast`` on the single engine and FSDP2's ``MixedPrecisionPolicy``
-      (``param_dtype``, ``reduce_dtype`` = ``trainer.gradient_precision``, fp32 buffers) on
-      fsdp2, unless ``fsdp_config.mixed_precision`` is set (validation made them agree).
-      fp16 gets dynamic loss scaling unless ``trainer.use_gradient_scaling=false``;
-    - inference roles store and compute in fp32/bf16/fp16 (``param_dtype``); fp8 is applied
-      (or int4) to the module by :func:`apply_inference_precision` before the engine is built.
-    """
-    from verl.config.precision import TRAINABLE_ROLES, gradient_scaling, role_precision
-
-    prec = role_precision(config, role)
-    logger.info("%s computes in %s (strategy %s)", role, prec, strategy)
-    opts = dict(fsdp_options)
-    t = config.trainer
-    if role in TRAINABLE_ROLES:
-        opts["max_consecutive_nonfinite"] = t.max_consecutive_nonfinite_steps
-        opts["grad_scaling"] = gradient_scaling(config, role)  # fp16 only (a no-op elsewhere)
-        if prec in ("bf16", "fp16"):
-            if strategy == "fsdp2":
-                if opts.get("mixed_precision") is None:
-                    opts["mixed_precision"] = {
-                        "param_dtype": prec,
-                        "reduce_dtype": t.gradient_precision,
-                        "buffer_dtype": "fp32",
-                    }
-            else:
-                opts["autocast_dtype"] = prec
-    elif prec in ("fp32", "bf16", "fp16"):
-        opts["param_dtype"] = prec
-    return opts
-
-
-def rollout_options(config: Any, rollout_cls: Any) -> dict[str, Any]:
-    """Constructor keywords of the rollout backend ``rollout_cls``: its own
-    ``config_options``, plus, for an engine that keeps its own weights (vllm, sglang), the
-    actor's compute precision as ``dtype`` when it is bf16 / fp16 (``auto`` resolved), so the
-    engine samples in the precision the trainer computes in. Otherwise the engine runs in
-    the weights' storage dtype."""
-    from verl.config.precision import role_precision
-
-    options = dict(rollout_cls.config_options(config))
-    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(role_precision(config, "actor"))
-    if rollout_cls.owns_weights and compute is not None:
-        options["dtype"] = compute
-    return options
-
-
-def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -> torch.nn.Module:
-    """Quantize an inference role's (reference, reward) weights when its precision is fp8 or
-    int4 (weight-only: ``verl.models.fp8`` / ``verl.models.int4`` replace the linear layers in
-    place; compute runs in the activations' dtype). Other precisions return ``module`` as is.
-    """
-    from verl.config.precision import role_precision
-
-    precision = role_precision(config, role)
+def apply_inference_precision(precision: str, module: torch.nn.Module) -> torch.nn.Module:
+    """Quantize an inference role's (reference, reward) weights when its ``precision`` is fp8
+    or int4 (weight-only: ``verl.models.fp8`` / ``verl.models.int4`` replace the linear layers
+    in place; compute runs in the activations' dtype). Other precisions return ``module`` as
+    is."""
     if precision == "fp8":
         from verl.models.fp8 import quantize_model_fp8_
 
@@ -394,24 +301,22 @@ def apply_inference_precision(config: Any, role: str, module: torch.nn.Module) -
 
 
 def dynamic_precision(
-    config: Any,
     role: str,
     module: torch.nn.Module,
     device: torch.device,
+    min_free_gb: float | None,
     reload: Any = None,
 ) -> Any:
-    """A :class:`~verl.workers.dynamic_precision.DynamicPrecision` for an inference role when
-    ``trainer.dynamic_precision`` is on (and the role is not fp8 already), else ``None``.
+    """A :class:`~verl.workers.dynamic_precision.DynamicPrecision` for an inference role
+    when its spec has a threshold (``min_free_gb``, see
+    ``verl.workers.specs.dynamic_precision_threshold``), else ``None``.
 
     ``reload`` returns the role's original state dict (``None``: keep a host copy)."""
-    from verl.config.precision import role_precision
-
-    t = config.trainer
-    if not t.dynamic_precision or role_precision(config, role) in ("fp8", "int4"):
+    if min_free_gb is None:
         return None
     from verl.workers.dynamic_precision import DynamicPrecision
 
-    return DynamicPrecision(role, module, device, t.dynamic_precision_min_free_gb, reload)
+    return DynamicPrecision(role, module, device, min_free_gb, reload)
 
 
 # Whether this process made a private one-rank group (ensure_process_group).

@@ -10,46 +10,57 @@ with the configured tools and interaction; the output keeps the single-turn layo
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
-from verl.config import TrainerConfig
 from verl.rollout import RolloutEngine
 from verl.rollout.agent_loop import AgentLoop, EngineTurnGenerator
 from verl.tools import load_tools
 from verl.tools.interaction import load_interaction
+from verl.workers.specs import RolloutSpec
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_agent_loop"]
 
 
-def build_agent_loop(config: TrainerConfig, rollout: RolloutEngine, tokenizer: Any) -> Any:
+def build_agent_loop(
+    spec: RolloutSpec, max_prompt_length: int, rollout: RolloutEngine, tokenizer: Any
+) -> Any:
     """The agent loop of ``rollout.multi_turn`` over ``rollout`` (or, with
     ``rollout.agent``, the agent-program rollout: ``verl.rollout.agent_program``), or None
     when both are off."""
-    if config.actor_rollout_ref.rollout.agent.enable:
+    if spec.agent.enable:
         from verl.rollout.agent_program import build_agent_program
 
-        return build_agent_program(config, rollout, tokenizer)
-    mt_cfg = config.actor_rollout_ref.rollout.multi_turn
-    if not mt_cfg.enable:
+        # build_agent_program reads these three settings by their config paths
+        settings = SimpleNamespace(
+            actor_rollout_ref=SimpleNamespace(
+                rollout=SimpleNamespace(agent=spec.agent, multi_turn=spec.multi_turn)
+            ),
+            reward_model=SimpleNamespace(reward_manager=spec.reward_manager),
+            data=SimpleNamespace(max_prompt_length=max_prompt_length),
+        )
+        return build_agent_program(settings, rollout, tokenizer)
+    multi_turn = spec.multi_turn
+    if not multi_turn.enable:
         return None
-    tools = load_tools(mt_cfg.tools)
+    tools = load_tools(multi_turn.tools)
     if not tools:
         logger.warning(
             "actor_rollout_ref.rollout.multi_turn.enable=true with no tools: every "
             "response is one turn; add tools, e.g. [{path: builtin, name: calculator}]"
         )
     interaction = None
-    if mt_cfg.interaction.path is not None:
-        interaction = load_interaction(mt_cfg.interaction.path, mt_cfg.interaction.name)
+    if multi_turn.interaction.path is not None:
+        interaction = load_interaction(multi_turn.interaction.path, multi_turn.interaction.name)
     return AgentLoop(
         EngineTurnGenerator(rollout),
         tokenizer,
         tools,
-        max_turns=mt_cfg.max_turns,
-        max_tool_response_tokens=mt_cfg.max_tool_response_tokens,
-        tool_timeout=mt_cfg.tool_timeout,
-        max_parallel_tool_calls=mt_cfg.max_parallel_tool_calls,
+        max_turns=multi_turn.max_turns,
+        max_tool_response_tokens=multi_turn.max_tool_response_tokens,
+        tool_timeout=multi_turn.tool_timeout,
+        max_parallel_tool_calls=multi_turn.max_parallel_tool_calls,
         interaction=interaction,
     )

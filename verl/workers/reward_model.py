@@ -26,14 +26,13 @@ from typing import Any
 
 import torch
 
-from verl.config import TrainerConfig
-from verl.config.precision import role_precision
 from verl.controller import Dispatch, Worker, register
 from verl.models import load_reward_model, load_tokenizer, resolve_dtype
 from verl.protocol import DataProto
 from verl.rewards.placement import last_valid_index, place_on_last_token
 from verl.utils.device import resolve_device
 from verl.workers.common import apply_inference_precision, dynamic_precision
+from verl.workers.specs import RewardModelSpec, check_spec
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +78,8 @@ class RewardModelWorker(Worker):
     """Scores responses with ``reward_model.model.path`` (inference only, no engine).
 
     Args:
-        config: the full trainer config (reads ``reward_model`` and ``trainer.device``; the
-            actor tokenizer path when ``actor_tokenizer`` is not given).
+        spec: what the worker reads (:func:`verl.workers.specs.reward_model_spec`; the
+            actor tokenizer path is read when ``actor_tokenizer`` is not given).
         module: an already-built sequence-classification RM to use instead of loading one.
         tokenizer: the RM's tokenizer (default: ``model.tokenizer_path`` or ``model.path``).
         actor_tokenizer: the policy's tokenizer, which produced the ids to score.
@@ -90,7 +89,7 @@ class RewardModelWorker(Worker):
 
     def __init__(
         self,
-        config: TrainerConfig,
+        spec: RewardModelSpec,
         module: torch.nn.Module | None = None,
         tokenizer: Any = None,
         actor_tokenizer: Any = None,
@@ -98,28 +97,29 @@ class RewardModelWorker(Worker):
         **worker_kwargs: Any,
     ) -> None:
         super().__init__(**worker_kwargs)
-        self.config = config
+        check_spec(spec, RewardModelSpec, "reward_model_spec")
+        self.spec = spec
         self.module = module
         self.dynamic = None  # DynamicPrecision (trainer.dynamic_precision=true)
         self.tokenizer = tokenizer
         self.actor_tokenizer = actor_tokenizer
         self.retokenize = retokenize
-        self.device = resolve_device(config.trainer.device, self.local_rank or 0)
+        self.device = resolve_device(spec.device, self.local_rank or 0)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the RM and its tokenizer (unless given) and decide the input path."""
-        mcfg = self.config.reward_model.model
-        where = mcfg.path if self.module is None else f"<given {type(self.module).__name__}>"
+        spec = self.spec
+        where = spec.path if self.module is None else f"<given {type(self.module).__name__}>"
         given = self.module is not None
         if self.module is None:
-            if not mcfg.path:
+            if not spec.path:
                 raise ValueError(
                     "reward_model.model.path is null; set it to a local sequence-classification "
                     "reward model directory (or disable reward_model.enable)"
                 )
             self.module = load_reward_model(
-                mcfg.path, dtype=mcfg.dtype, override_config=mcfg.override_config
+                spec.path, dtype=spec.dtype, override_config=spec.override_config
             )
         num_labels = self.module.config.num_labels
         if num_labels != 1:
@@ -134,24 +134,23 @@ class RewardModelWorker(Worker):
                 "LlamaForSequenceClassification or Qwen2ForSequenceClassification"
             )
         self.module = self.module.eval().requires_grad_(False).to(self.device)
-        prec = role_precision(self.config, "reward")
-        if prec in ("fp32", "bf16", "fp16"):
-            self.module.to(resolve_dtype(prec))
-        self.module = apply_inference_precision(self.config, "reward", self.module)
+        if spec.precision in ("fp32", "bf16", "fp16"):
+            self.module.to(resolve_dtype(spec.precision))
+        self.module = apply_inference_precision(spec.precision, self.module)
         self.dynamic = dynamic_precision(
-            self.config,
             "reward",
             self.module,
             self.device,
+            spec.dynamic_min_free_gb,
             reload=None
             if given
             else lambda: load_reward_model(
-                mcfg.path, dtype=mcfg.dtype, override_config=mcfg.override_config
+                spec.path, dtype=spec.dtype, override_config=spec.override_config
             ).state_dict(),
         )
 
         if self.tokenizer is None:
-            path = mcfg.tokenizer_path or mcfg.path
+            path = spec.tokenizer_path
             if not path:
                 raise ValueError(
                     "the reward model was given without a tokenizer and "
@@ -159,9 +158,8 @@ class RewardModelWorker(Worker):
                 )
             self.tokenizer = load_tokenizer(path)
         if self.actor_tokenizer is None:
-            arm = self.config.actor_rollout_ref.model
             self.actor_tokenizer = load_tokenizer(
-                self.config.tokenizer_path, trust_remote_code=arm.trust_remote_code
+                spec.actor_tokenizer_path, trust_remote_code=spec.actor_trust_remote_code
             )
         if self.retokenize is None:
             same = vocab_fingerprint(self.tokenizer) == vocab_fingerprint(self.actor_tokenizer)
@@ -237,7 +235,7 @@ class RewardModelWorker(Worker):
         """
         if self.module is None:
             raise RuntimeError("RewardModelWorker.compute_rm_score called before init_model()")
-        mbs = self.config.reward_model.micro_batch_size_per_device
+        mbs = self.spec.micro_batch_size
         if self.dynamic is not None:
             self.dynamic.before_phase()
         batches = (

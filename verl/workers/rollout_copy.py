@@ -14,15 +14,14 @@ next generation, as in the hybrid worker.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
-from verl.config import TrainerConfig
 from verl.controller import Dispatch, register
 from verl.rollout.weight_sync import push_weights
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.specs import ActorRolloutRefSpec
 
 __all__ = ["RolloutCopyWorker"]
 
@@ -31,7 +30,10 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
     """The policy's rollout on a module of its own; generation and weight loading only.
 
     Args:
-        config: the full trainer config.
+        spec: the copy's spec (:func:`verl.workers.specs.rollout_copy_spec`: the actor's,
+            without a reference, on the single engine: one process holds the whole copy, a
+            plain module, never sharded; the actor may be FSDP2 over several ranks, its full
+            state dict is what this copy loads).
         module: an already-built causal LM (a copy of the actor's initial module) to use
             instead of loading ``actor_rollout_ref.model.path``.
         tokenizer: a tokenizer to use instead of loading one.
@@ -39,18 +41,12 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
 
     def __init__(
         self,
-        config: TrainerConfig,
+        spec: ActorRolloutRefSpec,
         module: torch.nn.Module | None = None,
         tokenizer: Any = None,
         **worker_kwargs: Any,
     ) -> None:
-        # One process holds the whole copy: a plain module, never sharded (the actor may be
-        # FSDP2 over several ranks; its full state dict is what this copy loads).
-        config = copy.deepcopy(config)
-        config.actor_rollout_ref.actor.strategy = "single"
-        super().__init__(
-            config, role="actor_rollout", module=module, tokenizer=tokenizer, **worker_kwargs
-        )
+        super().__init__(spec, module=module, tokenizer=tokenizer, **worker_kwargs)
         self.policy_version: int | None = None  # the actor update the weights come from
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -75,12 +71,12 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
             for name, tensor in weights:
                 targets[name].copy_(tensor)
 
-        vcfg = self.config.actor_rollout_ref.rollout.vllm
+        rollout = self.spec.rollout
         stats = push_weights(
             receive,
             state.items(),
-            bucket_bytes=vcfg.weight_sync_bucket_mb * 2**20,
-            timeout_s=vcfg.weight_sync_timeout_s,
+            bucket_bytes=rollout.weight_sync_bucket_mb * 2**20,
+            timeout_s=rollout.weight_sync_timeout_s,
             role="async rollout copy",
             engine="rollout-copy",
             timeout_key="actor_rollout_ref.rollout.vllm.weight_sync_timeout_s",

@@ -42,6 +42,7 @@ from verl.trainer.rl.offline_rollouts import OfflineRolloutSource, StoredScoreRe
 from verl.trainer.rl.placement import Placement, place_roles
 from verl.trainer.rl.reward_loop import uses_rules
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.workers.specs import actor_rollout_ref_spec, critic_spec, reward_model_spec
 
 logger = logging.getLogger(__name__)
 
@@ -374,19 +375,20 @@ def build_roles(
     specs = {
         "actor_rollout_ref": ClassWithInitArgs(
             ActorRolloutRefWorker,
-            config=cfg,
-            role="actor_rollout_ref" if use_reference else "actor_rollout",
+            spec=actor_rollout_ref_spec(
+                cfg, role="actor_rollout_ref" if use_reference else "actor_rollout"
+            ),
             module=actor_module,
             tokenizer=tokenizer,
         )
     }
     if use_critic:
         specs["critic"] = ClassWithInitArgs(
-            CriticWorker, config=cfg, module=critic_module, tokenizer=tokenizer
+            CriticWorker, spec=critic_spec(cfg), module=critic_module, tokenizer=tokenizer
         )
     if cfg.reward_model.enable:
         specs["reward_model"] = ClassWithInitArgs(
-            RewardModelWorker, config=cfg, actor_tokenizer=tokenizer
+            RewardModelWorker, spec=reward_model_spec(cfg), actor_tokenizer=tokenizer
         )
     placement = place_roles(cfg, specs)
     roles = placement.roles

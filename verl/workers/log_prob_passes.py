@@ -1,0 +1,129 @@
+"""The no-gradient scoring passes of the hybrid actor worker: log-probs of the sampled
+tokens under a policy (the actor's old policy, the reference, the teacher), and the
+teacher's top-k scores for distillation.
+
+Contract: the passes read ``input_ids``, ``attention_mask``, ``position_ids`` and
+``response_mask`` (``(batch, seq_len)``, responses the last ``response_len`` columns) and
+the log-prob ``temperature`` of ``meta_info``, cut the batch with the actor's micro-batch
+split (:class:`~verl.workers.specs.BatchingSpec`; the pass's own row count when set) and
+return float32 host tensors ``(batch, response_len)`` in the batch's row order. They run
+under the *actor* engine's autocast, whichever module they score, so every policy is
+scored in the precision the actor trains in. The caller holds the module's engine in
+``eval_mode`` (and joins a sequence group's rows first, ``sequence_group_batch``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl.kernels.torch_functional import compute_response_log_probs
+from verl.kernels.ulysses import sequence_parallel_of
+from verl.protocol import DataProto
+from verl.utils.memory import release_memory
+from verl.workers.common import micro_batches, to_device
+from verl.workers.micro_batching import gather_response_outputs
+from verl.workers.specs import ActorSpec
+from verl.workers.teacher import response_log_softmax
+
+__all__ = ["PROMPT_KEYS", "TEACHER_KEYS", "response_log_probs", "teacher_topk_scores"]
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+# What the teacher pass returns and the update reads (algorithm.distill).
+TEACHER_KEYS = ("teacher_log_probs", "teacher_topk_log_probs", "distill_topk_ids")
+
+
+def response_log_probs(
+    engine: Any,
+    module: torch.nn.Module,
+    data: DataProto,
+    micro_batch_size: int | None,
+    actor: ActorSpec,
+    device: torch.device,
+    with_entropy: bool,
+    with_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs of the sampled tokens under ``module``, and the entropy and
+    ``sum_v pi(v)^2`` per token when asked (else ``None``).
+
+    ``engine``: the actor's engine (its autocast); ``micro_batch_size``: the pass's rows
+    per micro-batch (``None``: as the actor's update).
+    """
+    temperature = data.meta_info.get("temperature", 1.0)
+    response_len = data.batch["response_mask"].shape[1]
+    batching = actor.batching
+    log_probs, entropies, sum_pi_squared = [], [], []
+    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    with torch.no_grad(), engine.autocast():
+        sp = sequence_parallel_of(module)
+        sp_size = 1 if sp is None else sp.size
+        for mb in micro_batches(inputs, response_len, micro_batch_size, batching, sp_size):
+            x = mb.data.batch
+            lp, ent, *sps = compute_response_log_probs(
+                module,
+                x["input_ids"],
+                x["attention_mask"],
+                x["position_ids"],
+                response_len=mb.response_len,
+                temperature=temperature,
+                chunk_size=actor.logprob_chunk_size,
+                calculate_entropy=with_entropy,
+                calculate_sum_pi_squared=with_sum_pi_squared,
+                pack=batching.pack_sequences,
+                share_prefix=batching.share_prompt_prefix,
+            )
+            log_probs.append((mb, lp.float().cpu()))
+            if ent is not None:
+                entropies.append((mb, ent.float().cpu()))
+            if sps:
+                sum_pi_squared.append((mb, sps[0].float().cpu()))
+    rows = len(data)
+    release_memory()  # the forwards' activations, before the next phase
+    return (
+        gather_response_outputs(log_probs, rows, response_len),
+        gather_response_outputs(entropies, rows, response_len) if entropies else None,
+        gather_response_outputs(sum_pi_squared, rows, response_len) if sum_pi_squared else None,
+    )
+
+
+def teacher_topk_scores(
+    engine: Any,
+    teacher_engine: Any,
+    data: DataProto,
+    micro_batch_size: int | None,
+    topk: int,
+    actor: ActorSpec,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """The teacher's scores for a top-k distillation estimator, by :data:`TEACHER_KEYS`:
+    its log-probs of the sampled tokens ``(batch, response_len)``, the student's ``k`` most
+    likely ids at each position ``(batch, response_len, k)`` and the teacher's log-probs at
+    them. Full-vocabulary log-probs are held one micro-batch at a time."""
+    temperature = data.meta_info.get("temperature", 1.0)
+    response_len = data.batch["response_mask"].shape[1]
+    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    parts: dict[str, list] = {key: [] for key in TEACHER_KEYS}
+    with (
+        torch.no_grad(),
+        engine.eval_mode(),
+        teacher_engine.eval_mode(),
+        engine.autocast(),
+    ):
+        for mb in micro_batches(inputs, response_len, micro_batch_size, actor.batching, 1):
+            x = mb.data.batch
+            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
+            student = response_log_softmax(engine.module, *args, temperature)
+            teacher = response_log_softmax(teacher_engine.module, *args, temperature)
+            vocab = min(student.shape[-1], teacher.shape[-1])  # heads may be padded apart
+            k = min(topk, vocab)
+            ids = student[..., :vocab].topk(k, dim=-1).indices
+            del student
+            labels = x["input_ids"][:, -mb.response_len :, None]
+            parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
+            parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, ids).cpu()))
+            parts["distill_topk_ids"].append((mb, ids.cpu()))
+            del teacher
+    release_memory()
+    n = len(data)
+    return {key: gather_response_outputs(values, n, response_len) for key, values in parts.items()}
