@@ -11,6 +11,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
+from verl.rollout.continuous import current_group_sink, stream_groups
 from verl.rollout.native import NativeRollout
 from verl.rollout.sampling import row_uniforms
 
@@ -100,6 +101,63 @@ def test_long_tail_refills_slots(model, tokenizer, batch):
     assert out_c.batch["response_mask"].sum(-1).tolist() == target.tolist()
     assert _same(out_c, out_w) < 1e-4
     assert cont.last_stats["decode_steps"] < 0.7 * waves.last_stats["decode_steps"]
+
+
+# per output row: prompts 0-6 x 2 samples; prompts 1, 3 and 6 have a long sample
+TAIL = torch.tensor([4, 5, 60, 6, 3, 7, 5, 64, 4, 6, 5, 3, 62, 4])
+
+
+def _scripted(target: torch.Tensor, calls: list[int] | None = None):
+    def scripted_stop(logits, sample_rows, steps):
+        if calls is not None:
+            calls.append(int(steps.max()))
+        logits = logits.clone()
+        logits[:, 2] = torch.where(steps + 1 >= target[sample_rows], 1e4, -1e4)
+        return logits
+
+    return scripted_stop
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "waves"])
+def test_groups_stream_out_as_they_finish(model, tokenizer, batch, continuous):
+    """Inside stream_groups every prompt's group reaches the sink once, equal to its rows of
+    the call's output; with continuous batching the short groups arrive while the long tail
+    still decodes (before the last sampling step), in the order they finished."""
+    calls: list[int] = []
+    engine = NativeRollout(
+        model,
+        tokenizer,
+        max_num_seqs=4,
+        continuous_batching=continuous,
+        logits_processor=_scripted(TAIL, calls),
+    )
+    params = SamplingParams(n=2, max_new_tokens=64, seed=3, stop_token_ids=[2])
+    seen: list[tuple[int, int]] = []  # (prompt, sampling calls so far)
+    groups = {}
+
+    def sink(prompt, group, got_params):
+        assert got_params is params
+        seen.append((prompt, len(calls)))
+        groups[prompt] = group
+
+    with stream_groups(sink):
+        out = engine.generate(batch, params)
+    assert current_group_sink() is None  # the block restores the context
+    assert sorted(p for p, _ in seen) == list(range(len(MORE_PROMPTS)))
+    for prompt, group in groups.items():
+        rows = slice(2 * prompt, 2 * prompt + 2)
+        assert group.batch.keys() == out.batch.keys()
+        for key in out.batch:
+            assert torch.equal(group.batch[key], out.batch[key][rows]), key
+    if continuous:
+        order = [p for p, _ in seen]
+        # finish order: the short prompts first, the long ones (1, 3, 6) after them
+        assert order[:4] == [0, 2, 4, 5] and sorted(order[4:]) == [1, 3, 6]
+        # the first group is out long before the last sampling step of the call
+        assert seen[0][1] < len(calls) // 4
+    else:  # a wave's groups together, when the wave ends (2 prompts per wave)
+        assert [p for p, _ in seen] == list(range(len(MORE_PROMPTS)))
+        assert seen[0][1] == seen[1][1] < seen[2][1]
 
 
 def test_too_few_slots_is_refused(model, tokenizer, batch):

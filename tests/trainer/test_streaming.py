@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
+from verl.rollout import SamplingParams
+from verl.rollout.continuous import current_group_sink
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.async_rollout import AsyncRollout
-from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource
+from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource, _group_prompts
 from verl.trainer.rl.trainer import RLTrainer
 
 N = 2  # responses per prompt
@@ -169,6 +171,170 @@ def test_buffer_is_saved_and_restored(tmp_path):
         fresh_pipe.close()
 
 
+class _StreamingCopy(_FakeCopy):
+    """Reports each prompt's group to the engine sink, last prompt first; the groups after
+    the first ``hold_after`` wait for ``release`` (the call's long tail)."""
+
+    def __init__(self, hold_after: int) -> None:
+        super().__init__()
+        self.hold_after = hold_after
+        self.release = threading.Event()
+        self.params = SamplingParams(n=N, max_new_tokens=4)
+
+    def generate(self, group, prompts: DataProto) -> DataProto:
+        out = super().generate(group, prompts)
+        sink = current_group_sink()
+        for count, prompt in enumerate(reversed(range(len(prompts)))):
+            if count == self.hold_after:
+                assert self.release.wait(30), "the test never released the long tail"
+            rows = out[prompt * N : (prompt + 1) * N]
+            # the engine's output holds the rollout's keys only; the prompts' are joined on
+            sink(prompt, rows.select(batch_keys=[], non_tensor_keys=["seen_version"]), self.params)
+        return out
+
+
+def test_groups_are_taken_while_their_call_still_generates():
+    """One call of 2 * GROUPS prompts: a step takes the GROUPS groups streamed first while
+    the rest of the call is held back, in the order of their prompts, with every field."""
+    actor = {"version": 0}
+    fake = _StreamingCopy(hold_after=GROUPS)
+    pipe = AsyncRollout(
+        fake, fake.generate, lambda: {"w": torch.tensor(0)}, max_staleness=1, seed=3
+    )
+    source = StreamingSource(
+        pipe,
+        lambda gen, metrics: (gen, metrics),
+        lambda: actor["version"],
+        num_groups=GROUPS,
+        max_staleness=1,
+        buffer_groups=2 * GROUPS,
+    )
+    stream = iter(range(0, 1000, 2 * GROUPS))
+
+    def draw():
+        start = next(stream)
+        return DataProto.from_dict(tensors={"x": torch.arange(start, start + 2 * GROUPS)})
+
+    try:
+        gen, metrics = source.next(draw)
+        assert not fake.release.is_set() and len(pipe) == 1  # the call is still running
+        # the last prompts (streamed first), in prompt order, each with its N rows
+        assert gen.batch["x"].tolist() == [2, 2, 3, 3]
+        assert (gen.non_tensor_batch["seen_version"] == 0).all()
+        assert gen.non_tensor_batch["uid"].tolist() == ["0-2", "0-2", "0-3", "0-3"]
+        assert gen.meta_info["temperature"] == 1.0
+        assert metrics["stream/buffered_groups"] == 0
+        fake.release.set()
+        actor["version"] = 1
+        gen, metrics = source.next(draw)
+        assert gen.batch["x"].tolist() == [0, 0, 1, 1]  # the long tail of the first call
+        assert (gen.non_tensor_batch["staleness"] == 1).all()
+        assert metrics["timing_s/async_gen"] > 0  # the call ended: its timing is counted
+    finally:
+        fake.release.set()
+        pipe.close()
+
+
+def _acc_score(gen: DataProto, metrics):
+    """Every response of an even prompt scores 1 (a group without signal); odd prompts
+    have one correct response of N."""
+    x = gen.batch["x"]
+    first = torch.arange(len(gen)) % N == 0
+    acc = torch.where(x % 2 == 0, 1.0, first.double())
+    gen.non_tensor_batch["acc"] = acc.numpy()
+    gen.batch["token_level_scores"] = acc.unsqueeze(1).float()
+    return gen, metrics | {"critic/score/mean": float(acc.mean())}
+
+
+def test_dynamic_sampling_filters_groups_in_the_stream():
+    actor = {"version": 0}
+    fake = _FakeCopy()
+    pipe = AsyncRollout(
+        fake, fake.generate, lambda: {"w": torch.tensor(0)}, max_staleness=1, seed=3
+    )
+    source = StreamingSource(
+        pipe,
+        _acc_score,
+        lambda: actor["version"],
+        num_groups=GROUPS,
+        max_staleness=1,
+        filter_groups={"metric": "acc", "max_num_gen_batches": 0},
+    )
+    draw = _draws()
+    try:
+        trained = []
+        for _ in range(3):
+            gen, metrics = source.next(draw)
+            assert len(gen) == GROUPS * N
+            x = gen.batch["x"][::N]
+            assert (x % 2 == 1).all()  # only the informative groups
+            trained += x.tolist()
+            # each take: GROUPS groups, half of them without signal
+            assert metrics["dapo/num_gen_batches"] == 2
+            assert metrics["dapo/groups_dropped"] == 2 and metrics["dapo/groups_trimmed"] == 0
+            assert metrics["stream/dropped_groups"] == 0
+            actor["version"] += 1
+        assert trained == [1, 3, 5, 7, 9, 11]
+    finally:
+        pipe.close()
+
+    fake = _FakeCopy()
+    pipe = AsyncRollout(
+        fake, fake.generate, lambda: {"w": torch.tensor(0)}, max_staleness=1, seed=3
+    )
+    bounded = StreamingSource(
+        pipe,
+        _even,  # no group has a signal
+        lambda: 0,
+        num_groups=GROUPS,
+        max_staleness=1,
+        filter_groups={"metric": "acc", "max_num_gen_batches": 3},
+    )
+    try:
+        with pytest.raises(RuntimeError, match="after 3 generation batches"):
+            bounded.next(_draws())
+    finally:
+        pipe.close()
+
+
+def _even(gen: DataProto, metrics):
+    """Every response scores 1."""
+    gen.non_tensor_batch["acc"] = np.ones(len(gen))
+    gen.batch["token_level_scores"] = torch.ones(len(gen), 1)
+    return gen, metrics
+
+
+def test_remax_scorer_gets_the_groups_prompts():
+    rows = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]])
+    responses = torch.tensor([[1, 2], [3, 4], [5, 6], [7, 8]])
+    gen = DataProto.from_dict(
+        tensors={
+            "prompts": rows,
+            "responses": responses,
+            "input_ids": torch.cat([rows, responses], 1),
+            "attention_mask": torch.cat([(rows != 0).long(), torch.ones(4, 2).long()], 1),
+            "position_ids": torch.cat(
+                [
+                    torch.tensor([[0, 0, 1]] * 2 + [[0, 1, 2]] * 2),
+                    torch.tensor([[2, 3]] * 2 + [[3, 4]] * 2),
+                ],
+                1,
+            ),
+        },
+        non_tensors={
+            "uid": np.array(["a", "a", "b", "b"], dtype=object),
+            "ground_truth": np.array(["1", "1", "2", "2"], dtype=object),
+            "staleness": np.zeros(4),
+        },
+    )
+    prompts = _group_prompts(gen)
+    assert prompts.batch["input_ids"].tolist() == [[0, 5, 6], [7, 8, 9]]
+    assert prompts.batch["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert prompts.batch["position_ids"].tolist() == [[0, 0, 1], [0, 1, 2]]
+    assert prompts.non_tensor_batch["ground_truth"].tolist() == ["1", "2"]
+    assert "staleness" not in prompts.non_tensor_batch
+
+
 def test_config(rl_config):
     from verl.config import ConfigError
 
@@ -182,6 +348,15 @@ def test_config(rl_config):
         rl_config("trainer.async_rollout=true", "trainer.max_staleness=0")
     with pytest.raises(ConfigError, match="rollout_mode"):
         rl_config("trainer.async_rollout=true", "trainer.rollout_mode=eager")
+    # dynamic sampling and ReMax: streaming takes them, one-step-off still refuses them
+    stream = ("trainer.async_rollout=true", "trainer.rollout_mode=streaming")
+    dapo = ("algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true")
+    assert rl_config(*stream, *dapo).algorithm.filter_groups.enable is True
+    assert rl_config(*stream, "algorithm.adv_estimator=remax").algorithm.adv_estimator == "remax"
+    with pytest.raises(ConfigError, match=r"use trainer\.rollout_mode=streaming"):
+        rl_config("trainer.async_rollout=true", *dapo)
+    with pytest.raises(ConfigError, match=r"use trainer\.rollout_mode=streaming"):
+        rl_config("trainer.async_rollout=true", "algorithm.adv_estimator=remax")
 
 
 # ---------------------------------------------------------------------- through fit
@@ -204,12 +379,22 @@ def _recorded_fit(config):
     return trainer, trained, weights
 
 
+# decode_slots=3 < 4 prompts x 2 samples: continuous batching, groups streamed mid-call
+SLOTS = "actor_rollout_ref.rollout.decode_slots=3"
+
+
 @pytest.mark.slow
-def test_streaming_with_max_staleness_zero_equals_sync(rl_config):
-    _, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED))
+@pytest.mark.parametrize(
+    "extra",
+    [(), (SLOTS,), (SLOTS, "algorithm.adv_estimator=remax")],
+    ids=["whole_calls", "groups_streamed", "remax"],
+)
+def test_streaming_with_max_staleness_zero_equals_sync(rl_config, extra):
+    _, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED, *extra))
     streaming, samples, weights = _recorded_fit(
         rl_config(
             *SEEDED,
+            *extra,
             "trainer.async_rollout=true",
             "trainer.rollout_mode=streaming",
             "trainer.max_staleness=0",
@@ -223,6 +408,45 @@ def test_streaming_with_max_staleness_zero_equals_sync(rl_config):
     assert [m["async/staleness_max"] for m in streaming.history] == [0.0, 0.0, 0.0]
     assert all(m["stream/dropped_groups"] == 0 for m in streaming.history)
     assert not [t for t in threading.enumerate() if t.name.startswith("verl-rollout")]
+
+
+@pytest.mark.slow
+def test_streaming_dynamic_sampling_keeps_the_sync_groups(rl_config):
+    """DAPO in the stream, max_staleness=0, groups streamed mid-call: the same informative
+    groups and the same dapo/* counts as the synchronous run of
+    tests/trainer/test_dynamic_sampling.py."""
+    from .test_dynamic_sampling import scripted_reward
+
+    config = rl_config(
+        SLOTS,
+        "data.shuffle=false",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=5",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=4",
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.max_staleness=0",
+    )
+    trainer = RLTrainer(config, reward_fn=scripted_reward, tracker=Tracker([]))
+    updated = []
+    update = trainer.update_policy
+
+    def recording_update(gen):
+        updated.append(gen.non_tensor_batch["index"].tolist())
+        return update(gen)
+
+    trainer.update_policy = recording_update
+    trainer.fit()
+    assert updated == [[2, 2, 5, 5, 8, 8, 11, 11], [14, 14, 2, 2, 5, 5, 8, 8]]
+    first, second = trainer.history
+    assert (first["dapo/num_gen_batches"], first["dapo/prompts_generated"]) == (3.0, 12.0)
+    assert (first["dapo/groups_dropped"], first["dapo/groups_trimmed"]) == (8.0, 0.0)
+    assert (second["dapo/num_gen_batches"], second["dapo/prompts_generated"]) == (4.0, 16.0)
+    assert (second["dapo/groups_dropped"], second["dapo/groups_trimmed"]) == (11.0, 1.0)
+    assert first["stream/dropped_groups"] == second["stream/dropped_groups"] == 0
 
 
 STREAM_STEPS = 6

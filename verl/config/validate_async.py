@@ -122,15 +122,19 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
             f"{key}=true: data.rollout_files trains from stored rollouts, which generates "
             "nothing to overlap; disable one of them",
         )
-    if cfg.algorithm.filter_groups.enable:
+    streaming = t.rollout_mode == "streaming"  # takes groups: filters them, scores ReMax
+    if cfg.algorithm.filter_groups.enable and not streaming:
         c.error(
             (key, "algorithm.filter_groups.enable"),
             f"{key}=true: dynamic sampling draws a varying number of generation batches per "
-            "step, which the fixed pipeline does not; disable one of them",
+            "step, which the fixed one-step-off pipeline does not; use "
+            "trainer.rollout_mode=streaming (filters the groups as it takes them), or "
+            "disable one of them",
         )
-    if cfg.estimator_needs("needs_baseline"):
+    if cfg.estimator_needs("needs_baseline") and not streaming:
         c.error(
             (key, "algorithm.adv_estimator"),
             f"{key}=true: algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a "
-            "greedy baseline with the current policy each step; not supported with it",
+            "greedy baseline with the current policy each step; not supported by the "
+            "one-step-off pipeline: use trainer.rollout_mode=streaming",
         )

@@ -27,13 +27,24 @@ of float sums over differently laid out columns, which can flip an exact tie onl
 
 Only for models whose attention takes a ready 4-D mask (``sdpa``, ``eager``, no sliding
 windows) and eager decoding; the engine uses lock-step waves otherwise.
+
+**Groups out as they finish.** A prompt's group (its ``n`` samples) is complete when its
+last row stops, usually long before the call's slowest row. ``on_group(prompt)`` is called
+then, on the generating thread, so a caller can hand the group on while the rest of the call
+decodes. :func:`stream_groups` installs a sink for every native ``generate`` run inside it
+(:meth:`verl.rollout.native.NativeRollout.generate` assembles the group's output and calls
+the sink): the streaming rollout (``verl/trainer/rl/streaming.py``) pushes each group into its
+buffer that way. The samples do not change (per-sample seeding): only when they are seen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,7 +55,33 @@ if TYPE_CHECKING:
     from verl.rollout.native import NativeRollout
     from verl.rollout.stopping import StopStringChecker
 
-__all__ = ["generate_continuous"]
+__all__ = ["GroupSink", "current_group_sink", "generate_continuous", "stream_groups"]
+
+#: ``sink(prompt, group, params)``: ``prompt`` the group's prompt index in the call,
+#: ``group`` its ``n`` rows in the layout of ``verl.rollout.base`` (on the engine's device),
+#: ``params`` the call's :class:`~verl.rollout.base.SamplingParams`.
+GroupSink = Callable[[int, Any, "SamplingParams"], None]
+
+_SINK: contextvars.ContextVar[GroupSink | None] = contextvars.ContextVar(
+    "verl_rollout_group_sink", default=None
+)
+
+
+@contextlib.contextmanager
+def stream_groups(sink: GroupSink) -> Iterator[None]:
+    """Within the block (this thread / context), every native ``generate`` call reports each
+    prompt's group to ``sink`` as soon as its ``n`` samples have stopped (module docstring).
+    An exception raised by ``sink`` ends the generation call with it."""
+    token = _SINK.set(sink)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
+def current_group_sink() -> GroupSink | None:
+    """The sink :func:`stream_groups` installed here, or None."""
+    return _SINK.get()
 
 
 def generate_continuous(
@@ -58,10 +95,13 @@ def generate_continuous(
     seed: int | None,
     stop_ids: torch.Tensor | None,
     checker: StopStringChecker,
+    on_group: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
     """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
     ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
-    ``slots`` KV-cache rows (``slots >= n``).
+    ``slots`` KV-cache rows (``slots >= n``). ``on_group(prompt, responses, log_probs,
+    lengths)``: called as soon as the ``n`` rows of prompt ``prompt`` have all stopped,
+    with their final rows of the three outputs below ((n, R), (n, R), (n,)).
 
     Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
     float32, ``lengths`` (B*n,) and stats (``prefill_s``, ``decode_steps``,
@@ -89,6 +129,8 @@ def generate_continuous(
     slot_token = torch.full((slots,), engine.pad_token_id, dtype=torch.long, device=device)
     kv_real = torch.zeros(slots, max_len, dtype=torch.bool, device=device)
 
+    # rows still decoding per prompt (host side: read only when a row stops)
+    unfinished = [n] * batch
     stats = {"prefill_s": 0.0, "decode_steps": 0.0, "decode_row_steps": 0.0}
     stats |= {"admissions": 0.0, "compactions": 0.0, "prompt_len": float(width_in)}
     next_prompt = 0
@@ -114,6 +156,12 @@ def generate_continuous(
         freed = slot_idx[done]
         slot_row[freed] = -1
         slot_col[freed] = 0
+        if on_group is not None and bool(done.any()):
+            for row in rows[done].tolist():
+                unfinished[row // n] -= 1
+                if unfinished[row // n] == 0:
+                    rows_of = slice(row // n * n, row // n * n + n)
+                    on_group(row // n, responses[rows_of], log_probs[rows_of], lengths[rows_of])
 
     def admit() -> None:
         """Fill free slots with whole prompts (n samples each) and sample their first

@@ -50,7 +50,7 @@ from verl.rollout.base import (
     eval_mode,
     validate_prompts,
 )
-from verl.rollout.continuous import generate_continuous
+from verl.rollout.continuous import current_group_sink, generate_continuous
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
@@ -194,18 +194,49 @@ class NativeRollout(RolloutEngine):
 
     # ------------------------------------------------------------------ public
     def generate(self, prompts: Any, params: SamplingParams) -> Any:
-        """Sample ``params.n`` responses per prompt (layout: ``verl.rollout.base``)."""
+        """Sample ``params.n`` responses per prompt (layout: ``verl.rollout.base``).
+
+        Inside :func:`verl.rollout.continuous.stream_groups` each prompt's group (its ``n``
+        rows of this output, assembled alike) also goes to the sink as soon as it is
+        complete: mid-call with continuous batching, at the end of its wave with lock-step
+        waves, at the end of the call for one lock-step batch."""
         input_ids, attention_mask, position_ids = validate_prompts(prompts)
+        sink = current_group_sink()
+        on_group = None
+        if sink is not None:
+
+            def on_group(prompt: int, responses, log_probs, lengths) -> None:
+                group = self._finish_rows(responses, log_probs, lengths)
+                sink(
+                    prompt,
+                    assemble_rollout_output(
+                        prompts[prompt : prompt + 1],
+                        params,
+                        *group,
+                        position_ids=position_ids[prompt : prompt + 1],
+                    ),
+                    params,
+                )
+
         with eval_mode(self.module), torch.no_grad():  # not inference_mode: see the docstring
             responses, log_probs, lengths = self._generate(
-                input_ids, attention_mask, position_ids, params
+                input_ids, attention_mask, position_ids, params, on_group=on_group
             )
-            resp_len = responses.shape[1]
-            mask = torch.arange(resp_len, device=lengths.device) < lengths.unsqueeze(1)
-            responses = responses.masked_fill(~mask, self.pad_token_id)
-            log_probs = log_probs.masked_fill(~mask, 0.0)
+            responses, mask, log_probs = self._finish_rows(responses, log_probs, lengths)
         return assemble_rollout_output(
             prompts, params, responses, mask, log_probs, position_ids=position_ids
+        )
+
+    def _finish_rows(
+        self, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(responses, response_mask, log_probs)`` with pad / 0 past each row's length."""
+        resp_len = responses.shape[1]
+        mask = torch.arange(resp_len, device=lengths.device) < lengths.unsqueeze(1)
+        return (
+            responses.masked_fill(~mask, self.pad_token_id),
+            mask,
+            log_probs.masked_fill(~mask, 0.0),
         )
 
     # ------------------------------------------------------------------ internals
@@ -325,10 +356,14 @@ class NativeRollout(RolloutEngine):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         params: SamplingParams,
+        on_group: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
         max_new_tokens and ``lengths`` counts tokens up to and including the stop.
+        ``on_group(prompt, responses, log_probs, lengths)`` is called once per prompt with its
+        ``n`` rows of the three as soon as they are final
+        (:func:`~verl.rollout.continuous.generate_continuous`).
 
         At most ``max_num_seqs`` rows decode at once: all ``N`` in one lock-step batch when
         they fit; else continuous batching (:mod:`verl.rollout.continuous`) or, with it off
@@ -371,6 +406,7 @@ class NativeRollout(RolloutEngine):
                 seed=seed,
                 stop_ids=stop_ids_t if stop_ids else None,
                 checker=checker,
+                on_group=on_group,
             )
             mode = "continuous"
         else:
@@ -389,6 +425,10 @@ class NativeRollout(RolloutEngine):
                     checker=checker,
                 )
                 parts.append(part[:3])
+                if on_group is not None:
+                    wave = [t.unflatten(0, (last - first, n)) for t in part[:3]]
+                    for prompt in range(first, last):
+                        on_group(prompt, *(t[prompt - first] for t in wave))
                 for key, value in part[3].items():
                     totals[key] = (
                         max(totals.get(key, 0.0), value)

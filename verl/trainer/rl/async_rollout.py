@@ -53,11 +53,12 @@ import contextlib
 import copy
 import json
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,10 @@ class _InFlight:
     index: int  # generation batch number (seeds the sampling)
     result: Future | None = None
     gen: DataProto | None = None  # the finished generation (a loaded checkpoint's)
+    # streamed groups (``stream_groups``): (prompt index, its n rows) reported by the engine
+    # and not yet taken by :meth:`AsyncRollout.take_groups`; the prompts already taken
+    ready: list[tuple[int, DataProto]] = field(default_factory=list)
+    taken: set[int] = field(default_factory=set)
 
 
 class AsyncRollout:
@@ -129,6 +134,9 @@ class AsyncRollout:
         #: a streaming source's buffer, saved and restored with the in-flight batches
         #: (``state_dict`` / ``load_state_dict`` / ``save_files`` / ``load_files``)
         self.stream: Any = None
+        #: report each prompt's group as the engine finishes it (:meth:`take_groups`)
+        self.stream_groups = False
+        self._progress = threading.Condition()  # a group streamed or a batch finished
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -150,7 +158,12 @@ class AsyncRollout:
             item = _InFlight(prompts, version, self._launched)
             self._launched += 1
             item.result = self._executor.submit(self._run, item, self._weights_for(version))
+            item.result.add_done_callback(lambda _: self._notify())
             self._queue.append(item)
+
+    def _notify(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
 
     def _weights_for(self, version: int) -> dict[str, torch.Tensor] | None:
         """A snapshot of the actor's weights (taken now, at the step boundary) for the copy
@@ -173,10 +186,57 @@ class AsyncRollout:
             non_tensors=dict(item.prompts.non_tensor_batch),
             meta_info={**item.prompts.meta_info, "seed": self.seed_for(item.index)},
         )
-        gen = self._generate(self.group, prompts)
+        if self.stream_groups:
+            from verl.rollout.continuous import stream_groups
+
+            def sink(prompt: int, group: DataProto, params: Any) -> None:
+                group = _join_prompt_fields(group.to("cpu"), prompts[prompt : prompt + 1])
+                # what the worker adds to a whole call's output (run_generation)
+                group.meta_info["temperature"] = params.logprob_temperature
+                with self._progress:
+                    item.ready.append((prompt, group))
+                    self._progress.notify_all()
+
+            with stream_groups(sink):
+                gen = self._generate(self.group, prompts)
+        else:
+            gen = self._generate(self.group, prompts)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s
         return gen
+
+    def take_groups(self) -> tuple[list[tuple[DataProto, int, tuple[int, int]]], dict[str, float]]:
+        """The groups finished since the last call, oldest batch first: ``[(the n responses
+        of one prompt, the version that generated them, (batch index, prompt index)), ...]``,
+        and the async timing metrics of the batches that ended. A batch leaves the queue
+        once it has ended; the groups its engine did not stream (another backend than the
+        native engine, a Ray copy) come from its whole output then."""
+        out: list[tuple[DataProto, int, tuple[int, int]]] = []
+        metrics = {"timing_s/async_gen": 0.0, "timing_s/async_weight_sync": 0.0}
+        for item in list(self._queue):
+            done = item.gen is not None or (item.result is not None and item.result.done())
+            with self._progress:
+                ready, item.ready = item.ready, []
+            for prompt, group in ready:
+                item.taken.add(prompt)
+                out.append((group, item.version, (item.index, prompt)))
+            if not done or item is not self._queue[0]:
+                continue
+            gen, _, timing = self.pop_any()
+            for key, value in timing.items():
+                metrics[key] += value
+            n = len(gen) // len(item.prompts)
+            for prompt in range(len(item.prompts)):
+                if prompt not in item.taken:
+                    group = gen[prompt * n : (prompt + 1) * n]
+                    out.append((group, item.version, (item.index, prompt)))
+        return out, metrics
+
+    def wait_progress(self, timeout_s: float = 1.0) -> None:
+        """Wait (at most ``timeout_s``) until a group is streamed or the oldest batch ends."""
+        with self._progress:
+            if self._queue and not any(i.ready for i in self._queue) and not self.head_ready():
+                self._progress.wait(timeout_s)
 
     def queued_prompts(self) -> int:
         """Prompts in the queued batches (finished or not)."""
@@ -235,8 +295,16 @@ class AsyncRollout:
             if item.gen is None:
                 item.gen = item.result.result()
 
+    def _settle(self) -> None:
+        """Before a checkpoint: every batch finished; with a streaming source, every group
+        moved into its buffer (so a group is saved once, in the buffer)."""
+        self._finish()
+        if self.stream is not None:
+            self.stream.absorb()
+
     def state_dict(self) -> dict[str, Any]:
         """Counters (JSON); the in-flight batches go to a file (:meth:`save_files`)."""
+        self._settle()
         state = {
             "launched": self._launched,
             "inflight": [{"version": i.version, "index": i.index} for i in self._queue],
@@ -262,7 +330,7 @@ class AsyncRollout:
             TypeError: a batch holds a value that cannot be stored as data (see
                 :func:`encode_batches`); nothing is written.
         """
-        self._finish()
+        self._settle()
         tensors, doc = encode_batches([(i.prompts, i.gen) for i in self._queue])
         directory.mkdir(parents=True, exist_ok=True)
         from safetensors.torch import save_file
@@ -309,6 +377,21 @@ class AsyncRollout:
         """Drop the queued batches and stop the thread (idempotent)."""
         self._drop_queue()
         self._executor.shutdown(wait=True)
+
+
+def _join_prompt_fields(gen: DataProto, prompts: DataProto) -> DataProto:
+    """``gen`` (the rollout of ``prompts``, ``n`` rows per prompt) with the prompts'
+    per-sample fields it lacks repeated on, as the trainer's ``_generate`` joins them on a
+    whole call's output."""
+    n = len(gen) // len(prompts)
+    kept = prompts.select(
+        batch_keys=[k for k in prompts.batch if k not in gen.batch],
+        non_tensor_keys=[k for k in prompts.non_tensor_batch if k not in gen.non_tensor_batch],
+        meta_keys=[],
+    )
+    if kept.batch or kept.non_tensor_batch:
+        gen.union(kept.repeat(n, interleave=True))
+    return gen
 
 
 # ---------------------------------------------------------------------- the files' format

@@ -17,8 +17,9 @@ and the step goes on with log-probs, values, advantages and the updates. The sou
   (:mod:`verl.trainer.rl.async_rollout`).
 - :class:`~verl.trainer.rl.streaming.StreamingSource`: ``trainer.rollout_mode=streaming``
   (with ``async_rollout``): the same rollout copy generates into a bounded buffer of
-  groups; a step takes ``data.train_batch_size`` groups, dropping those staler than
-  ``trainer.max_staleness`` (:mod:`verl.trainer.rl.streaming`).
+  groups, each as soon as the engine finishes it; a step takes ``data.train_batch_size``
+  groups, dropping those staler than ``trainer.max_staleness`` (and, with
+  ``algorithm.filter_groups``, those with identical rewards) (:mod:`verl.trainer.rl.streaming`).
 
 Every prompt batch a source draws advances the loader, so a resumed run continues after the
 last batch generated from. :func:`build_batch_source` picks the source from the config.
@@ -139,7 +140,7 @@ def build_batch_source(
     config: Any,
     *,
     generate_and_score: Callable[[DataProto], Scored],
-    score: Callable[[DataProto, dict[str, Any]], Scored],
+    score: Callable[..., Scored],
     pipeline: AsyncRollout | None,
     version: Callable[[], int],
     pad_token_id: int,
@@ -154,6 +155,7 @@ def build_batch_source(
         if rollout_seed is not None:
             # the seed the synchronous rollout gives its k-th training call (k from 1)
             pipeline.seed_for = lambda index: rollout_seed + index + 1
+        fg = config.algorithm.filter_groups
         return StreamingSource(
             pipeline,
             score,
@@ -161,6 +163,13 @@ def build_batch_source(
             num_groups=config.data.train_batch_size,
             max_staleness=config.trainer.max_staleness,
             buffer_groups=config.trainer.stream_buffer_groups,
+            filter_groups=(
+                {"metric": fg.metric, "max_num_gen_batches": fg.max_num_gen_batches}
+                if fg.enable
+                else None
+            ),
+            baseline=config.estimator_needs("needs_baseline"),
+            pad_token_id=pad_token_id,
         )
     if pipeline is not None:
         return OneStepOffSource(pipeline, score, version)

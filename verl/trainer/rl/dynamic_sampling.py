@@ -30,7 +30,12 @@ from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["collect_informative_groups", "filter_metric_values", "merge_step_metrics"]
+__all__ = [
+    "collect_informative_groups",
+    "concat_responses",
+    "filter_metric_values",
+    "merge_step_metrics",
+]
 
 FILTER_METRICS = ("acc", "score", "seq_reward")
 
@@ -105,7 +110,9 @@ def _left_pad_prompts(gen: DataProto, width: int, pad_token_id: int) -> DataProt
     )
 
 
-def _concat(parts: list[DataProto], pad_token_id: int) -> DataProto:
+def concat_responses(parts: list[DataProto], pad_token_id: int) -> DataProto:
+    """``DataProto.concat`` of response batches whose prompt parts may differ in width (the
+    narrower ones left-padded with ``pad_token_id``, masked)."""
     if "prompts" in parts[0].batch:
         width = max(p.batch["prompts"].shape[1] for p in parts)
         parts = [_left_pad_prompts(p, width, pad_token_id) for p in parts]
@@ -180,7 +187,7 @@ def collect_informative_groups(
                 "max_num_gen_batches (0 = unbounded), use a larger rollout.n or other data"
             )
         batch = next_batch()
-    out = _first_groups(_concat(kept, pad_token_id), num_prompts)
+    out = _first_groups(concat_responses(kept, pad_token_id), num_prompts)
     metrics = merge_step_metrics(step_metrics)
     metrics |= {
         "dapo/num_gen_batches": float(num_gen_batches),

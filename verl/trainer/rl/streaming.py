@@ -23,9 +23,29 @@ batch of step ``k`` is sampled with the seed the synchronous rollout gives its `
 call, ``rollout.seed + k``; ``tests/trainer/test_streaming.py`` checks the weights within
 1e-6).
 
-Groups stream at the granularity of one generation call (a loader batch of
-``data.train_batch_size`` prompts): the copy's engine generates that call with continuous
-batching when it has more rows than ``rollout.decode_slots``, but returns the call whole.
+**Groups out as they finish.** The rollouter generates inside
+:func:`verl.rollout.continuous.stream_groups`: the native engine reports each prompt's group
+as soon as its ``n`` samples have stopped (with continuous batching, while the call's long
+tail still decodes; with lock-step waves, at the end of each wave), and the group is in the
+buffer at the next look, so a step can take its batch before the call that generated its
+groups ends. A batch is concatenated in the order of its prompts (generation batch, then
+prompt), not of their finishing, so with ``max_staleness=0`` it is the synchronous batch.
+Which groups a step takes with ``max_staleness >= 1`` then depends on timing (the samples
+themselves do not: per-sample seeding); without continuous batching (one lock-step batch
+per call, ``rollout.decode_slots`` null) a call's groups arrive together, as before. Other
+engines, and a copy in a Ray actor, hand the groups over when the call ends.
+
+**Dynamic sampling** (``algorithm.filter_groups``): a step takes ``data.train_batch_size``
+groups, scores them and keeps those whose metric differs within the group, and takes more
+(each take a "generation batch" of DAPO's metrics and of ``max_num_gen_batches``) until it
+has enough (:func:`~verl.trainer.rl.dynamic_sampling.collect_informative_groups`, the
+synchronous loop over takes instead of new generations): the ``dapo/*`` metrics are the
+synchronous ones. Scoring stays on the trainer's thread (reward managers and reward-model
+workers are the trainer's), so the filter runs when groups are taken, not as they arrive.
+
+**ReMax** (a greedy baseline per prompt): the scorer gets the taken groups' prompts and
+generates the greedy responses with the trainer's current weights (the synchronous step's
+path); the baseline depends on the prompt only, so the gradient estimate stays unbiased.
 
 Checkpoints: the buffered groups are saved beside the in-flight batches
 (``async_rollout/stream_buffer.safetensors`` + ``stream_buffer.json``, the same data-only
@@ -35,7 +55,6 @@ killed and resumed mid-stream trains on exactly the groups the uninterrupted run
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +67,7 @@ from verl.protocol import DataProto
 from verl.trainer.lifecycle.checkpoint import CheckpointError
 from verl.trainer.lifecycle.metrics import timer
 from verl.trainer.rl.async_rollout import AsyncRollout, read_inflight, write_batch_files
+from verl.trainer.rl.dynamic_sampling import collect_informative_groups, concat_responses
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +84,35 @@ class StreamingSource:
 
     Args:
         pipeline: the rollouter (its queue of generation batches on the rollout copy).
-        score: ``(responses, metrics) -> (scored responses, metrics)``.
+        score: ``(responses, metrics, prompts=None) -> (scored responses, metrics)``
+            (``prompts``: for ReMax's greedy baseline, with ``baseline``).
         version: the actor updates so far (the weights this step trains).
         num_groups: groups per training batch (``data.train_batch_size``).
         max_staleness: the most actor updates a trained sample may lag.
         buffer_groups: prompts queued or buffered ahead of training (at least
             ``num_groups``); None = ``(max_staleness + 1) * num_groups``.
+        filter_groups: dynamic sampling: ``{"metric": ..., "max_num_gen_batches": ...}``
+            (``algorithm.filter_groups``), or None.
+        baseline: the estimator needs a greedy baseline per prompt (ReMax): the scorer gets
+            the groups' prompts.
+        stream_groups: take groups as the engine finishes them, mid-call (else at the end
+            of their generation call).
+        pad_token_id: pads the prompt part of groups whose batches differ in prompt width.
     """
 
     def __init__(
         self,
         pipeline: AsyncRollout,
-        score: Callable[[DataProto, dict[str, Any]], Scored],
+        score: Callable[..., Scored],
         version: Callable[[], int],
         *,
         num_groups: int,
         max_staleness: int,
         buffer_groups: int | None = None,
+        filter_groups: dict[str, Any] | None = None,
+        baseline: bool = False,
+        stream_groups: bool = True,
+        pad_token_id: int = 0,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 0")
@@ -96,30 +128,72 @@ class StreamingSource:
         self.num_groups = num_groups
         self.max_staleness = max_staleness
         self.capacity = capacity
-        self.groups: deque[tuple[DataProto, int]] = deque()  # (the n responses, version)
+        self.filter_groups = filter_groups
+        self.baseline = baseline
+        self.pad_token_id = pad_token_id
+        # (the n responses, version, (generation batch, prompt index)), in arrival order
+        self.groups: deque[tuple[DataProto, int, tuple[int, int]]] = deque()
         self.dropped_total = 0
         pipeline.stream = self  # saved and restored with the pipeline's checkpoint files
+        pipeline.stream_groups = stream_groups
 
     def next(self, draw: Draw) -> Scored:
+        if self.filter_groups is None:
+            return self._score(*self._take(draw))
+        fg = self.filter_groups
+        chunks: list[dict[str, Any]] = []
+
+        def take() -> Scored:
+            gen, metrics = self._take(draw)
+            chunks.append(metrics)
+            return gen, metrics
+
+        gen, metrics = collect_informative_groups(
+            take(),
+            take,
+            lambda chunk: self._score(*chunk),
+            metric=fg["metric"],
+            num_prompts=self.num_groups,
+            max_num_gen_batches=fg["max_num_gen_batches"],
+            pad_token_id=self.pad_token_id,
+        )
+        # counts of the whole step, not means over its takes
+        metrics["stream/dropped_groups"] = float(sum(m["stream/dropped_groups"] for m in chunks))
+        for key in ("stream/dropped_groups_total", "stream/buffered_groups"):
+            metrics[key] = chunks[-1][key]
+        metrics["stream/queued_prompts"] = float(self.pipeline.queued_prompts())
+        return gen, metrics
+
+    def _score(self, gen: DataProto, metrics: dict[str, Any]) -> Scored:
+        if not self.baseline:
+            return self.score(gen, metrics)
+        return self.score(gen, metrics, prompts=_group_prompts(gen))
+
+    def _take(self, draw: Draw) -> tuple[DataProto, dict[str, Any]]:
+        """The oldest ``num_groups`` groups not staler than ``max_staleness`` (waiting while
+        fewer are ready), in the order of their prompts, unscored; with the metrics."""
         version = self.version()
         metrics: dict[str, Any] = {"timing_s/async_gen": 0.0, "timing_s/async_weight_sync": 0.0}
         dropped = 0
-        taken: list[tuple[DataProto, int]] = []
+        taken: list[tuple[DataProto, int, tuple[int, int]]] = []
         with timer("gen", metrics):  # the wait for the rollouter (it generated meanwhile)
             while len(taken) < self.num_groups:
                 self._fill(draw, version)
                 self._collect(metrics, wait=not self.groups)
                 while self.groups and len(taken) < self.num_groups:
-                    group, made_by = self.groups.popleft()
-                    if version - made_by > self.max_staleness:
+                    entry = self.groups.popleft()
+                    if version - entry[1] > self.max_staleness:
                         dropped += 1
                     else:
-                        taken.append((group, made_by))
+                        taken.append(entry)
         # Nothing more is queued after the take: a batch queued now, with these weights,
         # would train one update later (the next step's fill queues with the new weights).
         self.dropped_total += dropped
-        gen = DataProto.concat([group for group, _ in taken])
-        versions = np.concatenate([np.full(len(group), v) for group, v in taken])
+        # The prompts' order, not the order their groups finished in: a batch does not
+        # depend on which of its groups decoded fastest (max_staleness=0: the sync batch).
+        taken.sort(key=lambda entry: entry[2])
+        gen = concat_responses([group for group, _, _ in taken], self.pad_token_id)
+        versions = np.concatenate([np.full(len(group), v) for group, v, _ in taken])
         staleness = version - versions
         gen.non_tensor_batch["rollout_policy_version"] = versions
         gen.non_tensor_batch["staleness"] = staleness
@@ -131,7 +205,7 @@ class StreamingSource:
             "stream/buffered_groups": float(len(self.groups)),
             "stream/queued_prompts": float(self.pipeline.queued_prompts()),
         }
-        return self.score(gen, metrics)
+        return gen, metrics
 
     # ------------------------------------------------------------------ the buffer
     def _fill(self, draw: Draw, version: int) -> None:
@@ -144,25 +218,28 @@ class StreamingSource:
                 break
 
     def _collect(self, metrics: dict[str, Any], wait: bool) -> None:
-        """Move finished generations, oldest first, into the buffer as groups; with
-        ``wait``, wait for the oldest one when none has finished."""
-        while len(self.pipeline) and (self.pipeline.head_ready() or wait):
-            gen, made_by, timing = self.pipeline.pop_any()
+        """Move the groups finished so far into the buffer (each as soon as the engine
+        reports it, else when its generation call ends); with ``wait``, wait for one when
+        none has finished."""
+        while True:
+            groups, timing = self.pipeline.take_groups()
             for key, value in timing.items():
                 metrics[key] += value
-            self._add(gen, made_by)
-            wait = False
+            self.groups.extend(groups)
+            if groups or not wait or not len(self.pipeline):
+                return
+            self.pipeline.wait_progress()
 
-    def _add(self, gen: DataProto, made_by: int) -> None:
-        uid = gen.non_tensor_batch["uid"]
-        starts = [0] + [i for i in range(1, len(gen)) if uid[i] != uid[i - 1]] + [len(gen)]
-        for start, end in itertools.pairwise(starts):
-            self.groups.append((gen[start:end], made_by))
+    def absorb(self) -> None:
+        """Every finished group into the buffer (the pipeline's batches have all ended):
+        a checkpoint then holds each group once, in the buffer."""
+        groups, _ = self.pipeline.take_groups()
+        self.groups.extend(groups)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {
-            "versions": [v for _, v in self.groups],
+            "versions": [v for _, v, _ in self.groups],
             "dropped_total": self.dropped_total,
         }
 
@@ -174,9 +251,9 @@ class StreamingSource:
 
     def save_files(self, directory: Path) -> None:
         """The buffered groups, as data (:func:`~verl.trainer.rl.async_rollout.write_batch_files`)."""
-        marks = [DataProto(meta_info={"version": v}) for _, v in self.groups]
+        marks = [DataProto(meta_info={"version": v, "key": list(k)}) for _, v, k in self.groups]
         write_batch_files(
-            directory, [(m, g) for m, (g, _) in zip(marks, self.groups)], stem=STREAM_FILES
+            directory, [(m, g) for m, (g, _, _) in zip(marks, self.groups)], stem=STREAM_FILES
         )
 
     def load_files(self, directory: Path) -> None:
@@ -195,4 +272,28 @@ class StreamingSource:
                 f"{directory / STREAM_FILES}.json: the buffered groups' versions do not match "
                 f"the trainer state ({len(saved)} saved, {len(versions)} listed)"
             )
-        self.groups.extend((group, v) for (_, group), v in zip(saved, versions))
+        for position, ((mark, group), v) in enumerate(zip(saved, versions)):
+            # the (batch, prompt) order key; checkpoints without it: the buffer's order
+            key = mark.meta_info.get("key", [-1, position])
+            self.groups.append((group, v, (int(key[0]), int(key[1]))))
+
+
+def _group_prompts(gen: DataProto) -> DataProto:
+    """The prompts of the whole groups in ``gen`` (one row per ``uid``, in order): their
+    left-padded prompt tensors and per-sample fields, as the trainer drew them (for ReMax's
+    greedy baseline, which the scorer generates from them)."""
+    uid = gen.non_tensor_batch["uid"]
+    first = np.array([0] + [i for i in range(1, len(gen)) if uid[i] != uid[i - 1]])
+    width = gen.batch["prompts"].shape[1]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": gen.batch["prompts"][first],
+            "attention_mask": gen.batch["attention_mask"][first, :width],
+            "position_ids": gen.batch["position_ids"][first, :width],
+        },
+        non_tensors={
+            k: v[first]
+            for k, v in gen.non_tensor_batch.items()
+            if k not in ("rollout_policy_version", "staleness")
+        },
+    )
