@@ -1,0 +1,229 @@
+"""Benchmark: synchronous vs one-step-off vs streaming GRPO on a long-tail workload, side by
+side in one run.
+
+Workload: the W2 tiny Qwen2 (random init, hidden 256, 4 layers; ``bench_async.py``'s),
+``--prompts`` prompts x 4 samples per step, at most ``--max-response-length`` (256) new
+tokens, fp32, GRPO, one update per batch, the native rollout with ``decode_slots``
+(``--slots``, so the rollout runs with continuous batching in every configuration). A
+scripted stop (a logits processor installed in the child process on every native engine:
+the stop token forced at each sample's target length, forbidden before) gives
+``--long-fraction`` (15%) of the samples a length in [128, 256] and the rest one in [4, 32];
+the target is a hash of the prompt's tokens and the sample's index, so every configuration
+generates the same lengths for the same prompts whatever the weights.
+
+Configurations, each in a fresh process, ``--steps`` steps, alternating over ``--repeats``:
+
+- ``sync``          generate, then train, on one thread;
+- ``one_step_off``  ``trainer.async_rollout=true`` (``max_staleness=1``): batch k+1 generates
+  on the rollout copy, on a thread of the driver, while batch k trains;
+- ``streaming``     ``trainer.rollout_mode=streaming`` (``max_staleness=1``, the default
+  buffer of 2 batches): the copy fills a buffer of groups, each group as soon as its samples
+  stop; a step takes the oldest ``--prompts`` groups.
+
+Reported per configuration (medians over repeats; steps after the first): trained samples
+per second of training-loop wall time, the generating engine's busy and idle time over that
+window (idle: the engine was not inside ``generate``), the trainer's wait for samples per
+step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
+stale, and the ratios to sync.
+
+    python bench/bench_streaming.py                  # ~5 minutes on 2 shared cores
+    python bench/bench_streaming.py --steps 4 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+from _common import w2_model_dir
+
+ASYNC = ["trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"]
+CONFIGS = {
+    "sync": [],
+    "one_step_off": ASYNC,
+    "streaming": [*ASYNC, "trainer.rollout_mode=streaming"],
+}
+
+
+def _install_scripted_stop(args, intervals: list[tuple[float, float]]) -> None:
+    """Every native engine of this process: the long-tail scripted stop, and the wall
+    intervals of its ``generate`` calls recorded in ``intervals``."""
+    import torch
+
+    from verl.rollout.native import NativeRollout
+
+    original = NativeRollout.generate
+
+    def generate(self, prompts, params):
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+        targets = []
+        for row in range(ids.shape[0]):
+            key = ids[row][mask[row]].numpy().tobytes()
+            for sample in range(params.n):
+                h = zlib.crc32(key + sample.to_bytes(2, "little"))
+                if (h & 0xFFFF) / 0x10000 < args.long_fraction:
+                    length = 128 + (h >> 16) % 129
+                else:
+                    length = 4 + (h >> 16) % 29
+                targets.append(min(length, params.max_new_tokens))
+        target = torch.tensor(targets)
+        stops = params.stop_token_ids if params.stop_token_ids else self.eos_token_ids
+        stop = int(stops[0])
+
+        def scripted_stop(logits, rows, steps):
+            logits = logits.clone()
+            at_end = steps + 1 >= target.to(rows.device)[rows]
+            logits[:, stop] = torch.where(at_end, 1e4, -1e4)
+            return logits
+
+        self.logits_processor = scripted_stop
+        start = time.perf_counter()
+        try:
+            return original(self, prompts, params)
+        finally:
+            intervals.append((start, time.perf_counter()))
+
+    NativeRollout.generate = generate
+
+
+def _child(args) -> dict:
+    import torch
+
+    from verl.config import load_config
+    from verl.trainer.lifecycle.tracking import Tracker
+    from verl.trainer.rl.trainer import RLTrainer
+
+    torch.set_num_threads(args.threads)
+    intervals: list[tuple[float, float]] = []
+    _install_scripted_stop(args, intervals)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(
+            overrides=[
+                f"actor_rollout_ref.model.path={args.model_dir}",
+                "algorithm.adv_estimator=grpo",
+                f"data.train_batch_size={args.prompts}",
+                f"data.max_response_length={args.max_response_length}",
+                f"data.arithmetic.train_size={args.prompts * (args.steps + 4)}",
+                "data.arithmetic.val_size=4",
+                "actor_rollout_ref.rollout.n=4",
+                f"actor_rollout_ref.rollout.decode_slots={args.slots}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+                f"trainer.total_training_steps={args.steps}",
+                "trainer.mixed_precision=none",
+                "trainer.val_before_train=false",
+                "trainer.test_freq=-1",
+                "trainer.save_freq=-1",
+                "trainer.logger=[]",
+                f"trainer.default_local_dir={tmp}",
+                f"trainer.log_dir={tmp}",
+                "trainer.device=cpu",
+                *CONFIGS[args.config],
+            ]
+        )
+        trainer = RLTrainer(cfg, tracker=Tracker([]))
+        ends: list[float] = []
+        real_step = trainer.train_step
+
+        def timed_step(*a, **kw):
+            out = real_step(*a, **kw)
+            ends.append(time.perf_counter())
+            return out
+
+        trainer.train_step = timed_step
+        trainer.fit()
+    # the window: from the end of the first step (warm-up) to the end of the last
+    start, end = ends[0], ends[-1]
+    busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+    history = trainer.history[1:]
+    samples = sum(args.prompts * 4 for _ in history)
+    return {
+        "samples_per_s": samples / (end - start),
+        "wall_per_step_s": (end - start) / len(history),
+        "gen_busy_s": busy,
+        "gen_idle_s": (end - start) - busy,
+        "gen_idle_fraction": 1 - busy / (end - start),
+        "wait_per_step_s": statistics.median(row["timing_s/gen"] for row in history),
+        # streaming: groups generated but dropped as staler than max_staleness
+        "dropped_groups": float(trainer.history[-1].get("stream/dropped_groups_total", 0.0)),
+        "mean_response_length": statistics.mean(
+            row.get("response_length/mean", float("nan")) for row in history
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-response-length", type=int, default=256)
+    parser.add_argument("--long-fraction", type=float, default=0.15)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", default="sync", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args)))
+        return
+    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = w2_model_dir(Path(tmp))
+        names = list(CONFIGS)
+        for r in range(args.repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                cmd = [sys.executable, __file__, "--child", "--config", name]
+                cmd += ["--model-dir", model_dir, "--steps", str(args.steps)]
+                cmd += ["--prompts", str(args.prompts), "--threads", str(args.threads)]
+                cmd += ["--slots", str(args.slots), "--long-fraction", str(args.long_fraction)]
+                cmd += ["--max-response-length", str(args.max_response_length)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+                if proc.returncode != 0:
+                    sys.stderr.write(proc.stderr[-4000:])
+                    raise SystemExit(f"{name} failed")
+                results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                row = results[name][-1]
+                print(
+                    f"  {name}: {row['samples_per_s']:.2f} samples/s, "
+                    f"generation idle {row['gen_idle_fraction']:.0%}",
+                    file=sys.stderr,
+                )
+    summary = {
+        name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        for name, runs in results.items()
+    }
+    sync = summary["sync"]
+    print(
+        f"nproc {os.cpu_count()}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f}, "
+        f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}"
+    )
+    header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
+    header += ("wait s/step", "dropped")
+    print(f"{'config':<13}" + "".join(f"{h:>12}" for h in header))
+    for name, row in summary.items():
+        cells = (
+            f"{row['samples_per_s']:12.2f}",
+            f"{row['samples_per_s'] / sync['samples_per_s']:12.2f}",
+            f"{row['wall_per_step_s']:12.2f}",
+            f"{row['gen_busy_s']:12.1f}",
+            f"{row['gen_idle_s']:12.1f}",
+            f"{100 * row['gen_idle_fraction']:12.0f}",
+            f"{row['wait_per_step_s']:12.2f}",
+            f"{row['dropped_groups']:12.0f}",
+        )
+        print(f"{name:<13}" + "".join(cells))
+    print(json.dumps({"args": vars(args), "nproc": os.cpu_count(), "summary": summary}))
+
+
+if __name__ == "__main__":
+    main()
