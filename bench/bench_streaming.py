@@ -26,7 +26,11 @@ window (idle: the engine was not inside ``generate``), the trainer's wait for sa
 step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
 stale, and the ratios to sync.
 
-    python bench/bench_streaming.py                  # ~5 minutes on 2 shared cores
+``--threads`` sets the calling thread's torch (OpenMP) threads only: the rollout thread of
+the asynchronous modes runs with torch's default count, so compare with ``--threads`` equal
+to it (``nproc`` on an otherwise idle machine).
+
+    python bench/bench_streaming.py --threads 2      # ~5 minutes on 2 shared cores
     python bench/bench_streaming.py --steps 4 --repeats 1
 """
 
