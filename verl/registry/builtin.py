@@ -222,6 +222,7 @@ for _source in ("gsm8k", "openai/gsm8k"):
 for _source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
     REWARD_SCORERS.add(_source, f"{_SCORERS}.math_dataset:compute_score")
 REWARD_SCORERS.add("code", f"{_SCORERS}.code:compute_score")
+REWARD_SCORERS.add("visual_shapes", f"{_SCORERS}.visual_shapes:compute_score")
 # DAPO's math recipe (upstream's names); any other "aime..." source too (scorers.registry)
 for _source in (
     "math_dapo",
