@@ -156,7 +156,7 @@ def test_every_bad_image_is_reported_with_file_and_row(tmp_path):
         read_vision_rows(path)
     problems = info.value.problems
     text = str(info.value)
-    assert f"{path} row 2: image 1 of 1: 7 bytes: not a decodable image" in text
+    assert f"{path} row 2: image 1 of 1: 7 bytes: not a decodable image (PIL does not" in text
     missing = tmp_path / "nowhere" / "missing.png"
     assert f"{path} row 3: image 1 of 1: image file {missing} does not exist" in text
     assert f"{path} row 4: 2 image(s) but 1 '<image>' placeholder(s) in the prompt: more" in text

@@ -132,7 +132,7 @@ def decode_image(source: ImageSource) -> Any:
         ImageProblem: the file is missing or unreadable, or PIL cannot decode the data
             (not an image, truncated, or over PIL's decompression-bomb limit).
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if source.path is not None:
         if not os.path.isfile(source.path):
@@ -150,6 +150,10 @@ def decode_image(source: ImageSource) -> Any:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
             return image.convert("RGB")
+    except UnidentifiedImageError:
+        raise ImageProblem(
+            f"{source.describe()}: not a decodable image (PIL does not recognise the format)"
+        ) from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ImageProblem(f"{source.describe()}: not a decodable image ({e})") from None
 
