@@ -19,7 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from verl import cli, model_merger
+from verl import cli
+from verl.cli import export as model_merger
 from verl.cli.export import EXPORT_MARKER
 from verl.config import load_config
 from verl.models.lora import LORA_ADAPTER_DIR

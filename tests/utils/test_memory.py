@@ -30,3 +30,19 @@ def test_freed_heap_tensors_leave_rss_after_release():
     )
     released_mib = float(out.stdout.strip().splitlines()[-1])
     assert released_mib > 150, released_mib  # of the ~250 MiB the tensors held
+
+
+def test_the_c_library_is_found_without_a_subprocess(monkeypatch):
+    """``ctypes.util.find_library`` spawns ldconfig, which can hang on a thread while another
+    thread forks; the lookup must not spawn anything."""
+    import subprocess
+
+    from verl.utils import memory
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"release_memory spawned a process: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    memory._malloc_trim.cache_clear()
+    memory.release_memory()
+    memory._malloc_trim.cache_clear()

@@ -11,7 +11,6 @@ milliseconds and changes no value.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 
@@ -22,10 +21,11 @@ logger = logging.getLogger(__name__)
 
 @functools.cache
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
+    # The symbols already loaded into this process (the C library among them), looked up
+    # without ctypes.util.find_library: that spawns ldconfig, and a spawn from a thread
+    # can hang forever when another thread forks meanwhile (the child keeps the pipe open).
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        return libc.malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         logger.debug("no malloc_trim in the C library: host memory is not trimmed")
         return None

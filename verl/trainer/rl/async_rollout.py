@@ -68,7 +68,6 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.lifecycle.checkpoint import CheckpointError
 from verl.utils.atomic_io import atomic_path, write_json_atomic
-from verl.utils.memory import release_memory
 
 logger = logging.getLogger(__name__)
 
@@ -125,11 +124,6 @@ class AsyncRollout:
         self._weights = weights
         self.max_staleness = max_staleness
         self.seed = seed
-        # The workers' release_memory() looks the C library up once, with a subprocess
-        # (ctypes.util.find_library runs ldconfig). On the rollout thread that subprocess
-        # can hang for good: a process forked meanwhile on the trainer's thread (the reward
-        # worker pool) inherits the pipe the spawn waits on. Look it up here, first.
-        release_memory()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-rollout")
         self._queue: deque[_InFlight] = deque()
         self._launched = 0  # generation batches queued since the start of the run
