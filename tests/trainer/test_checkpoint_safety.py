@@ -22,7 +22,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.lifecycle.checkpoint import MANIFEST_FILE, CheckpointError, _crc32, _file_sizes
 from verl.trainer.lifecycle.run_lock import LOCK_FILE, RunLock, RunLockError
-from verl.trainer.rl.async_rollout import (
+from verl.trainer.rl.inflight_files import (
     INFLIGHT_JSON,
     INFLIGHT_TENSORS,
     decode_batches,

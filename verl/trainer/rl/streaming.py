@@ -66,8 +66,9 @@ import numpy as np
 from verl.protocol import DataProto
 from verl.trainer.lifecycle.checkpoint import CheckpointError
 from verl.trainer.lifecycle.metrics import timer
-from verl.trainer.rl.async_rollout import AsyncRollout, read_inflight, write_batch_files
+from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.dynamic_sampling import collect_informative_groups, concat_responses
+from verl.trainer.rl.inflight_files import read_inflight, write_batch_files
 
 logger = logging.getLogger(__name__)
 
