@@ -46,6 +46,14 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         tokenizer: Any = None,
         **worker_kwargs: Any,
     ) -> None:
+        if isinstance(spec, ActorRolloutRefSpec) and (
+            spec.actor.strategy != "single" or spec.ref is not None
+        ):
+            raise ValueError(
+                f"the rollout copy runs on the single engine without a reference, got "
+                f"strategy={spec.actor.strategy}, role={spec.role}; build its spec with "
+                "verl.workers.specs.rollout_copy_spec(config)"
+            )
         super().__init__(spec, module=module, tokenizer=tokenizer, **worker_kwargs)
         self.policy_version: int | None = None  # the actor update the weights come from
 
