@@ -55,7 +55,7 @@ case "$cmd" in
     submit)
         # no --working-dir: verl is installed in every node's environment
         case "${VERL_TRAINER:-ppo}" in
-            ppo) entry=(verl.cli.ppo trainer.backend=ray) ;;
+            ppo) entry=(verl.trainer.main_ppo trainer.backend=ray) ;;
             sft | dpo) entry=("verl.trainer.main_${VERL_TRAINER}") ;;
             *) echo "VERL_TRAINER=$VERL_TRAINER: use ppo, sft or dpo" >&2; exit 2 ;;
         esac

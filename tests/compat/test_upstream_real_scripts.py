@@ -78,19 +78,18 @@ def test_an_empty_value_of_another_kind_is_still_refused():
         load_config(overrides=["data.train_batch_size="])
 
 
-def test_fsdp2_on_one_rank_trains_as_one_process(monkeypatch, caplog):
-    """sft_trainer's ``engine.strategy=fsdp2`` under ``torchrun --nproc-per-node=1``."""
-    from verl.cli import sft
+def test_fsdp2_on_one_rank_trains_as_one_process(caplog):
+    """sft_trainer's ``engine.strategy=fsdp2`` under ``torchrun --nproc-per-node=1`` (no
+    process group): one process's training, with a note; on two ranks it stays FSDP2."""
+    from types import SimpleNamespace
 
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    cfg = load_sft_config(overrides=["engine.strategy=fsdp2"])
+    from verl.trainer.offline.base import OfflineTrainer
+
     caplog.set_level(logging.WARNING)
-    sft._one_rank_fsdp2(cfg)
-    assert cfg.engine.strategy == "single" and "FSDP2 over one rank" in caplog.text
+    cfg = load_sft_config(overrides=["engine.strategy=fsdp2"])
+    one_rank = SimpleNamespace(world_size=1)
+    assert OfflineTrainer._check_strategy(one_rank, cfg) == "single"
+    assert "FSDP2 over one rank" in caplog.text
     two = load_sft_config(overrides=["engine.strategy=fsdp2", "trainer.n_gpus_per_node=2"])
-    sft._one_rank_fsdp2(two)
-    assert two.engine.strategy == "fsdp2"
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    ranks = load_sft_config(overrides=["engine.strategy=fsdp2"])
-    sft._one_rank_fsdp2(ranks)
-    assert ranks.engine.strategy == "fsdp2"
+    with pytest.raises(ValueError, match="this process is one of 1"):
+        OfflineTrainer._check_strategy(one_rank, two)

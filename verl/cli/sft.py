@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
@@ -83,25 +82,7 @@ def run_offline(
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    _one_rank_fsdp2(cfg)
     return execute(cfg, args, run, format_results)
-
-
-def _one_rank_fsdp2(cfg: Any) -> None:
-    """``engine.strategy=fsdp2`` on one rank (one device, and torchrun with one process or
-    none) is one process's training: FSDP2 over one rank shards nothing, so the run trains
-    as ``engine.strategy=single`` does (upstream's ``torchrun --nproc-per-node=1`` with
-    ``engine.strategy=fsdp2`` trains that way), with a note."""
-    engine = getattr(cfg, "engine", None)
-    if getattr(engine, "strategy", None) != "fsdp2" or cfg.trainer.world_size != 1:
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
-        return
-    logging.getLogger(__name__).warning(
-        "engine.strategy=fsdp2 on one rank trains as engine.strategy=single (FSDP2 over one "
-        "rank shards nothing; the same training)"
-    )
-    engine.strategy = "single"
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -200,11 +200,19 @@ class OfflineTrainer:
                 f"{ranks_named(config.trainer)} but this process is one of "
                 f"{self.world_size}: start several ranks with "
                 "verl.trainer.offline.launch.train_on_ranks (or python -m "
-                "verl.cli.sft / main_dpo), or set trainer.n_gpus_per_node=1"
+                "verl.trainer.main_sft / main_dpo), or set trainer.n_gpus_per_node=1"
             )
         strategy = config.engine.strategy
         if strategy == "auto":
             strategy = "fsdp2" if self.world_size > 1 else "single"
+        if strategy == "fsdp2" and self.world_size == 1 and not dist.is_initialized():
+            # FSDP2 over one rank shards nothing: one process's training, as upstream's
+            # torchrun --nproc-per-node=1 with engine.strategy=fsdp2 trains
+            logger.warning(
+                "engine.strategy=fsdp2 on one rank trains as engine.strategy=single (FSDP2 "
+                "over one rank shards nothing; the same training)"
+            )
+            strategy = "single"
         if strategy == "fsdp2" and not dist.is_initialized():
             raise NotSupportedYet(
                 "engine.strategy=fsdp2 runs in a torch.distributed process group; "
