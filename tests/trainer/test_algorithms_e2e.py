@@ -119,7 +119,9 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
         for key, value in metrics.items():
             if isinstance(value, float):
                 assert math.isfinite(value), f"{case}: {key}={value}"
-        assert metrics["actor/grad_norm"] > 0, case
+        # PF-PPO may redraw a step's responses from groups with equal rewards only (zero
+        # advantages, so no gradient that step); it must train on some step
+        assert metrics["actor/grad_norm"] > 0 or case.startswith("pf_ppo"), case
         assert "actor/pg_loss" in metrics
         if case == "gae":
             assert metrics["critic/grad_norm"] > 0 and "critic/vf_loss" in metrics
@@ -134,6 +136,7 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
             assert metrics["dapo/num_gen_batches"] >= 1
         if case.startswith("pf_ppo"):
             assert 0 < metrics["pf_ppo/unique_fraction"] <= 1
+    assert any(m["actor/grad_norm"] > 0 for m in trainer.history), case
     before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, f"{case}: no actor weight changed"
