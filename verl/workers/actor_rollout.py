@@ -70,10 +70,21 @@ def rank_rollout(
     rank: int,
     world_size: int,
 ) -> Any:
-    """This rank's rollout engine over ``module`` (``verl.rollout.rank_zero``)."""
-    return build_rank_rollout(
-        rollout_cls, module, tokenizer, dict(spec.options), rank=rank, world_size=world_size
+    """This rank's rollout engine over ``module`` (``verl.rollout.rank_zero``).
+
+    An engine with weights of its own on one rank pushes the module's weights as it starts;
+    a LoRA module's state dict has peft's names and unfolded adapters, which such an engine
+    cannot load, so that first push is the folded weights (as every later push is)."""
+    options = dict(spec.options)
+    fold_lora = rollout_cls.owns_weights and world_size == 1 and is_lora_model(module)
+    if fold_lora:
+        options["push_initial_weights"] = False
+    rollout = build_rank_rollout(
+        rollout_cls, module, tokenizer, options, rank=rank, world_size=world_size
     )
+    if fold_lora:
+        rollout.update_weights(merged_state_dict(module.state_dict(), lora_scaling(module)).items())
+    return rollout
 
 
 def sampling_params(
