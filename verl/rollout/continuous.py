@@ -35,6 +35,13 @@ decodes. :func:`stream_groups` installs a sink for every native ``generate`` run
 (:meth:`verl.rollout.native.NativeRollout.generate` assembles the group's output and calls
 the sink): the streaming rollout (``verl/trainer/rl/streaming.py``) pushes each group into its
 buffer that way. The samples do not change (per-sample seeding): only when they are seen.
+
+**New weights mid-call** (:mod:`verl.rollout.partial`). With a ``mailbox``, the loop polls it
+before each admission / decode step (no forward in progress) and, when new weights were
+posted, loads them into the module: the rows in flight continue over their caches
+(``continue``) or have prompt + generated prefix prefilled again under the new weights
+(``resume``); prompts admitted later are prefilled with the new weights. Each sampled token
+records the version in force (``versions``).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
 if TYPE_CHECKING:
     from verl.rollout.base import SamplingParams
     from verl.rollout.native import NativeRollout
+    from verl.rollout.partial import WeightMailbox
     from verl.rollout.stopping import StopStringChecker
 
 __all__ = ["GroupSink", "current_group_sink", "generate_continuous", "stream_groups"]
@@ -95,17 +103,23 @@ def generate_continuous(
     seed: int | None,
     stop_ids: torch.Tensor | None,
     checker: StopStringChecker,
-    on_group: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    on_group: Callable[..., None] | None = None,
+    mailbox: WeightMailbox | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
     ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
     ``slots`` KV-cache rows (``slots >= n``). ``on_group(prompt, responses, log_probs,
-    lengths)``: called as soon as the ``n`` rows of prompt ``prompt`` have all stopped,
-    with their final rows of the three outputs below ((n, R), (n, R), (n,)).
+    lengths[, versions])``: called as soon as the ``n`` rows of prompt ``prompt`` have all
+    stopped, with their final rows of the outputs below ((n, R), (n, R), (n,), (n, R);
+    ``versions`` only with a ``mailbox``). ``mailbox``: polled between steps (module
+    docstring); its ``held`` version tags the tokens until a swap.
 
     Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
-    float32, ``lengths`` (B*n,) and stats (``prefill_s``, ``decode_steps``,
-    ``decode_row_steps``, ``admissions``, ``compactions``, ``prompt_len``).
+    float32, ``lengths`` (B*n,), stats (``prefill_s``, ``decode_steps``,
+    ``decode_row_steps``, ``admissions``, ``compactions``, ``prompt_len``; with a mailbox
+    ``weight_swaps``, ``reprefill_rows``, ``reprefill_tokens``, ``reprefill_s``) and
+    ``versions`` (B*n, R) int64, the weights' version that sampled each token (None
+    without a mailbox; garbage past ``lengths``).
     """
     device = input_ids.device
     dtype = next(engine.module.parameters()).dtype
@@ -134,6 +148,15 @@ def generate_continuous(
     stats = {"prefill_s": 0.0, "decode_steps": 0.0, "decode_row_steps": 0.0}
     stats |= {"admissions": 0.0, "compactions": 0.0, "prompt_len": float(width_in)}
     next_prompt = 0
+    versions = version = col_ids = col_pos = None
+    if mailbox is not None:
+        version = int(mailbox.held)
+        versions = torch.full((total, max_new), -1, dtype=torch.long, device=device)
+        stats |= {"weight_swaps": 0.0, "reprefill_rows": 0.0, "reprefill_tokens": 0.0}
+        stats["reprefill_s"] = 0.0
+        if mailbox.mode == "resume":  # each cache column's token and position, to prefill again
+            col_ids = torch.zeros(slots, max_len, dtype=torch.long, device=device)
+            col_pos = torch.zeros(slots, max_len, dtype=torch.long, device=device)
 
     def record(slot_idx: torch.Tensor, logits: torch.Tensor) -> None:
         """Sample the rows in ``slot_idx`` from ``logits`` (len, vocab); free the stopped."""
@@ -141,6 +164,8 @@ def generate_continuous(
         tokens, chosen = engine._sample(logits, rows, steps, params, seed)
         responses[rows, steps] = tokens
         log_probs[rows, steps] = chosen
+        if versions is not None:
+            versions[rows, steps] = version
         done = steps + 1 >= max_new
         if stop_ids is not None:
             done |= torch.isin(tokens, stop_ids)
@@ -161,7 +186,10 @@ def generate_continuous(
                 unfinished[row // n] -= 1
                 if unfinished[row // n] == 0:
                     rows_of = slice(row // n * n, row // n * n + n)
-                    on_group(row // n, responses[rows_of], log_probs[rows_of], lengths[rows_of])
+                    outs = (responses[rows_of], log_probs[rows_of], lengths[rows_of])
+                    if versions is not None:
+                        outs += (versions[rows_of],)
+                    on_group(row // n, *outs)
 
     def admit() -> None:
         """Fill free slots with whole prompts (n samples each) and sample their first
@@ -186,6 +214,9 @@ def generate_continuous(
             logits = engine._forward(ids, engine._prefill_mask(real, dtype), pos, prefill)
             target = free[: count * n]
             cache.insert(target, prefill, plen)
+            if col_ids is not None:
+                col_ids[target, :plen] = ids.repeat_interleave(n, dim=0)
+                col_pos[target, :plen] = pos.repeat_interleave(n, dim=0)
             kv_real[target] = False
             kv_real[target, :plen] = real.repeat_interleave(n, dim=0)
             slot_row[target] = torch.arange(first * n, last * n, device=device)
@@ -197,7 +228,34 @@ def generate_continuous(
             stats["prefill_s"] += time.perf_counter() - t0
             record(target, logits.repeat_interleave(n, dim=0) if n > 1 else logits)
 
+    def reprefill() -> None:
+        """resume: the running rows' cache columns written again by the new weights (one
+        forward over their prompt + fed tokens, right-padded to the longest)."""
+        idx = (slot_row >= 0).nonzero().flatten()
+        if idx.numel() == 0:
+            return
+        t0 = time.perf_counter()
+        width = int(slot_col[idx].max())
+        real = kv_real[idx, :width]
+        prefill = PreallocatedKVCache(
+            engine._num_layers, int(idx.numel()), width, dtype=kv_dtype, round_to=kv_round
+        )
+        engine._forward(
+            col_ids[idx, :width], engine._prefill_mask(real, dtype), col_pos[idx, :width], prefill
+        )
+        cache.insert(idx, prefill, width)
+        stats["reprefill_rows"] += float(idx.numel())
+        stats["reprefill_tokens"] += float(real.sum())
+        stats["reprefill_s"] += time.perf_counter() - t0
+
     while True:
+        if mailbox is not None:
+            swapped = mailbox.poll(engine.module)
+            if swapped is not None:
+                version = swapped
+                stats["weight_swaps"] += 1
+                if col_ids is not None:
+                    reprefill()
         admit()
         running = slot_row >= 0
         if not bool(running.any()):
@@ -212,12 +270,17 @@ def generate_continuous(
                 slot_row, slot_step, slot_col = slot_row[keep], slot_step[keep], slot_col[keep]
                 slot_pos, slot_token = slot_pos[keep], slot_token[keep]
                 kv_real = kv_real[keep]
+                if col_ids is not None:
+                    col_ids, col_pos = col_ids[keep], col_pos[keep]
                 slots = int(keep.numel())
                 running = slot_row >= 0
                 stats["compactions"] += 1
         # Free slots decode a pad token at column 0 (never fully masked, never read).
         rows_ix = torch.arange(slots, device=device)
         kv_real[rows_ix, slot_col] = True
+        if col_ids is not None:
+            col_ids[rows_ix, slot_col] = slot_token
+            col_pos[rows_ix, slot_col] = slot_pos
         width = int(slot_col.max()) + 1
         cache.begin_step(slot_col, width)
         logits = engine._forward(
@@ -234,4 +297,4 @@ def generate_continuous(
         slot_pos = slot_pos + 1
         idx = running.nonzero().flatten()
         record(idx, logits[idx])
-    return responses, log_probs, lengths, stats
+    return responses, log_probs, lengths, stats, versions

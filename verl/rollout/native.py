@@ -52,6 +52,7 @@ from verl.rollout.base import (
 )
 from verl.rollout.continuous import current_group_sink, generate_continuous
 from verl.rollout.kv_cache import PreallocatedKVCache
+from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
 
@@ -199,33 +200,33 @@ class NativeRollout(RolloutEngine):
         Inside :func:`verl.rollout.continuous.stream_groups` each prompt's group (its ``n``
         rows of this output, assembled alike) also goes to the sink as soon as it is
         complete: mid-call with continuous batching, at the end of its wave with lock-step
-        waves, at the end of the call for one lock-step batch."""
+        waves, at the end of the call for one lock-step batch. Inside
+        :func:`verl.rollout.partial.weight_mailbox` the continuous loop takes posted weights
+        between decode steps and the output has ``rollout_token_versions``."""
         input_ids, attention_mask, position_ids = validate_prompts(prompts)
-        sink = current_group_sink()
+        sink, mailbox = current_group_sink(), current_weight_mailbox()
         on_group = None
         if sink is not None:
 
-            def on_group(prompt: int, responses, log_probs, lengths) -> None:
+            def on_group(prompt: int, responses, log_probs, lengths, versions=None) -> None:
                 group = self._finish_rows(responses, log_probs, lengths)
-                sink(
-                    prompt,
-                    assemble_rollout_output(
-                        prompts[prompt : prompt + 1],
-                        params,
-                        *group,
-                        position_ids=position_ids[prompt : prompt + 1],
-                    ),
+                out = assemble_rollout_output(
+                    prompts[prompt : prompt + 1],
                     params,
+                    *group,
+                    position_ids=position_ids[prompt : prompt + 1],
                 )
+                sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
 
         with eval_mode(self.module), torch.no_grad():  # not inference_mode: see the docstring
-            responses, log_probs, lengths = self._generate(
-                input_ids, attention_mask, position_ids, params, on_group=on_group
+            responses, log_probs, lengths, versions = self._generate(
+                input_ids, attention_mask, position_ids, params, on_group=on_group, mailbox=mailbox
             )
             responses, mask, log_probs = self._finish_rows(responses, log_probs, lengths)
-        return assemble_rollout_output(
+        out = assemble_rollout_output(
             prompts, params, responses, mask, log_probs, position_ids=position_ids
         )
+        return tag_token_versions(out, versions, mask, mailbox)
 
     def _finish_rows(
         self, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
@@ -356,14 +357,17 @@ class NativeRollout(RolloutEngine):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         params: SamplingParams,
-        on_group: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        on_group: Callable[..., None] | None = None,
+        mailbox: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
         max_new_tokens and ``lengths`` counts tokens up to and including the stop.
         ``on_group(prompt, responses, log_probs, lengths)`` is called once per prompt with its
         ``n`` rows of the three as soon as they are final
-        (:func:`~verl.rollout.continuous.generate_continuous`).
+        (:func:`~verl.rollout.continuous.generate_continuous`). With a ``mailbox``
+        (:mod:`verl.rollout.partial`) the continuous loop runs whenever it can and the 4th
+        result is each token's weights version (None: ``mailbox.held`` on every token).
 
         At most ``max_num_seqs`` rows decode at once: all ``N`` in one lock-step batch when
         they fit; else continuous batching (:mod:`verl.rollout.continuous`) or, with it off
@@ -395,8 +399,9 @@ class NativeRollout(RolloutEngine):
         ids, pos = input_ids.to(device), position_ids.to(device)
         can_stream = not self.compile_decode and self._mask_mode in _MASK_4D_IMPLS
         totals: dict[str, float] = {}
-        if rows > slots and self.continuous_batching and can_stream:
-            responses, log_probs, lengths, totals = generate_continuous(
+        versions = None
+        if (rows > slots or mailbox is not None) and self.continuous_batching and can_stream:
+            responses, log_probs, lengths, totals, versions = generate_continuous(
                 self,
                 ids,
                 key_real,
@@ -407,6 +412,7 @@ class NativeRollout(RolloutEngine):
                 stop_ids=stop_ids_t if stop_ids else None,
                 checker=checker,
                 on_group=on_group,
+                mailbox=mailbox,
             )
             mode = "continuous"
         else:
@@ -450,7 +456,7 @@ class NativeRollout(RolloutEngine):
             "total_s": t_end - t_start,
             "tokens_per_s": generated / max(t_end - t_start, 1e-9),
         }
-        return responses, log_probs, lengths
+        return responses, log_probs, lengths, versions
 
     def _lockstep(
         self,
