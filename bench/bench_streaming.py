@@ -18,13 +18,20 @@ Configurations, each in a fresh process, ``--steps`` steps, alternating over ``-
   on the rollout copy, on a thread of the driver, while batch k trains;
 - ``streaming``     ``trainer.rollout_mode=streaming`` (``max_staleness=1``, the default
   buffer of 2 batches): the copy fills a buffer of groups, each group as soon as its samples
-  stop; a step takes the oldest ``--prompts`` groups.
+  stop; a step takes the oldest ``--prompts`` groups;
+- ``streaming_continue`` / ``streaming_resume``  streaming with ``trainer.partial_rollout``:
+  each step's weights reach the call in flight between two decode steps; its rows decode
+  on over their caches (continue) or are prefilled again under the new weights (resume).
+
+``--configs`` picks a subset (comma-separated).
 
 Reported per configuration (medians over repeats; steps after the first): trained samples
 per second of training-loop wall time, the generating engine's busy and idle time over that
 window (idle: the engine was not inside ``generate``), the trainer's wait for samples per
 step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
-stale, and the ratios to sync.
+stale, the ratios to sync, and for partial rollouts the mid-call weight swaps, the tokens
+prefilled again (resume) per generated token, and the mean staleness of the trained samples
+(by their oldest token).
 
 ``--threads`` sets the calling thread's torch (OpenMP) threads only: the rollout thread of
 the asynchronous modes runs with torch's default count, so compare with ``--threads`` equal
@@ -54,12 +61,25 @@ CONFIGS = {
     "sync": [],
     "one_step_off": ASYNC,
     "streaming": [*ASYNC, "trainer.rollout_mode=streaming"],
+    "streaming_continue": [
+        *ASYNC,
+        "trainer.rollout_mode=streaming",
+        "trainer.partial_rollout=continue",
+    ],
+    "streaming_resume": [
+        *ASYNC,
+        "trainer.rollout_mode=streaming",
+        "trainer.partial_rollout=resume",
+    ],
 }
 
 
-def _install_scripted_stop(args, intervals: list[tuple[float, float]]) -> None:
-    """Every native engine of this process: the long-tail scripted stop, and the wall
-    intervals of its ``generate`` calls recorded in ``intervals``."""
+def _install_scripted_stop(
+    args, intervals: list[tuple[float, float]], counts: dict[str, float]
+) -> None:
+    """Every native engine of this process: the long-tail scripted stop, the wall
+    intervals of its ``generate`` calls recorded in ``intervals`` and its generated and
+    re-prefilled tokens summed in ``counts``."""
     import torch
 
     from verl.rollout.native import NativeRollout
@@ -94,6 +114,8 @@ def _install_scripted_stop(args, intervals: list[tuple[float, float]]) -> None:
             return original(self, prompts, params)
         finally:
             intervals.append((start, time.perf_counter()))
+            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps"):
+                counts[key] = counts.get(key, 0.0) + self.last_stats.get(key, 0.0)
 
     NativeRollout.generate = generate
 
@@ -107,7 +129,8 @@ def _child(args) -> dict:
 
     torch.set_num_threads(args.threads)
     intervals: list[tuple[float, float]] = []
-    _install_scripted_stop(args, intervals)
+    counts: dict[str, float] = {}
+    _install_scripted_stop(args, intervals, counts)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(
             overrides=[
@@ -157,6 +180,10 @@ def _child(args) -> dict:
         "wait_per_step_s": statistics.median(row["timing_s/gen"] for row in history),
         # streaming: groups generated but dropped as staler than max_staleness
         "dropped_groups": float(trainer.history[-1].get("stream/dropped_groups_total", 0.0)),
+        "staleness_mean": statistics.mean(row.get("async/staleness_mean", 0.0) for row in history),
+        "midcall_swaps": counts.get("weight_swaps", 0.0),
+        "reprefill_per_token": counts.get("reprefill_tokens", 0.0)
+        / max(counts.get("generated_tokens", 0.0), 1.0),
         "mean_response_length": statistics.mean(
             row.get("response_length/mean", float("nan")) for row in history
         ),
@@ -172,6 +199,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-response-length", type=int, default=256)
     parser.add_argument("--long-fraction", type=float, default=0.15)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="sync", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -179,11 +207,15 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args)))
         return
-    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    chosen = [name for name in args.configs.split(",") if name]
+    unknown = sorted(set(chosen) - set(CONFIGS))
+    if unknown or "sync" not in chosen:
+        raise SystemExit(f"--configs: unknown {unknown} or no sync; choose from {list(CONFIGS)}")
+    results: dict[str, list[dict]] = {name: [] for name in chosen}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = w2_model_dir(Path(tmp))
-        names = list(CONFIGS)
+        names = chosen
         for r in range(args.repeats):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 cmd = [sys.executable, __file__, "--child", "--config", name]
@@ -212,7 +244,7 @@ def main() -> None:
         f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}"
     )
     header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
-    header += ("wait s/step", "dropped")
+    header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill")
     print(f"{'config':<13}" + "".join(f"{h:>12}" for h in header))
     for name, row in summary.items():
         cells = (
@@ -224,6 +256,9 @@ def main() -> None:
             f"{100 * row['gen_idle_fraction']:12.0f}",
             f"{row['wait_per_step_s']:12.2f}",
             f"{row['dropped_groups']:12.0f}",
+            f"{row['staleness_mean']:12.2f}",
+            f"{row['midcall_swaps']:12.0f}",
+            f"{row['reprefill_per_token']:12.2f}",
         )
         print(f"{name:<13}" + "".join(cells))
     print(json.dumps({"args": vars(args), "nproc": os.cpu_count(), "summary": summary}))

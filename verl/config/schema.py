@@ -358,6 +358,13 @@ class RunConfig(ClusterRunConfig):
         "= (max_staleness + 1) * data.train_batch_size",
         ge=1,
     )
+    partial_rollout: Literal["off", "continue", "resume"] = entry(
+        "off",
+        "rollout_mode=streaming: new weights reach the rollout copy in the middle of a "
+        "generation call; continue (sequences in flight decode on under them) or resume "
+        "(prompt + prefix prefilled again under them), each token recording its policy "
+        "version (docs/rollout.md#partial-rollouts); off = between calls only",
+    )
     profile_steps: list[int] = entry(
         [],
         "training steps (1-based) to record with the torch profiler; each writes a "

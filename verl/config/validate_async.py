@@ -84,6 +84,7 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
             f"data.rollout_batch_size={size}: {why}; set it to a multiple of {train} with "
             "trainer.async_rollout=true, or leave it null",
         )
+    _check_partial_rollout(c, cfg)
     if not t.async_rollout:
         return
     key = "trainer.async_rollout"
@@ -137,4 +138,36 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
             f"{key}=true: algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a "
             "greedy baseline with the current policy each step; not supported by the "
             "one-step-off pipeline: use trainer.rollout_mode=streaming",
+        )
+
+
+def _check_partial_rollout(c: Any, cfg: Any) -> None:
+    """``trainer.partial_rollout``: the streaming pipeline, the native engine's continuous
+    loop, and a rollout copy in the driver process (the mailbox is shared memory)."""
+    t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
+    mode = t.partial_rollout
+    if mode == "off":
+        return
+    key = "trainer.partial_rollout"
+    if not t.async_rollout or t.rollout_mode != "streaming":
+        c.error(
+            (key, "trainer.rollout_mode"),
+            f"{key}={mode} loads new weights into a running generation of the streaming "
+            "rollout: set trainer.async_rollout=true trainer.rollout_mode=streaming, or "
+            f"{key}=off",
+        )
+    if rollout.name != "native" or not rollout.continuous_batching or rollout.compile_decode:
+        c.error(
+            (key, "actor_rollout_ref.rollout.name"),
+            f"{key}={mode} needs the native engine's continuous loop (rollout.name=native, "
+            f"continuous_batching=true, compile_decode=false; this run has name="
+            f"{rollout.name}, continuous_batching={rollout.continuous_batching}, "
+            f"compile_decode={rollout.compile_decode}); change them or set {key}=off",
+        )
+    if cfg.worker_backend != "local":
+        c.error(
+            (key, "trainer.backend"),
+            f"{key}={mode}: the weight mailbox reaches a rollout copy in the driver process "
+            "only (trainer.backend=local); a copy in a Ray actor loads weights between "
+            f"calls: set {key}=off",
         )

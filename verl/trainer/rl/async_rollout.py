@@ -38,6 +38,13 @@ continues as the uninterrupted run would.
 
 Their files hold data only, nothing is unpickled when they load
 (:mod:`verl.trainer.rl.inflight_files`).
+
+Partial rollouts (``trainer.partial_rollout``, streaming only): with a ``mailbox``
+(:class:`~verl.rollout.partial.WeightMailbox`) the trainer posts each step's weights to it
+(:meth:`AsyncRollout.post_weights`) instead of queueing them with a batch; a generation
+takes the newest posted weights before it starts and, on the native engine's continuous
+loop, between two decode steps. Each token then records the version that sampled it
+(``rollout_token_versions``) and a group's version is its oldest token's.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.rollout.partial import WeightMailbox, oldest_token_version, weight_mailbox
 from verl.trainer.lifecycle.checkpoint import CheckpointError
 from verl.trainer.rl.inflight_files import (
     INFLIGHT_JSON,
@@ -99,6 +107,7 @@ class AsyncRollout:
         weights: returns the actor's current full state dict (CPU copies).
         max_staleness: how many batches generation runs ahead (``trainer.max_staleness``).
         seed: base of the per-batch sampling seeds.
+        mailbox: partial rollouts (module docstring); None = weights between calls only.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class AsyncRollout:
         *,
         max_staleness: int,
         seed: int,
+        mailbox: WeightMailbox | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 0")
@@ -130,6 +140,7 @@ class AsyncRollout:
         #: report each prompt's group as the engine finishes it (:meth:`take_groups`)
         self.stream_groups = False
         self._progress = threading.Condition()  # a group streamed or a batch finished
+        self.mailbox = mailbox
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -150,7 +161,8 @@ class AsyncRollout:
             )
             item = _InFlight(prompts, version, self._launched)
             self._launched += 1
-            item.result = self._executor.submit(self._run, item, self._weights_for(version))
+            weights = None if self.mailbox is not None else self._weights_for(version)
+            item.result = self._executor.submit(self._run, item, weights)
             item.result.add_done_callback(lambda _: self._notify())
             self._queue.append(item)
 
@@ -166,13 +178,30 @@ class AsyncRollout:
         self._copy_version = version
         return self._weights()
 
+    def post_weights(self, version: int) -> None:
+        """Partial rollouts: post a snapshot of the actor's weights (``version`` updates) to
+        the mailbox, for the running generation's next decode step or the next one's start;
+        nothing when it has them already, or without a mailbox."""
+        box = self.mailbox
+        if box is not None and (box.posted_version is None or version > box.posted_version):
+            box.post(self._weights(), version)
+
     def _run(self, item: _InFlight, weights: dict[str, torch.Tensor] | None) -> DataProto:
-        """On the rollout thread: load ``weights`` (if any), then generate ``item``."""
+        """On the rollout thread: load ``weights`` (if any; with a mailbox, its newest
+        post), then generate ``item``."""
         sync_s = 0.0
+        version = item.version
+        if self.mailbox is not None:
+            pending = self.mailbox.take()
+            weights, version = pending if pending is not None else (None, version)
         if weights is not None:
-            sync_s = self.group.load_policy_weights(weights, item.version)[0][
+            sync_s = self.group.load_policy_weights(weights, version)[0][
                 "async/weight_sync_seconds"
             ]
+        if self.mailbox is not None:
+            if weights is not None or self.mailbox.held is None:
+                self.mailbox.held = version
+            item.version = max(item.version, self.mailbox.held)  # before any group is out
         start = time.perf_counter()
         prompts = DataProto.from_dict(
             tensors=dict(item.prompts.batch),
@@ -190,13 +219,19 @@ class AsyncRollout:
                     item.ready.append((prompt, group))
                     self._progress.notify_all()
 
-            with stream_groups(sink):
+            with stream_groups(sink), self._mailbox_in_force():
                 gen = self._generate(self.group, prompts)
         else:
-            gen = self._generate(self.group, prompts)
+            with self._mailbox_in_force():
+                gen = self._generate(self.group, prompts)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s
         return gen
+
+    def _mailbox_in_force(self) -> contextlib.AbstractContextManager:
+        return (
+            weight_mailbox(self.mailbox) if self.mailbox is not None else contextlib.nullcontext()
+        )
 
     def take_groups(self) -> tuple[list[tuple[DataProto, int, tuple[int, int]]], dict[str, float]]:
         """The groups finished since the last call, oldest batch first: ``[(the n responses
@@ -212,7 +247,7 @@ class AsyncRollout:
                 ready, item.ready = item.ready, []
             for prompt, group in ready:
                 item.taken.add(prompt)
-                out.append((group, item.version, (item.index, prompt)))
+                out.append((group, oldest_token_version(group, item.version), (item.index, prompt)))
             if not done or item is not self._queue[0]:
                 continue
             gen, _, timing = self.pop_any()
@@ -222,7 +257,8 @@ class AsyncRollout:
             for prompt in range(len(item.prompts)):
                 if prompt not in item.taken:
                     group = gen[prompt * n : (prompt + 1) * n]
-                    out.append((group, item.version, (item.index, prompt)))
+                    version = oldest_token_version(group, item.version)
+                    out.append((group, version, (item.index, prompt)))
         return out, metrics
 
     def wait_progress(self, timeout_s: float = 1.0) -> None:
@@ -310,6 +346,8 @@ class AsyncRollout:
         self._drop_queue()
         self._launched = int(state["launched"])
         self._copy_version = None  # the copy's weights are pushed again before use
+        if self.mailbox is not None:
+            self.mailbox.reset()
         self._pending_meta = list(state["inflight"])
         if self.stream is not None:
             # a checkpoint of one-step-off mode resumed streaming: an empty buffer
@@ -432,10 +470,13 @@ def build_async_rollout(
     )
     placement.pools.append(group)
     group.init_model(total_steps=1)  # its optimizer never steps
+    partial = getattr(cfg.trainer, "partial_rollout", "off")
+    streaming = cfg.trainer.rollout_mode == "streaming"
     return AsyncRollout(
         group,
         generate,
         lambda: actor_group.state_dict_for_save()[0],  # rank 0 holds the full dict
         max_staleness=cfg.trainer.max_staleness,
         seed=cfg.trainer.seed,
+        mailbox=WeightMailbox(partial) if streaming and partial != "off" else None,
     )

@@ -47,6 +47,14 @@ workers are the trainer's), so the filter runs when groups are taken, not as the
 generates the greedy responses with the trainer's current weights (the synchronous step's
 path); the baseline depends on the prompt only, so the gradient estimate stays unbiased.
 
+**Partial rollouts** (``trainer.partial_rollout=continue|resume``): each step posts the
+actor's weights to the rollouter's mailbox (:meth:`AsyncRollout.post_weights`), which the
+native engine loads between two decode steps of the call in flight
+(:mod:`verl.rollout.partial`). Tokens then carry the version that sampled them
+(``rollout_token_versions``); a sample's ``rollout_policy_version`` is its oldest token's,
+its ``staleness`` counts from there, and a group is dropped when its oldest token is staler
+than ``max_staleness``.
+
 Checkpoints: the buffered groups are saved beside the in-flight batches
 (``async_rollout/stream_buffer.safetensors`` + ``stream_buffer.json``, the same data-only
 format; nothing is unpickled on load), and the counters in the trainer state, so a run
@@ -62,8 +70,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from verl.protocol import DataProto
+from verl.rollout.partial import TOKEN_VERSIONS
 from verl.trainer.lifecycle.checkpoint import CheckpointError
 from verl.trainer.lifecycle.metrics import timer
 from verl.trainer.rl.async_rollout import AsyncRollout
@@ -177,6 +187,7 @@ class StreamingSource:
         metrics: dict[str, Any] = {"timing_s/async_gen": 0.0, "timing_s/async_weight_sync": 0.0}
         dropped = 0
         taken: list[tuple[DataProto, int, tuple[int, int]]] = []
+        self.pipeline.post_weights(version)  # partial rollouts: into the call in flight
         with timer("gen", metrics):  # the wait for the rollouter (it generated meanwhile)
             while len(taken) < self.num_groups:
                 self._fill(draw, version)
@@ -194,7 +205,7 @@ class StreamingSource:
         # depend on which of its groups decoded fastest (max_staleness=0: the sync batch).
         taken.sort(key=lambda entry: entry[2])
         gen = concat_responses([group for group, _, _ in taken], self.pad_token_id)
-        versions = np.concatenate([np.full(len(group), v) for group, v, _ in taken])
+        versions = np.concatenate([_sample_versions(group, v) for group, v, _ in taken])
         staleness = version - versions
         gen.non_tensor_batch["rollout_policy_version"] = versions
         gen.non_tensor_batch["staleness"] = staleness
@@ -206,6 +217,10 @@ class StreamingSource:
             "stream/buffered_groups": float(len(self.groups)),
             "stream/queued_prompts": float(self.pipeline.queued_prompts()),
         }
+        if self.pipeline.mailbox is not None:  # partial rollouts: swaps made mid-call so far
+            box = self.pipeline.mailbox.stats
+            metrics["stream/midcall_weight_swaps_total"] = box["swaps"]
+            metrics["timing_s/async_midcall_weight_load_total"] = box["load_s"]
         return gen, metrics
 
     # ------------------------------------------------------------------ the buffer
@@ -277,6 +292,17 @@ class StreamingSource:
             # the (batch, prompt) order key; checkpoints without it: the buffer's order
             key = mark.meta_info.get("key", [-1, position])
             self.groups.append((group, v, (int(key[0]), int(key[1]))))
+
+
+def _sample_versions(group: DataProto, version: int) -> np.ndarray:
+    """Each sample's oldest token version (``rollout_token_versions``, -1 past the
+    response), or ``version`` for every sample of a group without per-token versions."""
+    if group.batch is None or TOKEN_VERSIONS not in group.batch:
+        return np.full(len(group), version)
+    tokens = group.batch[TOKEN_VERSIONS]
+    big = torch.iinfo(tokens.dtype).max
+    oldest = tokens.masked_fill(tokens < 0, big).min(dim=-1).values
+    return np.where(oldest.numpy() == big, version, oldest.numpy()).astype(np.int64)
 
 
 def _group_prompts(gen: DataProto) -> DataProto:
