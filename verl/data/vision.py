@@ -53,8 +53,11 @@ from verl.data.rl_dataset import validate_row
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "IMAGE_INPUTS_KEY",
     "IMAGE_KEY",
     "IMAGE_PLACEHOLDER",
+    "MM_TOKEN_TYPES_KEY",
+    "MULTIMODAL_POSITIONS_KEY",
     "ImageProblem",
     "ImageSource",
     "VisionRow",
@@ -70,6 +73,12 @@ __all__ = [
 
 IMAGE_PLACEHOLDER = "<image>"
 IMAGE_KEY = "images"
+# The batch keys of image prompts (verl.data.vision_dataset; the same names as
+# verl.rollout.base, which this layer cannot import): the per-row image inputs in
+# non_tensor_batch, the token types and the (rows, seq, 4) rope index in batch.
+IMAGE_INPUTS_KEY = "multi_modal_inputs"
+MM_TOKEN_TYPES_KEY = "mm_token_type_ids"
+MULTIMODAL_POSITIONS_KEY = "multimodal_position_ids"
 _PLACEHOLDER_RE = re.compile(re.escape(IMAGE_PLACEHOLDER))
 
 

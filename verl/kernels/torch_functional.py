@@ -100,6 +100,7 @@ def compute_response_log_probs(
     calculate_sum_pi_squared: bool = False,
     pack: bool = False,
     share_prefix: bool = False,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the response tokens under a causal LM.
 
@@ -134,6 +135,10 @@ def compute_response_log_probs(
             the prompt (:func:`verl.kernels.prefix_packing.pack_shared_prefix`, an explicit
             attention mask; same results). Attention implementations that take no custom
             4D mask (flash-attention varlen, flex) use plain packing, logged once.
+        model_inputs: more keyword arguments of the model's forward (a vision-language
+            model's ``pixel_values`` and ``image_grid_thw``, ``position_ids`` then its
+            ``(4, batch, seq_len)`` multimodal rope index); the padded
+            ``model(..., logits_to_keep)`` path, without packing or sequence parallelism.
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
@@ -159,6 +164,11 @@ def compute_response_log_probs(
     from verl.kernels.ulysses import sequence_parallel_of
 
     sp = sequence_parallel_of(model)
+    if model_inputs and (pack or sp is not None):
+        raise ValueError(
+            f"model inputs {sorted(model_inputs)} (images) need the padded pass: set "
+            "pack_sequences=false and no sequence parallelism (ulysses_sequence_parallel_size=1)"
+        )
     if sp is not None:  # this rank computes 1/sp of the tokens (verl.kernels.ulysses)
         shard, labels, place = packed_model.sequence_parallel_inputs(
             model, sp, input_ids, attention_mask, position_ids, response_len, pack, share_prefix
@@ -206,7 +216,7 @@ def compute_response_log_probs(
         log_probs, entropy, sps = (unpack(v) for v in results)
         return (log_probs, entropy, sps) if calculate_sum_pi_squared else (log_probs, entropy)
 
-    if packed_model.has_plain_head(model):
+    if packed_model.has_plain_head(model) and not model_inputs:
         out = model.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -221,7 +231,7 @@ def compute_response_log_probs(
             "model_type=%r has no plain LM-head path; scoring model(..., logits_to_keep) output",
             getattr(getattr(model, "config", None), "model_type", None),
         )
-        kwargs = {}
+        kwargs = dict(model_inputs or {})
         if "logits_to_keep" in inspect.signature(model.forward).parameters:
             kwargs["logits_to_keep"] = response_len + 1
         logits = model(

@@ -51,12 +51,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "IMAGE_INPUTS_KEY",
+    "IMAGE_KEYS",
+    "MM_TOKEN_TYPES_KEY",
+    "MULTIMODAL_POSITIONS_KEY",
     "RolloutEngine",
     "SamplingParams",
     "assemble_rollout_output",
     "eval_mode",
     "validate_prompts",
 ]
+
+# Image prompts (a vision-language model; the same names as ``verl.data.vision``, which
+# this layer cannot import): per-row ``{"pixel_values", "image_grid_thw"}`` dicts in
+# ``non_tensor_batch``, the token types (text 0, image 1) and the (rows, seq, 4)
+# multimodal rope index in ``batch``. Only the ``hf`` backend generates from them.
+IMAGE_INPUTS_KEY = "multi_modal_inputs"
+MM_TOKEN_TYPES_KEY = "mm_token_type_ids"
+MULTIMODAL_POSITIONS_KEY = "multimodal_position_ids"
+IMAGE_KEYS = (MM_TOKEN_TYPES_KEY, MULTIMODAL_POSITIONS_KEY, IMAGE_INPUTS_KEY)
 
 
 @dataclass
@@ -222,14 +235,23 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def validate_prompts(prompts: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def validate_prompts(
+    prompts: DataProto, images: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check a prompt batch and return its ``(input_ids, attention_mask, position_ids)``.
 
     Raises ``KeyError`` for a missing key and ``ValueError`` for a malformed batch: shapes that
     differ, right padding (the last column must be a real token in every row) or an empty
-    prompt. ``position_ids`` defaults to ``cumsum(attention_mask) - 1`` clamped at 0 when the
-    batch does not carry it.
+    prompt, or image prompts (:data:`IMAGE_INPUTS_KEY`) for a backend that does not take
+    them (``images=False``). ``position_ids`` defaults to ``cumsum(attention_mask) - 1``
+    clamped at 0 when the batch does not carry it.
     """
+    if not images and IMAGE_INPUTS_KEY in prompts.non_tensor_batch:
+        raise ValueError(
+            "the prompts hold images (a vision-language model's data): only the hf rollout "
+            "generates from images; set actor_rollout_ref.rollout.name=hf (the native, vLLM "
+            "and SGLang backends and the agent loop take text prompts only)"
+        )
     batch = prompts.batch
     for key in ("input_ids", "attention_mask"):
         if key not in batch:

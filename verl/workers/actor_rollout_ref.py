@@ -77,6 +77,7 @@ from verl.workers.log_prob_passes import (
 from verl.workers.losses import bind_actor_loss
 from verl.workers.multi_turn import build_agent_loop
 from verl.workers.specs import ActorRolloutRefSpec, check_spec
+from verl.workers.vision_inputs import IMAGE_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class ActorRolloutRefWorker(Worker):
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
         reads=PROMPT_KEYS,
-        optional=_INTERACTION_KEYS,
+        optional=(*_INTERACTION_KEYS, *IMAGE_KEYS),
         meta=(*SAMPLING_OVERRIDES, "seed"),
     )
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -219,7 +220,12 @@ class ActorRolloutRefWorker(Worker):
             self.engine, engine.module, data, mbs, self.spec.actor, self.device, entropy, sps
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=SEQUENCE_KEYS, meta=("temperature",))
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=SEQUENCE_KEYS,
+        optional=IMAGE_KEYS,
+        meta=("temperature",),
+    )
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the current (old) policy, and entropy.
 
@@ -245,7 +251,12 @@ class ActorRolloutRefWorker(Worker):
             meta_info={"temperature": data.meta_info.get("temperature", 1.0)},
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=SEQUENCE_KEYS, meta=("temperature",))
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=SEQUENCE_KEYS,
+        optional=IMAGE_KEYS,
+        meta=("temperature",),
+    )
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the frozen reference policy."""
         mbs = self.spec.ref.log_prob_micro_batch_size if self.spec.ref is not None else None
@@ -266,7 +277,12 @@ class ActorRolloutRefWorker(Worker):
             log_probs, _, _ = self._log_probs(self.ref_engine, data, mbs, False)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs[rows]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE, reads=SEQUENCE_KEYS, meta=("temperature",))
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=SEQUENCE_KEYS,
+        optional=IMAGE_KEYS,
+        meta=("temperature",),
+    )
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
         """The distillation teacher's scores of the student's samples (``algorithm.distill``).
 
@@ -297,7 +313,13 @@ class ActorRolloutRefWorker(Worker):
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
         reads=(*SEQUENCE_KEYS, "advantages"),
-        optional=("old_log_probs", "ref_log_probs", "rollout_log_probs", *TEACHER_KEYS),
+        optional=(
+            "old_log_probs",
+            "ref_log_probs",
+            "rollout_log_probs",
+            *TEACHER_KEYS,
+            *IMAGE_KEYS,
+        ),
         meta=("temperature",),
     )
     def update_actor(self, data: DataProto) -> dict[str, float]:

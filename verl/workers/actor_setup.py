@@ -27,6 +27,7 @@ from verl.models import (
     resolve_dtype,
 )
 from verl.models.lora import apply_lora
+from verl.models.vision_model import load_actor_model
 from verl.workers.common import apply_inference_precision, dynamic_precision
 from verl.workers.specs import ActorRolloutRefSpec
 from verl.workers.teacher import check_same_tokenizer
@@ -65,9 +66,10 @@ def load_policy(
 ) -> torch.nn.Module:
     """The policy: ``module`` or ``model.path`` loaded, checked against ``tokenizer``, with
     LoRA adapters when ``model.lora`` is set (drawn from ``spec.seed`` alone: every rank
-    starts from one process's)."""
+    starts from one process's). A vision-language directory (Qwen2-VL family) loads as
+    ``AutoModelForImageTextToText`` (``verl.models.vision_model``)."""
     if module is None:
-        module = load_causal_lm(**policy_load_kwargs(spec, device))
+        module = load_actor_model(**policy_load_kwargs(spec, device))
     check_vocab_covers_tokenizer(module, tokenizer, "actor_rollout_ref.model")
     if spec.model.lora is not None:
         module = apply_lora(module, spec.model.lora, seed=spec.seed)
@@ -93,7 +95,7 @@ def reference_dynamic_precision(
         ref_module,
         device,
         spec.ref.dynamic_min_free_gb,
-        reload=None if given else lambda: load_causal_lm(**load_kwargs).state_dict(),
+        reload=None if given else lambda: load_actor_model(**load_kwargs).state_dict(),
     )
 
 

@@ -27,11 +27,17 @@ import torch
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.utils.memory import release_memory
-from verl.workers.common import own_old_log_prob_metrics, run_ppo_update, sequence_group_batch
+from verl.workers.common import (
+    own_old_log_prob_metrics,
+    run_ppo_update,
+    sequence_group_batch,
+    sequence_parallel_size,
+)
 from verl.workers.losses import ActorLoss
 from verl.workers.micro_batching import MicroBatch
 from verl.workers.specs import ActorSpec
 from verl.workers.teacher import response_log_softmax
+from verl.workers.vision_inputs import check_image_batching, forward_inputs, image_keys
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +73,12 @@ def prepare_update(
     mini_batch_size = actor.batching.mini_batch_size(
         getattr(engine, "data_parallel_size", world_size)
     )
-    keys = [*SEQUENCE_KEYS, "advantages"]
+    keys = [*SEQUENCE_KEYS, *image_keys(data), "advantages"]
+    check_image_batching(data, actor.batching, sequence_parallel_size(engine))
+    if spec.distill is not None and image_keys(data):
+        raise ValueError(
+            "algorithm.distill does not take image prompts (a vision-language model) yet"
+        )
     own_old = "old_log_probs" not in data.batch
     if own_old:
         epochs = actor.batching.ppo_epochs
@@ -136,17 +147,19 @@ def micro_batch_loss(
             student_topk = full.gather(-1, b["distill_topk_ids"])
             entropy = -(full.exp() * full).sum(-1) if with_entropy else None
         else:
+            position_ids, model_inputs = forward_inputs(mb.data)  # images: vision_inputs
             log_prob, entropy = compute_response_log_probs(
                 module,
                 b["input_ids"],
                 b["attention_mask"],
-                b["position_ids"],
+                position_ids,
                 response_len=mb.response_len,
                 temperature=temperature,
                 chunk_size=actor.logprob_chunk_size,
                 calculate_entropy=with_entropy,
                 pack=batching.pack_sequences,
                 share_prefix=batching.share_prompt_prefix,
+                model_inputs=model_inputs,
             )
         old_log_prob = b.get("old_log_probs")
         if recorded is not None:

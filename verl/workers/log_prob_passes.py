@@ -9,7 +9,9 @@ split (:class:`~verl.workers.specs.BatchingSpec`; the pass's own row count when 
 return float32 host tensors ``(batch, response_len)`` in the batch's row order. They run
 under the *actor* engine's autocast, whichever module they score, so every policy is
 scored in the precision the actor trains in. The caller holds the module's engine in
-``eval_mode`` (and joins a sequence group's rows first, ``sequence_group_batch``).
+``eval_mode`` (and joins a sequence group's rows first, ``sequence_group_batch``). An image
+batch (a vision-language model) also forwards each micro-batch's images and multimodal
+rope index (:mod:`verl.workers.vision_inputs`; padded micro-batches only).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from verl.workers.common import micro_batches, to_device
 from verl.workers.micro_batching import gather_response_outputs
 from verl.workers.specs import ActorSpec
 from verl.workers.teacher import response_log_softmax
+from verl.workers.vision_inputs import check_image_batching, forward_inputs, image_keys
 
 __all__ = ["PROMPT_KEYS", "TEACHER_KEYS", "response_log_probs", "teacher_topk_scores"]
 
@@ -54,17 +57,19 @@ def response_log_probs(
     response_len = data.batch["response_mask"].shape[1]
     batching = actor.batching
     log_probs, entropies, sum_pi_squared = [], [], []
-    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    inputs = to_device(data.select(batch_keys=[*PROMPT_KEYS, *image_keys(data)]), device)
     with torch.no_grad(), engine.autocast():
         sp = sequence_parallel_of(module)
         sp_size = 1 if sp is None else sp.size
+        check_image_batching(inputs, batching, sp_size)
         for mb in micro_batches(inputs, response_len, micro_batch_size, batching, sp_size):
             x = mb.data.batch
+            position_ids, model_inputs = forward_inputs(mb.data, device)
             lp, ent, *sps = compute_response_log_probs(
                 module,
                 x["input_ids"],
                 x["attention_mask"],
-                x["position_ids"],
+                position_ids,
                 response_len=mb.response_len,
                 temperature=temperature,
                 chunk_size=actor.logprob_chunk_size,
@@ -72,6 +77,7 @@ def response_log_probs(
                 calculate_sum_pi_squared=with_sum_pi_squared,
                 pack=batching.pack_sequences,
                 share_prefix=batching.share_prompt_prefix,
+                model_inputs=model_inputs,
             )
             log_probs.append((mb, lp.float().cpu()))
             if ent is not None:

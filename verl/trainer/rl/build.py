@@ -25,6 +25,7 @@ from verl.data import PromptDataLoader, RLHFDataset, collate_fn
 from verl.data.lazy_dataset import LazyRLHFDataset
 from verl.data.rl_dataset import scan_first_rows_by_source
 from verl.data.rollout_file import RolloutFileDataset, collate_rollout_items
+from verl.data.vision_dataset import VisionRLHFDataset, collate_vision_fn
 from verl.models import load_tokenizer, resolve_model_path
 from verl.protocol import DataProto
 from verl.rewards import (
@@ -50,6 +51,7 @@ __all__ = [
     "RLData",
     "build_data",
     "build_kl_controller",
+    "build_processor",
     "build_reward_manager",
     "build_roles",
     "build_tokenizer",
@@ -152,18 +154,62 @@ def module_tokenizer(cfg: TrainerConfig, module: torch.nn.Module, tokenizer: Any
     return loaded
 
 
+def build_processor(cfg: TrainerConfig) -> Any:
+    """The processor of a vision-language actor (``model.path`` a Qwen2-VL-family
+    directory: :func:`verl.models.vision_processor.load_vision_processor`), else None."""
+    from verl.models.vision_model import is_vision_model_dir
+    from verl.models.vision_processor import load_vision_processor
+
+    path = cfg.actor_rollout_ref.model.path
+    if not is_vision_model_dir(path):
+        return None
+    processor = load_vision_processor(str(resolve_model_path(path)))
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
 class _Collate:
     """Picklable collate: left-pads a list of dataset items into a ``DataProto`` (with their
-    stored responses when ``rollouts``: :func:`verl.data.rollout_file.collate_rollout_items`)."""
+    stored responses when ``rollouts``: :func:`verl.data.rollout_file.collate_rollout_items`;
+    with their images when ``vision``: :func:`verl.data.vision_dataset.collate_vision_fn`)."""
 
-    def __init__(self, pad_token_id: int, rollouts: bool = False) -> None:
+    def __init__(self, pad_token_id: int, rollouts: bool = False, vision: bool = False) -> None:
         self.pad_token_id = pad_token_id
         self.rollouts = rollouts
+        self.vision = vision
 
     def __call__(self, items: list[dict[str, Any]]) -> DataProto:
         if self.rollouts:
             return collate_rollout_items(items, pad_token_id=self.pad_token_id)
+        if self.vision:
+            return collate_vision_fn(items, pad_token_id=self.pad_token_id)
         return collate_fn(items, pad_token_id=self.pad_token_id)
+
+
+def _vision_datasets(
+    cfg: TrainerConfig, processor: Any, train_files: Any, val_files: Any
+) -> tuple[VisionRLHFDataset, VisionRLHFDataset | None]:
+    """The image prompt datasets of a vision-language actor."""
+    from transformers import AutoConfig
+
+    dcfg = cfg.data
+    if dcfg.rollout_files:
+        raise ValueError(
+            "data.rollout_files (stored rollouts) does not take a vision-language model "
+            f"(actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r}) yet"
+        )
+    model_config = AutoConfig.from_pretrained(
+        str(resolve_model_path(cfg.actor_rollout_ref.model.path)), local_files_only=True
+    )
+    kwargs = dict(
+        processor=processor,
+        model_config=model_config,
+        max_prompt_length=dcfg.max_prompt_length,
+        truncation=dcfg.truncation,
+        prompt_key=dcfg.prompt_key,
+    )
+    val = VisionRLHFDataset(val_files, **kwargs) if val_files else None
+    return VisionRLHFDataset(train_files, **kwargs), val
 
 
 @dataclass
@@ -171,8 +217,8 @@ class RLData:
     """The prompt data of a run: datasets, the collate function, the resumable loader and
     the number of trainer steps it supports."""
 
-    train_dataset: RLHFDataset | LazyRLHFDataset | RolloutFileDataset
-    val_dataset: RLHFDataset | None
+    train_dataset: RLHFDataset | LazyRLHFDataset | RolloutFileDataset | VisionRLHFDataset
+    val_dataset: RLHFDataset | VisionRLHFDataset | None
     collate: Callable[[list[dict[str, Any]]], DataProto]
     train_loader: PromptDataLoader
     total_steps: int
@@ -197,10 +243,17 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
     if multi_turn.enable and multi_turn.interaction.path is not None:
         # a bad path or name fails here, before any worker starts
         load_interaction(multi_turn.interaction.path, multi_turn.interaction.name)
-    val_dataset = RLHFDataset(val_files, **ds_kwargs) if val_files else None
-    collate = _Collate(tokenizer.pad_token_id)
-    if dcfg.rollout_files:  # pre-generated rollouts (verl.trainer.rl.offline_rollouts)
-        train_dataset: Any = RolloutFileDataset(
+    processor = build_processor(cfg)
+    vision = processor is not None
+    collate = _Collate(tokenizer.pad_token_id, vision=vision)
+    train_dataset: Any
+    val_dataset: Any = None
+    if not vision and val_files:
+        val_dataset = RLHFDataset(val_files, **ds_kwargs)
+    if vision:  # a vision-language actor: prompts with images (verl.data.vision_dataset)
+        train_dataset, val_dataset = _vision_datasets(cfg, processor, train_files, val_files)
+    elif dcfg.rollout_files:  # pre-generated rollouts (verl.trainer.rl.offline_rollouts)
+        train_dataset = RolloutFileDataset(
             dcfg.rollout_files,
             n=cfg.actor_rollout_ref.rollout.n,
             max_prompt_length=dcfg.max_prompt_length,
@@ -218,7 +271,9 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
         shuffle=dcfg.shuffle,
         seed=dcfg.seed,
         drop_last=True,
-        collate_fn=_Collate(tokenizer.pad_token_id, rollouts=bool(dcfg.rollout_files)),
+        collate_fn=_Collate(
+            tokenizer.pad_token_id, rollouts=bool(dcfg.rollout_files), vision=vision
+        ),
         num_workers=dcfg.dataloader_num_workers,
         persistent_workers=dcfg.persistent_workers,
         prefetch_factor=dcfg.prefetch_factor,
@@ -235,7 +290,7 @@ def build_data(cfg: TrainerConfig, tokenizer: Any, run_dir: Path) -> RLData:
 
 def _first_rows_by_source(dataset: Any) -> dict[str, str] | None:
     """``{data_source: its first row}`` of a prompt dataset; None for another kind."""
-    if isinstance(dataset, RLHFDataset):
+    if isinstance(dataset, RLHFDataset | VisionRLHFDataset):
         return dataset.first_rows_by_source()
     if isinstance(dataset, LazyRLHFDataset):
         return scan_first_rows_by_source(dataset.data_files)
