@@ -51,6 +51,11 @@ Design decisions:
   average over ``dp x sp`` ranks is the mean over the ``dp`` data-parallel groups.
   :attr:`FSDP2Engine.data_parallel_size` is ``world / sp``; a caller gives every rank of a
   sequence group the same rows.
+- **Tensor parallelism.** ``tensor_parallel_size = t > 1`` arranges the ranks as a
+  ``(data, tensor)`` mesh (``verl.engine.tensor_parallel``): the layers are split column/row
+  wise over ``tensor`` (DTensor), the LM head over the vocabulary, and FSDP2 shards over
+  ``data`` only. :attr:`FSDP2Engine.data_parallel_size` is ``world / t``; the ranks of a
+  tensor group run the same forwards on the same rows.
 - **Inference mode.** FSDP allocates a unit's gathered-parameter tensors on its first
   all-gather and reuses them; allocated under ``torch.inference_mode`` they would be
   inference tensors that a later training step cannot write. The engine therefore gathers
@@ -99,6 +104,13 @@ from verl.engine.sharded_checkpoint import (
     STATE_FILE,
     check_sharded_state,
     scalar_state,
+)
+from verl.engine.tensor_parallel import (
+    TensorParallel,
+    apply_tensor_parallel,
+    build_tensor_parallel,
+    grad_norm,
+    unaliased,
 )
 from verl.kernels.ulysses import SequenceParallel, apply_ulysses, build_sequence_parallel
 from verl.utils.atomic_io import publish_dir, write_text_atomic
@@ -308,6 +320,8 @@ class FSDP2Engine(TrainEngine):
             )
         self.sequence_parallel_size = int(sequence_parallel_size)
         self.sequence_parallel: SequenceParallel | None = None
+        self.tensor_parallel_size = int(options.tensor_parallel_size)
+        self.tensor_parallel: TensorParallel | None = None
         self.units: list[FSDPModule] = []
         self._gathered = False
         super().__init__(module, optimizer_cfg, options.replace(grad_scaling=False))
@@ -351,6 +365,10 @@ class FSDP2Engine(TrainEngine):
         if self.cpu_offload:
             offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
         mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        if self.tensor_parallel_size > 1:  # split over "tensor" first, FSDP2 over "data"
+            tp = build_tensor_parallel(self.device.type, self.tensor_parallel_size, self.options)
+            self.tensor_parallel, mesh = tp, tp.mesh["data"]
+            apply_tensor_parallel(module, tp)
         self.units = apply_fsdp2(
             module,
             mesh,
@@ -376,20 +394,22 @@ class FSDP2Engine(TrainEngine):
                 unit.reshard()
         logger.info(
             "fsdp2: %d units over %d ranks (reshard_after_forward=%s, mp=%s, cpu_offload=%s, "
-            "sequence parallel=%d)",
+            "sequence parallel=%d, tensor parallel=%d)",
             len(self.units),
             self.world_size,
             self.reshard_after_forward,
             self.mixed_precision or None,
             self.cpu_offload,
             self.sequence_parallel_size,
+            self.tensor_parallel_size,
         )
         return module
 
     @property
     def data_parallel_size(self) -> int:
-        """``world / sequence_parallel_size``: the ranks of a sequence group share rows."""
-        return self.world_size // self.sequence_parallel_size
+        """``world / (sequence_parallel_size * tensor_parallel_size)``: the ranks of a sequence
+        or tensor group share rows."""
+        return self.world_size // (self.sequence_parallel_size * self.tensor_parallel_size)
 
     def _broadcast_from_rank0(self, module: nn.Module, full_sd: dict[str, torch.Tensor]) -> None:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -419,11 +439,8 @@ class FSDP2Engine(TrainEngine):
     def _grad_norm(self) -> torch.Tensor:
         """Global L2 norm over all ranks' gradient shards: a plain 0-d tensor, the same
         value on every rank (so every rank clips and skips identically)."""
-        grads = [p.grad for p in self._trainable_params() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return norm
+        # one norm per mesh (with tensor parallelism: split weights and whole ones), combined
+        return grad_norm([p.grad for p in self._trainable_params() if p.grad is not None])
 
     # ---- hybrid engine -----------------------------------------------------------------
 
@@ -480,7 +497,9 @@ class FSDP2Engine(TrainEngine):
         other ranks. Collective: every rank must call it."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.module, options=options)
-        return state if self.rank == 0 else {}
+        # a weight whole on this rank (one rank, or replicated over tensor ranks) comes back
+        # as the live tensor itself: copy those, the caller keeps the dict across steps
+        return unaliased(state, self.module) if self.rank == 0 else {}
 
     def save_checkpoint(self, path: str) -> None:
         """Write the sharded model + optimizer (DCP) and ``engine_state.json`` under ``path``.
@@ -505,6 +524,7 @@ class FSDP2Engine(TrainEngine):
                 "format_version": FORMAT_VERSION,
                 "world_size": self.world_size,
                 "sequence_parallel_size": self.sequence_parallel_size,
+                "tensor_parallel_size": self.tensor_parallel_size,
                 "param_names": self._param_names(),
                 "skipped_steps": engine_state["skipped_steps"],
                 "consecutive_skipped": engine_state["consecutive_skipped"],

@@ -24,6 +24,7 @@ FSDP2_ONLY = (
     "full_state_dict_from_rank0",
     "sequence_parallel_size",
     "shard_dim",
+    "tensor_parallel_size",
 )
 
 
@@ -51,7 +52,7 @@ class EngineOptions:
 
     fsdp2 only (:data:`FSDP2_ONLY`; documented on :class:`verl.engine.fsdp.FSDP2Engine`):
         reshard_after_forward, mixed_precision, cpu_offload, full_state_dict_from_rank0,
-        sequence_parallel_size, shard_dim.
+        sequence_parallel_size, shard_dim, tensor_parallel_size.
     """
 
     grad_clip: float | None = None
@@ -68,6 +69,7 @@ class EngineOptions:
     full_state_dict_from_rank0: bool = False
     sequence_parallel_size: int = 1
     shard_dim: int = 0
+    tensor_parallel_size: int = 1
 
     @classmethod
     def of(cls, options: EngineOptions | None = None, **overrides: Any) -> EngineOptions:
@@ -98,14 +100,19 @@ class EngineOptions:
         """Refuse the fsdp2-only options the single-process engine cannot honour.
 
         Raises:
-            ValueError: ``sequence_parallel_size != 1``, or ``mixed_precision`` /
-                ``cpu_offload`` / ``full_state_dict_from_rank0`` set.
+            ValueError: ``sequence_parallel_size != 1``, ``tensor_parallel_size != 1``, or
+                ``mixed_precision`` / ``cpu_offload`` / ``full_state_dict_from_rank0`` set.
         """
         if self.sequence_parallel_size != 1:
             raise ValueError(
                 f"ulysses_sequence_parallel_size={self.sequence_parallel_size} needs the fsdp2 "
                 "engine (strategy=fsdp2 or auto over several devices); the single engine runs "
                 "one process"
+            )
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs the fsdp2 engine "
+                "(strategy=fsdp2 over several devices); the single engine runs one process"
             )
         if self.mixed_precision or self.cpu_offload or self.full_state_dict_from_rank0:
             raise ValueError(

@@ -46,6 +46,7 @@ from verl.kernels.packed_model import (
     sequence_parallel_inputs,
     supports_packing,
 )
+from verl.kernels.vocab_parallel import local_logits, vocab_parallel_log_probs, vocab_parallel_of
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,15 @@ def _head_logprobs(
     """Apply the LM head to ``hidden (rows, H)`` and score ``labels (rows,)``.
     ``disposable``: backward may overwrite the logits (see :class:`LogProbEntropy`): only
     when this call is checkpointed, so that backward reads a recomputed copy."""
+    shard = vocab_parallel_of(lm_head)
+    if shard is not None:  # tensor parallelism: score this rank's logit columns
+        with local_logits():
+            logits = lm_head(hidden).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return vocab_parallel_log_probs(
+            logits, labels, shard, calculate_entropy, calculate_sum_pi_squared
+        )
     # The head's output may be bf16 under autocast; the chunk is small, so upcast it whole
     # before dividing by the temperature to keep the division in float32.
     out = lm_head(hidden)
