@@ -11,6 +11,7 @@ after an in-process crash, the refusals (another trainer's checkpoint, changed d
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -404,7 +405,7 @@ def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
     assert math.isfinite(one.history[0]["train/loss"])
 
 
-def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path):
+def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path, caplog):
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError) as err:
         make_config("sft", tiny_model_dir, run_dir, "trainer.n_gpus_per_node=2")
@@ -435,9 +436,12 @@ def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path
     cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
     with pytest.raises(ValueError, match=r"verl\.trainer\.offline\.launch\.train_on_ranks"):
         SFTTrainer(cfg)
+    # fsdp2 on one rank without a process group shards nothing: one process's training
     cfg = make_config("sft", tiny_model_dir, run_dir, "engine.strategy=fsdp2")
-    with pytest.raises(NotImplementedError, match=r"set trainer\.n_gpus_per_node"):
-        SFTTrainer(cfg)
+    with caplog.at_level(logging.WARNING):
+        trainer = SFTTrainer(cfg)
+    assert "engine.strategy=fsdp2 on one rank trains as engine.strategy=single" in caplog.text
+    trainer.close()
 
 
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tiny_model_dir, tmp_path):

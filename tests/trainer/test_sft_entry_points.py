@@ -99,7 +99,8 @@ def test_sft_trainer_module_answers_its_options():
             sys.executable,
             "-m",
             "verl.trainer.sft_trainer",
-            "engine.ulysses_sequence_parallel_size=2",
+            "--validate-only",
+            "engine.ulysses_sequence_parallel_size=0",
         ],
         capture_output=True,
         text=True,
@@ -107,8 +108,8 @@ def test_sft_trainer_module_answers_its_options():
         cwd=ROOT,
     )
     assert bad.returncode == 2
-    assert "engine.ulysses_sequence_parallel_size=2" in bad.stderr
-    assert "sequence parallelism (Ulysses) is not implemented yet" in bad.stderr
+    assert "engine.ulysses_sequence_parallel_size=0" in bad.stderr
+    assert "a sequence-parallel size is a positive integer" in bad.stderr
 
 
 def test_upstream_sft_keys_read_onto_the_schema(caplog):
@@ -132,7 +133,7 @@ def test_upstream_sft_keys_read_onto_the_schema(caplog):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("engine.ulysses_sequence_parallel_size=2", "sequence parallelism (Ulysses) is not"),
+        ("engine.ulysses_sequence_parallel_size=0", "a sequence-parallel size is a positive"),
         ("engine=megatron", "Megatron-LM is not available"),
         ("optim=megatron", "Megatron-LM's optimizer is not available"),
     ],
