@@ -248,6 +248,26 @@ class OfflineTrainer:
     def builtin_dir(self) -> Path:
         return self.output_dir / "data"
 
+    def data_files(
+        self, write_builtin: Callable[..., tuple[Any, Any]], what: str
+    ) -> tuple[list[str], list[str]]:
+        """``(train files, validation files)``: ``data.train_files`` / ``data.val_files``, or
+        with ``data.builtin=arithmetic`` and no train files the built-in set ``what``, written
+        by ``write_builtin(dir, train_size, val_size, digits, ops, seed)`` under
+        :meth:`builtin_dir` (its validation file unless ``data.val_files`` names one)."""
+        d = self.config.data
+        train_files, val_files = list(d.train_files), list(d.val_files)
+        if not train_files and d.builtin == "arithmetic":
+            a = d.arithmetic
+            train_path, val_path = write_builtin(
+                self.builtin_dir(), a.train_size, a.val_size, a.digit_range, list(a.ops), d.seed
+            )
+            logger.info("built-in arithmetic %s: %s, %s", what, train_path, val_path)
+            train_files = [train_path]
+            if not val_files and val_path is not None:
+                val_files = [val_path]
+        return train_files, val_files
+
     # ------------------------------------------------------------------ ranks
     @contextlib.contextmanager
     def rank0_first(self) -> Iterator[None]:

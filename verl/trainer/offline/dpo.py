@@ -85,16 +85,9 @@ class DPOTrainer(OfflineTrainer):
         d, a = self.config.data, self.config.algorithm
         self.loss_fn = get_preference_loss(a.loss_type)
         self.paired = is_paired_loss(a.loss_type)
-        train_files, val_files = list(d.train_files), list(d.val_files)
-        if not train_files and d.builtin == "arithmetic":
-            ar = d.arithmetic
-            train_path, val_path = write_arithmetic_preference_dataset(
-                self.builtin_dir(), ar.train_size, ar.val_size, ar.digit_range, list(ar.ops), d.seed
-            )
-            logger.info("built-in arithmetic preference data: %s, %s", train_path, val_path)
-            train_files = [train_path]
-            if not val_files and val_path is not None:
-                val_files = [val_path]
+        train_files, val_files = self.data_files(
+            write_arithmetic_preference_dataset, "preference data"
+        )
         self.train_dataset = self._dataset(train_files, "data.train_files")
         self.val_dataset = self._dataset(val_files, "data.val_files") if val_files else None
         self.micro_collate = MicroBatchCollate(

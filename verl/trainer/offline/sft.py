@@ -70,16 +70,7 @@ class SFTTrainer(OfflineTrainer):
 
     def build_data(self) -> None:
         d = self.config.data
-        train_files, val_files = list(d.train_files), list(d.val_files)
-        if not train_files and d.builtin == "arithmetic":
-            a = d.arithmetic
-            train_path, val_path = write_arithmetic_sft_dataset(
-                self.builtin_dir(), a.train_size, a.val_size, a.digit_range, list(a.ops), d.seed
-            )
-            logger.info("built-in arithmetic SFT data: %s, %s", train_path, val_path)
-            train_files = [train_path]
-            if not val_files and val_path is not None:
-                val_files = [val_path]
+        train_files, val_files = self.data_files(write_arithmetic_sft_dataset, "SFT data")
         kwargs = dict(
             tokenizer=self.tokenizer,
             max_length=d.max_length,
