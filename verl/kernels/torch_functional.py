@@ -17,9 +17,7 @@ here never hold more than ``chunk_size`` rows of float32 logits at a time:
 Log-probs are those of the temperature-scaled distribution ``softmax(logits / T)`` before
 any top-k / top-p filtering, which is the convention the rollout engines sample with.
 
-Packed passes (``pack=True``) run through :mod:`verl.kernels.packed_model`. Its
-``pack_batch``, ``packed_forward``, ``sequence_parallel_inputs`` and ``supports_packing``
-are also importable from here (the critic worker imports them from this module).
+Packed passes (``pack=True``) run through :mod:`verl.kernels.packed_model`.
 """
 
 from __future__ import annotations
@@ -40,12 +38,6 @@ from verl.kernels.logprob_kernels import (
     logprobs_from_logits,
     row_chunks,
 )
-from verl.kernels.packed_model import (
-    pack_batch,
-    packed_forward,
-    sequence_parallel_inputs,
-    supports_packing,
-)
 from verl.kernels.vocab_parallel import local_logits, vocab_parallel_log_probs, vocab_parallel_of
 
 logger = logging.getLogger(__name__)
@@ -55,11 +47,6 @@ __all__ = [
     "compute_response_log_probs",
     "entropy_from_logits",
     "logprobs_from_logits",
-    # defined in verl.kernels.packed_model; imported from here by verl.workers.critic
-    "pack_batch",
-    "packed_forward",
-    "sequence_parallel_inputs",
-    "supports_packing",
 ]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from verl.controller import Dispatch, Worker, register
 from verl.engine import OptimSpec, build_engine
-from verl.kernels.torch_functional import (
+from verl.kernels.packed_model import (
     pack_batch,
     packed_forward,
     sequence_parallel_inputs,
