@@ -256,9 +256,21 @@ def unaliased(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, to
     ``module``'s live parameters: the full tensor of a weight that is whole on this rank
     (every weight on one rank; a norm's replicated over the tensor ranks with one
     data-parallel rank) is its local tensor itself, which the next optimizer step would
-    change under the caller."""
+    change under the caller. Values that shared one tensor (a tied embedding and LM head)
+    share one copy, so an export still sees them tied."""
     live = set()
     for p in module.parameters():
         local = p.to_local() if isinstance(p, DTensor) else p
         live.add(local.untyped_storage().data_ptr())
-    return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in state.items()}
+    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    out = {}
+    for key, value in state.items():
+        ptr = value.untyped_storage().data_ptr()
+        if ptr not in live:
+            out[key] = value
+            continue
+        view = (ptr, value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+        if view not in copies:
+            copies[view] = value.clone()
+        out[key] = copies[view]
+    return out
