@@ -45,6 +45,7 @@ from verl.data.io import read_records, write_records
 from verl.data.preference_pairs import write_answer_pairs
 from verl.data.sft_dataset import make_arithmetic_sft_rows
 from verl.models.tiny import save_tiny_model_dir
+from verl.rewards import RewardFunction
 from verl.trainer.offline.rm import RMTrainer
 from verl.trainer.offline.sft import SFTTrainer
 from verl.trainer.rl.trainer import RLTrainer
@@ -134,16 +135,19 @@ def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dic
     }
 
 
-class MeasuredTrainer(RLTrainer):
-    """``RLTrainer`` that also measures each training batch with the rule scorer, which is
-    never used as the reward: ``rule_acc`` (fraction of sampled answers that are right) and
-    ``rm_pair_acc`` (over the (right, wrong) answer pairs to one prompt, the fraction the
-    reward model scored right above wrong)."""
+class MeasuredReward(RewardFunction):
+    """The reward model's reward (``reward``), with each training batch also measured by
+    the rule scorer (``rule``), which is never used as the reward: ``rule_acc`` (fraction
+    of sampled answers that are right) and ``rm_pair_acc`` (over the (right, wrong) answer
+    pairs to one prompt, the fraction the reward model scored right above wrong)."""
 
-    def _score(self, gen: Any, update_stats: bool) -> tuple[torch.Tensor, dict, dict]:
-        scores, metrics, extras = super()._score(gen, update_stats)
+    def __init__(self, reward: RewardFunction, rule: RewardFunction) -> None:
+        self.reward, self.rule = reward, rule
+
+    def __call__(self, gen: Any, *, update_stats: bool = True) -> tuple[torch.Tensor, dict, dict]:
+        scores, metrics, extras = self.reward(gen, update_stats=update_stats)
         if update_stats:
-            _, _, rule = self.val_reward_fn(gen)
+            _, _, rule = self.rule(gen)
             right = np.asarray(rule.get("acc", rule["score"]), dtype=float) > 0.5
             rm = np.asarray(extras["score"], dtype=float)
             uid = np.asarray(gen.non_tensor_batch["uid"])
@@ -157,6 +161,15 @@ class MeasuredTrainer(RLTrainer):
             metrics["rm_pair_acc"] = float(np.mean(ordered)) if ordered else float("nan")
             metrics["rm_pairs"] = float(len(ordered))
         return scores, metrics, extras
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.reward.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.reward.load_state_dict(state)
+
+    def close(self) -> None:
+        self.reward.close()
 
 
 def run_grpo(sft_dir: str, rm_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dict:
@@ -186,7 +199,8 @@ def run_grpo(sft_dir: str, rm_dir: str, data: dict, out: Path, args: argparse.Na
             "trainer.resume_mode=disable",
         ]
     )
-    trainer = MeasuredTrainer(cfg)
+    trainer = RLTrainer(cfg)
+    trainer.reward_fn = MeasuredReward(trainer.reward_fn, trainer.val_reward_fn)
     try:
         trainer.fit()
         steps = [
