@@ -88,7 +88,8 @@ def test_a_prescored_batch_is_used_once_and_only_for_that_batch():
     gen = overlap.generate(FakeRollout(), _prompts([1, 2, 3, 4]))
     other = FakeRollout()(_prompts([5]))
     reward(other)  # another batch (ReMax's greedy baseline): scored itself
-    assert calls[-1] == 2
+    # (the chunks may still be scoring in the background: look for the batch, not the order)
+    assert 2 in calls
     reward(gen)
     assert sorted(calls) == [2, 4, 4]  # two chunks of 4 responses, plus the other batch
     overlap.close()
