@@ -239,6 +239,14 @@ class TrainedRoleConfig(MicroBatchSplit):
         "(docs/distributed.md)",
         ge=1,
     )
+    tensor_parallel_size: int = entry(
+        1,
+        "tensor parallelism: ranks that split each layer's heads and MLP width (and the "
+        "vocabulary) and compute the same rows; must divide the role's ranks, the model's "
+        "query and key/value heads and intermediate size; fsdp2 only, Llama / Qwen2 "
+        "causal LMs; the reference follows the actor's; 1 = off (docs/distributed.md)",
+        ge=1,
+    )
     optim: OptimConfig = entry(OptimConfig, "optimizer of the trained model")
     fsdp_config: FSDPConfig = entry(FSDPConfig, "FSDP2 wrapping of the trained model")
     checkpoint: CheckpointConfig = entry(CheckpointConfig, "checkpoint contents of the role")

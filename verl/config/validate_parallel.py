@@ -1,0 +1,146 @@
+"""Validation of a trained role's ``tensor_parallel_size`` (part of ``verl.config.validate``).
+
+:func:`check_tensor_parallel` runs beside the sequence-parallel check of the same role
+(``actor_rollout_ref.actor``, ``critic``; the reference follows the actor's size). It
+refuses, naming the key and the reason:
+
+- a size that does not divide the role's ranks together with its sequence-parallel size,
+  or a combination with sequence parallelism (no ``(data, sequence, tensor)`` mesh);
+- the single engine (``strategy=single`` runs one process);
+- what the engine's tensor-parallel plan does not cover: a LoRA (peft) actor, a reference
+  in a weight-only format (fp8 / int4 layers have no plan), the critic's value model;
+- a multi-turn or agent rollout (the tensor group's ranks generate in lock step);
+- a model whose query heads, key/value heads, intermediate size or vocabulary do not split
+  evenly, when its ``config.json`` is in a local directory (otherwise the engine checks
+  them when it is built, with the same message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from verl.config.checks import Checks, divisors
+from verl.config.precision import WEIGHT_ONLY, active_roles, role_precision
+
+__all__ = ["check_tensor_parallel", "model_split_problem"]
+
+# The counts of a model config that tensor parallelism splits, with their config keys.
+_SPLIT_COUNTS = (
+    ("query heads", "num_attention_heads"),
+    ("key/value heads", "num_key_value_heads"),
+    ("intermediate size", "intermediate_size"),
+    ("vocabulary", "vocab_size"),
+)
+_SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def model_split_problem(model_config: dict[str, Any], key: str, size: int) -> str | None:
+    """Why a model with HF config ``model_config`` (a ``config.json`` as a dict) cannot be
+    split over ``size`` tensor ranks, or ``None`` when it can."""
+    model_type = model_config.get("model_type")
+    if model_type not in _SUPPORTED_MODEL_TYPES:
+        return (
+            f"{key}={size}: model_type={model_type!r} has no tensor-parallel plan "
+            f"(supported: {', '.join(_SUPPORTED_MODEL_TYPES)}); set {key}=1"
+        )
+    counts = {name: model_config.get(field) for name, field in _SPLIT_COUNTS}
+    if counts["key/value heads"] is None:
+        counts["key/value heads"] = counts["query heads"]
+    heads = f"{counts['query heads']} query / {counts['key/value heads']} key/value heads"
+    for name, count in counts.items():
+        if isinstance(count, int) and count % size:
+            return (
+                f"{key}={size}: the model's {name} ({count}) cannot be split evenly over "
+                f"{size} tensor ranks (it has {heads}, intermediate size "
+                f"{counts['intermediate size']}); "
+                f"use a {key} that divides {count}: one of {divisors(count)}"
+            )
+    return None
+
+
+def _model_config(path: str | None) -> dict[str, Any] | None:
+    """The ``config.json`` of a local model directory, or ``None`` (no such file)."""
+    file = os.path.join(path, "config.json") if path else None
+    if file is None or not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None  # the model loader reports an unreadable config
+
+
+def check_tensor_parallel(
+    c: Checks,
+    cfg: Any,
+    prefix: str,
+    role: Any,
+    role_name: str,
+    ranks: int,
+    rank_keys: tuple[str, ...],
+) -> None:
+    """``{prefix}.tensor_parallel_size`` of ``role`` (a trained role's config section) on
+    the ``ranks`` ranks of ``role_name`` (``rank_keys``: the keys that set them)."""
+    size = role.tensor_parallel_size
+    if size <= 1:
+        return
+    key = f"{prefix}.tensor_parallel_size"
+    sp = role.ulysses_sequence_parallel_size
+    if sp > 1:
+        c.error(
+            (key, f"{prefix}.ulysses_sequence_parallel_size"),
+            f"{key}={size} with {prefix}.ulysses_sequence_parallel_size={sp}: a (data, "
+            "sequence, tensor) mesh is not implemented; set one of them to 1",
+        )
+    elif ranks % size:
+        c.error(
+            (key, *rank_keys),
+            f"{key}={size}: tensor parallelism splits each layer over {size} ranks, which "
+            f"must divide the {ranks} ranks of {role_name}; use one of {divisors(ranks)}",
+        )
+    if role.strategy == "single":
+        c.error(
+            (key, f"{prefix}.strategy"),
+            f"{key}={size}: tensor parallelism needs the fsdp2 engine, but "
+            f"{prefix}.strategy=single runs one process; use fsdp2 (or auto)",
+        )
+    if role_name == "critic":
+        c.error(
+            key,
+            f"{key}={size}: the critic's value model (a body with a scalar value head) has "
+            "no tensor-parallel plan (only causal LMs with an LM head do); set it to 1",
+        )
+        return
+    rollout = cfg.actor_rollout_ref.rollout
+    for loop in ("multi_turn", "agent"):
+        if getattr(rollout, loop).enable:
+            c.error(
+                (key, f"actor_rollout_ref.rollout.{loop}.enable"),
+                f"{key}={size} with actor_rollout_ref.rollout.{loop}.enable=true: the ranks "
+                "of a tensor group generate in lock step, which a per-rank agent loop does "
+                "not keep; set one of them off",
+            )
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank > 0:
+        c.error(
+            (key, "actor_rollout_ref.model.lora_rank"),
+            f"{key}={size} with actor_rollout_ref.model.lora_rank={model.lora_rank}: the "
+            "LoRA adapters' layers have no tensor-parallel plan; set one of them to 0 / 1",
+        )
+    for name in ("actor", "reference"):
+        precision = role_precision(cfg, name) if name in active_roles(cfg) else None
+        if precision in WEIGHT_ONLY:
+            c.error(
+                key,
+                f"{key}={size}: the {name} computes in {precision}, whose quantized linear "
+                "layers have no tensor-parallel plan (the reference follows the actor's "
+                f"tensor_parallel_size); use another precision for it or set {key}=1",
+            )
+    problem = None
+    model_config = _model_config(model.path)
+    if model_config is not None:
+        problem = model_split_problem(model_config, key, size)
+    if problem is not None:
+        c.error((key, "actor_rollout_ref.model.path"), problem)
