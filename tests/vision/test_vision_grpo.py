@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl.data.vision_dataset import VisionRLHFDataset, collate_vision_fn
 from verl.kernels.torch_functional import compute_response_log_probs
-from verl.models.tiny_vision import save_tiny_vision_model_dir, tiny_vision_model
-from verl.models.vision_processor import load_vision_processor
 from verl.rollout import SamplingParams, build_rollout
 from verl.workers.micro_batching import gather_response_outputs, split_micro_batches
 from verl.workers.vision_inputs import check_image_batching, forward_inputs
@@ -23,24 +20,8 @@ from verl.workers.vision_inputs import check_image_batching, forward_inputs
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-    """(model dir, train parquet, processor, model) of the tiny Qwen2-VL and the shapes task."""
-    from verl.data.visual_tasks import main as tasks_main
-
-    base = tmp_path_factory.mktemp("vl")
-    model_dir = save_tiny_vision_model_dir(base / "model", seed=0)
-    args = ["--out", str(base / "data"), "--train-size", "16", "--val-size", "4"]
-    tasks_main([*args, "--seed", "0", "--format", "parquet"])
-    processor = load_vision_processor(str(model_dir))
-    model = tiny_vision_model(processor, seed=0)
-    return model_dir, base / "data" / "train.parquet", processor, model
-
-
 def _prompts(vl, rows=4):
-    _, train, processor, model = vl
-    ds = VisionRLHFDataset(train, processor, model.config, max_prompt_length=64)
-    return ds, collate_vision_fn([ds[i] for i in range(rows)], ds.pad_token_id)
+    return vl.prompts(rows)
 
 
 def test_collate_pads_positions_and_keeps_images_per_row(vl):
@@ -97,7 +78,7 @@ def test_hf_rollout_log_probs_match_the_trainers_recomputation(vl):
     assert (split - lp)[mask].abs().max().item() < 1e-5
 
 
-def test_text_backends_and_packing_refuse_image_batches(vl):
+def test_text_backends_and_sequence_parallelism_refuse_image_batches(vl):
     _, batch = _prompts(vl, rows=2)
     rollout = build_rollout("native", vl[3], vl[2].tokenizer)
     with pytest.raises(ValueError, match=r"rollout\.name=hf"):
@@ -106,8 +87,9 @@ def test_text_backends_and_packing_refuse_image_batches(vl):
     class Packed:
         pack_sequences = True
 
-    with pytest.raises(ValueError, match="pack_sequences=false"):
-        check_image_batching(batch, Packed())
+    check_image_batching(batch, Packed())  # packing takes images (test_vision_packing)
+    with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=1"):
+        check_image_batching(batch, Packed(), sequence_parallel_size=2)
     with pytest.raises(KeyError, match="multimodal_position_ids"):
         check_image_batching(batch.select(batch_keys=["input_ids"]), Packed())
 

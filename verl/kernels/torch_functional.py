@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from verl.kernels import packed_model
+from verl.kernels import packed_model, vision_packing
 from verl.kernels.logprob_kernels import (
     DEFAULT_CHUNK_SIZE,
     LogProbEntropy,
@@ -134,8 +134,10 @@ def compute_response_log_probs(
             4D mask (flash-attention varlen, flex) use plain packing, logged once.
         model_inputs: more keyword arguments of the model's forward (a vision-language
             model's ``pixel_values`` and ``image_grid_thw``, ``position_ids`` then its
-            ``(4, batch, seq_len)`` multimodal rope index); the padded
-            ``model(..., logits_to_keep)`` path, without packing or sequence parallelism.
+            ``(4, batch, seq_len)`` multimodal rope index; ``{}`` for an image batch whose
+            rows have none): the padded ``model(..., logits_to_keep)`` path, or with ``pack``
+            the image batch packed (:mod:`verl.kernels.vision_packing`); no sequence
+            parallelism.
 
     Returns:
         ``(log_probs, entropy)``: float32 ``(batch, response_len)`` each; ``entropy`` is
@@ -161,10 +163,10 @@ def compute_response_log_probs(
     from verl.kernels.ulysses import sequence_parallel_of
 
     sp = sequence_parallel_of(model)
-    if model_inputs and (pack or sp is not None):
+    if model_inputs and sp is not None:
         raise ValueError(
-            f"model inputs {sorted(model_inputs)} (images) need the padded pass: set "
-            "pack_sequences=false and no sequence parallelism (ulysses_sequence_parallel_size=1)"
+            f"model inputs {sorted(model_inputs)} (images) take no sequence parallelism: set "
+            "ulysses_sequence_parallel_size=1"
         )
     if sp is not None:  # this rank computes 1/sp of the tokens (verl.kernels.ulysses)
         shard, labels, place = packed_model.sequence_parallel_inputs(
@@ -190,10 +192,15 @@ def compute_response_log_probs(
             sps = sps.detach()
         return (log_probs, entropy, sps) if calculate_sum_pi_squared else (log_probs, entropy)
 
-    if pack and packed_model.has_plain_head(model):
+    if pack and model_inputs is not None:  # an image batch (verl.kernels.vision_packing)
+        hidden, packed = vision_packing.packed_image_response_hidden(
+            model, input_ids, attention_mask, position_ids, response_len, model_inputs, share_prefix
+        )
+    elif pack and packed_model.has_plain_head(model):
         hidden, packed = packed_model.packed_response_hidden(
             model.model, input_ids, attention_mask, response_len, share_prefix
         )
+    if pack and (model_inputs is not None or packed_model.has_plain_head(model)):
         results = _score_chunks(
             model.lm_head,
             hidden,

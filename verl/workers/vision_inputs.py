@@ -7,9 +7,11 @@ in ``batch["multimodal_position_ids"]``. Micro-batches are row selections of the
 each carries exactly its rows' images: ``pixel_values`` is cut by each row's patch count
 (``image_grid_thw.prod(-1).sum()`` of the row). :func:`forward_inputs` gives a micro-batch's
 ``position_ids`` (``(4, rows, seq)``, what the model reads) and the image keywords of its
-forward, concatenated in row order. Packing, shared-prompt packing and sequence
-parallelism are refused for image batches (:func:`check_image_batching`): the padded pass
-only.
+forward, concatenated in row order. With ``pack_sequences`` the forward packs the rows
+with their images (:mod:`verl.kernels.vision_packing`: a row and its images stay in one
+sequence, each token keeps its row's rope index; shared-prompt packing is not applied to
+image batches, which pack plainly); sequence parallelism is refused for image batches
+(:func:`check_image_batching`).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def check_image_batching(data: DataProto, batching: Any, sequence_parallel_size:
     """Refuse an image batch with a micro-batch layout the image inputs cannot take.
 
     Raises:
-        ValueError: ``pack_sequences`` is on (shared-prompt packing needs it), or the
-            sequence parallel size is over 1, for an image batch.
+        KeyError: the batch lacks its multimodal rope index.
+        ValueError: the sequence parallel size is over 1, for an image batch.
     """
     if not has_images(data):
         return
@@ -48,11 +50,6 @@ def check_image_batching(data: DataProto, batching: Any, sequence_parallel_size:
         raise KeyError(
             f"an image batch needs {MULTIMODAL_POSITIONS_KEY!r} (the rollout's multimodal rope "
             "index, rollout.name=hf) for its training passes"
-        )
-    if getattr(batching, "pack_sequences", False):  # shared-prompt packing needs it too
-        raise ValueError(
-            "image prompts (a vision-language model) train with padded micro-batches only: "
-            "set actor_rollout_ref.actor.pack_sequences=false"
         )
     if sequence_parallel_size > 1:
         raise ValueError(
