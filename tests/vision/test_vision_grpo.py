@@ -105,8 +105,7 @@ def test_two_grpo_steps_from_the_cli(vl, tmp_path):
         f"data.train_files={train}",
         f"data.val_files={train.parent / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.actor.pack_sequences=false",
+        # the defaults otherwise: rollout.name=native (adjusted to hf), packing on
         "algorithm.adv_estimator=grpo",
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
@@ -125,6 +124,7 @@ def test_two_grpo_steps_from_the_cli(vl, tmp_path):
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "actor_rollout_ref.rollout.name=native" in done.stderr  # the logged adjustment
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_steps = [s for s in steps if "actor/pg_loss" in s]
     assert [s["step"] for s in train_steps] == [1, 2]

@@ -98,6 +98,7 @@ from verl.trainer.rl.build import (
 from verl.trainer.rl.passes import old_log_prob_pass
 from verl.trainer.rl.reward_loop import build_overlap, build_training_reward
 from verl.trainer.rl.samples import generation_samples, write_samples
+from verl.trainer.rl.vision_checks import vision_run_config
 from verl.workers.common import release_private_process_group
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class RLTrainer:
         config = apply_pending_device_map(config)
         config.validate()  # registry-backed keys against the live registries (user entries too)
         check_supported(config)
+        config = vision_run_config(config)  # a vision-language actor: refused / adjusted keys
         self.config = cfg = config
         seed_everything(cfg.trainer.seed)
         if cfg.trainer.num_threads:

@@ -1,0 +1,146 @@
+"""Start-up checks of a run whose actor is a vision-language model (image prompts).
+
+Contract: :func:`vision_run_config` is called with the validated config before any data is
+read or model is loaded. For an actor that is not a vision-language model
+(``actor_rollout_ref.model.path`` whose ``config.json`` names no Qwen2-VL-family
+``model_type``) it returns the config unchanged. For one that is, every setting that image
+prompts cannot take is refused together in one :class:`VisionConfigError` naming each key,
+its value, why, and the fix; the settings it can serve another way are adjusted on a copy
+(the caller's config is not changed), each with a logged warning naming the key:
+
+=========================================================  =================================
+setting                                                    image run
+=========================================================  =================================
+``actor_rollout_ref.rollout.name=native`` (the default)    adjusted to ``hf`` (the native
+                                                           rollout's prefill takes no image
+                                                           inputs yet)
+``rollout.name=vllm`` / ``sglang``                         refused: the serving backends get
+                                                           token ids only (no
+                                                           ``multi_modal_data``)
+``actor.pack_sequences``, ``share_prompt_prefix``          taken: image batches pack with
+                                                           their images
+                                                           (:mod:`verl.kernels.vision_packing`),
+                                                           plainly (no shared prompts)
+``ulysses_sequence_parallel_size > 1`` (actor, ref)        refused
+``actor.tensor_parallel_size > 1``                         refused
+``algorithm.distill.enable``                               refused (the teacher is a text LM)
+a critic (``critic.enable``, or ``gae``)                   refused (the value model is a
+                                                           text LM)
+``rollout.multi_turn.enable``, ``rollout.agent``           refused (text turns only)
+``trainer.async_rollout``                                  refused (its rollout copy is
+                                                           untried with images)
+``data.rollout_files``                                     refused (stored rollouts hold no
+                                                           images)
+=========================================================  =================================
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VisionConfigError", "is_vision_run", "vision_run_config"]
+
+
+class VisionConfigError(ValueError):
+    """Settings a vision-language actor cannot run with; the message lists each key."""
+
+
+def is_vision_run(cfg: Any) -> bool:
+    """Whether ``cfg``'s actor (``actor_rollout_ref.model.path``) is a vision-language model."""
+    from verl.models.vision_model import is_vision_model_dir
+
+    path = cfg.actor_rollout_ref.model.path
+    return bool(path) and is_vision_model_dir(path)
+
+
+def _problems(cfg: Any) -> list[str]:
+    arr = cfg.actor_rollout_ref
+    actor, ref, rollout = arr.actor, arr.ref, arr.rollout
+    out: list[str] = []
+    if rollout.name in ("vllm", "sglang"):
+        out.append(
+            f"actor_rollout_ref.rollout.name={rollout.name}: the serving backends are given "
+            "token ids only (no image inputs, multi_modal_data); set rollout.name=hf"
+        )
+    for key, size in (
+        (
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            actor.ulysses_sequence_parallel_size,
+        ),
+        (
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+            ref.ulysses_sequence_parallel_size,
+        ),
+    ):
+        if size is not None and size > 1:
+            out.append(
+                f"{key}={size}: sequence parallelism would split an image's tokens over ranks; "
+                "set it to 1"
+            )
+    tp = getattr(actor, "tensor_parallel_size", 1)
+    if tp > 1:
+        out.append(
+            f"actor_rollout_ref.actor.tensor_parallel_size={tp}: tensor parallelism covers "
+            "Llama / Qwen2 causal LMs, not the vision tower; set it to 1"
+        )
+    if cfg.algorithm.distill.enable:
+        out.append(
+            "algorithm.distill.enable=true: the teacher is scored as a text causal LM, without "
+            "the images; set it to false"
+        )
+    if cfg.critic_enabled:
+        out.append(
+            f"critic.enable={cfg.critic.enable} (algorithm.adv_estimator="
+            f"{cfg.algorithm.adv_estimator}): the critic is a text value model, which cannot "
+            "read the images; use an estimator without a critic (grpo, rloo, reinforce_plus_plus)"
+        )
+    if rollout.multi_turn.enable:
+        out.append(
+            "actor_rollout_ref.rollout.multi_turn.enable=true: the agent loop renders text "
+            "turns only; set it to false"
+        )
+    if rollout.agent.enable:
+        out.append(
+            "actor_rollout_ref.rollout.agent: agent programs talk to a text endpoint; leave "
+            "rollout.agent.program and command unset"
+        )
+    if cfg.trainer.async_rollout:
+        out.append(
+            "trainer.async_rollout=true: the asynchronous rollout copy is untried with images; "
+            "set it to false"
+        )
+    if cfg.data.rollout_files:
+        out.append(
+            "data.rollout_files: stored rollouts hold no images; train from data.train_files"
+        )
+    return out
+
+
+def vision_run_config(cfg: Any) -> Any:
+    """``cfg`` checked (and adjusted on a copy) for a vision-language actor (module
+    docstring); ``cfg`` itself for a text actor.
+
+    Raises:
+        VisionConfigError: one or more settings image prompts cannot take (all listed).
+    """
+    if not is_vision_run(cfg):
+        return cfg
+    problems = _problems(cfg)
+    if problems:
+        raise VisionConfigError(
+            f"actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r} is a "
+            f"vision-language model (image prompts); {len(problems)} setting(s) cannot run "
+            "with it:\n  " + "\n  ".join(problems)
+        )
+    if cfg.actor_rollout_ref.rollout.name == "native":
+        cfg = copy.deepcopy(cfg)
+        cfg.actor_rollout_ref.rollout.name = "hf"
+        logger.warning(
+            "actor_rollout_ref.rollout.name=native: the native rollout takes no image inputs; "
+            "image prompts generate with the hf rollout (set rollout.name=hf to say so)"
+        )
+    return cfg
