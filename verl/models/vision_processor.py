@@ -34,6 +34,7 @@ __all__ = [
     "IMAGE_ONLY_MODEL_TYPES",
     "ImageOnlyQwen2VLProcessor",
     "load_vision_processor",
+    "save_processor_files",
 ]
 
 # model_type -> the processor class a directory of that model names (saved and loaded as)
@@ -158,3 +159,42 @@ def load_vision_processor(path: str | os.PathLike) -> Any:
     processor.saved_as = IMAGE_ONLY_MODEL_TYPES[model_type]
     logger.info("%s: image-only %s processor (%s)", path, model_type, cause)
     return processor
+
+
+def save_processor_files(module: Any, tokenizer: Any, out_dir: str | os.PathLike) -> bool:
+    """Write a vision-language model's processor files (``processor_config.json`` with its
+    image processor, the chat template; the tokenizer's files again) into
+    ``out_dir``, beside the model an export or checkpoint writes there; nothing for a text
+    model. Returns whether it wrote them.
+
+    ``module``: the model (its ``config.model_type`` says whether it is one of
+    :data:`IMAGE_ONLY_MODEL_TYPES`); the image processor is the one of the directory it was
+    loaded from (``config._name_or_path``), over ``tokenizer`` (the run's). Without such a
+    directory a warning says that the export has no processor.
+    """
+    from transformers import AutoImageProcessor
+
+    config = getattr(module, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in IMAGE_ONLY_MODEL_TYPES:
+        return False
+    source = getattr(config, "_name_or_path", None) or ""
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as e:
+        logger.warning(
+            "%s: no image processor written: the model came from %r, whose image processor "
+            "does not load (%s); copy it from the model's directory",
+            out_dir,
+            source,
+            e,
+        )
+        return False
+    processor = ImageOnlyQwen2VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
+    processor.saved_as = IMAGE_ONLY_MODEL_TYPES[model_type]
+    processor.save_pretrained(out_dir)
+    return True

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from verl.models.vision_processor import save_processor_files
 from verl.utils.atomic_io import write_json_atomic
 from verl.utils.rng import preserved_rng, rng_state, set_rng_state
 
@@ -139,3 +140,4 @@ def save_hf_metadata(module: Any, tokenizer: Any, out_dir: str) -> None:
         generation_config.save_pretrained(out_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+        save_processor_files(module, tokenizer, out_dir)  # a vision-language model's
