@@ -37,6 +37,7 @@ LOSSES = {
     "GPG": "gpg",
     "SAPO": "sapo",
     "GMPO": "gmpo",
+    "decoupled PPO": "decoupled_ppo",
 }
 
 

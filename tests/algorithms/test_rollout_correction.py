@@ -69,6 +69,8 @@ def test_every_policy_loss_is_linear_in_the_weights(name):
     adv = torch.tensor([[1.0, -1.0, 0.5, 2.0, 0.0]])
     fn = get_policy_loss(name)
     kwargs = {"loss_agg_mode": "token-mean"}
+    if POLICY_LOSSES.needs(name, "needs_rollout_log_prob"):  # decoupled_ppo: the behaviour
+        kwargs["rollout_log_prob"] = old - 0.1
     torch.manual_seed(0)
     base, _ = fn(old, log_prob, adv, mask, **kwargs)
     torch.manual_seed(0)

@@ -67,6 +67,8 @@ LOSS_CASES = {
     name: [f"actor_rollout_ref.actor.policy_loss={name}"]
     for name in ("gspo", "cispo", "clip_cov", "kl_cov", "reinforce", "sapo", "gmpo")
 }
+# a test of its own marks the run slow (test_decoupled_ppo_trains); here only the name
+DECOUPLED = "actor_rollout_ref.actor.policy_loss=decoupled_ppo"
 # the paper's pairing; "gpg" alone is the estimator's case
 LOSS_CASES["gpg_loss"] = ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss=gpg"]
 # The rest of the loop's options, each on top of GRPO.
@@ -100,7 +102,7 @@ def test_every_registered_estimator_and_loss_has_a_case():
     estimators = {o.split("=")[1] for v in ESTIMATOR_CASES.values() for o in v if "estimator" in o}
     assert estimators == set(ADVANTAGE_ESTIMATORS.names())
     losses = {o.split("=")[1] for v in LOSS_CASES.values() for o in v if ".policy_loss=" in o}
-    assert losses | {"vanilla"} == set(POLICY_LOSSES.names())
+    assert losses | {"vanilla", "decoupled_ppo"} == set(POLICY_LOSSES.names())
     reweights = {o.split("=")[1] for v in OPTION_CASES.values() for o in v if "reweight" in o}
     assert reweights == set(PF_PPO_WEIGHTS.names())
 
@@ -140,6 +142,21 @@ def test_two_steps_train(rl_config, case, tiny_model_dir):
     before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, f"{case}: no actor weight changed"
+
+
+@pytest.mark.slow
+def test_decoupled_ppo_trains(rl_config, tiny_model_dir):
+    """Two synchronous steps with decoupled PPO: fresh samples, so the behaviour and the
+    proximal policy agree to float precision and every behaviour weight is ~1."""
+    trainer = RLTrainer(rl_config(*OVERRIDES, DECOUPLED), reward_fn=even_token_reward)
+    result = trainer.fit()
+    assert trainer.global_step == 2
+    for metrics in trainer.history:
+        assert metrics["actor/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert metrics["actor/behaviour_weight_clipfrac"] == 0.0
+        assert "actor/rollout_is_weight_mean" not in metrics
+    before, after = _weights(tiny_model_dir), _weights(result["hf_dir"])
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_rollout_logprob_mismatch_is_zero_in_fp32(rl_config):

@@ -120,6 +120,8 @@ def test_stale_groups_are_dropped_and_counted():
         for _ in range(6):
             gen, metrics = source.next(draw)
             assert (gen.non_tensor_batch["staleness"] <= 1).all()
+            stale = (gen.non_tensor_batch["staleness"] > 0).mean()
+            assert metrics["async/stale_sample_fraction"] == pytest.approx(stale)
             assert metrics["stream/buffered_groups"] + metrics["stream/queued_prompts"] <= 3 * 2
             trained += gen.batch["x"][::N].tolist()
             dropped.append(metrics["stream/dropped_groups"])
@@ -127,6 +129,7 @@ def test_stale_groups_are_dropped_and_counted():
     finally:
         pipe.close()
     assert sum(dropped) > 0 and metrics["stream/dropped_groups_total"] == sum(dropped)
+    assert metrics["async/stale_sample_fraction"] > 0  # the kept stale ones: corrected
     assert len(trained) == len(set(trained)) == 6 * GROUPS
     assert len(trained) + sum(dropped) == max(trained) + 1  # every prompt: trained or dropped
 
@@ -225,6 +228,7 @@ def test_groups_are_taken_while_their_call_still_generates():
         assert gen.meta_info["temperature"] == 1.0
         assert metrics["stream/buffered_groups"] == 0
         fake.release.set()
+        pipe._queue[0].result.result(timeout=30)  # the call ends before the next take
         actor["version"] = 1
         gen, metrics = source.next(draw)
         assert gen.batch["x"].tolist() == [0, 0, 1, 1]  # the long tail of the first call

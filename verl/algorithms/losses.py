@@ -39,6 +39,7 @@ _POLICY_LOSS_INPUTS = frozenset(
         "loss_agg_mode",
         "loss_scale_factor",
         "rollout_is_weights",
+        "rollout_log_prob",
     }
 )
 
@@ -62,6 +63,7 @@ def actor_loss(
     rollout_is_threshold: float | None = None,
     rollout_is_level: str = "token",
     rollout_rs_threshold: float | None = None,
+    policy_takes_rollout_log_prob: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The actor's loss on one micro-batch::
 
@@ -97,7 +99,12 @@ def actor_loss(
             None = no reweighting.
         rollout_rs_threshold: reject (weight 0) sequences whose geometric-mean ratio leaves
             ``[1 / C_rs, C_rs]``; None = no rejection. With ``rollout_log_prob`` one of the
-            two thresholds is required.
+            two thresholds is required, unless the policy loss takes it itself.
+        policy_takes_rollout_log_prob: the policy loss corrects for the behaviour policy
+            itself (its registry entry's ``needs_rollout_log_prob``: ``decoupled_ppo``): it
+            gets ``rollout_log_prob=``, and of the rollout correction only the rejection
+            (``rollout_rs_threshold``) applies; ``rollout_is_threshold`` would weight each
+            token by the same ratio a second time.
 
     Returns:
         ``(loss, metrics)``: the 0-dim loss and detached 0-dim tensors ``pg_loss``, the
@@ -116,6 +123,11 @@ def actor_loss(
     log_prob = log_prob.float()
     metrics: dict[str, torch.Tensor] = {}
     is_weights = None
+    if policy_takes_rollout_log_prob:
+        kwargs["rollout_log_prob"] = rollout_log_prob
+        rollout_is_threshold = None  # the loss's own truncated weight is that correction
+        if rollout_rs_threshold is None:
+            rollout_log_prob = None  # nothing left for the rollout correction to do
     if rollout_log_prob is not None:
         if rollout_is_threshold is None and rollout_rs_threshold is None:
             raise ValueError(

@@ -123,29 +123,47 @@ def compute_policy_loss_vanilla(
     on tokens where a clipped branch is active. Separate low/high ranges allow DAPO's
     clip-higher.
     """
+    per_token, metrics = _dual_clip_per_token(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        clip_ratio_low,
+        clip_ratio_high,
+        clip_ratio_c,
+    )
+    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
+    return loss, metrics
+
+
+def _dual_clip_per_token(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Dual-clip PPO's per-token loss (:func:`compute_policy_loss_vanilla`), before any
+    weighting or aggregation, and its ``clipfrac``/``clipfrac_lower``/``approx_kl``."""
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c={clip_ratio_c} must be > 1.0 for dual-clip PPO")
-    log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
-    ratio = torch.exp(log_ratio)
-
+    ratio = torch.exp(_clamped_log_ratio(log_prob, old_log_prob))
     loss_ppo, clipped = _clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
-    clipfrac = _fraction(clipped, response_mask)
-
     per_token = loss_ppo
-    clipfrac_lower = 0.0
+    clipfrac_lower: Any = 0.0
     if clip_ratio_c is not None:
         cap = -advantages * clip_ratio_c
         negative = advantages < 0
         per_token = torch.where(negative, torch.minimum(loss_ppo, cap), loss_ppo)
         clipfrac_lower = _fraction((loss_ppo > cap) & negative, response_mask)
-
-    loss = _aggregate(per_token, response_mask, loss_agg_mode, rollout_is_weights, kwargs)
     metrics = {
-        "clipfrac": clipfrac,
+        "clipfrac": _fraction(clipped, response_mask),
         "clipfrac_lower": clipfrac_lower,
         "approx_kl": _approx_kl(log_prob, old_log_prob, response_mask),
     }
-    return loss, metrics
+    return per_token, metrics
 
 
 def compute_policy_loss_gspo(

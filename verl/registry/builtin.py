@@ -81,6 +81,8 @@ POLICY_LOSSES: Registry = Registry(
     needs={
         # the aggregation used when actor.loss_agg_mode is null (None: token-mean)
         "default_loss_agg_mode": None,
+        # the loss takes the behaviour policy's log-probs (rollout_log_prob) itself
+        "needs_rollout_log_prob": False,
     },
     inputs={
         "old_log_prob": "the actor's micro-batch",
@@ -90,6 +92,7 @@ POLICY_LOSSES: Registry = Registry(
         "loss_agg_mode": f"{_ACTOR}.loss_agg_mode",
         "loss_scale_factor": f"{_ACTOR}.loss_scale_factor",
         "rollout_is_weights": f"{_ACTOR}.rollout_is_threshold / rollout_rs_threshold",
+        "rollout_log_prob": "the actor's micro-batch (rollout_log_probs)",
         "clip_ratio_low": f"{_ACTOR}.clip_ratio_low (or clip_ratio)",
         "clip_ratio_high": f"{_ACTOR}.clip_ratio_high (or clip_ratio)",
         "clip_ratio_c": f"{_ACTOR}.clip_ratio_c",
@@ -120,6 +123,12 @@ POLICY_LOSSES.add(
 )
 POLICY_LOSSES.add("clip_cov", f"{_ALG}.cov_losses:compute_policy_loss_clip_cov")
 POLICY_LOSSES.add("kl_cov", f"{_ALG}.cov_losses:compute_policy_loss_kl_cov")
+POLICY_LOSSES.add(
+    "decoupled_ppo",
+    f"{_ALG}.decoupled_ppo:compute_policy_loss_decoupled",
+    "decoupled",
+    needs_rollout_log_prob=True,  # the behaviour policy, apart from the proximal old_log_prob
+)
 
 # ---------------------------------------------------------------- KL
 # Per-token estimators of KL(pi || pi_ref) from log_ratio = log_prob - ref_log_prob. A name

@@ -26,6 +26,7 @@ import torch
 
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
+from verl.registry import POLICY_LOSSES
 from verl.utils.memory import release_memory
 from verl.workers.common import (
     own_old_log_prob_metrics,
@@ -97,10 +98,11 @@ def prepare_update(
         keys.append("teacher_log_probs")
         if spec.distill.needs_topk:
             keys += ["teacher_topk_log_probs", "distill_topk_ids"]
-    if spec.rollout_is_threshold is not None or spec.rollout_rs_threshold is not None:
+    behaviour = POLICY_LOSSES.needs(spec.policy_loss, "needs_rollout_log_prob")  # decoupled_ppo
+    if behaviour or spec.rollout_is_threshold is not None or spec.rollout_rs_threshold is not None:
         if "rollout_log_probs" in data.batch:
             keys.append("rollout_log_probs")
-        elif first_call:
+        elif first_call and not behaviour:  # without them, decoupled_ppo raises naming them
             logger.warning(
                 "actor.rollout_is_threshold=%s, rollout_rs_threshold=%s but the batch has "
                 "no rollout_log_probs (the rollout backend did not return them): no "

@@ -18,6 +18,7 @@ update selected them ``ref_log_probs``, ``rollout_log_probs``, ``teacher_log_pro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ from verl.algorithms.distill import distill_loss
 from verl.algorithms.losses import actor_loss, critic_loss
 from verl.registry import POLICY_LOSSES
 from verl.workers.specs import ActorLossSpec, ValueLossSpec
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ActorLoss", "ValueLoss", "bind_actor_loss", "bind_value_loss"]
 
@@ -53,12 +56,15 @@ class ActorLoss:
 
     ``spec`` is what it was bound from; ``policy_loss_fn`` the registered policy loss
     (wrapped by ``_MetricsOnly`` for distillation without the task reward) and
-    ``policy_loss_kwargs`` its clip settings and checked hyperparameters.
+    ``policy_loss_kwargs`` its clip settings and checked hyperparameters;
+    ``takes_rollout_log_prob``: the policy loss weighs by the behaviour policy itself
+    (``decoupled_ppo``), so the update selects ``rollout_log_probs`` for it.
     """
 
     spec: ActorLossSpec
     policy_loss_fn: Callable[..., tuple[torch.Tensor, Any]]
     policy_loss_kwargs: Mapping[str, Any]
+    takes_rollout_log_prob: bool = False
 
     def __call__(
         self,
@@ -100,6 +106,7 @@ class ActorLoss:
             rollout_is_threshold=spec.rollout_is_threshold,
             rollout_is_level=spec.rollout_is_level,
             rollout_rs_threshold=spec.rollout_rs_threshold,
+            policy_takes_rollout_log_prob=self.takes_rollout_log_prob,
         )
         distill = spec.distill
         if distill is not None:
@@ -138,7 +145,15 @@ def bind_actor_loss(spec: ActorLossSpec) -> ActorLoss:
     fn = entry.target
     if spec.distill is not None and not spec.distill.mix_task_reward:
         fn = _MetricsOnly(fn)  # distillation alone: the policy loss for its metrics only
-    return ActorLoss(spec, fn, kwargs)
+    takes = bool(entry.info.get("needs_rollout_log_prob", False))
+    if takes and spec.rollout_is_threshold is not None:
+        logger.info(
+            "actor.policy_loss=%s weighs each token by its own truncated behaviour weight; "
+            "actor.rollout_is_threshold=%s is not applied on top of it",
+            spec.policy_loss,
+            spec.rollout_is_threshold,
+        )
+    return ActorLoss(spec, fn, kwargs, takes)
 
 
 @dataclass(frozen=True)

@@ -310,6 +310,7 @@ class AsyncRollout:
         metrics = {
             "async/staleness_mean": float(staleness),
             "async/staleness_max": float(staleness),
+            "async/stale_sample_fraction": float(staleness > 0),
             # wall-clock, on the rollout thread (the step's own wait is timing_s/gen)
             "timing_s/async_gen": float(gen.meta_info.pop("async_gen_seconds", 0.0)),
             "timing_s/async_weight_sync": float(

@@ -15,7 +15,11 @@ training:
 - **per-sample staleness.** Every sample records the policy version that generated it
   (``rollout_policy_version``: actor updates in its weights) and, when it trains, its
   ``staleness`` (updates since). A group staler than ``trainer.max_staleness`` is dropped,
-  never trained on, and counted (``stream/dropped_groups``, ``stream/dropped_groups_total``).
+  never trained on, and counted (``stream/dropped_groups``, ``stream/dropped_groups_total``);
+  the stale samples that do train are corrected by the actor's loss (the truncated
+  importance weights of ``actor.rollout_is_threshold``, or ``policy_loss=decoupled_ppo``),
+  their share logged as ``async/stale_sample_fraction`` and the correction as the actor's
+  ``rollout_is_*`` / ``behaviour_weight_*`` metrics.
 
 ``max_staleness=0`` queues one batch per step with the current weights and waits for it:
 the synchronous trainer's samples, weights and updates (with ``rollout.seed`` set, the
@@ -212,6 +216,8 @@ class StreamingSource:
         metrics |= {
             "async/staleness_mean": float(staleness.mean()),
             "async/staleness_max": float(staleness.max()),
+            # trained on, older than the policy: the rollout correction reweighs them
+            "async/stale_sample_fraction": float((staleness > 0).mean()),
             "stream/dropped_groups": float(dropped),
             "stream/dropped_groups_total": float(self.dropped_total),
             "stream/buffered_groups": float(len(self.groups)),
