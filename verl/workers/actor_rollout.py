@@ -14,10 +14,16 @@ Contract:
   (:func:`push_actor_weights`) and puts it back to sleep.
 - :func:`push_actor_weights` sends the actor module's state dict (LoRA adapters folded in)
   into such an engine.
+- Tensor parallelism (``actor.tensor_parallel_size``): the ranks of a tensor group generate
+  together from their weight shards (every forward runs the group's collectives), so they
+  must sample the same rows the same way: :func:`generation_group` names the group,
+  :func:`join_prompts` gives each of its ranks the group's prompts, :func:`agreed_seed` one
+  seed (the data-parallel rank's), and :func:`own_samples` cuts each rank's samples back out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +39,11 @@ from verl.workers.specs import RolloutSpec
 
 __all__ = [
     "SAMPLING_OVERRIDES",
+    "agreed_seed",
     "build_policy_rollout",
+    "generation_group",
+    "join_prompts",
+    "own_samples",
     "push_actor_weights",
     "rank_rollout",
     "run_generation",
@@ -166,3 +176,40 @@ def run_generation(
     out.meta_info["temperature"] = params.logprob_temperature
     release_memory()  # the KV cache and decode buffers, before the next phase
     return out
+
+
+def generation_group(engine: Any, rollout: Any) -> Any:
+    """The tensor group (``engine.tensor_parallel``) whose ranks generate together from the
+    actor's shards, or ``None``: no tensor parallelism, or an engine with its own weights
+    (each rank samples its own prompts there)."""
+    tp = getattr(engine, "tensor_parallel", None)
+    if tp is None or tp.size == 1 or rollout.owns_weights:
+        return None
+    return tp
+
+
+def join_prompts(prompts: DataProto, group: Any) -> tuple[DataProto, slice]:
+    """The prompts of every rank of ``group`` joined in group-rank order, and where this
+    rank's are among them. Collective over the group."""
+    from verl.kernels.ulysses import gather_in_group
+
+    parts = gather_in_group(prompts, group)
+    start = sum(len(part) for part in parts[: group.rank])
+    return DataProto.concat(parts), slice(start, start + len(prompts))
+
+
+def agreed_seed(params: SamplingParams, group: Any) -> SamplingParams:
+    """``params`` with the seed of the group's first rank when it has none (a rollout would
+    draw one from each rank's own global RNG). Collective over the group."""
+    if params.seed is not None:
+        return params
+    from verl.kernels.ulysses import gather_in_group
+
+    seed = int(torch.randint(0, 2**62, (1,)).item())  # as the native rollout draws it
+    return dataclasses.replace(params, seed=int(gather_in_group(seed, group)[0]))
+
+
+def own_samples(out: DataProto, prompts: slice, n: int) -> DataProto:
+    """The samples of the prompts ``prompts`` (rows ``n * start`` to ``n * stop``: a
+    rollout output holds each prompt's ``n`` samples together), copied out."""
+    return out[torch.arange(prompts.start * n, prompts.stop * n)]

@@ -48,7 +48,11 @@ from verl.utils.device import resolve_device
 from verl.utils.rng import seed_all
 from verl.workers.actor_rollout import (
     SAMPLING_OVERRIDES,
+    agreed_seed,
     build_policy_rollout,
+    generation_group,
+    join_prompts,
+    own_samples,
     push_actor_weights,
     rank_rollout,
     run_generation,
@@ -199,17 +203,28 @@ class ActorRolloutRefWorker(Worker):
             # Only training rollouts advance the seed: validation frequency must not
             # change which samples training sees.
             self._generate_calls += 1
+        # tensor parallelism: the tensor group samples its joined prompts together, seeded
+        # as its data-parallel rank
+        group = generation_group(self.engine, self.rollout)
+        if group is not None:
+            prompts, own = join_prompts(prompts, group)
         params = sampling_params(
             self.spec.rollout,
             prompts.meta_info,
             eos_token_id=self.tokenizer.eos_token_id,
             max_new_tokens=self.spec.max_response_length,
             generate_calls=self._generate_calls,
-            rank=self.rank,
+            rank=self.rank if group is None else group.dp_rank,
         )
         run = self.agent_loop.run if self.agent_loop is not None else self.rollout.generate
         stale = self._sync_rollout_weights if self._rollout_weights_stale else None
-        return run_generation(self.engine, self.rollout, run, prompts, params, self.device, stale)
+        if group is None:
+            return run_generation(
+                self.engine, self.rollout, run, prompts, params, self.device, stale
+            )
+        params = agreed_seed(params, group)
+        out = run_generation(self.engine, self.rollout, run, prompts, params, self.device, stale)
+        return own_samples(out, own, params.n)
 
     # ------------------------------------------------------------------ log-probs
     def _log_probs(

@@ -13,6 +13,11 @@ ranks of one sequence group compute on the same rows. A worker joins its group's
 dispatched chunks with :func:`sequence_group_batch` and returns its own rows'
 outputs; the weights above then count every group's rows once per rank of the group, and
 the engine's gradient gather makes that exact (see ``verl.kernels.ulysses``).
+
+Tensor parallelism (``tensor_parallel_size``, ``verl.engine.tensor_parallel``): the ranks of
+one tensor group also join their chunks (:func:`sequence_group_batch`) and compute the same
+rows; FSDP2 averages over the ``world / t`` data-parallel groups only, and the weights
+above, counting every group's rows ``t`` times and scaled by ``world``, are then exact.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import torch.distributed as dist
 
 from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.kernels.prefix_packing import prompt_groups
-from verl.models.vision_processor import save_processor_files
 from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
@@ -266,16 +270,28 @@ def micro_batches(
     return split_micro_batches(data, response_len, micro_batch_size=rows)
 
 
+def row_sharing_group(engine: Any) -> Any:
+    """The group of ranks of ``engine`` that compute on the same rows: its sequence group
+    (``engine.sequence_parallel``) or its tensor group (``engine.tensor_parallel``), each
+    with ``group`` / ``size`` / ``rank``; ``None`` when every rank has rows of its own."""
+    for attr in ("sequence_parallel", "tensor_parallel"):
+        group = getattr(engine, attr, None)
+        if group is not None and group.size > 1:
+            return group
+    return None
+
+
 def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice]:
     """The rows ``engine`` computes on, and where this rank's own rows are among them.
 
-    Without sequence parallelism: ``data`` itself. With it, the chunks the worker group
-    dispatched to the ranks of this rank's sequence group, joined in sequence-rank order
-    (every rank of the group then holds the same rows), and the slice of them that is
-    ``data``: a method returns ``out[rows]`` of a per-row output. Collective over the
-    sequence group.
+    Without sequence or tensor parallelism: ``data`` itself. With either, the chunks the
+    worker group dispatched to the ranks of this rank's sequence / tensor group
+    (:func:`row_sharing_group`), joined in group-rank order (every rank of the group then
+    holds the same rows), and the slice of them that is ``data``: a method returns
+    ``out[rows]`` of a per-row output (each rank its own rows of the group's one result).
+    Collective over the group.
     """
-    sp = getattr(engine, "sequence_parallel", None)
+    sp = row_sharing_group(engine)
     if sp is None:
         return data, slice(0, len(data))
     from verl.kernels.ulysses import gather_in_group
@@ -413,7 +429,6 @@ def atomic_save_pretrained(
         module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-            save_processor_files(module, tokenizer, tmp)  # a vision-language model's
         if extra is not None:
             extra(Path(tmp))
     return out

@@ -33,10 +33,13 @@ __all__ = [
 
 
 def engine_options(
-    strategy: str, fsdp_config: Any, sequence_parallel_size: int = 1
+    strategy: str,
+    fsdp_config: Any,
+    sequence_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> dict[str, Any]:
     """``EngineOptions`` fields of ``strategy`` from a role's ``fsdp_config`` (and its
-    ``ulysses_sequence_parallel_size``, fsdp2 only).
+    ``ulysses_sequence_parallel_size`` and ``tensor_parallel_size``, fsdp2 only).
 
     ``param_offload`` / ``optimizer_offload`` keep that state in host memory between uses
     (the engine moves it to the device for each train/eval/generate block). On fsdp2,
@@ -51,6 +54,8 @@ def engine_options(
         options = {"offload_params": params, "offload_optimizer": optim}
         if sequence_parallel_size != 1:  # the single engine refuses it, naming the key
             options["sequence_parallel_size"] = sequence_parallel_size
+        if tensor_parallel_size != 1:  # as above
+            options["tensor_parallel_size"] = tensor_parallel_size
         return options
     mp = getattr(fsdp_config, "mixed_precision", None)
     return {
@@ -60,6 +65,7 @@ def engine_options(
         "cpu_offload": params,
         "offload_optimizer": optim and not params,
         "sequence_parallel_size": sequence_parallel_size,
+        "tensor_parallel_size": tensor_parallel_size,
     }
 
 

@@ -339,7 +339,12 @@ def actor_spec(config: TrainerConfig) -> ActorSpec:
         distill=distill,
     )
     shared = acfg.pack_sequences and acfg.share_prompt_prefix
-    fsdp = engine_options(strategy, acfg.fsdp_config, acfg.ulysses_sequence_parallel_size)
+    fsdp = engine_options(
+        strategy,
+        acfg.fsdp_config,
+        acfg.ulysses_sequence_parallel_size,
+        acfg.tensor_parallel_size,
+    )
     engine = EngineOptions(
         grad_clip=acfg.grad_clip, **precision_options(config, "actor", strategy, fsdp)
     )
@@ -363,7 +368,8 @@ def ref_spec(config: TrainerConfig) -> RefSpec:
     sp = arr.ref.ulysses_sequence_parallel_size
     if sp is None:
         sp = arr.actor.ulysses_sequence_parallel_size
-    fsdp = engine_options(strategy, arr.ref.fsdp_config, sp)
+    # the reference's forwards split like the actor's (its tensor ranks hold the same rows)
+    fsdp = engine_options(strategy, arr.ref.fsdp_config, sp, arr.actor.tensor_parallel_size)
     return RefSpec(
         engine=EngineOptions(**precision_options(config, "reference", strategy, fsdp)),
         precision=_role_precision(config, "reference"),
@@ -464,7 +470,12 @@ def critic_spec(config: TrainerConfig) -> CriticSpec:
     """The value model of ``critic`` (``critic.model.path`` null: the actor's model)."""
     ccfg, data = config.critic, config.data
     strategy = config.engine_strategy("critic")
-    fsdp = engine_options(strategy, ccfg.fsdp_config, ccfg.ulysses_sequence_parallel_size)
+    fsdp = engine_options(
+        strategy,
+        ccfg.fsdp_config,
+        ccfg.ulysses_sequence_parallel_size,
+        ccfg.tensor_parallel_size,
+    )
     path = ccfg.model.path or config.actor_rollout_ref.model.path
     return CriticSpec(
         seed=config.trainer.seed,
