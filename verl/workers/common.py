@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.kernels.prefix_packing import prompt_groups
+from verl.models.vision_processor import save_processor_files
 from verl.protocol import DataProto
 from verl.registry import LOSS_AGG_MODES
 from verl.utils.atomic_io import replace_dir_atomically
@@ -429,6 +430,7 @@ def atomic_save_pretrained(
         module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            save_processor_files(module, tokenizer, tmp)  # a vision-language model's
         if extra is not None:
             extra(Path(tmp))
     return out
