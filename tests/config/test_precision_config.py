@@ -341,11 +341,21 @@ def test_role_key_beats_the_global_default_and_is_read_alone():
     assert [P.stated_precision(cfg, r) for r in P.ROLES] == ["auto", "auto", "int4", "auto"]
 
 
-def test_trainer_key_set_after_build_still_reaches_unset_roles():
+def test_trainer_key_set_after_build_reaches_unset_roles_when_validated():
+    """The trainer-wide keys are adapters, applied when a config is built and when it is
+    validated (the trainer validates its config when it is built); between the two,
+    nothing reads them: the role key is the one answer."""
     cfg = TrainerConfig()
     assert cfg.actor_rollout_ref.actor.precision is None  # nothing given: null, resolves to auto
     cfg.trainer.mixed_precision = "bf16"
+    assert cfg.actor_rollout_ref.actor.precision is None  # not read live
+    cfg.validate()
+    assert cfg.actor_rollout_ref.actor.precision == cfg.reward_model.precision == "bf16"
     assert P.role_precision(cfg, "actor") == P.role_precision(cfg, "reward") == "bf16"
+    # a role key that holds a value is kept: the trainer key fills null ones only
+    cfg.trainer.mixed_precision = "fp32"
+    cfg.validate()
+    assert P.role_precision(cfg, "critic") == "bf16"
 
 
 def test_map_contradicting_a_role_key_names_both():

@@ -357,10 +357,18 @@ def test_local_backend_refuses_a_multi_process_map():
     )
 
 
-@pytest.mark.parametrize("bad", [{}, SFTConfig(), TrainerConfig])
-def test_validate_rejects_what_is_not_a_trainer_config(bad: object):
-    with pytest.raises(TypeError, match="validate\\(\\) takes a TrainerConfig"):
+@pytest.mark.parametrize("bad", [{}, TrainerConfig])
+def test_validate_rejects_what_is_not_a_config_object(bad: object):
+    with pytest.raises(TypeError, match="validate\\(\\) takes a config object"):
         validate(bad)  # type: ignore[arg-type]
+
+
+def test_validate_runs_the_checks_registered_for_the_config_class():
+    """``validate`` asks ``verl.registry.CONFIG_CHECKS`` for the class's checks: an offline
+    config gets the offline trainers' checks, not the RL run's."""
+    cfg = SFTConfig()
+    cfg.data.micro_batch_size_per_device = cfg.data.train_batch_size + 1
+    assert any("is larger than" in w for w in validate(cfg))
 
 
 @pytest.mark.parametrize(

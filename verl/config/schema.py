@@ -39,7 +39,7 @@ from verl.config.schema_roles import (
     CriticConfig,
     RewardModelConfig,
 )
-from verl.config.validate import semantic_problems, validate
+from verl.config.validate import config_problems, validate
 from verl.registry import ADVANTAGE_ESTIMATORS
 
 
@@ -365,6 +365,13 @@ class RunConfig(ClusterRunConfig):
         "(prompt + prefix prefilled again under them), each token recording its policy "
         "version (docs/rollout.md#partial-rollouts); off = between calls only",
     )
+    rollout_num_threads: int | None = entry(
+        None,
+        "async_rollout on the local backend: torch intra-op threads of the rollout copy's "
+        "thread (with trainer.num_threads for the training side, so the two sides need not "
+        "oversubscribe the same cores); null = the count torch gives a new thread",
+        ge=1,
+    )
     profile_steps: list[int] = entry(
         [],
         "training steps (1-based) to record with the torch profiler; each writes a "
@@ -563,7 +570,7 @@ def load_config(
         TrainerConfig,
         path,
         overrides,
-        lambda cfg, bad_paths: semantic_problems(cfg, registries=registries, skip_paths=bad_paths),
+        lambda cfg, bad_paths: config_problems(cfg, registries=registries, skip_paths=bad_paths),
     )
 
 

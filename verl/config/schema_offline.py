@@ -1,6 +1,6 @@
 """Typed configs of the offline trainers, ``SFTConfig`` (supervised fine-tuning),
-``DPOConfig`` (DPO / IPO / KTO) and ``RMConfig`` (reward models), their checks and their
-loaders.
+``DPOConfig`` (DPO / IPO / KTO) and ``RMConfig`` (reward models), and their loaders (their
+checks: ``verl.trainer.offline.config_checks``, run by ``validate``).
 
 They follow the PPO schema's conventions and reuse its shared sections (``ModelConfig``,
 ``OptimConfig``, ``ArithmeticConfig``); ``verl/trainer/config/{sft,dpo,rm}_trainer.yaml`` and
@@ -14,17 +14,15 @@ the tables of ``docs/sft_dpo.md`` and ``docs/reward_model.md`` are generated fro
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from verl.config._fields import Strategy, entry
-from verl.config.checks import Checks, check_data_source, check_optim, check_registries, check_run
-from verl.config.load import ConfigProblem, load_validated
+from verl.config.load import load_validated
 from verl.config.schema import ArithmeticConfig, ClusterRunConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import validate_tree
-from verl.config.yaml_text import show
+from verl.config.validate import config_problems, validate
 
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
@@ -190,7 +188,7 @@ class SFTConfig:
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
         """Check the whole config; raise ``ConfigError`` listing every problem; return warnings."""
-        return validate_tree(self, offline_problems, registries)
+        return validate(self, registries)
 
 
 @dataclass
@@ -207,7 +205,7 @@ class DPOConfig:
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
         """As ``SFTConfig.validate``; ``registries`` may map ``"algorithm.loss_type"`` to the
         registered loss names (the trainer passes them)."""
-        return validate_tree(self, offline_problems, registries)
+        return validate(self, registries)
 
 
 @dataclass
@@ -226,74 +224,7 @@ class RMConfig:
 
     def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
         """As ``SFTConfig.validate``."""
-        return validate_tree(self, offline_problems, registries)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def offline_problems(
-    cfg: SFTConfig | DPOConfig | RMConfig,
-    *,
-    registries: Mapping[str, Iterable[str]] | None = None,
-    skip_paths: Collection[str] = (),
-) -> tuple[list[ConfigProblem], list[str]]:
-    """Every semantic check of a well-typed offline config: ``(problems, warnings)``."""
-    c = Checks(skip_paths)
-    builtin = not cfg.data.train_files and cfg.data.builtin == "arithmetic"
-    c.fields(cfg, inactive=() if builtin else ("data.arithmetic",))
-    _check_data(c, cfg, builtin)
-    c.model("model", cfg.model)
-    check_optim(c, "optim", cfg.optim)
-    if isinstance(cfg, DPOConfig):
-        _check_algorithm(c, cfg)
-    check_run(c, cfg.trainer)
-    _check_ranks(c, cfg)
-    check_registries(c, cfg, registries)
-    return c.problems, c.warnings
-
-
-def _check_data(c: Checks, cfg: SFTConfig | DPOConfig | RMConfig, builtin: bool) -> None:
-    d = cfg.data
-    if d.micro_batch_size_per_device > d.train_batch_size >= 1:
-        c.warn(
-            f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} is larger than "
-            f"data.train_batch_size={d.train_batch_size}; micro-batches hold at most one batch"
-        )
-    check_data_source(c, d, builtin)
-    rl_only = {
-        "balance_digits": "balances digit counts",
-        "negative": "has negative answers",
-    }
-    for key, what in rl_only.items():
-        if builtin and getattr(d.arithmetic, key):
-            c.error(
-                f"data.arithmetic.{key}",
-                f"data.arithmetic.{key}=true: only the RL built-in data (verl train) {what}; "
-                "the SFT/DPO built-in sets do not, so remove it",
-            )
-    if builtin and list(d.arithmetic.phrasings) != ["question"]:
-        c.error(
-            "data.arithmetic.phrasings",
-            f"data.arithmetic.phrasings={list(d.arithmetic.phrasings)}: only the RL built-in "
-            "data (verl train) varies the question's phrasing; remove it",
-        )
-    if isinstance(d, PreferenceDataConfig) and d.max_prompt_length >= d.max_length >= 2:
-        c.error(
-            ("data.max_prompt_length", "data.max_length"),
-            f"data.max_prompt_length={d.max_prompt_length}: leaves no room for the "
-            f"completion within data.max_length={d.max_length}; make it smaller",
-        )
-
-
-def _check_algorithm(c: Checks, cfg: DPOConfig) -> None:
-    a, p = cfg.algorithm, "algorithm"
-    if 0 < a.label_smoothing < 0.5 and a.loss_type not in ("dpo", "sigmoid"):
-        c.error(
-            (f"{p}.label_smoothing", f"{p}.loss_type"),
-            f"{p}.label_smoothing={show(a.label_smoothing)}: only the dpo loss uses it, but "
-            f"{p}.loss_type={a.loss_type}; set it to 0",
-        )
+        return validate(self, registries)
 
 
 def ranks_named(trainer: ClusterRunConfig) -> str:
@@ -302,34 +233,6 @@ def ranks_named(trainer: ClusterRunConfig) -> str:
     if trainer.nnodes == 1:
         return per_node
     return f"trainer.nnodes={trainer.nnodes} x {per_node} = {trainer.world_size}"
-
-
-def _check_ranks(c: Checks, cfg: SFTConfig | DPOConfig | RMConfig) -> None:
-    t, d = cfg.trainer, cfg.data
-    ranks = t.world_size
-    if ranks <= 1:
-        return
-    keys = (
-        ("trainer.nnodes", "trainer.n_gpus_per_node")
-        if t.nnodes > 1
-        else ("trainer.n_gpus_per_node",)
-    )
-    if cfg.engine.strategy == "single":
-        c.error(
-            (*keys, "engine.strategy"),
-            f"{ranks_named(t)}: the single engine trains in one process; set "
-            "engine.strategy=fsdp2 (or auto)",
-        )
-    c.package(keys[0], str(getattr(t, keys[0].split(".")[1])), "ray", "pip install 'verl[ray]'")
-    micro_batches = -(-d.train_batch_size // max(d.micro_batch_size_per_device, 1))
-    if d.train_batch_size >= 1 and micro_batches % ranks:
-        c.error(
-            ("data.train_batch_size", "data.micro_batch_size_per_device"),
-            f"data.train_batch_size={d.train_batch_size} in micro-batches of "
-            f"data.micro_batch_size_per_device={d.micro_batch_size_per_device} gives "
-            f"{micro_batches} micro-batches per step, which {ranks_named(t)} "
-            f"ranks cannot share equally; make it a multiple of {ranks}",
-        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -347,7 +250,7 @@ def load_offline_config(
         cls,
         path,
         overrides,
-        lambda cfg, bad_paths: offline_problems(cfg, registries=registries, skip_paths=bad_paths),
+        lambda cfg, bad_paths: config_problems(cfg, registries=registries, skip_paths=bad_paths),
     )
 
 

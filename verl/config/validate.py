@@ -77,7 +77,9 @@ def validate(cfg: Any, registries: Mapping[str, Iterable[str]] | None = None) ->
     return validate_tree(cfg, checks.problems, registries)
 
 
-def validate_tree(cfg: Any, problems_of: Callable[..., Problems], registries: Any = None) -> list[str]:
+def validate_tree(
+    cfg: Any, problems_of: Callable[..., Problems], registries: Any = None
+) -> list[str]:
     """Type-check ``cfg`` strictly, then ``problems_of(cfg, registries=, skip_paths=)``; raise
     one ``ConfigError`` for every problem, else log and return the warnings."""
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)

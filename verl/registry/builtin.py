@@ -17,6 +17,7 @@ from verl.registry.core import Registry
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "CONFIG_ADAPTERS",
+    "CONFIG_CHECKS",
     "DISTILL_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
@@ -261,3 +262,13 @@ CONFIG_ADAPTERS.add("loading", "verl.compat.loading:LoadAdapter")
 CONFIG_ADAPTERS.add("value", "verl.compat.loading:spelled_choice")
 # (config class, keyword arguments) -> (native keyword arguments, finish(config) or None)
 CONFIG_ADAPTERS.add("keywords", "verl.compat.flat_keys:adapt_keywords")
+
+# ---------------------------------------------------------------- config checks
+# verl.config.validate asks this registry for the semantic checks of a config class (by the
+# class's name): a verl.config.validate.ConfigChecks living next to the feature that reads
+# the config, which the config never imports; without an entry only the field bounds are
+# checked.
+CONFIG_CHECKS: Registry = Registry("config checks", needs={})
+CONFIG_CHECKS.add("TrainerConfig", "verl.trainer.rl.config_checks:RL_CONFIG_CHECKS")
+for _offline in ("SFTConfig", "DPOConfig", "RMConfig"):
+    CONFIG_CHECKS.add(_offline, "verl.trainer.offline.config_checks:OFFLINE_CONFIG_CHECKS")
