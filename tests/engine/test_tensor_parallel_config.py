@@ -61,7 +61,7 @@ def test_the_single_engine_and_sequence_parallelism_are_refused():
     assert any("a (data, sequence, tensor) mesh is not implemented" in m for m in msgs), msgs
 
 
-def test_lora_weight_only_reference_critic_and_agent_loops_are_refused():
+def test_lora_weight_only_reference_critic_agent_loops_and_distillation_are_refused():
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.model.lora_rank=4"])
     assert any("LoRA adapters' layers have no tensor-parallel plan" in m for m in msgs), msgs
     msgs = messages(
@@ -75,6 +75,8 @@ def test_lora_weight_only_reference_critic_and_agent_loops_are_refused():
     )
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.rollout.multi_turn.enable=true"])
     assert any("generate in lock step" in m for m in msgs), msgs
+    msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "algorithm.distill.enable=true"])
+    assert any("the teacher has no tensor-parallel layout" in m for m in msgs), msgs
 
 
 def test_heads_that_do_not_split_are_refused_naming_the_models_counts(tmp_path):

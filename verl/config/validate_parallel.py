@@ -9,7 +9,8 @@ refuses, naming the key and the reason:
 - the single engine (``strategy=single`` runs one process);
 - what the engine's tensor-parallel plan does not cover: a LoRA (peft) actor, a reference
   in a weight-only format (fp8 / int4 layers have no plan), the critic's value model;
-- a multi-turn or agent rollout (the tensor group's ranks generate in lock step);
+- a multi-turn or agent rollout (the tensor group's ranks generate in lock step), and
+  on-policy distillation (the teacher has no tensor-parallel layout);
 - a model whose query heads, key/value heads, intermediate size or vocabulary do not split
   evenly, when its ``config.json`` is in a local directory (otherwise the engine checks
   them when it is built, with the same message).
@@ -122,6 +123,13 @@ def check_tensor_parallel(
                 "of a tensor group generate in lock step, which a per-rank agent loop does "
                 "not keep; set one of them off",
             )
+    if cfg.algorithm.distill.enable:
+        c.error(
+            (key, "algorithm.distill.enable"),
+            f"{key}={size} with algorithm.distill.enable=true: the teacher has no "
+            "tensor-parallel layout (it scores each rank's own rows while the actor's tensor "
+            "group shares them); set one of them off",
+        )
     model = cfg.actor_rollout_ref.model
     if model.lora_rank > 0:
         c.error(
