@@ -7,9 +7,10 @@ these checks without the config importing the trainer. Before checking, :func:`r
 writes on the config itself what it leaves unsaid: the role precision keys the trainer-wide
 keys fill (``verl.compat.precision_keys``) and what asynchronous training needs
 (``async_checks``). The feature checks live beside this module: asynchronous rollouts
-(``async_checks``), precisions (``precision_checks``), rewards (``reward_checks``); the
-tensor-parallel check is ``verl.config.validate_parallel``. The list of checks is kept in
-``docs/config.md`` ("Validation").
+(``async_checks``), precisions (``precision_checks``), rewards (``reward_checks``), tensor
+parallelism (``parallel_checks``; the sequence-parallel size is checked here,
+:func:`check_sequence_parallel`). The list of checks is kept in ``docs/config.md``
+("Validation").
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem
 from verl.config.registry_keys import registry_problems
 from verl.config.validate import ConfigChecks
-from verl.config.validate_parallel import check_tensor_parallel
 from verl.config.yaml_text import show
 from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
 from verl.trainer.config_checks import check_data_source, check_optim, check_registries, check_run
 from verl.trainer.rl.async_checks import check_async_rollout, resolve_async_rollout
+from verl.trainer.rl.parallel_checks import check_tensor_parallel
 from verl.trainer.rl.precision_checks import precision_problems, precision_warnings
 from verl.trainer.rl.reward_checks import check_rewards
 

@@ -1,4 +1,4 @@
-"""Validation of a trained role's ``tensor_parallel_size`` (part of ``verl.config.validate``).
+"""Validation of a trained role's ``tensor_parallel_size`` (``verl.trainer.rl.config_checks``).
 
 :func:`check_tensor_parallel` runs beside the sequence-parallel check of the same role
 (``actor_rollout_ref.actor``, ``critic``; the reference follows the actor's size). It
