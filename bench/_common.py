@@ -248,3 +248,76 @@ def run_tree_measured(
                 proc.kill()
                 proc.wait()
     return proc.returncode, peaks, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- gloo ranks
+
+
+def local_nbytes(tensor) -> int:
+    """Bytes this process holds of ``tensor``: a DTensor's local shard, else the tensor."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def lower_mmap_threshold(threshold: int = 65536) -> None:
+    """What ``MALLOC_MMAP_THRESHOLD_`` does at start-up, for a process already running (a
+    forked one): allocations of ``threshold`` bytes or more get their own mapping, returned
+    to the system when freed, so RSS tracks live tensor memory."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
+
+
+def _rank_entry(target, *args) -> None:
+    lower_mmap_threshold()
+    target(*args)
+
+
+def spawn_ranks(
+    target, world: int, args: tuple = (), start_method: str = "spawn", poll_s: float = 0.2
+) -> list[dict]:
+    """Run ``target(rank, world, port, out_path, *args)`` in ``world`` new processes (the
+    target joins the gloo group itself with ``init_distributed(rank, world, "127.0.0.1",
+    port)``) and return the JSON object each rank wrote to ``out_path``, in rank order.
+
+    ``start_method``: ``"spawn"`` starts fresh interpreters; ``"fork"`` copies this one,
+    so modules it imported are not imported again (seconds per rank): import what the
+    ranks use first, and start no torch threads before. Either way each rank runs with
+    glibc's mmap threshold lowered (:func:`lower_mmap_threshold`, as :func:`run_child`). When
+    a rank fails the others, which may wait in a collective for it, are killed: no process
+    is left behind.
+
+    Raises:
+        RuntimeError: a rank exited with a non-zero code (the codes are in the message).
+    """
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from verl.utils.distributed import find_free_port
+
+    ctx = mp.get_context(start_method)
+    with tempfile.TemporaryDirectory(prefix="bench_ranks_") as tmp:
+        outs = [str(Path(tmp, f"rank{r}.json")) for r in range(world)]
+        port = find_free_port()
+        procs = [
+            ctx.Process(target=_rank_entry, args=(target, r, world, port, outs[r], *args))
+            for r in range(world)
+        ]
+        try:
+            for proc in procs:
+                proc.start()
+            while any(p.exitcode is None for p in procs):
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break
+                time.sleep(poll_s)
+        finally:
+            for proc in procs:
+                if proc.pid is None:  # never started
+                    continue
+                if proc.exitcode is None:
+                    proc.kill()
+                proc.join()
+        codes = [p.exitcode for p in procs]
+        if any(codes):
+            raise RuntimeError(f"ranks of a {world}-rank run exited with codes {codes}")
+        return [json.loads(Path(o).read_text()) for o in outs]
