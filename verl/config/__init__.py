@@ -12,7 +12,9 @@ imports nothing of verl but ``verl.registry`` and ``verl.utils`` (device probes)
 torch at import. It reads native spellings; other spellings (upstream verl's keys, the
 tutorials' aliases, torch dtypes, flat keywords) are read by the input adapters registered
 in ``verl.registry.CONFIG_ADAPTERS``, whose built-in entries live in ``verl.compat``, the
-layer above (``verl.config.load``). Names are imported on first use. See ``docs/config.md``.
+layer above (``verl.config.load``); validation runs the checks registered for the config's
+class in ``verl.registry.CONFIG_CHECKS``, which live with the trainers that read the keys
+(``verl.config.validate``). Names are imported on first use. See ``docs/config.md``.
 """
 
 from __future__ import annotations
