@@ -60,6 +60,8 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     ),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": _drop(
         _ROLLOUT_PARALLEL.format(what="devices by tensor slices")
+        + "; to split the actor's own layers over devices (its training and the native "
+        "rollout) set actor_rollout_ref.actor.tensor_parallel_size"
     ),
     "actor_rollout_ref.rollout.gpu_memory_utilization": UpstreamKey(
         native="actor_rollout_ref.rollout.vllm.gpu_memory_utilization"
