@@ -30,14 +30,14 @@ def _model_dir(tmp_path: Path, **config) -> str:
 def test_the_keys_default_to_one_and_reach_the_engine_options():
     cfg = load_config(
         overrides=[*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.actor.use_kl_loss=true",
-                   "algorithm.adv_estimator=gae"]
+                   "algorithm.adv_estimator=gae", "critic.tensor_parallel_size=2"]
     )  # fmt: skip
     assert cfg.actor_rollout_ref.actor.tensor_parallel_size == 2
     assert load_config().critic.tensor_parallel_size == 1
     spec = actor_rollout_ref_spec(cfg, role="actor_rollout_ref")
     assert spec.actor.engine.tensor_parallel_size == 2
     assert spec.ref.engine.tensor_parallel_size == 2  # the reference follows the actor
-    assert critic_spec(cfg).engine.tensor_parallel_size == 1
+    assert critic_spec(cfg).engine.tensor_parallel_size == 2
 
 
 def test_a_size_that_does_not_divide_the_ranks_is_refused():
@@ -61,7 +61,7 @@ def test_the_single_engine_and_sequence_parallelism_are_refused():
     assert any("a (data, sequence, tensor) mesh is not implemented" in m for m in msgs), msgs
 
 
-def test_lora_weight_only_reference_critic_agent_loops_and_distillation_are_refused():
+def test_lora_weight_only_reference_agent_loops_and_distillation_are_refused():
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.model.lora_rank=4"])
     assert any("LoRA adapters' layers have no tensor-parallel plan" in m for m in msgs), msgs
     msgs = messages(
@@ -69,10 +69,14 @@ def test_lora_weight_only_reference_critic_agent_loops_and_distillation_are_refu
          "actor_rollout_ref.ref.precision=int4"]
     )  # fmt: skip
     assert any("the reference computes in int4, whose quantized linear" in m for m in msgs), msgs
-    msgs = messages([*TWO_RANKS, "critic.tensor_parallel_size=2", "algorithm.adv_estimator=gae"])
-    assert any(
-        m.startswith("critic.tensor_parallel_size=2: the critic's value model") for m in msgs
-    )
+    msgs = messages(
+        [*TWO_RANKS, "critic.tensor_parallel_size=2", "algorithm.adv_estimator=gae",
+         "critic.model.lora_rank=4"]
+    )  # fmt: skip
+    assert (
+        "critic.tensor_parallel_size=2 with critic.model.lora_rank=4: the LoRA adapters' "
+        "layers have no tensor-parallel plan; set one of them to 0 / 1"
+    ) in msgs, msgs
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.rollout.multi_turn.enable=true"])
     assert any("generate in lock step" in m for m in msgs), msgs
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "algorithm.distill.enable=true"])
@@ -106,3 +110,15 @@ def test_model_split_problem():
     assert "has no tensor-parallel plan" in model_split_problem(
         {**ok, "model_type": "gpt2"}, "k", 2
     )
+
+
+def test_a_sequence_classifier_is_refused_by_the_engine():
+    from transformers import Qwen2ForSequenceClassification
+
+    from verl.engine.tensor_parallel import TensorParallel, apply_tensor_parallel
+    from verl.models.tiny import build_tiny_model
+
+    classifier = Qwen2ForSequenceClassification(build_tiny_model().config)
+    fake = TensorParallel(mesh=None, group=None, size=2, rank=0, dp_size=1, dp_rank=0)
+    with pytest.raises(NotImplementedError, match="a sequence classifier is not supported"):
+        apply_tensor_parallel(classifier, fake)

@@ -162,3 +162,37 @@ def test_grpo_generating_from_tensor_parallel_shards_equals_one_process(
     _assert_steps_equal(got, want, keys=(*keys, "actor/grad_norm"))
     start = load_file(f"{tiny_model_dir}/model.safetensors")
     _assert_weights_equal(_weights(got_result), _weights(want_result), start)
+
+
+def test_gae_with_a_tensor_parallel_critic_equals_one_process(
+    rl_config, ray_session, rollout_file, tmp_path
+):
+    """PPO with a critic: the actor and the value model (body split, value head replicated)
+    both at ``tensor=2``; the values, value losses and the actor's update are the one
+    process's."""
+    gae = (
+        f"data.rollout_files=[{rollout_file}]",
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=fsdp2",
+        "critic.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size_per_device=2",
+        "critic.optim.lr=1e-2",
+        "critic.optim.eps=1e-4",
+    )
+    _, want, _ = _fit(rl_config, tmp_path / "one", *gae, "trainer.n_gpus_per_node=1")
+    _, got, _ = _fit(
+        rl_config,
+        tmp_path / "tp",
+        *gae,
+        "trainer.n_gpus_per_node=2",
+        TP,
+        "critic.tensor_parallel_size=2",
+    )
+    state = json.loads(
+        (tmp_path / "tp" / "global_step_1" / "critic" / "engine_state.json").read_text()
+    )
+    assert state["world_size"] == 2 and state["tensor_parallel_size"] == 2
+    critic = ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm")
+    _assert_steps_equal(got, want, keys=(*COMPARED, *critic))
+    assert all(w["critic/grad_norm"] > 0 for w in want)

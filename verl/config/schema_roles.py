@@ -244,8 +244,7 @@ class TrainedRoleConfig(MicroBatchSplit):
         "tensor parallelism: ranks that split each layer's heads and MLP width (and the "
         "vocabulary) and compute the same rows; must divide the role's ranks, the model's "
         "query and key/value heads and intermediate size; fsdp2 only, Llama / Qwen2 "
-        "causal LMs (not the critic's value model); the reference follows the actor's; "
-        "1 = off (docs/distributed.md)",
+        "models; the reference follows the actor's; 1 = off (docs/distributed.md)",
         ge=1,
     )
     optim: OptimConfig = entry(OptimConfig, "optimizer of the trained model")

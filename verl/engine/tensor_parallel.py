@@ -22,6 +22,10 @@ and :func:`apply_tensor_parallel` cuts the model over the ``tensor`` dimension w
   full logits.
 - Norms and rotary embeddings stay whole on every tensor rank (the norms' weights as
   replicated DTensors, so that all parameters share one mesh).
+- **Value models** (``verl.models.value_model.CausalLMWithValueHead``: a body and a
+  ``value_head`` its forward reads directly): the body is split as above, the value head is
+  replicated; the body's final norm hands the head a replicated DTensor, and the model's
+  output (the values) leaves as a plain tensor.
 
 Every rank of a tensor group must run the same forwards on the same rows (each forward
 runs collectives over the group); the loss is computed identically on each, and DTensor's
@@ -30,8 +34,8 @@ the weights; of whole ones (norms), identical on the ranks of a group.
 
 Refused with a message naming ``tensor_parallel_size``: a model type other than Llama /
 Qwen2, heads, key/value heads, the MLP width or the vocabulary not divisible by ``t``, a
-peft (LoRA) model, and (in the engine) ``t`` not dividing the world or combined with
-sequence parallelism.
+peft (LoRA) model, a module with neither an ``lm_head`` nor a ``value_head``, and (in the
+engine) ``t`` not dividing the world or combined with sequence parallelism.
 """
 
 from __future__ import annotations
@@ -167,18 +171,24 @@ def _to_local(module: nn.Module, output: Any, mesh: Any) -> Any:
     return output.to_local() if isinstance(output, DTensor) else output
 
 
-def _replicate_whole_modules(module: nn.Module, mesh: Any) -> None:
+def _values_to_local(module: nn.Module, args: Any, output: Any) -> Any:
+    return output.to_local() if isinstance(output, DTensor) else output
+
+
+def _replicate_whole_modules(module: nn.Module, mesh: Any, keep: tuple = ()) -> None:
     """The modules whose own parameters no plan split (the norms) hold them as replicated
     DTensors on the tensor mesh, so that every parameter lives on the one ``(data, tensor)``
     mesh after FSDP2 (clipping and the optimizer's foreach kernels take one mesh). Their
     inputs enter as replicated DTensors and leave as local tensors, so the computation is
-    the plain one; the gradient of a replicated weight is the full one on every rank."""
+    the plain one; the gradient of a replicated weight is the full one on every rank.
+    The modules in ``keep`` hand their output on as the replicated DTensor."""
     from torch.distributed.tensor import distribute_module
 
     for sub in list(module.modules()):
         own = [p for _, p in sub.named_parameters(recurse=False)]
         if own and not any(isinstance(p, DTensor) for p in own):
-            distribute_module(sub, mesh, input_fn=_to_replicated, output_fn=_to_local)
+            output_fn = None if any(sub is k for k in keep) else _to_local
+            distribute_module(sub, mesh, input_fn=_to_replicated, output_fn=output_fn)
 
 
 def apply_tensor_parallel(module: nn.Module, tp: TensorParallel) -> None:
@@ -200,11 +210,15 @@ def apply_tensor_parallel(module: nn.Module, tp: TensorParallel) -> None:
     body = getattr(module, "model", None)
     head = getattr(module, "lm_head", None)
     layers = getattr(body, "layers", None)
+    value_head = getattr(module, "value_head", None)
+    if isinstance(layers, nn.ModuleList) and isinstance(value_head, nn.Linear) and head is None:
+        _apply_to_value_model(module, body, tp)
+        return
     if not (isinstance(layers, nn.ModuleList) and isinstance(head, nn.Linear)):
         raise NotImplementedError(
-            f"{KEY}={tp.size}: {type(module).__name__} is not a causal LM with model.layers "
-            "and an lm_head (a value model or a sequence classifier is not supported); set "
-            "it to 1"
+            f"{KEY}={tp.size}: {type(module).__name__} is neither a causal LM with "
+            "model.layers and an lm_head nor a value model with a value_head (a sequence "
+            "classifier is not supported); set it to 1"
         )
     mesh = tp.mesh["tensor"]
     tied = head.weight is body.embed_tokens.weight
@@ -229,6 +243,29 @@ def apply_tensor_parallel(module: nn.Module, tp: TensorParallel) -> None:
         tp.rank,
         tp.dp_rank,
         tied,
+    )
+
+
+def _apply_to_value_model(module: nn.Module, body: nn.Module, tp: TensorParallel) -> None:
+    """A value model's split (see the module docstring): its forward computes
+    ``F.linear(hidden, value_head.weight, ...)`` itself, so the final norm leaves its
+    output a replicated DTensor for the replicated head weights, and the values are made
+    plain again on the way out."""
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    mesh = tp.mesh["tensor"]
+    for layer in body.layers:
+        parallelize_module(layer, mesh, _layer_plan())
+    parallelize_module(body.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate()))
+    _replicate_whole_modules(module, mesh, keep=(body.norm,))
+    module.register_forward_hook(_values_to_local)
+    logger.info(
+        "tensor parallel (value model): %d tensor ranks x %d data-parallel groups (this "
+        "rank: tensor %d, data %d)",
+        tp.size,
+        tp.dp_size,
+        tp.rank,
+        tp.dp_rank,
     )
 
 

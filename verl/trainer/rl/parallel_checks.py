@@ -7,8 +7,8 @@ refuses, naming the key and the reason:
 - a size that does not divide the role's ranks together with its sequence-parallel size,
   or a combination with sequence parallelism (no ``(data, sequence, tensor)`` mesh);
 - the single engine (``strategy=single`` runs one process);
-- what the engine's tensor-parallel plan does not cover: a LoRA (peft) actor, a reference
-  in a weight-only format (fp8 / int4 layers have no plan), the critic's value model;
+- what the engine's tensor-parallel plan does not cover: a LoRA (peft) actor or critic, a
+  reference in a weight-only format (fp8 / int4 layers have no plan);
 - a multi-turn or agent rollout (the tensor group's ranks generate in lock step), and
   on-policy distillation (the teacher has no tensor-parallel layout);
 - a model whose query heads, key/value heads, intermediate size or vocabulary do not split
@@ -108,12 +108,30 @@ def check_tensor_parallel(
             f"{prefix}.strategy=single runs one process; use fsdp2 (or auto)",
         )
     if role_name == "critic":
+        _check_critic(c, cfg, key, size)
+    else:
+        _check_actor(c, cfg, key, size)
+    path_key = "critic.model.path" if role_name == "critic" else "actor_rollout_ref.model.path"
+    path = cfg.actor_rollout_ref.model.path
+    if role_name == "critic" and cfg.critic.model.path:
+        path = cfg.critic.model.path
+    model_config = _model_config(path)
+    problem = None if model_config is None else model_split_problem(model_config, key, size)
+    if problem is not None:
+        c.error((key, path_key), problem)
+
+
+def _check_critic(c: Checks, cfg: Any, key: str, size: int) -> None:
+    lora = cfg.critic.model.lora_rank
+    if lora > 0:
         c.error(
-            key,
-            f"{key}={size}: the critic's value model (a body with a scalar value head) has "
-            "no tensor-parallel plan (only causal LMs with an LM head do); set it to 1",
+            (key, "critic.model.lora_rank"),
+            f"{key}={size} with critic.model.lora_rank={lora}: the LoRA adapters' layers "
+            "have no tensor-parallel plan; set one of them to 0 / 1",
         )
-        return
+
+
+def _check_actor(c: Checks, cfg: Any, key: str, size: int) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     for loop in ("multi_turn", "agent"):
         if getattr(rollout, loop).enable:
@@ -146,9 +164,3 @@ def check_tensor_parallel(
                 "layers have no tensor-parallel plan (the reference follows the actor's "
                 f"tensor_parallel_size); use another precision for it or set {key}=1",
             )
-    problem = None
-    model_config = _model_config(model.path)
-    if model_config is not None:
-        problem = model_split_problem(model_config, key, size)
-    if problem is not None:
-        c.error((key, "actor_rollout_ref.model.path"), problem)
