@@ -33,12 +33,18 @@ stale, the ratios to sync, and for partial rollouts the mid-call weight swaps, t
 prefilled again (resume) per generated token, and the mean staleness of the trained samples
 (by their oldest token).
 
-``--threads`` sets the calling thread's torch (OpenMP) threads only: the rollout thread of
-the asynchronous modes runs with torch's default count, so compare with ``--threads`` equal
-to it (``nproc`` on an otherwise idle machine).
+``--threads`` sets the training thread's torch (OpenMP) intra-op threads (and sync's
+generation's); ``--rollout-threads`` the rollout copy's thread in the asynchronous modes
+(``trainer.rollout_num_threads``; default: ``--threads``), so the two sides can split the
+cores instead of oversubscribing them.
 
-    python bench/bench_streaming.py --threads 2      # ~5 minutes on 2 shared cores
+``--plot PATH`` draws a PNG: per configuration, the trained samples and the step's batch
+accuracy (its mean ``acc``, else ``critic/score/mean``) against wall time since the end of
+the first step (the random-init model scores ~0: the samples panel is the one to read).
+
+    python bench/bench_streaming.py --threads 2      # ~5 minutes on 2 idle cores
     python bench/bench_streaming.py --steps 4 --repeats 1
+    python bench/bench_streaming.py --threads 1 --rollout-threads 1 --plot stream.png
 """
 
 from __future__ import annotations
@@ -128,6 +134,8 @@ def _child(args) -> dict:
     from verl.trainer.rl.trainer import RLTrainer
 
     torch.set_num_threads(args.threads)
+    rollout_threads = args.rollout_threads or args.threads
+    extra = [f"trainer.rollout_num_threads={rollout_threads}"] if CONFIGS[args.config] else []
     intervals: list[tuple[float, float]] = []
     counts: dict[str, float] = {}
     _install_scripted_stop(args, intervals, counts)
@@ -153,6 +161,7 @@ def _child(args) -> dict:
                 f"trainer.log_dir={tmp}",
                 "trainer.device=cpu",
                 *CONFIGS[args.config],
+                *extra,
             ]
         )
         trainer = RLTrainer(cfg, tracker=Tracker([]))
@@ -171,6 +180,10 @@ def _child(args) -> dict:
     busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
     history = trainer.history[1:]
     samples = sum(args.prompts * 4 for _ in history)
+    curve = [  # (seconds since the first step ended, trained samples, batch accuracy)
+        (t - start, args.prompts * 4 * (i + 1), _accuracy(row))
+        for i, (t, row) in enumerate(zip(ends[1:], history))
+    ]
     return {
         "samples_per_s": samples / (end - start),
         "wall_per_step_s": (end - start) / len(history),
@@ -187,7 +200,36 @@ def _child(args) -> dict:
         "mean_response_length": statistics.mean(
             row.get("response_length/mean", float("nan")) for row in history
         ),
+        "curve": curve,
     }
+
+
+def _accuracy(row: dict) -> float:
+    for key in ("critic/acc/mean", "acc", "critic/score/mean"):
+        if key in row:
+            return float(row[key])
+    return float("nan")
+
+
+def _plot(path: str, results: dict[str, list[dict]]) -> None:
+    """Trained samples and batch accuracy against wall time, per configuration (first
+    repeat)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for name, runs in results.items():
+        t, samples, acc = zip(*runs[0]["curve"], strict=True) if runs[0]["curve"] else ([], [], [])
+        top.plot(t, samples, marker="o", label=name)
+        bottom.plot(t, acc, marker="o", label=name)
+    top.set_ylabel("trained samples")
+    bottom.set_ylabel("batch accuracy")
+    bottom.set_xlabel("wall time since the first step ended (s)")
+    top.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -197,6 +239,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rollout-threads", type=int, default=None)
+    parser.add_argument("--plot", default=None, help="write a PNG of samples/accuracy vs time")
     parser.add_argument("--max-response-length", type=int, default=256)
     parser.add_argument("--long-fraction", type=float, default=0.15)
     parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -223,6 +267,8 @@ def main() -> None:
                 cmd += ["--prompts", str(args.prompts), "--threads", str(args.threads)]
                 cmd += ["--slots", str(args.slots), "--long-fraction", str(args.long_fraction)]
                 cmd += ["--max-response-length", str(args.max_response_length)]
+                if args.rollout_threads:
+                    cmd += ["--rollout-threads", str(args.rollout_threads)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
                 if proc.returncode != 0:
                     sys.stderr.write(proc.stderr[-4000:])
@@ -234,14 +280,19 @@ def main() -> None:
                     f"generation idle {row['gen_idle_fraction']:.0%}",
                     file=sys.stderr,
                 )
+    if args.plot:
+        _plot(args.plot, results)
     summary = {
-        name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        name: {
+            key: statistics.median(run[key] for run in runs) for key in runs[0] if key != "curve"
+        }
         for name, runs in results.items()
     }
     sync = summary["sync"]
     print(
         f"nproc {os.cpu_count()}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f}, "
-        f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}"
+        f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}, "
+        f"rollout threads {args.rollout_threads or args.threads}"
     )
     header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
     header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill")

@@ -110,6 +110,22 @@ def test_pop_refuses_a_batch_staler_than_max_staleness():
         pipe.close()
 
 
+def test_rollout_thread_has_its_own_intra_op_threads():
+    """trainer.rollout_num_threads: the rollout thread keeps its count, the trainer's thread
+    keeps its own (setting it on one thread would otherwise reset the other's)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    pipe = AsyncRollout(None, None, dict, max_staleness=1, seed=0, threads=1)
+    try:
+        assert pipe._executor.submit(torch.get_num_threads).result() == 1
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(2)  # the trainer sets its count again: the rollout's stays
+        assert pipe._executor.submit(torch.get_num_threads).result() == 1
+    finally:
+        pipe.close()
+        torch.set_num_threads(before)
+
+
 def test_inflight_batches_are_saved_and_restored(tmp_path):
     fake, actor = _FakeCopy(), {"version": 0}
     pipe = _pipeline(fake, actor)

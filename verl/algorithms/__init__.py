@@ -10,7 +10,8 @@ picks an algorithm from the config by name and a new algorithm is one decorated 
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``,
   ``grpo_passk``; (:mod:`.token_baseline`) ``optimal_token_baseline``;
 - policy losses (:mod:`.policy_loss`): ``vanilla`` (PPO, dual clip), ``gspo``, ``cispo``,
-  ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; and (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
+  ``reinforce``, ``gpg``, ``sapo``, ``gmpo``; (:mod:`.cov_losses`) ``clip_cov``, ``kl_cov``;
+  and (:mod:`.decoupled_ppo`) ``decoupled_ppo``, the proximal policy apart from the behaviour one;
 - the clipped value loss (:mod:`.value_loss`);
 - the actor's and critic's whole micro-batch losses, ``actor_loss`` / ``critic_loss``
   (:mod:`.losses`): policy loss + IS weights + entropy + KL, and the weighted value loss;

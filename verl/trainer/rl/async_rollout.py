@@ -108,6 +108,8 @@ class AsyncRollout:
         max_staleness: how many batches generation runs ahead (``trainer.max_staleness``).
         seed: base of the per-batch sampling seeds.
         mailbox: partial rollouts (module docstring); None = weights between calls only.
+        threads: torch intra-op threads of the rollout thread (``trainer.rollout_num_threads``,
+            set once when the thread starts); None = the count torch gives a new thread.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class AsyncRollout:
         max_staleness: int,
         seed: int,
         mailbox: WeightMailbox | None = None,
+        threads: int | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"trainer.max_staleness={max_staleness} must be >= 0")
@@ -128,6 +131,13 @@ class AsyncRollout:
         self.max_staleness = max_staleness
         self.seed = seed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-rollout")
+        if threads is not None:
+            # torch's intra-op count is per thread once a thread sets it, but setting it on a
+            # new thread also resets the calling thread's: start the rollout thread with its
+            # count now, then restore the trainer's
+            trainer_threads = torch.get_num_threads()
+            self._executor.submit(_own_threads, threads).result()
+            torch.set_num_threads(trainer_threads)
         self._queue: deque[_InFlight] = deque()
         self._launched = 0  # generation batches queued since the start of the run
         self._copy_version: int | None = None  # what the copy holds (None: unknown)
@@ -411,6 +421,16 @@ class AsyncRollout:
         self._executor.shutdown(wait=True)
 
 
+def _own_threads(count: int) -> None:
+    """On the rollout thread: its own intra-op count (read back once, which fixes it for this
+    thread: a later ``set_num_threads`` on the trainer's thread leaves it alone)."""
+    torch.set_num_threads(count)
+    if torch.get_num_threads() != count:
+        raise RuntimeError(
+            f"trainer.rollout_num_threads={count}: torch kept {torch.get_num_threads()}"
+        )
+
+
 def _join_prompt_fields(gen: DataProto, prompts: DataProto) -> DataProto:
     """``gen`` (the rollout of ``prompts``, ``n`` rows per prompt) with the prompts'
     per-sample fields it lacks repeated on, as the trainer's ``_generate`` joins them on a
@@ -480,4 +500,5 @@ def build_async_rollout(
         max_staleness=cfg.trainer.max_staleness,
         seed=cfg.trainer.seed,
         mailbox=WeightMailbox(partial) if streaming and partial != "off" else None,
+        threads=getattr(cfg.trainer, "rollout_num_threads", None),
     )

@@ -156,6 +156,7 @@ def build_batch_source(
             # the seed the synchronous rollout gives its k-th training call (k from 1)
             pipeline.seed_for = lambda index: rollout_seed + index + 1
         fg = config.algorithm.filter_groups
+        rollout = config.actor_rollout_ref.rollout
         return StreamingSource(
             pipeline,
             score,
@@ -169,6 +170,9 @@ def build_batch_source(
                 else None
             ),
             baseline=config.estimator_needs("needs_baseline"),
+            # an agent loop calls the engine once per turn: its calls' "groups" are turns,
+            # so a trajectory's group is handed over when the whole call ends
+            stream_groups=not (rollout.multi_turn.enable or rollout.agent.enable),
             pad_token_id=pad_token_id,
         )
     if pipeline is not None:
