@@ -152,8 +152,27 @@ def test_grpo_generating_from_tensor_parallel_shards_equals_one_process(
     """Live rollouts: the tensor group generates its joined prompts with the seed of its
     data-parallel rank, so its samples (and everything after) are the one process's."""
     live = ("actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.seed=5")
-    _, want, want_result = _fit(rl_config, tmp_path / "one", *live, "trainer.n_gpus_per_node=1")
-    _, got, got_result = _fit(rl_config, tmp_path / "tp", *live, "trainer.n_gpus_per_node=2", TP)
+    runs = {}
+    for name, extra in (
+        ("one", ("trainer.n_gpus_per_node=1",)),
+        ("tp", ("trainer.n_gpus_per_node=2", TP)),
+    ):
+        dump = f"trainer.rollout_data_dir={tmp_path / name / 'rollouts'}"
+        runs[name] = _fit(rl_config, tmp_path / name, *live, dump, *extra)
+    (_, want, want_result), (_, got, got_result) = runs["one"], runs["tp"]
+    # the same sampled responses, step by step (each step's rollouts in prompt order)
+    for step in (1, 2):
+        rows = {
+            name: [
+                json.loads(line)
+                for line in (tmp_path / name / "rollouts" / f"{step}.jsonl")
+                .read_text()
+                .splitlines()
+            ]
+            for name in runs
+        }
+        assert len(rows["one"]) == 8
+        assert [r["response"] for r in rows["tp"]] == [r["response"] for r in rows["one"]]
     state = json.loads(
         (tmp_path / "tp" / "global_step_2" / "actor" / "engine_state.json").read_text()
     )
