@@ -415,6 +415,30 @@ def test_streaming_with_max_staleness_zero_equals_sync(rl_config, extra):
 
 
 @pytest.mark.slow
+def test_streaming_stale_samples_train_with_decoupled_ppo(rl_config):
+    """max_staleness=1 with decoupled PPO: the stale samples train, weighted by the truncated
+    proximal/behaviour ratio (its metrics), and no second rollout IS weight applies."""
+    trainer, _, _ = _recorded_fit(
+        rl_config(
+            *SEEDED,
+            SLOTS,
+            "trainer.async_rollout=true",
+            "trainer.rollout_mode=streaming",
+            "trainer.max_staleness=1",
+            "actor_rollout_ref.actor.policy_loss=decoupled_ppo",
+        )
+    )
+    history = trainer.history
+    assert len(history) == 3
+    assert max(m["async/stale_sample_fraction"] for m in history) > 0
+    for m in history:
+        assert 0 < m["actor/behaviour_weight_mean"] <= 2.0  # the default cap
+        assert "actor/rollout_is_weight_mean" not in m
+    # the first step's samples are fresh: behaviour == proximal to float precision
+    assert history[0]["actor/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.slow
 def test_streaming_dynamic_sampling_keeps_the_sync_groups(rl_config):
     """DAPO in the stream, max_staleness=0, groups streamed mid-call: the same informative
     groups and the same dapo/* counts as the synchronous run of
