@@ -79,6 +79,14 @@ def test_lora_weight_only_reference_agent_loops_and_distillation_are_refused():
     ) in msgs, msgs
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.rollout.multi_turn.enable=true"])
     assert any("generate in lock step" in m for m in msgs), msgs
+    load_config(overrides=[*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.rollout.name=hf"])
+    msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.rollout.name=vllm"])
+    assert any("only the native and hf rollouts generate from the" in m for m in msgs), msgs
+    msgs = messages(
+        [*TWO_RANKS, f"{ACTOR}=2", "actor_rollout_ref.actor.use_kl_loss=true",
+         "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2"]
+    )  # fmt: skip
+    assert any("the reference follows the actor's tensor parallelism" in m for m in msgs), msgs
     msgs = messages([*TWO_RANKS, f"{ACTOR}=2", "algorithm.distill.enable=true"])
     assert any("the teacher has no tensor-parallel layout" in m for m in msgs), msgs
 

@@ -9,8 +9,9 @@ refuses, naming the key and the reason:
 - the single engine (``strategy=single`` runs one process);
 - what the engine's tensor-parallel plan does not cover: a LoRA (peft) actor or critic, a
   reference in a weight-only format (fp8 / int4 layers have no plan);
-- a multi-turn or agent rollout (the tensor group's ranks generate in lock step), and
-  on-policy distillation (the teacher has no tensor-parallel layout);
+- a rollout other than native / hf (only they generate from the shards), a multi-turn or
+  agent rollout (the tensor group's ranks generate in lock step), a sequence-parallel
+  reference, and on-policy distillation (the teacher has no tensor-parallel layout);
 - a model whose query heads, key/value heads, intermediate size or vocabulary do not split
   evenly, when its ``config.json`` is in a local directory (otherwise the engine checks
   them when it is built, with the same message).
@@ -133,6 +134,22 @@ def _check_critic(c: Checks, cfg: Any, key: str, size: int) -> None:
 
 def _check_actor(c: Checks, cfg: Any, key: str, size: int) -> None:
     rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name not in ("native", "hf"):
+        c.error(
+            (key, "actor_rollout_ref.rollout.name"),
+            f"{key}={size} with actor_rollout_ref.rollout.name={rollout.name}: only the "
+            "native and hf rollouts generate from the actor's tensor-parallel shards; "
+            f"use one of them, or {key}=1 (a vLLM engine's own split is "
+            "rollout.vllm.tensor_parallel_size)",
+        )
+    ref_sp = cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size
+    if ref_sp is not None and ref_sp > 1:
+        c.error(
+            (key, "actor_rollout_ref.ref.ulysses_sequence_parallel_size"),
+            f"{key}={size} with actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp}: "
+            "the reference follows the actor's tensor parallelism, and a (data, sequence, "
+            "tensor) mesh is not implemented; set the reference's to 1 (or null)",
+        )
     for loop in ("multi_turn", "agent"):
         if getattr(rollout, loop).enable:
             c.error(
