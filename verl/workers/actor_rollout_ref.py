@@ -15,7 +15,11 @@ weights are global (``verl.workers.common.micro_batch_weights``). With Ulysses s
 parallelism (``actor.ulysses_sequence_parallel_size``, ``ref.ulysses_sequence_parallel_size``)
 the scoring and update passes first join the slices of the ranks of a sequence group
 (``verl.workers.common.sequence_group_batch``), which then compute them together, each on
-a share of every sequence's tokens; generation stays per rank.
+a share of every sequence's tokens; generation stays per rank. With tensor parallelism
+(``actor.tensor_parallel_size``, followed by the reference) the ranks of a tensor group join
+their slices the same way for every pass, generation included
+(``verl.workers.actor_rollout.join_prompts``), and compute them together, each with its
+share of every layer's weights.
 
 LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftModel`` whose
 adapters alone train; the reference is that same module with its adapters disabled. On-policy

@@ -7,7 +7,10 @@ The worker reads a :class:`~verl.workers.specs.CriticSpec`
 Ulysses sequence parallelism (``critic.ulysses_sequence_parallel_size``): the value and
 update passes join the batch slices of a sequence group's ranks
 (``verl.workers.common.sequence_group_batch``) and split each sequence's tokens over them
-(``verl.kernels.torch_functional.sequence_parallel_inputs``).
+(``verl.kernels.torch_functional.sequence_parallel_inputs``). Tensor parallelism
+(``critic.tensor_parallel_size``): the ranks of a tensor group join their slices the same
+way and compute them together, each with its share of the body's weights (the value head is
+replicated, ``verl.engine.tensor_parallel``).
 
 LoRA (``critic.model.lora_rank > 0``, :func:`verl.models.lora.apply_lora_to_value_model`):
 adapters in the body, trained with the whole value head; the body's weights stay frozen.
