@@ -2,8 +2,8 @@
 parallelism over the same ranks.
 
 One training step of the fsdp2 engine (``verl.engine``) on a fixed global batch of ``G``
-sequences of ``--tokens`` tokens each (``G`` = the number of ranks), one sequence per
-micro-batch: forward, backward and the AdamW step of PPO's clipped loss
+sequences of ``--tokens`` tokens each (``G`` = the number of ranks times
+``--micro-batches``), one sequence per micro-batch: forward, backward and the AdamW step of PPO's clipped loss
 (``compute_policy_loss_vanilla``, token mean, advantages +1 / -1 per sequence) on
 ``compute_response_log_probs`` of each sequence's second half (packed). Every
 configuration does the same work and takes the same update (its gradient norm is printed):
@@ -11,7 +11,7 @@ configuration does the same work and takes the same update (its gradient norm is
 ``one``
     one process, the single engine, all ``G`` sequences in ``G`` micro-batches.
 ``data=N``
-    ``N`` ranks, FSDP2 over all of them; each rank trains one sequence.
+    ``N`` ranks, FSDP2 over all of them; each rank trains ``G / N`` sequences.
 ``sequence=N``
     ``N`` ranks, Ulysses (``sequence_parallel_size=N``); every rank takes all ``G``
     micro-batches, each split along its tokens over the ranks.
@@ -43,8 +43,9 @@ Workloads (``--workload``):
     SmolLM2-135M (the embedded model: 30 layers, hidden 576, 9 query / 3 key-value heads,
     49,152-token vocabulary), 3 ranks, 512-token sequences: the weights dominate.
 
-    python bench/bench_parallel.py                      # both workloads, ~8 min on 2 cores
-    python bench/bench_parallel.py --workload wide --tokens 2048
+    python bench/bench_parallel.py                      # both workloads, 11 min on 2 shared cores
+    python bench/bench_parallel.py --workload smollm2 --tokens 1024
+    python bench/bench_parallel.py --workload smollm2 --micro-batches 2
     python bench/bench_parallel.py --tiny               # seconds: a 64-wide model, 128 tokens
 """
 
@@ -133,10 +134,11 @@ def _micro_batches(setup: dict, engine, tokens: int, vocab: int) -> list[tuple]:
     sequence or tensor group take the same rows; data-parallel ranks different ones."""
     dp = engine.data_parallel_size
     dp_rank = setup["rank"] // (setup["world"] // dp)
-    ids, mask, pos = _rows(setup["ranks"], tokens, vocab, seed=tokens)
+    count = setup["ranks"] * setup["micro_batches"]
+    ids, mask, pos = _rows(count, tokens, vocab, seed=tokens)
     return [
         (ids[i : i + 1], mask[i : i + 1], pos[i : i + 1], 1.0 if i % 2 == 0 else -1.0)
-        for i in range(setup["ranks"])
+        for i in range(count)
         if i % dp == dp_rank
     ]
 
@@ -215,11 +217,17 @@ def _rank(rank: int, world: int, port: int, out: str, setup: dict) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def run_config(workload: str, config: str, tokens: int) -> dict:
+def run_config(workload: str, config: str, tokens: int, micro_batches: int) -> dict:
     """One configuration's per-rank results and their worst rank (``per_rank``)."""
     ranks = RANKS[workload]
     world = 1 if config == "one" else ranks
-    setup = {"workload": workload, "config": config, "tokens": tokens, "ranks": ranks}
+    setup = {
+        "workload": workload,
+        "config": config,
+        "tokens": tokens,
+        "ranks": ranks,
+        "micro_batches": micro_batches,
+    }
     results = spawn_ranks(_rank, world, (setup,), start_method="fork")
     worst = {k: max(r[k] for r in results) for k in results[0] if k.endswith(("_mib", "_s"))}
     worst["state_mib"] = max(r["params_mib"] + r["grads_mib"] + r["optim_mib"] for r in results)
@@ -236,22 +244,29 @@ def run_config(workload: str, config: str, tokens: int) -> dict:
     }
 
 
-def run_workload(workload: str, tokens: int) -> dict:
-    rows = [run_config(workload, config, tokens) for config in CONFIGS]
+def run_workload(workload: str, tokens: int, micro_batches: int = 1) -> dict:
+    rows = [run_config(workload, config, tokens, micro_batches) for config in CONFIGS]
     ref = next(r for r in rows if r["name"].startswith("data="))["per_rank"]
     for row in rows:
         row["vs_data"] = {
             k: round(row["per_rank"][k] / ref[k], 3) if ref[k] else None
             for k in ("params_mib", "state_mib", "rest_mib", "peak_mib", "step_s")
         }
-    return {"workload": workload, "tokens": tokens, "sequences": RANKS[workload], "rows": rows}
+    return {
+        "workload": workload,
+        "tokens": tokens,
+        "sequences": RANKS[workload] * micro_batches,
+        "micro_batches_per_data_rank": micro_batches,
+        "rows": rows,
+    }
 
 
 def format_table(result: dict) -> str:
     """The workload's rows as a markdown table, ratios against ``data=N``."""
     lines = [
         f"{result['workload']}: {result['sequences']} sequences x {result['tokens']} tokens "
-        "per step, one per micro-batch; MiB per rank (the largest rank)",
+        f"per step, one per micro-batch ({result['micro_batches_per_data_rank']} per data "
+        "rank); MiB per rank (the largest rank)",
         "| config | processes | weights | grads | AdamW | peak | rest | step s | grad norm "
         "| weights+grads+AdamW vs data | rest vs data | peak vs data | step vs data |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -272,11 +287,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=("all", "wide", "smollm2"), default="all")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per sequence")
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=1,
+        help="micro-batches (sequences) per data-parallel rank; the global batch is the "
+        "ranks times this",
+    )
     parser.add_argument("--tiny", action="store_true", help="a 64-wide model, 128 tokens")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.tokens is not None and args.tokens < 2 * WARMUP_TOKENS:
         parser.error(f"--tokens {args.tokens}: use at least {2 * WARMUP_TOKENS}")
+    if args.micro_batches < 1:
+        parser.error(f"--micro-batches {args.micro_batches}: use at least 1")
     return args
 
 
@@ -291,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "parallel",
         "cpus": os.cpu_count(),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),
-        "workloads": [run_workload(w, args.tokens or TOKENS[w]) for w in workloads],
+        "workloads": [
+            run_workload(w, args.tokens or TOKENS[w], args.micro_batches) for w in workloads
+        ],
     }
     summary["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if args.json:
