@@ -65,10 +65,19 @@ def test_recipe_runs_end_to_end(recipe, tmp_path):
     curve = recipe.main(["--out", str(tmp_path), "--smoke"])
     saved = json.loads((tmp_path / "curve.json").read_text())
     assert saved["grpo"] == curve["grpo"]
-    for stage in ("random", "sft", "grpo"):
+    for stage in ("majority", "random", "sft", "grpo"):
         assert set(curve[stage]) == {"colour", "count", "all"}
         assert all(0.0 <= v <= 1.0 for v in curve[stage].values())
     assert len(curve["sft_loss"]) == 2 and all(math.isfinite(v) for v in curve["sft_loss"])
     assert curve["sft_loss"][1] < curve["sft_loss"][0]
     assert [m["step"] for m in curve["grpo_history"]] == [1, 2]
     assert (tmp_path / "grpo" / "huggingface" / "processor_config.json").is_file()
+
+
+def test_majority_is_the_best_blind_answer(recipe):
+    def item(task, answer):
+        return {"extra_info": {"task": task}, "ground_truth": answer}
+
+    items = [item("colour", "red"), item("colour", "red"), item("colour", "blue")]
+    items += [item("count", "2"), item("count", "3")]
+    assert recipe.majority(items) == {"colour": 2 / 3, "count": 1 / 2, "all": 3 / 5}
