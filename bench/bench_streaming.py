@@ -39,7 +39,7 @@ generation's); ``--rollout-threads`` the rollout copy's thread in the asynchrono
 cores instead of oversubscribing them.
 
 ``--plot PATH`` draws a PNG: per configuration, the trained samples and the step's batch
-accuracy (its mean ``acc``, else ``critic/score/mean``) against wall time since the end of
+accuracy (``reward/acc``, else ``critic/score/mean``) against wall time since the end of
 the first step (the random-init model scores ~0: the samples panel is the one to read).
 
     python bench/bench_streaming.py --threads 2      # ~5 minutes on 2 idle cores
@@ -205,7 +205,7 @@ def _child(args) -> dict:
 
 
 def _accuracy(row: dict) -> float:
-    for key in ("critic/acc/mean", "acc", "critic/score/mean"):
+    for key in ("reward/acc", "critic/score/mean"):
         if key in row:
             return float(row[key])
     return float("nan")
