@@ -136,11 +136,13 @@ def test_grpo_with_sequence_parallelism_equals_one_process_and_resumes_on_one(
 
 
 def test_an_upstream_style_script_with_sequence_parallelism_trains(
-    ray_session, tiny_model_dir, tmp_path, capsys
+    ray_session, tiny_model_dir, tmp_path, capsys, caplog
 ):
     """Upstream's run-script keys with ``ulysses_sequence_parallel_size=2`` for the actor,
-    the reference and the critic, through ``main_ppo`` as a shell passes them: two GAE
-    steps with a KL loss on 2 ranks, checkpointed and exported."""
+    the reference and the critic and ``rollout.tensor_model_parallel_size=2``, through
+    ``main_ppo`` as a shell passes them: two GAE steps with a KL loss on 2 ranks,
+    checkpointed and exported; the rollout's tensor size is dropped with a note naming the
+    actor's own key."""
     from verl.cli import ppo as main_ppo
 
     run = tmp_path / "run"
@@ -158,7 +160,7 @@ def test_an_upstream_style_script_with_sequence_parallelism_trains(
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.rollout.name=native",
         "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
@@ -184,6 +186,10 @@ def test_an_upstream_style_script_with_sequence_parallelism_trains(
         f"trainer.log_dir={run}",
     ]
     assert main_ppo.main(argv) == 0, capsys.readouterr().err[-3000:]
+    dropped = [
+        r.getMessage() for r in caplog.records if "tensor_model_parallel_size" in r.getMessage()
+    ]
+    assert dropped and "actor_rollout_ref.actor.tensor_parallel_size" in dropped[0], dropped
     for role in ("actor", "critic"):
         state = json.loads((run / "global_step_2" / role / "engine_state.json").read_text())
         assert state["world_size"] == 2 and state["sequence_parallel_size"] == 2, role
