@@ -182,6 +182,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="the tasks GRPO trains on (its own train rows; validation keeps both)",
     )
     p.add_argument("--val-every", type=int, default=10)
+    p.add_argument(
+        "--grpo-override",
+        nargs="*",
+        default=[],
+        help="more config overrides of the GRPO run (key=value), after the recipe's",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="2 steps of each, small batches")
     args = p.parse_args(argv)
@@ -251,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={run_dir}",
             f"trainer.log_dir={run_dir}",
+            *args.grpo_override,
         ]
     )
     trainer = RLTrainer(cfg)
