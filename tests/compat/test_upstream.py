@@ -118,6 +118,8 @@ def test_the_same_keys_in_a_yaml_file(tmp_path):
         ("trainer.del_local_ckpt_after_load=True", "never deleted on load"),
         ("data.reward_fn_key=source", "data_source column"),
         ("data.custom_cls.path=my_dataset.py", "custom dataset classes"),
+        ("data.image_key=img", "always `images`"),
+        ("actor_rollout_ref.actor.freeze_vision_tower=True", "not implemented"),
     ],
 )
 def test_a_value_that_would_change_results_is_refused(override, message):
@@ -125,6 +127,19 @@ def test_a_value_that_would_change_results_is_refused(override, message):
         load_config(overrides=[override])
     assert override.split("=")[0] in str(err.value)
     assert message in str(err.value)
+
+
+def test_upstream_image_keys_with_their_defaults_load(caplog):
+    """geo3k-style scripts name the images column and keep the vision tower trained."""
+    load_config(
+        overrides=[
+            "data.image_key=images",
+            "data.return_multi_modal_inputs=True",
+            "actor_rollout_ref.actor.freeze_vision_tower=False",
+        ]
+    )
+    notes = " ".join(r.getMessage() for r in caplog.records)
+    assert "`images` column" in notes and "trains with the language model" in notes
 
 
 def test_two_spellings_of_one_key_must_agree(tmp_path):

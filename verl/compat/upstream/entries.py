@@ -62,7 +62,7 @@ _PROFILER = (
     "upstream's profilers (nsys, npu, torch memory) record a run and change nothing of its "
     "results; the torch profiler here is trainer.profile_steps (Chrome traces in log_dir)"
 )
-_VISION = "no image or video inputs: this build trains text-only models"
+_VIDEO = "video inputs are not read here (images are: the rows' `images` column)"
 _MICRO = (
     "upstream's global micro-batch size (replaced there by *_per_gpu); micro-batching changes "
     "memory and speed, never the loss: the native key is {native}"

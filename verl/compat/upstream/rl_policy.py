@@ -8,7 +8,7 @@ from verl.compat.upstream.entries import (
     _MICRO,
     _ROLLOUT_PARALLEL,
     _SPEED,
-    _VISION,
+    _VIDEO,
     DROP,
     UpstreamKey,
     _defaults_list,
@@ -40,10 +40,16 @@ POLICY_KEYS: dict[str, UpstreamKey] = {
         "actor_rollout_ref.model.tokenizer_path",
     ),
     "data.use_shm": _drop("copying the data to shared memory is a loading speed-up"),
-    "data.image_key": _drop(_VISION),
-    "data.video_key": _drop(_VISION),
-    "data.image_patch_size": _drop(_VISION),
-    "data.return_multi_modal_inputs": _drop(_VISION),
+    "data.image_key": _drop(
+        "a row's images are read from its `images` column (docs/vision.md)",
+        keeps=("images",),
+        refusal="the image column is always `images` here: rename the column in the data",
+    ),
+    "data.video_key": _drop(_VIDEO),
+    "data.image_patch_size": _drop("the model's processor sets the patch size"),
+    "data.return_multi_modal_inputs": _drop(
+        "a row's image inputs go to the model whenever the row has images"
+    ),
     "data.validation_shuffle": _drop(
         "validation metrics are means over every validation row, whatever their order"
     ),
@@ -127,7 +133,12 @@ POLICY_KEYS: dict[str, UpstreamKey] = {
         "the estimators here compute the statistics they need"
     ),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": _drop(_SPEED),
-    "actor_rollout_ref.actor.freeze_vision_tower": _drop(_VISION),
+    "actor_rollout_ref.actor.freeze_vision_tower": _drop(
+        "the vision tower trains with the language model",
+        keeps=(False,),
+        refusal="freezing the vision tower is not implemented: the whole model trains; "
+        "remove the key or set it to False",
+    ),
     "actor_rollout_ref.actor.data_loader_seed": _drop(
         "mini-batches are shuffled with a generator seeded by trainer.seed"
     ),
