@@ -346,6 +346,10 @@ from verl.rollout import SamplingParams
 from verl.rollout.agent_loop import AgentLoop, TurnOutput
 from verl.tools import tool_from_function
 
+# Ctrl-C as an interactive Python has it, whatever the test runner passed on (an ignored or
+# blocked SIGINT is inherited across exec, and the suite's other tests start such processes)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 tok = AutoTokenizer.from_pretrained(sys.argv[1])
 
 def hang() -> str:

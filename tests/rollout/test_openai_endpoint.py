@@ -554,7 +554,10 @@ def test_an_engine_error_stops_the_step_and_answers_the_agents(tokenizer):
         for thread in agent_threads():
             if thread.name.startswith("verl-agent"):
                 thread.join(10)
-        assert statuses == [500, 500]
+        # every agent is answered: 500 for the requests the failing engine call held, 403
+        # ("this rollout has ended") for one that reached the server after the step stopped
+        assert len(statuses) == 2 and 500 in statuses, statuses
+        assert set(statuses) <= {500, 403}, statuses
     finally:
         rollout.close()
     assert not agent_threads()
