@@ -1,7 +1,8 @@
 """Chaos: a GRPO run SIGKILLed at 12 seeded points (every phase, before and after its call)
-and resumed each time ends bit-identical to an uninterrupted run; and the same, at fewer points, for a one-step-off asynchronous run
-(its in-flight batch is part of every checkpoint) and for a multi-turn run with tools (its
-config, tools included, is written into every checkpoint).
+and resumed each time ends bit-identical to an uninterrupted run; and the same, at fewer
+points, for a one-step-off asynchronous run (its in-flight batch is part of every checkpoint)
+and for a multi-turn run with tools (its config, tools included, is written into every
+checkpoint).
 
 Kill points are drawn from five phases, each just before or just after the n-th call (in
 that process) of: the rollout (``generate_and_score``), the policy update
