@@ -139,7 +139,6 @@ def _install_scripted_stop(
                     self._bench_by_seed[got[1]] = scripted(self, got[0], params)
                 return got
 
-            scripted_refill.width = getattr(refill, "width", None)
             context = stream_groups(current_group_sink(), scripted_refill)
         start = time.perf_counter()
         try:

@@ -97,9 +97,7 @@ _SINK: contextvars.ContextVar[GroupSink | None] = contextvars.ContextVar(
 
 #: ``refill(width) -> (prompts, seed, sink) | None``: another prompt batch (a ``DataProto``
 #: of prompt tensors at most ``width`` columns wide), the seed to sample it with and the
-#: sink of its groups; None when there is none to add now (module docstring). A ``width``
-#: attribute (int), when set, is the widest prompt it may hand over: a call then sizes its
-#: KV cache for it.
+#: sink of its groups; None when there is none to add now (module docstring).
 Refill = Callable[[int], "tuple[Any, int | None, GroupSink] | None"]
 
 _REFILL: contextvars.ContextVar[Refill | None] = contextvars.ContextVar(
@@ -176,7 +174,6 @@ def segment_refill(
         device = engine._device()
         return Segment(ids.to(device), mask.to(device).bool(), pos.to(device), seed, on_group)
 
-    refill.width = getattr(source, "width", None)  # the widest prompt it may hand over
     return refill
 
 
@@ -220,8 +217,6 @@ def generate_continuous(
     batch, width_in = input_ids.shape
     total = batch * n
     # Every admitted group is padded to its own longest prompt (<= width_in).
-    # a refill may hand over prompts up to its ``width`` (its source's widest prompt)
-    width_in = max(width_in, int(getattr(refill, "width", 0) or 0))
     max_len = width_in + max_new - 1
     kv_dtype, kv_round = engine._cache_precision(device)
     cache = SlotKVCache(engine._num_layers, slots, max_len, dtype=kv_dtype, round_to=kv_round)

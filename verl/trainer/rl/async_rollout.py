@@ -158,8 +158,6 @@ class AsyncRollout:
         self.stream: Any = None
         #: report each prompt's group as the engine finishes it (:meth:`take_groups`)
         self.stream_groups = False
-        #: the widest prompt batch (columns) a running call may take in (``data.max_prompt_length``)
-        self.prompt_width: int | None = None
         self._progress = threading.Condition()  # a group streamed or a batch finished
         self.mailbox = mailbox
 
@@ -237,11 +235,8 @@ class AsyncRollout:
         if self.stream_groups:
             from verl.rollout.continuous import stream_groups
 
-            def refill(width: int) -> tuple[DataProto, int, Callable] | None:
-                return self._refill(width)
-
-            refill.width = self.prompt_width
-            with stream_groups(self._sink(item, prompts), refill), self._mailbox_in_force():
+            sink = self._sink(item, prompts)
+            with stream_groups(sink, self._refill), self._mailbox_in_force():
                 gen = self._generate(self.group, prompts)
         else:
             with self._mailbox_in_force():
@@ -561,7 +556,7 @@ def build_async_rollout(
     group.init_model(total_steps=1)  # its optimizer never steps
     partial = getattr(cfg.trainer, "partial_rollout", "off")
     streaming = cfg.trainer.rollout_mode == "streaming"
-    pipeline = AsyncRollout(
+    return AsyncRollout(
         group,
         generate,
         lambda: actor_group.state_dict_for_save()[0],  # rank 0 holds the full dict
@@ -570,5 +565,3 @@ def build_async_rollout(
         mailbox=WeightMailbox(partial) if streaming and partial != "off" else None,
         threads=getattr(cfg.trainer, "rollout_num_threads", None),
     )
-    pipeline.prompt_width = getattr(cfg.data, "max_prompt_length", None)
-    return pipeline
