@@ -334,12 +334,6 @@ class AsyncRollout:
             if self._queue and not any(i.ready for i in self._queue) and not self.head_ready():
                 self._progress.wait(timeout_s)
 
-    def pending_prompts(self) -> int:
-        """Prompts of the queued batches whose groups have not reached :meth:`take_groups`'
-        caller yet (a streamed group counts once: in the caller's buffer, not here)."""
-        with self._progress:
-            return sum(len(item.prompts) - len(item.taken) for item in self._queue)
-
     def queued_prompts(self) -> int:
         """Prompts in the queued batches (finished or not)."""
         return sum(len(item.prompts) for item in self._queue)

@@ -205,7 +205,7 @@ class StreamingSource:
         self.pipeline.post_weights(version)  # partial rollouts: into the call in flight
         with timer("gen", metrics):  # the wait for the rollouter (it generated meanwhile)
             while len(taken) < self.num_groups:
-                self._fill(draw, version, held=len(taken))
+                self._fill(draw, version)
                 self._collect(metrics, wait=not self.groups)
                 while self.groups and len(taken) < self.num_groups:
                     entry = self.groups.popleft()
@@ -241,11 +241,10 @@ class StreamingSource:
         return gen, metrics
 
     # ------------------------------------------------------------------ the buffer
-    def _fill(self, draw: Draw, version: int, held: int = 0) -> None:
-        """Queue prompt batches with the weights of ``version`` while the groups buffered,
-        the ``held`` ones this take has, and the prompts queued whose groups are not
-        buffered yet (each group counted once, wherever it is) stay under the capacity."""
-        while len(self.groups) + held + self.pipeline.pending_prompts() < self.capacity:
+    def _fill(self, draw: Draw, version: int) -> None:
+        """Queue prompt batches with the weights of ``version`` while the prompts queued
+        and the groups buffered stay under the capacity."""
+        while len(self.groups) + self.pipeline.queued_prompts() < self.capacity:
             before = len(self.pipeline)
             self.pipeline.fill(draw, version, limit=before + 1)
             if len(self.pipeline) == before:
