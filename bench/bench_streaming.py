@@ -18,14 +18,10 @@ Configurations, each in a fresh process, ``--steps`` steps, alternating over ``-
   on the rollout copy, on a thread of the driver, while batch k trains;
 - ``streaming``     ``trainer.rollout_mode=streaming`` (``max_staleness=1``, the default
   buffer of 2 batches): the copy fills a buffer of groups, each group as soon as its samples
-  stop; a step takes the oldest ``--prompts`` groups; a running call takes the next queued
-  batch into its free slots when that batch needs no weight load (the first steps' batches;
-  each later step's batch comes with new weights and starts a call of its own);
+  stop; a step takes the oldest ``--prompts`` groups;
 - ``streaming_continue`` / ``streaming_resume``  streaming with ``trainer.partial_rollout``:
   each step's weights reach the call in flight between two decode steps; its rows decode
-  on over their caches (continue) or are prefilled again under the new weights (resume);
-  the call takes every next queued batch into its free slots, so generation runs on
-  across batches.
+  on over their caches (continue) or are prefilled again under the new weights (resume).
 
 ``--configs`` picks a subset (comma-separated).
 
@@ -35,7 +31,7 @@ window (idle: the engine was not inside ``generate``), the trainer's wait for sa
 step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
 stale, the ratios to sync, and for partial rollouts the mid-call weight swaps, the tokens
 prefilled again (resume) per generated token, and the mean staleness of the trained samples
-(by their oldest token); ``refills``: the prompt batches running calls took in.
+(by their oldest token).
 
 ``--threads`` sets the training thread's torch (OpenMP) intra-op threads (and sync's
 generation's); ``--rollout-threads`` the rollout copy's thread in the asynchronous modes
@@ -90,18 +86,13 @@ def _install_scripted_stop(
     """Every native engine of this process: the long-tail scripted stop, the wall
     intervals of its ``generate`` calls recorded in ``intervals`` and its generated and
     re-prefilled tokens summed in ``counts``."""
-    import contextlib
-
     import torch
 
-    from verl.rollout.continuous import current_group_sink, current_refill, stream_groups
     from verl.rollout.native import NativeRollout
 
     original = NativeRollout.generate
-    original_sample = NativeRollout._sample
 
-    def scripted(engine, prompts, params):
-        """The scripted stop of ``prompts``' samples (their rows numbered from 0)."""
+    def generate(self, prompts, params):
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
         targets = []
         for row in range(ids.shape[0]):
@@ -114,7 +105,7 @@ def _install_scripted_stop(
                     length = 4 + (h >> 16) % 29
                 targets.append(min(length, params.max_new_tokens))
         target = torch.tensor(targets)
-        stops = params.stop_token_ids if params.stop_token_ids else engine.eos_token_ids
+        stops = params.stop_token_ids if params.stop_token_ids else self.eos_token_ids
         stop = int(stops[0])
 
         def scripted_stop(logits, rows, steps):
@@ -123,43 +114,16 @@ def _install_scripted_stop(
             logits[:, stop] = torch.where(at_end, 1e4, -1e4)
             return logits
 
-        return scripted_stop
-
-    def generate(self, prompts, params):
-        self.logits_processor = scripted(self, prompts, params)
-        # prompt batches a streaming call takes in (refill): each with its own scripted
-        # stop, found by its sampling seed when its rows sample
-        self._bench_by_seed = {}
-        refill, context = current_refill(), contextlib.nullcontext()
-        if refill is not None:
-
-            def scripted_refill(width):
-                got = refill(width)
-                if got is not None:
-                    self._bench_by_seed[got[1]] = scripted(self, got[0], params)
-                return got
-
-            context = stream_groups(current_group_sink(), scripted_refill)
+        self.logits_processor = scripted_stop
         start = time.perf_counter()
         try:
-            with context:
-                return original(self, prompts, params)
+            return original(self, prompts, params)
         finally:
             intervals.append((start, time.perf_counter()))
-            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps", "refills"):
+            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps"):
                 counts[key] = counts.get(key, 0.0) + self.last_stats.get(key, 0.0)
-            counts["generated_tokens"] += self.last_stats.get("refill_tokens", 0.0)
-
-    def sample(self, logits, rows, steps, params, seed):
-        own = self.logits_processor
-        self.logits_processor = getattr(self, "_bench_by_seed", {}).get(seed, own)
-        try:
-            return original_sample(self, logits, rows, steps, params, seed)
-        finally:
-            self.logits_processor = own
 
     NativeRollout.generate = generate
-    NativeRollout._sample = sample
 
 
 def _child(args) -> dict:
@@ -231,8 +195,6 @@ def _child(args) -> dict:
         "dropped_groups": float(trainer.history[-1].get("stream/dropped_groups_total", 0.0)),
         "staleness_mean": statistics.mean(row.get("async/staleness_mean", 0.0) for row in history),
         "midcall_swaps": counts.get("weight_swaps", 0.0),
-        # prompt batches a running call took into its free slots (streaming)
-        "refills": counts.get("refills", 0.0),
         "reprefill_per_token": counts.get("reprefill_tokens", 0.0)
         / max(counts.get("generated_tokens", 0.0), 1.0),
         "mean_response_length": statistics.mean(
@@ -333,7 +295,7 @@ def main() -> None:
         f"rollout threads {args.rollout_threads or args.threads}"
     )
     header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
-    header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill", "refills")
+    header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill")
     print(f"{'config':<13}" + "".join(f"{h:>12}" for h in header))
     for name, row in summary.items():
         cells = (
@@ -348,7 +310,6 @@ def main() -> None:
             f"{row['staleness_mean']:12.2f}",
             f"{row['midcall_swaps']:12.0f}",
             f"{row['reprefill_per_token']:12.2f}",
-            f"{row['refills']:12.0f}",
         )
         print(f"{name:<13}" + "".join(cells))
     print(json.dumps({"args": vars(args), "nproc": os.cpu_count(), "summary": summary}))

@@ -11,7 +11,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
-from verl.rollout.continuous import current_group_sink, current_refill, stream_groups
+from verl.rollout.continuous import current_group_sink, stream_groups
 from verl.rollout.native import NativeRollout
 from verl.rollout.sampling import row_uniforms
 
@@ -191,53 +191,3 @@ def test_row_uniforms():
     assert not torch.equal(row_uniforms(123, rows[:8], 4), u[:8])
     lag = torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1]
     assert abs(float(lag)) < 0.02
-
-
-def test_refill_admits_a_later_batch_into_the_running_call(model, tokenizer, batch):
-    """With ``refill``, a second prompt batch is admitted into the slots the first call's
-    short rows free: its prompts start (and its first groups finish) before the first
-    call's longest response ends, and both batches' samples equal calls of their own
-    (per-segment seeds, rows numbered within the segment)."""
-    later = batch[:4]  # 4 prompts, no wider than the call's
-    params = SamplingParams(n=2, max_new_tokens=64, seed=3, stop_token_ids=[2])
-    kwargs = {"max_num_seqs": 4, "logits_processor": _scripted(TAIL)}
-    alone_first = NativeRollout(model, tokenizer, **kwargs).generate(batch, params)
-    later_params = SamplingParams(n=2, max_new_tokens=64, seed=11, stop_token_ids=[2])
-    alone_later = NativeRollout(model, tokenizer, **kwargs).generate(later, later_params)
-
-    events: list[tuple[str, int]] = []
-    groups: dict[str, dict[int, DataProto]] = {"first": {}, "later": {}}
-    pending = [later]
-
-    def sink_of(name):
-        def sink(prompt, group, _params):
-            events.append((name, prompt))
-            groups[name][prompt] = group
-
-        return sink
-
-    def refill(width):
-        assert width >= later.batch["input_ids"].shape[1]
-        if not pending:
-            return None
-        events.append(("refill", -1))
-        return pending.pop(), 11, sink_of("later")
-
-    engine = NativeRollout(model, tokenizer, **kwargs)
-    with stream_groups(sink_of("first"), refill):
-        out = engine.generate(batch, params)
-    assert current_refill() is None
-    assert engine.last_stats["refills"] == 1.0
-    assert _same(out, alone_first) < 1e-4  # the call's own output, without the later rows
-    # recorded order: the later batch starts, and its first group ends, before the first
-    # call's longest group (prompt 3: a 64-token sample) ends
-    last_first = events.index(("first", 3))
-    assert events.index(("refill", -1)) < last_first
-    assert min(events.index(("later", p)) for p in range(4)) < last_first
-    assert sorted(groups["first"]) == list(range(7)) and sorted(groups["later"]) == list(range(4))
-    for prompt, group in groups["later"].items():
-        rows = slice(2 * prompt, 2 * prompt + 2)
-        assert torch.equal(group.batch["responses"], alone_later.batch["responses"][rows])
-        assert torch.equal(group.batch["response_mask"], alone_later.batch["response_mask"][rows])
-        gap = group.batch["rollout_log_probs"] - alone_later.batch["rollout_log_probs"][rows]
-        assert float(gap.abs().max()) < 1e-4

@@ -17,7 +17,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
-from verl.rollout.continuous import current_group_sink, current_refill
+from verl.rollout.continuous import current_group_sink
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource, _group_prompts
@@ -236,85 +236,6 @@ def test_groups_are_taken_while_their_call_still_generates():
         assert metrics["timing_s/async_gen"] > 0  # the call ended: its timing is counted
     finally:
         fake.release.set()
-        pipe.close()
-
-
-class _RefillCopy(_FakeCopy):
-    """A continuous engine in miniature: reports its prompts' groups, but the last one (the
-    long tail) only after it has asked ``refill`` for the next batch and generated it in
-    the freed slots; records the order (``events``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, int]] = []
-        self.params = SamplingParams(n=N, max_new_tokens=4)
-        self.gate = threading.Event()  # the first call starts once the test has queued
-
-    def _emit(self, sink, prompts: DataProto, prompt: int, name: str) -> None:
-        # the engine's output holds the rollout's keys only; the prompts' are joined on
-        rows = DataProto.from_dict(non_tensors={"seen_version": np.full(N, self.version)})
-        self.events.append((name, int(prompts.batch["x"][prompt])))
-        sink(prompt, rows, self.params)
-
-    def generate(self, group, prompts: DataProto) -> DataProto:
-        assert self.gate.wait(30), "the test never opened the gate"
-        out = super().generate(group, prompts)
-        sink, refill = current_group_sink(), current_refill()
-        for prompt in range(len(prompts) - 1):
-            self._emit(sink, prompts, prompt, "done")
-        got = refill(1_000)
-        while got is not None:  # the next queued batches, into the freed slots
-            more, _seed, more_sink = got
-            self.events.append(("start", int(more.batch["x"][0])))
-            for prompt in range(len(more)):
-                self._emit(more_sink, more, prompt, "done")
-            got = refill(1_000)
-        self._emit(sink, prompts, len(prompts) - 1, "tail")
-        return out
-
-
-def test_next_batch_starts_in_the_running_call_before_its_tail_ends():
-    """With two batches queued with the same weights, the second one's prompts are taken
-    into the first call (refill) and start and finish before that call's longest response
-    ends; its groups train with their version and no second call runs. A batch that needs
-    new weights is never taken in (it waits for a call of its own)."""
-    actor = {"version": 0}
-    fake = _RefillCopy()
-    pipe = AsyncRollout(
-        fake, fake.generate, lambda: {"w": torch.tensor(actor["version"])}, max_staleness=1, seed=3
-    )
-    source = StreamingSource(
-        pipe,
-        lambda gen, metrics: (gen, metrics),
-        lambda: actor["version"],
-        num_groups=GROUPS,
-        max_staleness=1,
-    )
-    try:
-        draw = _draws()
-        source._fill(draw, 0)  # batches 0 and 1 (x 0-1, 2-3), both with version 0
-        fake.gate.set()
-        gen, _ = source.next(draw)
-        for item in list(pipe._queue):
-            item.result.result(timeout=30)
-        # recorded order: batch 1 starts and ends before batch 0's tail (x=1) ends
-        assert fake.events == [("done", 0), ("start", 2), ("done", 2), ("done", 3), ("tail", 1)]
-        assert fake.generations == 1  # one call generated both batches
-        # which groups the first step took depends on when it looked (max_staleness=1);
-        # the two steps train on both batches, all sampled with version 0
-        second, _ = source.next(draw)
-        both = DataProto.concat([gen, second])
-        assert sorted(both.batch["x"].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
-        assert sorted(set(both.non_tensor_batch["uid"])) == ["0-0", "0-1", "1-0", "1-1"]
-        assert (both.non_tensor_batch["rollout_policy_version"] == 0).all()
-        assert (both.non_tensor_batch["seen_version"] == 0).all()
-        # new weights every step: a batch is only ever taken in by a call of its weights
-        for version in range(1, 4):
-            actor["version"] = version
-            gen, _ = source.next(draw)
-            seen = gen.non_tensor_batch["seen_version"].astype(int)
-            assert (gen.non_tensor_batch["rollout_policy_version"] == seen).all()
-    finally:
         pipe.close()
 
 

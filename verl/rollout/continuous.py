@@ -15,8 +15,7 @@ every wave then waits for its slowest row. Here the ``S`` slots of one
                 decode in one step
         sample  the running rows; a row that stops frees its slot
 
-Once no prompt waits (and a ``refill`` has none to add), finished slots are compacted away
-(as in the lock-step loop).
+Once no prompt waits, finished slots are compacted away (as in the lock-step loop).
 
 Rows stay independent: each row's mask admits only its own prompt and generated columns
 (columns of an earlier occupant and other padding are masked; every buffer starts zeroed,
@@ -37,15 +36,6 @@ decodes. :func:`stream_groups` installs a sink for every native ``generate`` run
 the sink): the streaming rollout (``verl/trainer/rl/streaming.py``) pushes each group into its
 buffer that way. The samples do not change (per-sample seeding): only when they are seen.
 
-**Prompts from later calls** (``refill``). The sink may come with a ``refill(width)``
-callback: when a slot frees and the call has no prompt left to admit, the loop asks it for
-another prompt batch (a :class:`Segment`: its own prompts, of at most ``width`` columns, its
-own sampling seed and its own ``on_group``) and admits it into the free slots while the
-call's long tail still decodes; the call ends when no row runs and ``refill`` has nothing.
-A segment's rows are numbered and seeded within the segment, and each admission takes
-prompts of one segment only, so its samples are the ones a call of its own would give.
-The streaming rollout feeds the next queued prompt batch this way.
-
 **New weights mid-call** (:mod:`verl.rollout.partial`). With a ``mailbox``, the loop polls it
 before each admission / decode step (no forward in progress) and, when new weights were
 posted, loads them into the module: the rows in flight continue over their caches
@@ -61,14 +51,11 @@ import contextvars
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verl.rollout.base import assemble_rollout_output, validate_prompts
 from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
-from verl.rollout.partial import tag_token_versions
 
 if TYPE_CHECKING:
     from verl.rollout.base import SamplingParams
@@ -76,15 +63,7 @@ if TYPE_CHECKING:
     from verl.rollout.partial import WeightMailbox
     from verl.rollout.stopping import StopStringChecker
 
-__all__ = [
-    "GroupSink",
-    "Refill",
-    "Segment",
-    "current_group_sink",
-    "current_refill",
-    "generate_continuous",
-    "stream_groups",
-]
+__all__ = ["GroupSink", "current_group_sink", "generate_continuous", "stream_groups"]
 
 #: ``sink(prompt, group, params)``: ``prompt`` the group's prompt index in the call,
 #: ``group`` its ``n`` rows in the layout of ``verl.rollout.base`` (on the engine's device),
@@ -95,86 +74,22 @@ _SINK: contextvars.ContextVar[GroupSink | None] = contextvars.ContextVar(
     "verl_rollout_group_sink", default=None
 )
 
-#: ``refill(width) -> (prompts, seed, sink) | None``: another prompt batch (a ``DataProto``
-#: of prompt tensors at most ``width`` columns wide), the seed to sample it with and the
-#: sink of its groups; None when there is none to add now (module docstring).
-Refill = Callable[[int], "tuple[Any, int | None, GroupSink] | None"]
-
-_REFILL: contextvars.ContextVar[Refill | None] = contextvars.ContextVar(
-    "verl_rollout_refill", default=None
-)
-
-
-@dataclass
-class Segment:
-    """A prompt batch admitted into a running call (``refill``): ``input_ids`` /
-    ``key_real`` / ``position_ids`` (B, P) left-padded on the model's device, ``P`` at
-    most the call's prompt width; ``seed`` its sampling seed; ``on_group(prompt, responses,
-    log_probs, lengths[, versions])`` with ``prompt`` its index in the segment."""
-
-    input_ids: torch.Tensor
-    key_real: torch.Tensor
-    position_ids: torch.Tensor
-    seed: int | None
-    on_group: Callable[..., None]
-
 
 @contextlib.contextmanager
-def stream_groups(sink: GroupSink, refill: Refill | None = None) -> Iterator[None]:
+def stream_groups(sink: GroupSink) -> Iterator[None]:
     """Within the block (this thread / context), every native ``generate`` call reports each
-    prompt's group to ``sink`` as soon as its ``n`` samples have stopped (module docstring);
-    with ``refill``, a continuous call admits the prompt batches it returns into its free
-    slots. An exception raised by ``sink`` or ``refill`` ends the generation call with it."""
+    prompt's group to ``sink`` as soon as its ``n`` samples have stopped (module docstring).
+    An exception raised by ``sink`` ends the generation call with it."""
     token = _SINK.set(sink)
-    refill_token = _REFILL.set(refill)
     try:
         yield
     finally:
-        _REFILL.reset(refill_token)
         _SINK.reset(token)
 
 
 def current_group_sink() -> GroupSink | None:
     """The sink :func:`stream_groups` installed here, or None."""
     return _SINK.get()
-
-
-def current_refill() -> Refill | None:
-    """The refill :func:`stream_groups` installed here, or None."""
-    return _REFILL.get()
-
-
-def segment_refill(
-    engine: NativeRollout, source: Refill | None, params: SamplingParams, mailbox: Any
-) -> Callable[[int], Segment | None] | None:
-    """The continuous loop's ``refill`` for the prompt batches ``source`` hands over (None
-    without ``source``): each becomes a :class:`Segment` whose groups reach the batch's own
-    sink, assembled as a call of its own would assemble them (``engine.generate``)."""
-    if source is None:
-        return None
-
-    def refill(width: int) -> Segment | None:
-        got = source(width)
-        if got is None:
-            return None
-        more, seed, sink = got
-        ids, mask, pos = validate_prompts(more)
-
-        def on_group(prompt: int, responses, log_probs, lengths, versions=None) -> None:
-            group = engine._finish_rows(responses, log_probs, lengths)
-            out = assemble_rollout_output(
-                more[prompt : prompt + 1], params, *group, position_ids=pos[prompt : prompt + 1]
-            )
-            sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
-
-        if params.greedy:
-            seed = None
-        elif seed is None:  # as the engine seeds a call without one
-            seed = int(torch.randint(0, 2**62, (1,)).item())
-        device = engine._device()
-        return Segment(ids.to(device), mask.to(device).bool(), pos.to(device), seed, on_group)
-
-    return refill
 
 
 def generate_continuous(
@@ -190,7 +105,6 @@ def generate_continuous(
     checker: StopStringChecker,
     on_group: Callable[..., None] | None = None,
     mailbox: WeightMailbox | None = None,
-    refill: Callable[[int], Segment | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
     ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
@@ -198,11 +112,7 @@ def generate_continuous(
     lengths[, versions])``: called as soon as the ``n`` rows of prompt ``prompt`` have all
     stopped, with their final rows of the outputs below ((n, R), (n, R), (n,), (n, R);
     ``versions`` only with a ``mailbox``). ``mailbox``: polled between steps (module
-    docstring); its ``held`` version tags the tokens until a swap. ``refill(width)``: asked
-    for another :class:`Segment` whenever ``n`` slots are free and no prompt waits (module
-    docstring); its groups go to its own ``on_group``, its rows are not in the outputs and
-    ``stats["refills"]`` counts the segments admitted (``refill_tokens``: the tokens they
-    generated).
+    docstring); its ``held`` version tags the tokens until a swap.
 
     Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
     float32, ``lengths`` (B*n,), stats (``prefill_s``, ``decode_steps``,
@@ -235,17 +145,10 @@ def generate_continuous(
 
     # rows still decoding per prompt (host side: read only when a row stops)
     unfinished = [n] * batch
-    # the call's prompts and the segments refill added: the first prompt index of each
-    segs = [Segment(input_ids, key_real, position_ids, seed, on_group)]
-    seg_start = [0]
-    # refill had nothing the last time it was asked (compaction only then: it frees slots)
-    refill_dry = [refill is None]
     stats = {"prefill_s": 0.0, "decode_steps": 0.0, "decode_row_steps": 0.0}
     stats |= {"admissions": 0.0, "compactions": 0.0, "prompt_len": float(width_in)}
     next_prompt = 0
     versions = version = col_ids = col_pos = None
-    if refill is not None:
-        stats["refills"] = 0.0
     if mailbox is not None:
         version = int(mailbox.held)
         versions = torch.full((total, max_new), -1, dtype=torch.long, device=device)
@@ -258,18 +161,7 @@ def generate_continuous(
     def record(slot_idx: torch.Tensor, logits: torch.Tensor) -> None:
         """Sample the rows in ``slot_idx`` from ``logits`` (len, vocab); free the stopped."""
         rows, steps = slot_row[slot_idx], slot_step[slot_idx]
-        if len(segs) == 1:
-            tokens, chosen = engine._sample(logits, rows, steps, params, seed)
-        else:  # each segment's rows with its seed, numbered within it
-            of_seg = torch.bucketize(rows, torch.tensor(seg_start, device=device) * n, right=True)
-            tokens = torch.empty_like(rows)
-            chosen = torch.empty(rows.shape, dtype=torch.float32, device=device)
-            for s in of_seg.unique().tolist():
-                part = of_seg == s
-                base = seg_start[s - 1] * n
-                tokens[part], chosen[part] = engine._sample(
-                    logits[part], rows[part] - base, steps[part], params, segs[s - 1].seed
-                )
+        tokens, chosen = engine._sample(logits, rows, steps, params, seed)
         responses[rows, steps] = tokens
         log_probs[rows, steps] = chosen
         if versions is not None:
@@ -289,7 +181,7 @@ def generate_continuous(
         freed = slot_idx[done]
         slot_row[freed] = -1
         slot_col[freed] = 0
-        if (on_group is not None or len(segs) > 1) and bool(done.any()):
+        if on_group is not None and bool(done.any()):
             for row in rows[done].tolist():
                 unfinished[row // n] -= 1
                 if unfinished[row // n] == 0:
@@ -297,64 +189,24 @@ def generate_continuous(
                     outs = (responses[rows_of], log_probs[rows_of], lengths[rows_of])
                     if versions is not None:
                         outs += (versions[rows_of],)
-                    s = _segment_of(row // n)
-                    if segs[s].on_group is not None:
-                        segs[s].on_group(row // n - seg_start[s], *outs)
-
-    def _segment_of(prompt: int) -> int:
-        s = len(seg_start) - 1
-        while seg_start[s] > prompt:
-            s -= 1
-        return s
-
-    def add_segment(seg: Segment) -> None:
-        """Append a refill's prompts (and output rows) after the call's."""
-        nonlocal batch, responses, log_probs, lengths, versions
-        if seg.input_ids.shape[1] > width_in:
-            raise ValueError(
-                f"refill returned prompts {seg.input_ids.shape[1]} columns wide; the call's "
-                f"KV cache holds prompts of at most {width_in}"
-            )
-        count = seg.input_ids.shape[0]
-        seg_start.append(batch)
-        segs.append(seg)
-        batch += count
-        unfinished.extend([n] * count)
-        rows = count * n
-        responses = torch.cat([responses, responses.new_empty(rows, max_new)])
-        log_probs = torch.cat([log_probs, log_probs.new_zeros(rows, max_new)])
-        lengths = torch.cat([lengths, lengths.new_full((rows,), max_new)])
-        if versions is not None:
-            versions = torch.cat([versions, versions.new_full((rows, max_new), -1)])
-        stats["refills"] += 1
+                    on_group(row // n, *outs)
 
     def admit() -> None:
         """Fill free slots with whole prompts (n samples each) and sample their first
         token; repeats while a prompt's rows all stop at once and slots free up again."""
         nonlocal next_prompt
-        while True:
+        while next_prompt < batch:
             free = (slot_row < 0).nonzero().flatten()
-            if next_prompt >= batch:
-                if refill is None or int(free.numel()) < n:
-                    return
-                seg = refill(width_in)
-                refill_dry[0] = seg is None
-                if seg is None:
-                    return
-                add_segment(seg)
-            # one segment per admission: its prefill laid out as in a call of its own
-            s = _segment_of(next_prompt)
-            base, seg = seg_start[s], segs[s]
-            count = min(int(free.numel()) // n, base + seg.input_ids.shape[0] - next_prompt)
+            count = min(int(free.numel()) // n, batch - next_prompt)
             if count == 0:
                 return
             t0 = time.perf_counter()
             first, last = next_prompt, next_prompt + count
-            real = seg.key_real[first - base : last - base]
+            real = key_real[first:last]
             lead = int(real.any(dim=0).int().argmax())  # columns padding in all of them
             real = real[:, lead:]
-            ids = seg.input_ids[first - base : last - base, lead:]
-            pos = seg.position_ids[first - base : last - base, lead:]
+            ids = input_ids[first:last, lead:]
+            pos = position_ids[first:last, lead:]
             plen = ids.shape[1]
             prefill = PreallocatedKVCache(
                 engine._num_layers, count * n, plen, repeats=n, dtype=kv_dtype, round_to=kv_round
@@ -409,7 +261,7 @@ def generate_continuous(
         if not bool(running.any()):
             break
         free_count = slots - int(running.sum())
-        if next_prompt >= batch and free_count and refill_dry[0]:
+        if next_prompt >= batch and free_count:
             threshold = max(1, math.ceil(engine.compaction_threshold * slots))
             if engine.compaction and free_count >= threshold:
                 keep = running.nonzero().flatten()
@@ -445,8 +297,4 @@ def generate_continuous(
         slot_pos = slot_pos + 1
         idx = running.nonzero().flatten()
         record(idx, logits[idx])
-    if len(segs) > 1:  # the call's own rows
-        stats["refill_tokens"] = float(lengths[total:].sum())
-        responses, log_probs, lengths = responses[:total], log_probs[:total], lengths[:total]
-        versions = versions[:total] if versions is not None else None
     return responses, log_probs, lengths, stats, versions

@@ -50,12 +50,7 @@ from verl.rollout.base import (
     eval_mode,
     validate_prompts,
 )
-from verl.rollout.continuous import (
-    current_group_sink,
-    current_refill,
-    generate_continuous,
-    segment_refill,
-)
+from verl.rollout.continuous import current_group_sink, generate_continuous
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
@@ -223,10 +218,9 @@ class NativeRollout(RolloutEngine):
                 )
                 sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
 
-        refill = segment_refill(self, current_refill(), params, mailbox)
         with eval_mode(self.module), torch.no_grad():  # not inference_mode: see the docstring
             responses, log_probs, lengths, versions = self._generate(
-                input_ids, attention_mask, position_ids, params, on_group, mailbox, refill
+                input_ids, attention_mask, position_ids, params, on_group=on_group, mailbox=mailbox
             )
             responses, mask, log_probs = self._finish_rows(responses, log_probs, lengths)
         out = assemble_rollout_output(
@@ -365,7 +359,6 @@ class NativeRollout(RolloutEngine):
         params: SamplingParams,
         on_group: Callable[..., None] | None = None,
         mailbox: Any = None,
-        refill: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
@@ -420,7 +413,6 @@ class NativeRollout(RolloutEngine):
                 checker=checker,
                 on_group=on_group,
                 mailbox=mailbox,
-                refill=refill,
             )
             mode = "continuous"
         else:

@@ -45,10 +45,6 @@ Partial rollouts (``trainer.partial_rollout``, streaming only): with a ``mailbox
 takes the newest posted weights before it starts and, on the native engine's continuous
 loop, between two decode steps. Each token then records the version that sampled it
 (``rollout_token_versions``) and a group's version is its oldest token's.
-
-Streaming (``stream_groups``) on the native continuous engine: a running call takes the
-next queued batch into its free slots (:meth:`AsyncRollout._refill`) when that batch needs
-no weight load (or with a mailbox); that batch's own task then only assembles its groups.
 """
 
 from __future__ import annotations
@@ -99,11 +95,6 @@ class _InFlight:
     # and not yet taken by :meth:`AsyncRollout.take_groups`; the prompts already taken
     ready: list[tuple[int, DataProto]] = field(default_factory=list)
     taken: set[int] = field(default_factory=set)
-    loads: bool = False  # a weights snapshot comes with it (the copy loads before it runs)
-    # generated in an earlier batch's call (refill) or by its own: started, not to start
-    claimed: bool = False
-    streamed: list[tuple[int, DataProto]] = field(default_factory=list)  # a refill's groups
-    started: float = 0.0
 
 
 class AsyncRollout:
@@ -181,7 +172,6 @@ class AsyncRollout:
             item = _InFlight(prompts, version, self._launched)
             self._launched += 1
             weights = None if self.mailbox is not None else self._weights_for(version)
-            item.loads = weights is not None
             item.result = self._executor.submit(self._run, item, weights)
             item.result.add_done_callback(lambda _: self._notify())
             self._queue.append(item)
@@ -209,10 +199,6 @@ class AsyncRollout:
     def _run(self, item: _InFlight, weights: dict[str, torch.Tensor] | None) -> DataProto:
         """On the rollout thread: load ``weights`` (if any; with a mailbox, its newest
         post), then generate ``item``."""
-        with self._progress:
-            refilled, item.claimed = item.claimed, True
-        if refilled:  # an earlier call generated it (its groups are all out)
-            return self._joined(item)
         sync_s = 0.0
         version = item.version
         if self.mailbox is not None:
@@ -235,64 +221,21 @@ class AsyncRollout:
         if self.stream_groups:
             from verl.rollout.continuous import stream_groups
 
-            sink = self._sink(item, prompts)
-            with stream_groups(sink, self._refill), self._mailbox_in_force():
+            def sink(prompt: int, group: DataProto, params: Any) -> None:
+                group = _join_prompt_fields(group.to("cpu"), prompts[prompt : prompt + 1])
+                # what the worker adds to a whole call's output (run_generation)
+                group.meta_info["temperature"] = params.logprob_temperature
+                with self._progress:
+                    item.ready.append((prompt, group))
+                    self._progress.notify_all()
+
+            with stream_groups(sink), self._mailbox_in_force():
                 gen = self._generate(self.group, prompts)
         else:
             with self._mailbox_in_force():
                 gen = self._generate(self.group, prompts)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s
-        return gen
-
-    def _sink(self, item: _InFlight, prompts: DataProto, keep: bool = False) -> Callable:
-        """The group sink of ``item`` (``keep``: also into ``item.streamed``)."""
-
-        def sink(prompt: int, group: DataProto, params: Any) -> None:
-            group = _join_prompt_fields(group.to("cpu"), prompts[prompt : prompt + 1])
-            # what the worker adds to a whole call's output (run_generation)
-            group.meta_info["temperature"] = params.logprob_temperature
-            with self._progress:
-                item.ready.append((prompt, group))
-                if keep:
-                    item.streamed.append((prompt, group))
-                self._progress.notify_all()
-
-        return sink
-
-    def _refill(self, width: int) -> tuple[DataProto, int, Callable] | None:
-        """On the rollout thread, asked by the continuous engine when slots are free and
-        its call has no prompt left: the next queued batch, claimed for the running call
-        (prompt tensors, its seed, its sink), when it needs no other weights than the
-        copy's (with a mailbox, the newest posted weights reach the call anyway) and fits
-        the call's prompt width; None otherwise. Its groups are the ones a call of its own
-        would sample (per-sample seeding), under the weights in force."""
-        with self._progress:
-            item = next((i for i in self._queue if not i.claimed and i.gen is None), None)
-            if item is None or item.result is None or item.result.cancelled():
-                return None
-            ids = item.prompts.batch.get("input_ids")
-            if (item.loads and self.mailbox is None) or (ids is not None and ids.shape[1] > width):
-                return None
-            item.claimed = True
-        item.started = time.perf_counter()
-        if self.mailbox is not None:  # the version in force at its admission, or newer
-            item.version = max(item.version, self.mailbox.held)
-        prompts = DataProto.from_dict(tensors=dict(item.prompts.batch))
-        return prompts, self.seed_for(item.index), self._sink(item, item.prompts, keep=True)
-
-    def _joined(self, item: _InFlight) -> DataProto:
-        """The whole output of a batch an earlier call generated: its groups, in order."""
-        groups = [group for _, group in sorted(item.streamed, key=lambda entry: entry[0])]
-        if len(groups) != len(item.prompts):
-            raise RuntimeError(
-                f"generation batch {item.index}: {len(groups)} of its {len(item.prompts)} "
-                "groups came out of the call that took it in (that call failed)"
-            )
-        gen = DataProto.concat(groups)
-        gen.meta_info = dict(gen.meta_info)
-        gen.meta_info["async_gen_seconds"] = time.perf_counter() - item.started
-        gen.meta_info["async_weight_sync_seconds"] = 0.0
         return gen
 
     def _mailbox_in_force(self) -> contextlib.AbstractContextManager:

@@ -39,17 +39,6 @@ themselves do not: per-sample seeding); without continuous batching (one lock-st
 per call, ``rollout.decode_slots`` null) a call's groups arrive together, as before. Other
 engines, and a copy in a Ray actor, hand the groups over when the call ends.
 
-**Generation continuous across batches.** When slots of the running call are free and it
-has no prompt left, the engine takes the next queued prompt batch into them
-(:meth:`AsyncRollout._refill`, the ``refill`` of :func:`verl.rollout.continuous.stream_groups`),
-so the next batch decodes beside the call's long tail instead of after it. Only a batch
-queued with the weights the copy holds (without partial rollouts: a batch that needs no
-weight load; so with ``max_staleness=0``, whose every batch comes with new weights, none),
-or with partial rollouts any batch (the posted weights reach the running call, and its
-tokens record them): a sample's version is always the weights that generated it. The
-buffer bounds what is queued, so it bounds this too. The batch's samples are those of a
-call of its own (its own seed, rows numbered within it).
-
 **Dynamic sampling** (``algorithm.filter_groups``): a step takes ``data.train_batch_size``
 groups, scores them and keeps those whose metric differs within the group, and takes more
 (each take a "generation batch" of DAPO's metrics and of ``max_num_gen_batches``) until it
