@@ -17,8 +17,9 @@ Contract:
 - Tensor parallelism (``actor.tensor_parallel_size``): the ranks of a tensor group generate
   together from their weight shards (every forward runs the group's collectives), so they
   must sample the same rows the same way: :func:`generation_group` names the group,
-  :func:`join_prompts` gives each of its ranks the group's prompts, :func:`agreed_seed` one
-  seed (the data-parallel rank's), and :func:`own_samples` cuts each rank's samples back out.
+  ``verl.workers.common.join_in_group`` gives each of its ranks the group's prompts,
+  :func:`agreed_seed` one seed (the data-parallel rank's), and :func:`own_samples` cuts
+  each rank's samples back out.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ __all__ = [
     "agreed_seed",
     "build_policy_rollout",
     "generation_group",
-    "join_prompts",
     "own_samples",
     "push_actor_weights",
     "rank_rollout",
@@ -186,16 +186,6 @@ def generation_group(engine: Any, rollout: Any) -> Any:
     if tp is None or tp.size == 1 or rollout.owns_weights:
         return None
     return tp
-
-
-def join_prompts(prompts: DataProto, group: Any) -> tuple[DataProto, slice]:
-    """The prompts of every rank of ``group`` joined in group-rank order, and where this
-    rank's are among them. Collective over the group."""
-    from verl.kernels.ulysses import gather_in_group
-
-    parts = gather_in_group(prompts, group)
-    start = sum(len(part) for part in parts[: group.rank])
-    return DataProto.concat(parts), slice(start, start + len(prompts))
 
 
 def agreed_seed(params: SamplingParams, group: Any) -> SamplingParams:

@@ -18,7 +18,7 @@ the scoring and update passes first join the slices of the ranks of a sequence g
 a share of every sequence's tokens; generation stays per rank. With tensor parallelism
 (``actor.tensor_parallel_size``, followed by the reference) the ranks of a tensor group join
 their slices the same way for every pass, generation included
-(``verl.workers.actor_rollout.join_prompts``), and compute them together, each with its
+(``verl.workers.common.join_in_group``), and compute them together, each with its
 share of every layer's weights.
 
 LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftModel`` whose
@@ -55,7 +55,6 @@ from verl.workers.actor_rollout import (
     agreed_seed,
     build_policy_rollout,
     generation_group,
-    join_prompts,
     own_samples,
     push_actor_weights,
     rank_rollout,
@@ -73,6 +72,7 @@ from verl.workers.actor_update import SEQUENCE_KEYS, prepare_update, run_update
 from verl.workers.checkpointing import load_worker_checkpoint, save_role_checkpoint
 from verl.workers.common import (
     ensure_process_group,
+    join_in_group,
     save_hf_model,
     sequence_group_batch,
 )
@@ -211,7 +211,7 @@ class ActorRolloutRefWorker(Worker):
         # as its data-parallel rank
         group = generation_group(self.engine, self.rollout)
         if group is not None:
-            prompts, own = join_prompts(prompts, group)
+            prompts, own = join_in_group(prompts, group)
         params = sampling_params(
             self.spec.rollout,
             prompts.meta_info,
@@ -357,7 +357,12 @@ class ActorRolloutRefWorker(Worker):
         (``actor/entropy``, ``rollout/*`` drift) come from its forward.
         """
         batch = prepare_update(
-            self.engine, data, self.spec.actor, self.world_size, self._update_calls == 0
+            self.engine,
+            data,
+            self.spec.actor,
+            self.world_size,
+            self._update_calls == 0,
+            takes_rollout_log_prob=self.actor_loss.takes_rollout_log_prob,
         )
         self._update_calls += 1
         metrics = run_update(

@@ -26,7 +26,6 @@ import torch
 
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
-from verl.registry import POLICY_LOSSES
 from verl.utils.memory import release_memory
 from verl.workers.common import (
     own_old_log_prob_metrics,
@@ -60,9 +59,17 @@ class UpdateBatch:
 
 
 def prepare_update(
-    engine: Any, data: DataProto, actor: ActorSpec, world_size: int, first_call: bool
+    engine: Any,
+    data: DataProto,
+    actor: ActorSpec,
+    world_size: int,
+    first_call: bool,
+    *,
+    takes_rollout_log_prob: bool,
 ) -> UpdateBatch:
     """The :class:`UpdateBatch` of ``data`` (see the module docstring).
+    ``takes_rollout_log_prob``: the bound policy loss weighs by the behaviour policy itself
+    (:class:`verl.workers.losses.ActorLoss`), so ``rollout_log_probs`` are selected for it.
 
     Raises:
         ValueError: no ``old_log_probs`` while the update takes several optimizer steps.
@@ -98,7 +105,7 @@ def prepare_update(
         keys.append("teacher_log_probs")
         if spec.distill.needs_topk:
             keys += ["teacher_topk_log_probs", "distill_topk_ids"]
-    behaviour = POLICY_LOSSES.needs(spec.policy_loss, "needs_rollout_log_prob")  # decoupled_ppo
+    behaviour = takes_rollout_log_prob  # decoupled_ppo
     if behaviour or spec.rollout_is_threshold is not None or spec.rollout_rs_threshold is not None:
         if "rollout_log_probs" in data.batch:
             keys.append("rollout_log_probs")

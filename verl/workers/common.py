@@ -292,13 +292,20 @@ def sequence_group_batch(engine: Any, data: DataProto) -> tuple[DataProto, slice
     ``out[rows]`` of a per-row output (each rank its own rows of the group's one result).
     Collective over the group.
     """
-    sp = row_sharing_group(engine)
-    if sp is None:
+    group = row_sharing_group(engine)
+    if group is None:
         return data, slice(0, len(data))
+    return join_in_group(data, group)
+
+
+def join_in_group(data: DataProto, group: Any) -> tuple[DataProto, slice]:
+    """The ``data`` of every rank of ``group`` (``group`` / ``rank``, as
+    :func:`row_sharing_group` gives) joined in group-rank order, and where this rank's rows
+    are among them. Collective over the group."""
     from verl.kernels.ulysses import gather_in_group
 
-    parts = gather_in_group(data, sp)
-    start = sum(len(part) for part in parts[: sp.rank])
+    parts = gather_in_group(data, group)
+    start = sum(len(part) for part in parts[: group.rank])
     return DataProto.concat(parts), slice(start, start + len(data))
 
 

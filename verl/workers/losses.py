@@ -58,7 +58,8 @@ class ActorLoss:
     (wrapped by ``_MetricsOnly`` for distillation without the task reward) and
     ``policy_loss_kwargs`` its clip settings and checked hyperparameters;
     ``takes_rollout_log_prob``: the policy loss weighs by the behaviour policy itself
-    (``decoupled_ppo``), so the update selects ``rollout_log_probs`` for it.
+    (``decoupled_ppo``), so the update selects ``rollout_log_probs`` for it
+    (``verl.workers.actor_update.prepare_update``).
     """
 
     spec: ActorLossSpec

@@ -500,5 +500,5 @@ def build_async_rollout(
         max_staleness=cfg.trainer.max_staleness,
         seed=cfg.trainer.seed,
         mailbox=WeightMailbox(partial) if streaming and partial != "off" else None,
-        threads=getattr(cfg.trainer, "rollout_num_threads", None),
+        threads=cfg.trainer.rollout_num_threads,
     )

@@ -81,7 +81,7 @@ def _problems(cfg: Any) -> list[str]:
                 f"{key}={size}: sequence parallelism would split an image's tokens over ranks; "
                 "set it to 1"
             )
-    tp = getattr(actor, "tensor_parallel_size", 1)
+    tp = actor.tensor_parallel_size
     if tp > 1:
         out.append(
             f"actor_rollout_ref.actor.tensor_parallel_size={tp}: tensor parallelism covers "
