@@ -1,5 +1,6 @@
 """Helpers for tests that compare whole runs: the tensors of a checkpoint, bitwise tensor
-equality, and metric histories that must repeat exactly (wall-clock metrics left out).
+equality, and metric histories that must repeat exactly (wall-clock metrics and the
+streaming buffer's progress snapshots left out).
 
 Used by the project's own resume and chaos tests; usable by anyone checking that their
 run resumes exactly.
@@ -15,13 +16,21 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+# How far the rollout thread got when a streaming step took its batch (prompts still queued,
+# finished groups waiting in the buffer): thread timing, not the run's data, sets these; the
+# samples, versions and updates do not depend on them.
+PROGRESS_SNAPSHOTS = frozenset({"stream/queued_prompts", "stream/buffered_groups"})
+
 
 def comparable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics of a step that must repeat exactly (timings and throughput differ)."""
+    """The metrics of a step that must repeat exactly (timings, throughput and the streaming
+    buffer's progress snapshots differ)."""
     return {
         k: float(v)
         for k, v in metrics.items()
-        if not k.startswith("timing_s/") and k != "perf/throughput_tokens_per_s"
+        if not k.startswith("timing_s/")
+        and k != "perf/throughput_tokens_per_s"
+        and k not in PROGRESS_SNAPSHOTS
     }
 
 
