@@ -106,6 +106,12 @@ def test_chat_and_completions_through_the_openai_client(engine, tokenizer):
         seen["completion_stream"] = list(
             client.completions.create(model="policy", prompt="1+2=", max_tokens=4, stream=True)
         )
+        try:  # alternatives are not reported: refused, not answered with empty lists
+            client.chat.completions.create(
+                model="policy", messages=task["messages"], logprobs=True, top_logprobs=3
+            )
+        except openai.BadRequestError as exc:
+            seen["top_logprobs_refused"] = str(exc)
         return 0.5
 
     rollout = AgentProgramRollout(engine, tokenizer, agent, timeout_s=60)
@@ -145,6 +151,8 @@ def test_chat_and_completions_through_the_openai_client(engine, tokenizer):
     assert "".join(lp.tokens) == tokenizer.decode(
         tokenizer.encode("".join(lp.tokens), add_special_tokens=False)
     )
+    assert rollout.endpoint.counters["top_logprobs_unavailable"] == 1  # the logprobs=1 above
+    assert "top_logprobs=3" in seen["top_logprobs_refused"]
     streamed = "".join(c.choices[0].text for c in seen["completion_stream"] if c.choices)
     assert seen["completion_stream"][-1].choices[0].finish_reason in ("stop", "length")
     assert isinstance(streamed, str)

@@ -263,6 +263,25 @@ class AgentProgramRollout:
                 raise RequestRefused(
                     400, f"{key}={body.get(key)!r} is not supported here", "unsupported"
                 )
+        top = body.get("top_logprobs") if p.endpoint == "chat" else body.get("logprobs")
+        if p.endpoint == "chat" and top is not None and top != 0:
+            raise RequestRefused(
+                400,
+                f"top_logprobs={top!r}: the rollout engine reports the sampled token's "
+                "log-prob only, not alternatives; ask for logprobs=true without top_logprobs",
+                "unsupported",
+            )
+        if p.endpoint != "chat" and not isinstance(top, bool) and isinstance(top, int) and top:
+            # ``logprobs=N`` is also the completions API's way to ask for log-probs at all:
+            # served with the sampled tokens' log-probs, empty alternatives, counted.
+            self.endpoint._count("top_logprobs_unavailable")
+            if "top_logprobs" not in self._warned:
+                self._warned.add("top_logprobs")
+                logger.warning(
+                    "an agent asked for logprobs=%s; completions carry each sampled token's "
+                    "log-prob and empty top_logprobs (the engine reports no alternatives)",
+                    top,
+                )
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         if limit is not None and (
             not isinstance(limit, int) or isinstance(limit, bool) or limit < 1

@@ -2,7 +2,7 @@
 
 Contract: :func:`response_body` renders a :class:`~verl.rollout.openai_records.Record` as
 OpenAI's ``chat.completion`` or ``text_completion`` object (with per-token ``logprobs``
-when asked, ``top_logprobs`` empty; ``prompt_token_ids`` / ``token_ids`` with
+when asked, no alternatives: ``top_logprobs`` empty; ``prompt_token_ids`` / ``token_ids`` with
 ``return_token_ids``); :func:`stream_events` gives the same response as ``stream=true``
 server-sent events: one chunk per token of the returned text (a stop string cut from the
 text is not streamed), the finish reason, the usage when

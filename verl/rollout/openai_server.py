@@ -31,8 +31,9 @@ answered request is a :class:`~verl.rollout.openai_records.Record` of its rollou
 top-k), whatever the request says, so that the recorded log-probs are those of the policy
 the trainer recomputes; ``max_tokens`` / ``max_completion_tokens`` and ``stop`` are
 honoured (``stop`` strings are cut from the returned text, as OpenAI does; the sampled ids
-keep them). ``n`` must be 1. ``logprobs`` returns each sampled token's log-prob
-(``top_logprobs`` lists are empty: the engine reports the chosen token only). With
+keep them). ``n`` must be 1. ``logprobs`` returns each sampled token's log-prob; the
+engine reports no alternatives, so chat's ``top_logprobs`` > 0 is refused and a
+completion's ``top_logprobs`` dicts are empty (``logprobs=k`` counted). With
 ``"return_token_ids": true`` a response also carries ``prompt_token_ids`` and
 ``token_ids`` (as vLLM's server does). ``stream=true`` answers as server-sent events once
 the response is generated (the engine produces a response in one call).
