@@ -245,9 +245,9 @@ def test_tensor_parallel_checkpoint_resumes_in_one_process(results, reference):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(num_heads=4, num_kv_heads=1), "1 key/value heads .* do not split evenly over 2"),
-        (dict(hidden_size=48, num_heads=3, num_kv_heads=1), "3 attention heads"),
-        (dict(intermediate_size=129), "129 MLP width"),
+        (dict(num_heads=4, num_kv_heads=1), r"key/value heads \(1\) cannot be split evenly over 2"),
+        (dict(hidden_size=48, num_heads=3, num_kv_heads=1), r"query heads \(3\)"),
+        (dict(intermediate_size=129), r"intermediate size \(129\)"),
     ],
 )
 def test_indivisible_models_are_refused(kwargs, match):
@@ -260,7 +260,7 @@ def test_unsupported_combinations_are_refused():
     fake = TensorParallel(mesh=None, group=None, size=2, rank=0, dp_size=1, dp_rank=0)
     config = build_tiny_model().config
     config.model_type = "gemma"
-    with pytest.raises(NotImplementedError, match="model_type='gemma' is not supported"):
+    with pytest.raises(NotImplementedError, match="model_type='gemma' has no tensor-parallel plan"):
         check_tensor_parallel(config, 2)
 
     class PeftLike(torch.nn.Module):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl.config import ConfigError, load_config
-from verl.trainer.rl.parallel_checks import model_split_problem
+from verl.utils.tensor_split import model_split_problem
 from verl.workers.specs import actor_rollout_ref_spec, critic_spec
 
 ACTOR = "actor_rollout_ref.actor.tensor_parallel_size"

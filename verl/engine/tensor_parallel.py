@@ -50,6 +50,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from verl.kernels.vocab_parallel import VocabShard, mark_vocab_parallel, wants_local_logits
+from verl.utils.tensor_split import SUPPORTED_MODEL_TYPES, model_split_problem, split_counts
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,6 @@ __all__ = [
 ]
 
 KEY = "tensor_parallel_size"
-# Model types whose decoder layers are (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj)
-# with heads reshaped by ``-1`` in forward, and whose logits are ``lm_head(hidden)``.
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
 
 
 @dataclass(frozen=True)
@@ -112,28 +110,14 @@ def build_tensor_parallel(device_type: str, size: int, options: Any = None) -> T
 
 
 def check_tensor_parallel(config: Any, size: int) -> None:
-    """Raise unless a model with ``config`` splits over ``size`` tensor ranks:
-    ``NotImplementedError`` for an unsupported model type, ``ValueError`` naming the count
-    that does not divide."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise NotImplementedError(
-            f"{KEY}={size}: model_type={model_type!r} is not supported by tensor parallelism "
-            f"(supported: {sorted(SUPPORTED_MODEL_TYPES)}); set it to 1"
-        )
-    heads = int(config.num_attention_heads)
-    counts = {
-        "attention heads (num_attention_heads)": heads,
-        "key/value heads (num_key_value_heads)": int(config.num_key_value_heads or heads),
-        "MLP width (intermediate_size)": int(config.intermediate_size),
-        "vocabulary (vocab_size)": int(config.vocab_size),
-    }
-    for what, count in counts.items():
-        if count % size:
-            raise ValueError(
-                f"{KEY}={size}: the model's {count} {what} do not split evenly over {size} "
-                f"tensor ranks; use a {KEY} that divides {count}"
-            )
+    """Raise unless a model with HF ``config`` splits over ``size`` tensor ranks (the rule of
+    :func:`verl.utils.tensor_split.model_split_problem`): ``NotImplementedError`` for a model
+    type without a plan, ``ValueError`` naming the count that does not divide."""
+    counts = split_counts(config)
+    problem = model_split_problem(counts, KEY, size)
+    if problem is not None:
+        unsupported = counts["model_type"] not in SUPPORTED_MODEL_TYPES
+        raise (NotImplementedError if unsupported else ValueError)(problem)
 
 
 def _layer_plan() -> dict[str, Any]:

@@ -25,41 +25,9 @@ from typing import Any
 
 from verl.config.checks import Checks, divisors
 from verl.config.precision import WEIGHT_ONLY, active_roles, role_precision
+from verl.utils.tensor_split import model_split_problem
 
-__all__ = ["check_tensor_parallel", "model_split_problem"]
-
-# The counts of a model config that tensor parallelism splits, with their config keys.
-_SPLIT_COUNTS = (
-    ("query heads", "num_attention_heads"),
-    ("key/value heads", "num_key_value_heads"),
-    ("intermediate size", "intermediate_size"),
-    ("vocabulary", "vocab_size"),
-)
-_SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-
-
-def model_split_problem(model_config: dict[str, Any], key: str, size: int) -> str | None:
-    """Why a model with HF config ``model_config`` (a ``config.json`` as a dict) cannot be
-    split over ``size`` tensor ranks, or ``None`` when it can."""
-    model_type = model_config.get("model_type")
-    if model_type not in _SUPPORTED_MODEL_TYPES:
-        return (
-            f"{key}={size}: model_type={model_type!r} has no tensor-parallel plan "
-            f"(supported: {', '.join(_SUPPORTED_MODEL_TYPES)}); set {key}=1"
-        )
-    counts = {name: model_config.get(field) for name, field in _SPLIT_COUNTS}
-    if counts["key/value heads"] is None:
-        counts["key/value heads"] = counts["query heads"]
-    heads = f"{counts['query heads']} query / {counts['key/value heads']} key/value heads"
-    for name, count in counts.items():
-        if isinstance(count, int) and count % size:
-            return (
-                f"{key}={size}: the model's {name} ({count}) cannot be split evenly over "
-                f"{size} tensor ranks (it has {heads}, intermediate size "
-                f"{counts['intermediate size']}); "
-                f"use a {key} that divides {count}: one of {divisors(count)}"
-            )
-    return None
+__all__ = ["check_tensor_parallel"]
 
 
 def _model_config(path: str | None) -> dict[str, Any] | None:
