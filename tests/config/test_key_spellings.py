@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from verl.config import ConfigError, TrainerConfig, load_config, load_sft_config
-from verl.config.yaml_text import MAX_ALIAS_EXPANSION, SHOW_LIMIT, show
+from verl.utils.yaml_text import MAX_ALIAS_EXPANSION, SHOW_LIMIT, show
 
 
 def _yaml(tmp_path: Path, overrides: list[str]) -> Path:

@@ -136,7 +136,7 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     path = None if args.config is not None else run_config_file(args.model)
     if path is None:
         return []
-    from verl.config.load import load_yaml_text
+    from verl.utils.yaml_text import load_yaml_text
 
     data = (load_yaml_text(path.read_text()) or {}).get("data") or {}
     keys = ("max_response_length", "max_prompt_length")

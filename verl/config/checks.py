@@ -17,7 +17,7 @@ from typing import Any
 
 from verl.config._fields import EMBEDDED_MODEL
 from verl.config.load import ConfigProblem
-from verl.config.yaml_text import show
+from verl.utils.yaml_text import show
 
 
 def divisors(n: int) -> str:

@@ -32,9 +32,9 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from verl.config.yaml_text import AliasExpansionError, load_yaml_text, parse_value, show
 from verl.registry import CONFIG_ADAPTERS
 from verl.utils.import_path import NotImportableError
+from verl.utils.yaml_text import AliasExpansionError, load_yaml_text, parse_value, show
 
 logger = logging.getLogger(__name__)
 

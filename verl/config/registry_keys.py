@@ -10,7 +10,6 @@ from collections.abc import Collection
 from typing import Any
 
 from verl.config.load import get_path
-from verl.config.yaml_text import show
 from verl.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,
@@ -23,6 +22,7 @@ from verl.registry import (
     Registry,
     did_you_mean,
 )
+from verl.utils.yaml_text import show
 
 __all__ = ["KWARGS_KEYS", "NULLABLE_KEYS", "REGISTRY_KEYS", "registry_problems"]
 

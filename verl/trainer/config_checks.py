@@ -15,7 +15,7 @@ from verl.config._fields import PATH_FIELDS
 from verl.config.checks import Checks
 from verl.config.load import get_path
 from verl.config.schema_roles import OptimConfig
-from verl.config.yaml_text import show
+from verl.utils.yaml_text import show
 
 __all__ = ["check_data_source", "check_optim", "check_registries", "check_run"]
 

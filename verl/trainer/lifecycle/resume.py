@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from verl.config import TrainerConfig, to_yaml
-from verl.config.load import iter_schema, load_yaml_text, section_class
+from verl.config.load import iter_schema, section_class
 from verl.trainer.lifecycle.checkpoint import (
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -48,6 +48,7 @@ from verl.trainer.lifecycle.checkpoint import (
 )
 from verl.utils.atomic_io import write_json_atomic, write_text_atomic
 from verl.utils.rng import rng_state, set_rng_state
+from verl.utils.yaml_text import load_yaml_text
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from verl.config.schema_offline import (
     ranks_named,
 )
 from verl.config.validate import ConfigChecks
-from verl.config.yaml_text import show
 from verl.trainer.config_checks import check_data_source, check_optim, check_registries, check_run
+from verl.utils.yaml_text import show
 
 __all__ = ["OFFLINE_CONFIG_CHECKS", "offline_problems"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from verl.config.checks import Checks
-from verl.config.yaml_text import show
+from verl.utils.yaml_text import show
 
 if TYPE_CHECKING:
     from verl.config.schema import TrainerConfig

@@ -1,5 +1,5 @@
-"""YAML as the config reads and writes it: YAML 1.2 scalars, a bound on alias expansion, and
-values shown as the user would write them.
+"""YAML as verl's configs read and write it: YAML 1.2 scalars, a bound on alias expansion,
+and values shown as the user would write them (in messages of the config and its checks).
 
 :class:`ConfigLoader` is a safe loader where only ``true``/``false`` are booleans and
 ``1e-6`` is a float, and a document whose aliases would expand it past
