@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from verl.config import ConfigError, load_config
-from verl.config.registry_keys import NULLABLE_KEYS, REGISTRY_KEYS
 from verl.registry import ADVANTAGE_ESTIMATORS, ROLLOUT_BACKENDS
+from verl.trainer.rl.registry_checks import NULLABLE_KEYS, REGISTRY_KEYS
 
 
 def messages(overrides: list[str]) -> list[str]:

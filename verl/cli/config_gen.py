@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from verl.config.load import describe_type, field_types, section_class, show, to_yaml
-from verl.config.registry_keys import REGISTRY_KEYS
 from verl.config.schema import TrainerConfig
 from verl.config.schema_offline import DPOConfig, RMConfig, SFTConfig
+from verl.trainer.rl.registry_checks import REGISTRY_KEYS
 
 # kind -> (root class, title, example command line)
 KINDS: dict[str, tuple[type, str, str]] = {

@@ -1,7 +1,7 @@
 """Building blocks of the schema: :func:`entry` (a field with its help text and bounds) and
 the enumerations. Registry-backed keys (estimators, losses, rollout backends ...) are plain
-``str`` fields checked against the live ``verl.registry`` (``verl.config.registry_keys``).
-The help text is the comment of the generated YAML and the meaning column of the docs.
+``str`` fields, checked against the live ``verl.registry`` by the RL run's checks
+(``verl.trainer.rl.registry_checks``). The help text is the comment of the generated YAML and the meaning column of the docs.
 """
 
 from __future__ import annotations

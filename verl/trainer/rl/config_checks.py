@@ -23,13 +23,13 @@ from verl.compat.precision_keys import fill_role_precisions
 from verl.config.checks import Checks, divisors
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem
-from verl.config.registry_keys import registry_problems
 from verl.config.validate import ConfigChecks
 from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
 from verl.trainer.config_checks import check_data_source, check_optim, check_registries, check_run
 from verl.trainer.rl.async_checks import check_async_rollout, resolve_async_rollout
 from verl.trainer.rl.parallel_checks import check_tensor_parallel
 from verl.trainer.rl.precision_checks import precision_problems, precision_warnings
+from verl.trainer.rl.registry_checks import registry_problems
 from verl.trainer.rl.reward_checks import check_rewards
 from verl.utils.yaml_text import show
 
@@ -62,7 +62,7 @@ def semantic_problems(
         _check_precision,
     ):
         check(checks, cfg)
-    for keys, message in registry_problems(cfg, skip=registries or {}):  # registry_keys
+    for keys, message in registry_problems(cfg, skip=registries or {}):
         checks.error(keys, message)
     check_registries(checks, cfg, registries)
     return checks.problems, checks.warnings

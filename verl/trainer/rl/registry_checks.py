@@ -1,7 +1,8 @@
-"""Config keys whose values are registry names, checked against the live ``verl.registry``:
-a name key must name an entry (a user's ``register_*`` counts once it ran); an open
-hyperparameter mapping (``algorithm.adv_estimator_kwargs``) may hold only the named
-hyperparameters of the entry its name key selects (read from the entry's signature).
+"""The RL config's keys whose values are registry names, checked against the live
+``verl.registry`` (part of ``verl.trainer.rl.config_checks``): a name key must name an entry
+(a user's ``register_*`` counts once it ran); an open hyperparameter mapping
+(``algorithm.adv_estimator_kwargs``) may hold only the named hyperparameters of the entry
+its name key selects (read from the entry's signature).
 """
 
 from __future__ import annotations
