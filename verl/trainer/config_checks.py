@@ -1,23 +1,95 @@
-"""The config checks every trainer shares (RL, SFT, DPO, RM): the sections they have in
-common (data files, optimizer, run keys) and the registry-backed names a caller adds. The RL
-checks (``verl.trainer.rl.config_checks``) and the offline ones
-(``verl.trainer.offline.config_checks``) call them; :class:`~verl.config.checks.Checks`
-collects what they find.
+"""What every config check builds on, and the checks every trainer shares (RL, SFT, DPO, RM).
+
+:class:`Checks` collects problems and warnings, each naming the key, the value and the fix,
+and checks every field against the bounds the schema declares
+(``verl.config.validate.bound_problems``). The shared checks cover the sections the trainers
+have in common (data files, optimizer, run keys) and the registry-backed names a caller
+adds. The RL checks (``verl.trainer.rl.config_checks``) and the offline ones
+(``verl.trainer.offline.config_checks``) call them; they are registered in
+``verl.registry.CONFIG_CHECKS`` (``verl.config.validate``).
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
+import os
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from verl.config._fields import PATH_FIELDS
-from verl.config.checks import Checks
-from verl.config.load import get_path
+from verl.config._fields import EMBEDDED_MODEL, PATH_FIELDS
+from verl.config.load import ConfigProblem, get_path
 from verl.config.schema_roles import OptimConfig
+from verl.config.validate import bound_problems, is_skipped
 from verl.utils.yaml_text import show
 
-__all__ = ["check_data_source", "check_optim", "check_registries", "check_run"]
+__all__ = [
+    "Checks",
+    "check_data_source",
+    "check_optim",
+    "check_registries",
+    "check_run",
+    "divisors",
+]
+
+
+def divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+class Checks:
+    """Accumulates problems and warnings; each helper names the key, the value and the fix."""
+
+    def __init__(self, skip_paths: Collection[str]) -> None:
+        self.skip = set(skip_paths)
+        self.problems: list[ConfigProblem] = []
+        self.warnings: list[str] = []
+
+    def error(self, keys: str | tuple[str, ...], message: str) -> None:
+        keys = (keys,) if isinstance(keys, str) else keys
+        if not any(is_skipped(k, self.skip) for k in keys):
+            self.problems.append(ConfigProblem(keys[0], message, keys))
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def fields(self, obj: Any, inactive: Collection[str] = ()) -> None:
+        """Check every field of the dataclass tree ``obj`` against the bounds declared with
+        ``entry(..., ge=, gt=, le=, lt=, off=, nonempty=)``; ``inactive`` sections are skipped."""
+        for problem in bound_problems(obj, inactive):
+            self.error(problem.path, problem.message)
+
+    def one_of(self, path: str, value: str, names: list[str]) -> None:
+        if value not in names:
+            close = difflib.get_close_matches(value, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.error(path, f"{path}={show(value)}: must be one of {', '.join(names)}{hint}")
+
+    def file(self, path: str, value: str, what: str = "file") -> None:
+        if not os.path.exists(value):
+            self.error(
+                path,
+                f"{path}: {what} {value!r} does not exist "
+                f"(relative paths are resolved from {os.getcwd()})",
+            )
+
+    def model(self, prefix: str, model: Any) -> None:
+        """``<prefix>.path`` and ``.tokenizer_path`` are local paths or the embedded model."""
+        for path, value in (
+            (f"{prefix}.path", model.path),
+            (f"{prefix}.tokenizer_path", model.tokenizer_path),
+        ):
+            if value is not None and value != EMBEDDED_MODEL and not os.path.exists(value):
+                self.error(
+                    path,
+                    f"{path}={show(value)}: no such local model directory or file; give a local "
+                    f"path or the embedded model '{EMBEDDED_MODEL}' (hub downloads are not done)",
+                )
+
+    def package(self, path: str, value: str, module: str, install: str) -> None:
+        if importlib.util.find_spec(module) is None:
+            self.error(path, f"{path}={show(value)}: needs the '{module}' package; {install}")
 
 
 def check_registries(c: Checks, cfg: Any, registries: Mapping[str, Iterable[str]] | None) -> None:

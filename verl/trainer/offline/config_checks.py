@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from verl.config.checks import Checks
 from verl.config.load import ConfigProblem
 from verl.config.schema_offline import (
     DPOConfig,
@@ -20,7 +19,13 @@ from verl.config.schema_offline import (
     ranks_named,
 )
 from verl.config.validate import ConfigChecks
-from verl.trainer.config_checks import check_data_source, check_optim, check_registries, check_run
+from verl.trainer.config_checks import (
+    Checks,
+    check_data_source,
+    check_optim,
+    check_registries,
+    check_run,
+)
 from verl.utils.yaml_text import show
 
 __all__ = ["OFFLINE_CONFIG_CHECKS", "offline_problems"]

@@ -67,7 +67,7 @@ def resolve_async_rollout(cfg: Any) -> None:
 
 
 def check_async_rollout(c: Any, cfg: Any) -> None:
-    """Errors on ``c`` (a :class:`verl.config.checks.Checks`) for settings the
+    """Errors on ``c`` (a :class:`verl.trainer.config_checks.Checks`) for settings the
     asynchronous pipeline does not support; nothing when ``trainer.async_rollout`` is off."""
     resolve_async_rollout(cfg)
     t, d = cfg.trainer, cfg.data

@@ -20,12 +20,18 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl.compat.precision_keys import fill_role_precisions
-from verl.config.checks import Checks, divisors
 from verl.config.device_map import ROLE_DEVICE_KEYS, device_map_problems
 from verl.config.load import ConfigProblem
 from verl.config.validate import ConfigChecks
 from verl.registry import ADVANTAGE_ESTIMATORS, DISTILL_ESTIMATORS, ROLLOUT_BACKENDS
-from verl.trainer.config_checks import check_data_source, check_optim, check_registries, check_run
+from verl.trainer.config_checks import (
+    Checks,
+    check_data_source,
+    check_optim,
+    check_registries,
+    check_run,
+    divisors,
+)
 from verl.trainer.rl.async_checks import check_async_rollout, resolve_async_rollout
 from verl.trainer.rl.parallel_checks import check_tensor_parallel
 from verl.trainer.rl.precision_checks import precision_problems, precision_warnings

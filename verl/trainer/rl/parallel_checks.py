@@ -23,8 +23,8 @@ import json
 import os
 from typing import Any
 
-from verl.config.checks import Checks, divisors
 from verl.config.precision import WEIGHT_ONLY, active_roles, role_precision
+from verl.trainer.config_checks import Checks, divisors
 from verl.utils.tensor_split import model_split_problem
 
 __all__ = ["check_tensor_parallel"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from verl.config.checks import Checks
+from verl.trainer.config_checks import Checks
 from verl.utils.yaml_text import show
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ MIXTURE_SOURCES = ("rules", "model", "judge", "remote")
 
 
 def check_reward_sources(c: Any, rm: Any, p: str = "reward_model") -> None:
-    """Report (``c.error(keys, message)``, a :class:`~verl.config.checks.Checks`) the reward
+    """Report (``c.error(keys, message)``, a :class:`~verl.trainer.config_checks.Checks`) the reward
     source settings of ``rm`` (a ``RewardModelConfig``) that cannot work."""
     judge = rm.judge
     if judge.enable and judge.backend == "local" and not judge.model_path:
