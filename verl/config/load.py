@@ -418,14 +418,6 @@ def load_validated(
     return cfg
 
 
-def from_mapping(root: type[C], data: Mapping[str, Any]) -> C:
-    """``root`` from nested dicts (a partial tree); raises ``ConfigError`` for type problems."""
-    obj, problems, _ = build(root, data)
-    if problems:
-        raise ConfigError(problems)
-    return obj
-
-
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as nested plain dicts/lists (deep copy); ``from_dict`` inverts it."""
     return dataclasses.asdict(cfg)

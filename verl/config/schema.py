@@ -33,13 +33,13 @@ from verl.config._fields import (
     entry,
 )
 from verl.config.device_map import DataParallelConfig, DeviceMap, resolve_device_map
-from verl.config.load import from_mapping, init_fields, input_adapter, load_validated
+from verl.config.load import ConfigError, build, init_fields, input_adapter
 from verl.config.schema_roles import (
     ActorRolloutRefConfig,
     CriticConfig,
     RewardModelConfig,
 )
-from verl.config.validate import config_problems, validate
+from verl.config.validate import load_checked, validate
 from verl.registry import ADVANTAGE_ESTIMATORS
 
 
@@ -566,15 +566,13 @@ def load_config(
 ) -> TrainerConfig:
     """The defaults, a YAML file ``path`` (a partial tree) and dotted ``overrides``, validated
     (``registries``: extra ``{key path: allowed names}`` checks); raises ``ConfigError``."""
-    return load_validated(
-        TrainerConfig,
-        path,
-        overrides,
-        lambda cfg, bad_paths: config_problems(cfg, registries=registries, skip_paths=bad_paths),
-    )
+    return load_checked(TrainerConfig, path, overrides, registries)
 
 
 def from_dict(data: Mapping[str, Any], cls: type = TrainerConfig) -> Any:
     """A config (``TrainerConfig`` by default) from nested dicts (a partial tree), type-checked
     only (``ConfigError``); ``load_config`` / ``cfg.validate()`` run the full validation."""
-    return from_mapping(cls, data)
+    obj, problems, _ = build(cls, data)
+    if problems:
+        raise ConfigError(problems)
+    return obj

@@ -16,20 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 from verl.config._fields import Strategy, entry
-from verl.config.load import load_validated
 from verl.config.schema import ArithmeticConfig, ClusterRunConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import config_problems, validate
+from verl.config.validate import load_checked, validate
 
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
 OfflineBuiltin = Literal["arithmetic"]
-
-
-C = TypeVar("C")
 
 
 # --------------------------------------------------------------------------- sections
@@ -227,38 +223,14 @@ class RMConfig:
         return validate(self, registries)
 
 
-def ranks_named(trainer: ClusterRunConfig) -> str:
-    """The keys that set the number of ranks, with their values, for messages."""
-    per_node = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}"
-    if trainer.nnodes == 1:
-        return per_node
-    return f"trainer.nnodes={trainer.nnodes} x {per_node} = {trainer.world_size}"
-
-
 # --------------------------------------------------------------------------- loading
-
-
-def load_offline_config(
-    cls: type[C],
-    path: str | os.PathLike[str] | None = None,
-    overrides: Iterable[str] = (),
-    *,
-    registries: Mapping[str, Iterable[str]] | None = None,
-) -> C:
-    """``cls``'s defaults + YAML file ``path`` + ``overrides``, validated (``ConfigError``)."""
-    return load_validated(
-        cls,
-        path,
-        overrides,
-        lambda cfg, bad_paths: config_problems(cfg, registries=registries, skip_paths=bad_paths),
-    )
 
 
 def load_sft_config(
     path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
 ) -> SFTConfig:
     """Load and validate an :class:`SFTConfig` ."""
-    return load_offline_config(SFTConfig, path, overrides)
+    return load_checked(SFTConfig, path, overrides)
 
 
 def load_dpo_config(
@@ -268,11 +240,11 @@ def load_dpo_config(
     registries: Mapping[str, Iterable[str]] | None = None,
 ) -> DPOConfig:
     """Load and validate a :class:`DPOConfig` ."""
-    return load_offline_config(DPOConfig, path, overrides, registries=registries)
+    return load_checked(DPOConfig, path, overrides, registries)
 
 
 def load_rm_config(
     path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
 ) -> RMConfig:
     """Load and validate an :class:`RMConfig` ."""
-    return load_offline_config(RMConfig, path, overrides)
+    return load_checked(RMConfig, path, overrides)

@@ -20,22 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from verl.config.load import ConfigProblem, build, report
+from verl.config.load import ConfigProblem, build, load_validated, report
 from verl.registry import CONFIG_CHECKS
 from verl.utils.yaml_text import show
 
-__all__ = [
-    "ConfigChecks",
-    "bound_problems",
-    "config_problems",
-    "is_skipped",
-    "validate",
-    "validate_tree",
-]
+__all__ = ["ConfigChecks", "bound_problems", "is_skipped", "load_checked", "validate"]
+
+C = TypeVar("C")
 
 Problems = tuple[list[ConfigProblem], list[str]]
 
@@ -110,47 +106,42 @@ def _bounds_only(
     return [p for p in bound_problems(cfg) if not is_skipped(p.path, skip)], []
 
 
-def checks_of(cls: type) -> ConfigChecks:
-    """The :class:`ConfigChecks` registered for the config class ``cls`` (its field bounds
-    alone when none is)."""
-    name = cls.__name__
-    return CONFIG_CHECKS.get(name) if name in CONFIG_CHECKS else ConfigChecks(_bounds_only)
+def resolved_checks(cfg: Any) -> ConfigChecks:
+    """The :class:`ConfigChecks` registered for ``cfg``'s class (its field bounds alone when
+    none is), after its ``resolve`` ran on ``cfg`` in place (an ill-typed key leaves its part
+    unresolved: the checks name it)."""
+    name = type(cfg).__name__
+    checks = CONFIG_CHECKS.get(name) if name in CONFIG_CHECKS else ConfigChecks(_bounds_only)
+    if checks.resolve is not None:
+        with contextlib.suppress(AttributeError, TypeError):
+            checks.resolve(cfg)
+    return checks
 
 
 def validate(cfg: Any, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """Check ``cfg``; raise ``ConfigError`` listing every problem; return (and log) warnings.
     ``registries`` adds ``{key path: allowed names}`` checks (the registry-backed keys are
-    always checked against the live ``verl.registry``)."""
+    always checked against the live ``verl.registry``). The checks see a strictly
+    type-checked copy, leaving out the keys that failed their type check."""
     if isinstance(cfg, type) or not dataclasses.is_dataclass(cfg):
         raise TypeError(f"validate() takes a config object, got {type(cfg).__name__}")
-    checks = checks_of(type(cfg))
-    if checks.resolve is not None:
-        # an ill-typed key leaves its part unresolved: the checks below name it
-        with contextlib.suppress(AttributeError, TypeError):
-            checks.resolve(cfg)
-    return validate_tree(cfg, checks.problems, registries)
-
-
-def validate_tree(
-    cfg: Any, problems_of: Callable[..., Problems], registries: Any = None
-) -> list[str]:
-    """Type-check ``cfg`` strictly, then ``problems_of(cfg, registries=, skip_paths=)``; raise
-    one ``ConfigError`` for every problem, else log and return the warnings."""
+    checks = resolved_checks(cfg)
     built, problems, bad_paths = build(type(cfg), cfg, strict=True)
-    more, warnings = problems_of(built, registries=registries, skip_paths=bad_paths)
+    more, warnings = checks.problems(built, registries=registries, skip_paths=bad_paths)
     return report(problems + more, warnings)
 
 
-def config_problems(
-    cfg: Any,
-    *,
+def load_checked(
+    root: type[C],
+    path: str | os.PathLike[str] | None,
+    overrides: Iterable[str],
     registries: Mapping[str, Iterable[str]] | None = None,
-    skip_paths: Collection[str] = (),
-) -> Problems:
-    """The registered checks of ``cfg``'s class on a freshly loaded tree (``load_validated``):
-    resolved in place, then checked."""
-    checks = checks_of(type(cfg))
-    if checks.resolve is not None:
-        with contextlib.suppress(AttributeError, TypeError):
-            checks.resolve(cfg)
-    return checks.problems(cfg, registries=registries, skip_paths=skip_paths)
+) -> C:
+    """``root``'s defaults + YAML file ``path`` + dotted ``overrides`` (``load_validated``),
+    resolved and checked by the checks registered for ``root`` (``registries``: extra
+    ``{key path: allowed names}`` checks); raises one ``ConfigError``."""
+
+    def check(cfg: C, bad_paths: set[str]) -> Problems:
+        return resolved_checks(cfg).problems(cfg, registries=registries, skip_paths=bad_paths)
+
+    return load_validated(root, path, overrides, check)

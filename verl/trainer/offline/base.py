@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from verl.config import DPOConfig, SFTConfig, to_dict
-from verl.config.schema_offline import ranks_named
 from verl.data import PromptDataLoader
 from verl.engine import OptimSpec, TrainEngine, build_engine
 from verl.models import checkpoint_if_configured, load_causal_lm, load_tokenizer
@@ -42,6 +41,7 @@ from verl.trainer.lifecycle.setup import NotSupportedYet, seed_everything
 from verl.trainer.lifecycle.stopping import StepHealth, StopRequests, nonfinite_error
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.offline.checkpoint import OFFLINE_IDENTITY_KEYS, POLICY_ROLE, LocalEngineRole
+from verl.trainer.offline.config_checks import ranks_named
 from verl.utils.device import resolve_device
 from verl.workers.common import save_hf_model
 

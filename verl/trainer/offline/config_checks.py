@@ -11,13 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 from verl.config.load import ConfigProblem
-from verl.config.schema_offline import (
-    DPOConfig,
-    PreferenceDataConfig,
-    RMConfig,
-    SFTConfig,
-    ranks_named,
-)
+from verl.config.schema import ClusterRunConfig
+from verl.config.schema_offline import DPOConfig, PreferenceDataConfig, RMConfig, SFTConfig
 from verl.config.validate import ConfigChecks
 from verl.trainer.config_checks import (
     Checks,
@@ -28,7 +23,15 @@ from verl.trainer.config_checks import (
 )
 from verl.utils.yaml_text import show
 
-__all__ = ["OFFLINE_CONFIG_CHECKS", "offline_problems"]
+__all__ = ["OFFLINE_CONFIG_CHECKS", "offline_problems", "ranks_named"]
+
+
+def ranks_named(trainer: ClusterRunConfig) -> str:
+    """The keys that set the number of ranks, with their values, for messages."""
+    per_node = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}"
+    if trainer.nnodes == 1:
+        return per_node
+    return f"trainer.nnodes={trainer.nnodes} x {per_node} = {trainer.world_size}"
 
 
 def offline_problems(
