@@ -2,8 +2,9 @@
 
 ``validate(cfg)`` resolves what the config leaves to be resolved on ``cfg`` itself, then
 type-checks a rebuilt copy and runs the semantic checks of its class; problems raise one
-``ConfigError``, oddities are logged warnings. Nothing is loaded: files are tested for
-existence, packages with ``find_spec``.
+``ConfigError``, oddities are logged warnings. :func:`load_checked` runs the same checks on
+a freshly loaded tree (``load_config``, ``load_sft_config`` ...). Nothing is loaded: files
+are tested for existence, packages with ``find_spec``.
 
 The semantic checks of a config class live next to the feature that reads the config (the
 RL run's in ``verl.trainer.rl.config_checks``, the offline trainers' in
