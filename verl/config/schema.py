@@ -39,7 +39,7 @@ from verl.config.schema_roles import (
     CriticConfig,
     RewardModelConfig,
 )
-from verl.config.validate import load_checked, validate
+from verl.config.validate import Validated, load_checked
 from verl.registry import ADVANTAGE_ESTIMATORS
 
 
@@ -430,7 +430,7 @@ class RunConfig(ClusterRunConfig):
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Validated):
     """Everything a PPO/GRPO run needs. Build from YAML with ``load_config`` or in Python."""
 
     data: DataConfig = entry(DataConfig, "prompt data")
@@ -460,11 +460,6 @@ class TrainerConfig:
         init_fields(self, args, kwargs)
         if finish is not None:
             finish(self)
-
-    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """Check the whole config; raise ``ConfigError`` listing every problem; return the
-        warnings (also logged). See :func:`verl.config.validate.validate`."""
-        return validate(self, registries=registries)
 
     # Derived values: the one place each "null means ..." default is resolved (what an
     # algorithm needs is asked of its registry entry, never of a list of names).

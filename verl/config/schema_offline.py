@@ -21,7 +21,7 @@ from typing import Literal
 from verl.config._fields import Strategy, entry
 from verl.config.schema import ArithmeticConfig, ClusterRunConfig
 from verl.config.schema_roles import ModelConfig, OptimConfig
-from verl.config.validate import load_checked, validate
+from verl.config.validate import Validated, load_checked
 
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
@@ -171,7 +171,7 @@ class RMDataConfig(PreferenceDataConfig):
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(Validated):
     """Everything an SFT run needs. Build with ``load_sft_config`` or in Python."""
 
     data: SFTDataConfig = entry(SFTDataConfig, "training data")
@@ -182,13 +182,9 @@ class SFTConfig:
     engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="sft"), "run settings")
 
-    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """Check the whole config; raise ``ConfigError`` listing every problem; return warnings."""
-        return validate(self, registries)
-
 
 @dataclass
-class DPOConfig:
+class DPOConfig(Validated):
     """Everything a DPO / IPO / KTO run needs. Build with ``load_dpo_config`` or in Python."""
 
     data: PreferenceDataConfig = entry(PreferenceDataConfig, "preference data")
@@ -198,14 +194,9 @@ class DPOConfig:
     algorithm: PreferenceLossConfig = entry(PreferenceLossConfig, "preference loss")
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="dpo"), "run settings")
 
-    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """As ``SFTConfig.validate``; ``registries`` may map ``"algorithm.loss_type"`` to the
-        registered loss names (the trainer passes them)."""
-        return validate(self, registries)
-
 
 @dataclass
-class RMConfig:
+class RMConfig(Validated):
     """Everything a reward-model run needs. Build with ``load_rm_config`` or in Python."""
 
     data: RMDataConfig = entry(RMDataConfig, "preference pairs")
@@ -217,10 +208,6 @@ class RMConfig:
     optim: OptimConfig = entry(OptimConfig(lr=1e-5), "optimizer")
     engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="rm"), "run settings")
-
-    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-        """As ``SFTConfig.validate``."""
-        return validate(self, registries)
 
 
 # --------------------------------------------------------------------------- loading

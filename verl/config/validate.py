@@ -30,7 +30,7 @@ from verl.config.load import ConfigProblem, build, load_validated, report
 from verl.registry import CONFIG_CHECKS
 from verl.utils.yaml_text import show
 
-__all__ = ["ConfigChecks", "bound_problems", "is_skipped", "load_checked", "validate"]
+__all__ = ["ConfigChecks", "Validated", "bound_problems", "is_skipped", "load_checked", "validate"]
 
 C = TypeVar("C")
 
@@ -146,3 +146,15 @@ def load_checked(
         return resolved_checks(cfg).problems(cfg, registries=registries, skip_paths=bad_paths)
 
     return load_validated(root, path, overrides, check)
+
+
+class Validated:
+    """Base of the top-level config classes (``TrainerConfig``, ``SFTConfig``, ``DPOConfig``,
+    ``RMConfig``): ``cfg.validate()``."""
+
+    def validate(self, registries: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+        """Check the whole config; raise ``ConfigError`` listing every problem; return the
+        warnings (also logged). ``registries`` adds ``{key path: allowed names}`` checks
+        (a ``DPOConfig``'s trainer maps ``"algorithm.loss_type"`` to the registered losses).
+        See :func:`verl.config.validate.validate`."""
+        return validate(self, registries)
