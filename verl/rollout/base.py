@@ -65,7 +65,8 @@ __all__ = [
 # Image prompts (a vision-language model; the same names as ``verl.data.vision``, which
 # this layer cannot import): per-row ``{"pixel_values", "image_grid_thw"}`` dicts in
 # ``non_tensor_batch``, the token types (text 0, image 1) and the (rows, seq, 4)
-# multimodal rope index in ``batch``. Only the ``hf`` backend generates from them.
+# multimodal rope index in ``batch``. The ``hf`` and ``native`` backends generate from them
+# (``verl.rollout.images``).
 IMAGE_INPUTS_KEY = "multi_modal_inputs"
 MM_TOKEN_TYPES_KEY = "mm_token_type_ids"
 MULTIMODAL_POSITIONS_KEY = "multimodal_position_ids"
@@ -249,8 +250,9 @@ def validate_prompts(
     if not images and IMAGE_INPUTS_KEY in prompts.non_tensor_batch:
         raise ValueError(
             "the prompts hold images (a vision-language model's data): only the hf rollout "
-            "generates from images; set actor_rollout_ref.rollout.name=hf (the native, vLLM "
-            "and SGLang backends and the agent loop take text prompts only)"
+            "and the native one (Qwen2-VL models) generate from images; set "
+            "actor_rollout_ref.rollout.name=hf or native (the vLLM and SGLang backends and "
+            "the agent loop take text prompts only)"
         )
     batch = prompts.batch
     for key in ("input_ids", "attention_mask"):

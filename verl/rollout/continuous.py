@@ -1,6 +1,6 @@
 """Continuous batching for the native engine: a fixed number of slots, refilled as rows end.
 
-The lock-step loop (:meth:`verl.rollout.native.NativeRollout._lockstep`) decodes a batch
+The lock-step loop (:func:`verl.rollout.native_lockstep.generate_lockstep`) decodes a batch
 until its longest row stops; with more rows than the KV cache has slots (``max_num_seqs``)
 every wave then waits for its slowest row. Here the ``S`` slots of one
 :class:`~verl.rollout.kv_cache.SlotKVCache` are kept busy instead::

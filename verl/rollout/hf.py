@@ -18,8 +18,9 @@ per-row dicts of ``non_tensor_batch["multi_modal_inputs"]``, concatenated in row
 passes, ``mm_token_type_ids`` ``(B*n, P+R)`` (0 over the responses) and
 ``multimodal_position_ids`` ``(B*n, P+R, 4)``: row 0 the text positions, rows 1-3 the
 model's own ``get_rope_index`` over the whole sequence (responses are text: their positions
-continue from the prompt's largest, as generation placed them), 0 on padding. The per-row
-image dicts are repeated ``n`` times like every non-tensor key.
+continue from the prompt's largest, as generation placed them), 0 on padding
+(:mod:`verl.rollout.images`). The per-row image dicts are repeated ``n`` times like every
+non-tensor key.
 """
 
 from __future__ import annotations
@@ -31,15 +32,13 @@ from typing import Any
 import torch
 
 from verl.rollout.base import (
-    IMAGE_INPUTS_KEY,
-    MM_TOKEN_TYPES_KEY,
-    MULTIMODAL_POSITIONS_KEY,
     RolloutEngine,
     SamplingParams,
     assemble_rollout_output,
     eval_mode,
     validate_prompts,
 )
+from verl.rollout.images import add_multimodal_positions, image_inputs
 from verl.rollout.stopping import StopStringChecker
 
 logger = logging.getLogger(__name__)
@@ -99,7 +98,7 @@ class HFRollout(RolloutEngine):
     def generate(self, prompts: Any, params: SamplingParams) -> Any:
         """Sample ``params.n`` responses per prompt (layout: ``verl.rollout.base``)."""
         input_ids, attention_mask, position_ids = validate_prompts(prompts, images=True)
-        image_inputs = _image_inputs(prompts)
+        images = image_inputs(prompts)
         checker = StopStringChecker(self.tokenizer, params.stop_strings, self.stop_string_window)
         stop_ids = (
             params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
@@ -115,7 +114,7 @@ class HFRollout(RolloutEngine):
             out = self.module.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
-                **{k: v.to(device) for k, v in image_inputs.items()},
+                **{k: v.to(device) for k, v in images.items()},
                 **self._generation_kwargs(params, stop_ids),
             )
             gen = out.sequences[:, input_ids.shape[1] :]
@@ -150,60 +149,6 @@ class HFRollout(RolloutEngine):
         out = assemble_rollout_output(
             prompts, params, responses, mask, rollout_log_probs, position_ids=position_ids
         )
-        if image_inputs:
-            _add_multimodal_positions(self.module, out)
+        if images:
+            add_multimodal_positions(self.module, out)
         return out
-
-
-def _image_inputs(prompts: Any) -> dict[str, torch.Tensor]:
-    """``generate``'s image keywords of an image batch (``{}`` for text prompts)."""
-    rows = prompts.non_tensor_batch.get(IMAGE_INPUTS_KEY)
-    if rows is None:
-        return {}
-    if MM_TOKEN_TYPES_KEY not in prompts.batch:
-        raise KeyError(
-            f"image prompts need {MM_TOKEN_TYPES_KEY!r} (text 0, image 1) in the batch; "
-            "collate them with verl.data.vision_dataset.collate_vision_prompts"
-        )
-    with_images = [r for r in rows if r]
-    out = {MM_TOKEN_TYPES_KEY: prompts.batch[MM_TOKEN_TYPES_KEY]}
-    if with_images:
-        out["pixel_values"] = torch.cat([r["pixel_values"] for r in with_images])
-        out["image_grid_thw"] = torch.cat([r["image_grid_thw"] for r in with_images])
-    return out
-
-
-def rope_index_of(module: torch.nn.Module) -> Any:
-    """The ``get_rope_index`` of the (sub)module that defines it (Qwen2-VL's base model)."""
-    for sub in module.modules():
-        if hasattr(type(sub), "get_rope_index"):
-            return sub.get_rope_index
-    raise ValueError(
-        f"{type(module).__name__} has no get_rope_index: image prompts need a model with a "
-        "multimodal rope index (the Qwen2-VL family)"
-    )
-
-
-def _add_multimodal_positions(module: torch.nn.Module, out: Any) -> None:
-    """Add ``multimodal_position_ids`` (rows, P+R, 4) and the full-width
-    ``mm_token_type_ids`` to a rollout output of image prompts (module docstring)."""
-    batch = out.batch
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-    prompt_types = batch[MM_TOKEN_TYPES_KEY]
-    types = torch.cat(
-        [prompt_types, prompt_types.new_zeros(len(out), batch["responses"].shape[1])], dim=1
-    )
-    rows = out.non_tensor_batch[IMAGE_INPUTS_KEY]
-    grids = [r["image_grid_thw"] for r in rows if r]
-    grid = torch.cat(grids).to(input_ids.device) if grids else None
-    with torch.no_grad():
-        vision, _ = rope_index_of(module)(
-            input_ids,
-            mm_token_type_ids=types,
-            image_grid_thw=grid,
-            attention_mask=attention_mask,
-        )
-    text = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    positions = torch.cat([text.unsqueeze(0), vision.to(text.device, text.dtype)], dim=0)
-    batch[MM_TOKEN_TYPES_KEY] = types
-    batch[MULTIMODAL_POSITIONS_KEY] = positions.permute(1, 2, 0).contiguous()

@@ -22,6 +22,19 @@ It reads the training module's weights in place (no copy) and runs this loop:
    is refilled with the next waiting prompt at once, rows at different positions decode in
    one step. Samples do not depend on the slot or step a prompt ran in (same seeding), so
    greedy and seeded outputs equal the lock-step engine's.
+5. **Images** (a Qwen2-VL actor, :data:`verl.rollout.images.NATIVE_IMAGE_MODEL_TYPES`).
+   The prefill forward gets the prompts' ``pixel_values`` and ``image_grid_thw``: the
+   vision tower runs once per prompt and the model puts its embeddings at the image
+   tokens. Positions are (B, P, 4): the text positions and the model's 3-axis rope index,
+   as ``generate`` builds them; decode continues every axis from the prompt's last column
+   (the rope axes: text position + the row's rope delta). Lock-step batches and waves
+   only; continuous batching, streaming and mid-call weight updates refuse image prompts.
+   The output adds ``multimodal_position_ids`` and ``mm_token_type_ids`` as the ``hf``
+   rollout's does (:func:`verl.rollout.images.add_multimodal_positions`).
+
+The lock-step batch is :func:`verl.rollout.native_lockstep.generate_lockstep`, the
+continuous loop :func:`verl.rollout.continuous.generate_continuous`; this module holds the
+engine (set-up, the model call, masks, sampling, the choice between them).
 
 Generation runs under ``torch.no_grad`` with the module in eval mode; its previous
 training mode is restored afterwards. Not ``torch.inference_mode``: under it autocast
@@ -34,7 +47,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +63,9 @@ from verl.rollout.base import (
     validate_prompts,
 )
 from verl.rollout.continuous import current_group_sink, generate_continuous
+from verl.rollout.images import PromptImages, add_multimodal_positions, native_image_prompts
 from verl.rollout.kv_cache import PreallocatedKVCache
+from verl.rollout.native_lockstep import generate_lockstep
 from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
 from verl.rollout.stopping import StopStringChecker
@@ -62,8 +76,6 @@ __all__ = ["NativeRollout"]
 
 # Attention implementations that take a ready 4-D mask (bool for sdpa, additive for eager).
 _MASK_4D_IMPLS = ("sdpa", "eager")
-# compile_decode: the static cache width is rounded up to a multiple of this many columns.
-_STATIC_LEN_STEP = 32
 
 
 class NativeRollout(RolloutEngine):
@@ -146,6 +158,7 @@ class NativeRollout(RolloutEngine):
         self.continuous_batching = continuous_batching
         self.logits_processor = logits_processor
         self.last_stats: dict[str, float] = {}
+        self._logged_images = False
 
         config = module.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -203,8 +216,27 @@ class NativeRollout(RolloutEngine):
         waves, at the end of the call for one lock-step batch. Inside
         :func:`verl.rollout.partial.weight_mailbox` the continuous loop takes posted weights
         between decode steps and the output has ``rollout_token_versions``."""
-        input_ids, attention_mask, position_ids = validate_prompts(prompts)
+        input_ids, attention_mask, position_ids = validate_prompts(prompts, images=True)
         sink, mailbox = current_group_sink(), current_weight_mailbox()
+        model_positions, images = position_ids, None
+        with_images = native_image_prompts(
+            self.module, prompts, input_ids, attention_mask, position_ids
+        )
+        if with_images is not None:
+            if sink is not None or mailbox is not None:
+                raise ValueError(
+                    "the prompts hold images: the native rollout's streaming and mid-call "
+                    "weight updates (trainer.rollout_mode=streaming, trainer.partial_rollout) "
+                    "take text prompts only; set trainer.async_rollout=false"
+                )
+            model_positions, images = with_images
+            if not self._logged_images:
+                self._logged_images = True
+                logger.info(
+                    "native rollout: image prompts (%s): the vision tower runs at prefill, "
+                    "multimodal rope positions, lock-step decode",
+                    self.module.config.model_type,
+                )
         on_group = None
         if sink is not None:
 
@@ -220,12 +252,20 @@ class NativeRollout(RolloutEngine):
 
         with eval_mode(self.module), torch.no_grad():  # not inference_mode: see the docstring
             responses, log_probs, lengths, versions = self._generate(
-                input_ids, attention_mask, position_ids, params, on_group=on_group, mailbox=mailbox
+                input_ids,
+                attention_mask,
+                model_positions,
+                params,
+                on_group=on_group,
+                mailbox=mailbox,
+                images=images,
             )
             responses, mask, log_probs = self._finish_rows(responses, log_probs, lengths)
         out = assemble_rollout_output(
             prompts, params, responses, mask, log_probs, position_ids=position_ids
         )
+        if images is not None:
+            add_multimodal_positions(self.module, out)
         return tag_token_versions(out, versions, mask, mailbox)
 
     def _finish_rows(
@@ -253,10 +293,18 @@ class NativeRollout(RolloutEngine):
         position_ids: torch.Tensor,
         cache: PreallocatedKVCache,
         decode: bool = False,
+        inputs: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One model call; returns the last position's logits (rows, vocab). ``decode``: one
-        new token per row (the attention may take verl's decode path)."""
+        new token per row (the attention may take verl's decode path). ``position_ids``
+        (rows, L), or (rows, L, 4) for image prompts (text positions, then the three rope
+        axes), given to the model as (4, rows, L). ``inputs``: further model keywords (a
+        prefill's ``pixel_values`` and ``image_grid_thw``)."""
         extra = {DECODE_KWARG: True} if decode and self._decode_attention else {}
+        if inputs:
+            extra.update(inputs)
+        if position_ids.ndim == 3:
+            position_ids = position_ids.permute(2, 0, 1)
         out = self.module(
             input_ids=input_ids,
             attention_mask=mask,
@@ -359,6 +407,7 @@ class NativeRollout(RolloutEngine):
         params: SamplingParams,
         on_group: Callable[..., None] | None = None,
         mailbox: Any = None,
+        images: PromptImages | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
@@ -372,7 +421,9 @@ class NativeRollout(RolloutEngine):
         At most ``max_num_seqs`` rows decode at once: all ``N`` in one lock-step batch when
         they fit; else continuous batching (:mod:`verl.rollout.continuous`) or, with it off
         (or for the compiled decode and per-layer-mask models), lock-step waves of
-        ``max_num_seqs // n`` prompts."""
+        ``max_num_seqs // n`` prompts. ``images``: the prompts' images
+        (:func:`~verl.rollout.images.native_image_prompts`, ``position_ids`` then (B, P, 4));
+        they take lock-step batches and waves only."""
         t_start = time.perf_counter()
         device = self._device()
         n = params.n
@@ -400,7 +451,16 @@ class NativeRollout(RolloutEngine):
         can_stream = not self.compile_decode and self._mask_mode in _MASK_4D_IMPLS
         totals: dict[str, float] = {}
         versions = None
-        if (rows > slots or mailbox is not None) and self.continuous_batching and can_stream:
+        continuous = (rows > slots or mailbox is not None) and self.continuous_batching
+        if continuous and can_stream and images is not None:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.decode_slots={slots} < {rows} rows "
+                f"({batch} prompts x n={n}) with continuous_batching=true: the native "
+                "rollout's continuous batching takes text prompts only; for image prompts "
+                "set actor_rollout_ref.rollout.continuous_batching=false (lock-step waves of "
+                "decode_slots rows) or decode_slots=null"
+            )
+        if continuous and can_stream:
             responses, log_probs, lengths, totals, versions = generate_continuous(
                 self,
                 ids,
@@ -420,7 +480,8 @@ class NativeRollout(RolloutEngine):
             parts = []
             for first in range(0, batch, per_wave):
                 last = min(batch, first + per_wave)
-                part = self._lockstep(
+                part = generate_lockstep(
+                    self,
                     ids[first:last],
                     key_real[first:last],
                     pos[first:last],
@@ -429,6 +490,7 @@ class NativeRollout(RolloutEngine):
                     seed=seed,
                     stop_ids=stop_ids_t if stop_ids else None,
                     checker=checker,
+                    images=images.rows(first, last) if images is not None else None,
                 )
                 parts.append(part[:3])
                 if on_group is not None:
@@ -457,127 +519,3 @@ class NativeRollout(RolloutEngine):
             "tokens_per_s": generated / max(t_end - t_start, 1e-9),
         }
         return responses, log_probs, lengths, versions
-
-    def _lockstep(
-        self,
-        input_ids: torch.Tensor,
-        key_real: torch.Tensor,
-        position_ids: torch.Tensor,
-        params: SamplingParams,
-        *,
-        first_row: int,
-        seed: int | None,
-        stop_ids: torch.Tensor | None,
-        checker: StopStringChecker,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """One lock-step batch (a wave): its prompts prefilled together, its rows decoded
-        until the last one stops (finished rows compacted away). ``first_row``: the output
-        row of its first sample (it keys the sampling). Returns ``(responses, log_probs,
-        lengths, stats)`` of its rows."""
-        t_start = time.perf_counter()
-        device = input_ids.device
-        dtype = next(self.module.parameters()).dtype
-        n, max_new = params.n, params.max_new_tokens
-        batch = input_ids.shape[0]
-        rows = batch * n
-
-        # Padding columns shared by every row cost compute and change nothing.
-        first = int(key_real.any(dim=0).int().argmax())
-        key_real = key_real[:, first:]
-        ids = input_ids[:, first:]
-        pos = position_ids[:, first:]
-        prompt_len = ids.shape[1]
-        max_len = prompt_len + max_new - 1  # the last sampled token is never fed back
-
-        static = self.compile_decode
-        if static:
-            # One compiled graph per (rows, cache width): round the width up so batches
-            # whose prompts differ by a few tokens share it.
-            max_len = -(-max_len // _STATIC_LEN_STEP) * _STATIC_LEN_STEP
-        kv_dtype, kv_round = self._cache_precision(device)
-        cache = PreallocatedKVCache(
-            self._num_layers,
-            rows,
-            max_len,
-            repeats=n,
-            static=static,
-            dtype=kv_dtype,
-            round_to=kv_round,
-        )
-        # kv_real: columns a query may attend to. Eager decode hands the attention only the
-        # filled prefix; a static cache hands it every column, unwritten ones masked.
-        kv_real = torch.full((rows, max_len), not static, dtype=torch.bool, device=device)
-        kv_real[:, :prompt_len] = key_real.repeat_interleave(n, dim=0)
-        logits = self._forward(ids, self._prefill_mask(key_real, dtype), pos, cache)
-        if n > 1:
-            logits = logits.repeat_interleave(n, dim=0)
-        next_pos = pos[:, -1].repeat_interleave(n) + 1
-        t_prefill = time.perf_counter()
-
-        responses = torch.empty(rows, max_new, dtype=torch.long, device=device)
-        log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
-        lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
-        active = torch.arange(rows, device=device)  # wave row of each running row
-        alive = torch.ones(rows, dtype=torch.bool, device=device)
-        compactions = 0
-        row_steps = 0
-        for step in range(max_new):
-            tokens, chosen = self._sample(logits, first_row + active, step, params, seed)
-            responses[active, step] = tokens
-            log_probs[active, step] = chosen
-            done = torch.isin(tokens, stop_ids) if stop_ids is not None else torch.zeros_like(alive)
-            if checker:
-                running = alive.nonzero().flatten()
-                start = max(0, step + 1 - checker.window)
-                tails = responses[active[running], start : step + 1].tolist()
-                hits = torch.tensor(checker.hits(tails), dtype=torch.bool, device=device)
-                done[running] |= hits
-            done &= alive
-            if bool(done.any()):
-                lengths[active[done]] = step + 1
-                alive &= ~done
-            if step == max_new - 1 or not bool(alive.any()):
-                break
-            running_rows = int(alive.sum())
-            finished_rows = active.numel() - running_rows
-            threshold = max(1, math.ceil(self.compaction_threshold * active.numel()))
-            if self.compaction and not static and finished_rows >= threshold:
-                keep = alive.nonzero().flatten()
-                cache.select_rows(keep)
-                kv_real, next_pos, tokens = kv_real[keep], next_pos[keep], tokens[keep]
-                active, alive = active[keep], alive[keep]
-                compactions += 1
-            row_steps += active.numel()
-            length = cache.length + 1
-            if static:
-                kv_real[:, length - 1] = True
-                logits = self._decode_compiled()(
-                    tokens.unsqueeze(1),
-                    self._decode_mask(kv_real, max_len, dtype),
-                    next_pos.unsqueeze(1),
-                    cache,
-                    decode=True,
-                )
-                cache.advance(1)
-            else:
-                logits = self._forward(
-                    tokens.unsqueeze(1),
-                    self._decode_mask(kv_real, length, dtype),
-                    next_pos.unsqueeze(1),
-                    cache,
-                    decode=True,
-                )
-            next_pos += 1
-
-        return (
-            responses,
-            log_probs,
-            lengths,
-            {
-                "prompt_len": float(prompt_len),
-                "decode_steps": float(step),
-                "decode_row_steps": float(row_steps),
-                "compactions": float(compactions),
-                "prefill_s": t_prefill - t_start,
-            },
-        )
