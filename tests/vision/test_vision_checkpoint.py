@@ -1,6 +1,6 @@
 """An image run's checkpoint and export (slow: three short RL runs of the tiny Qwen2-VL).
 
-The default config (native rollout adjusted to hf, sequence packing on) saves at step 1; a
+The default config (native rollout, sequence packing on) saves at step 1; a
 run stopped in step 2 and a new trainer resuming it from its checkpoint end bit for bit
 where an uninterrupted run ends (checkpoint tensors, exported weights, metrics). The export
 and the checkpoint's HF metadata hold the processor: ``load_vision_processor`` of the
@@ -56,7 +56,7 @@ def _config(vl, out: Path):
 def test_image_run_resumes_bit_for_bit_and_exports_its_processor(vl, tmp_path):
     straight_dir = tmp_path / "straight"
     straight = RLTrainer(_config(vl, straight_dir))
-    assert straight.config.actor_rollout_ref.rollout.name == "hf"  # adjusted from native
+    assert straight.config.actor_rollout_ref.rollout.name == "native"  # images on native
     assert straight.config.actor_rollout_ref.actor.pack_sequences
     straight.fit()
 

@@ -1,10 +1,13 @@
 """Start-up checks of an image run (verl.trainer.rl.vision_checks): the default config runs
-(native rollout adjusted to hf, packing kept), every setting images cannot take is refused
-by its key before any data or model loads, and a text actor's config is left alone."""
+as it is for a Qwen2-VL actor (native rollout, packing kept; another vision model_type is
+adjusted to the hf rollout), every setting images cannot take is refused by its key before
+any data or model loads, and a text actor's config is left alone."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 
 import pytest
 
@@ -19,15 +22,36 @@ def _config(model_path):
     return cfg
 
 
-def test_the_default_config_is_adjusted_to_run_with_images(vl, caplog):
+def test_the_default_config_runs_with_images_on_the_native_rollout(vl, caplog):
     cfg = _config(vl.model_dir)
     assert cfg.actor_rollout_ref.rollout.name == "native"
     with caplog.at_level(logging.WARNING, logger="verl.trainer.rl.vision_checks"):
         out = vision_run_config(cfg)
+    assert out is cfg and out.actor_rollout_ref.rollout.name == "native"
+    assert out.actor_rollout_ref.actor.pack_sequences  # packing takes images
+    assert "rollout.name" not in caplog.text
+
+
+def test_another_vision_model_type_is_adjusted_to_the_hf_rollout(vl, tmp_path, caplog):
+    model_dir = shutil.copytree(vl.model_dir, tmp_path / "qwen25")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "qwen2_5_vl"}))
+    cfg = _config(model_dir)
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.rl.vision_checks"):
+        out = vision_run_config(cfg)
     assert out.actor_rollout_ref.rollout.name == "hf"
     assert cfg.actor_rollout_ref.rollout.name == "native"  # the caller's config is unchanged
-    assert out.actor_rollout_ref.actor.pack_sequences  # packing takes images
     assert "actor_rollout_ref.rollout.name=native" in caplog.text
+    assert "'qwen2_5_vl'" in caplog.text
+
+
+def test_native_continuous_batching_is_refused_by_its_key(vl):
+    cfg = _config(vl.model_dir)
+    cfg.actor_rollout_ref.rollout.decode_slots = 4
+    with pytest.raises(VisionConfigError, match=r"rollout\.decode_slots=4 with continuous"):
+        vision_run_config(cfg)
+    cfg.actor_rollout_ref.rollout.continuous_batching = False  # lock-step waves take images
+    assert vision_run_config(cfg) is cfg
 
 
 def test_every_incompatible_setting_is_refused_by_its_key(vl):

@@ -1,5 +1,6 @@
 """Image prompts through one training path: dataset + collate, the hf rollout, the log-prob
-and update passes, and (slow) two GRPO steps from the CLI entry with the tiny Qwen2-VL."""
+and update passes, and (slow) two GRPO steps from the CLI entry with the tiny Qwen2-VL
+through the native rollout."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.rollout import SamplingParams, build_rollout
+from verl.rollout.base import validate_prompts
 from verl.workers.micro_batching import gather_response_outputs, split_micro_batches
 from verl.workers.vision_inputs import check_image_batching, forward_inputs
 
@@ -80,9 +82,8 @@ def test_hf_rollout_log_probs_match_the_trainers_recomputation(vl):
 
 def test_text_backends_and_sequence_parallelism_refuse_image_batches(vl):
     _, batch = _prompts(vl, rows=2)
-    rollout = build_rollout("native", vl[3], vl[2].tokenizer)
-    with pytest.raises(ValueError, match=r"rollout\.name=hf"):
-        rollout.generate(batch, SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match=r"rollout\.name=hf or native"):
+        validate_prompts(batch)  # the check of the text-only backends (vLLM, SGLang)
 
     class Packed:
         pack_sequences = True
@@ -105,7 +106,8 @@ def test_two_grpo_steps_from_the_cli(vl, tmp_path):
         f"data.train_files={train}",
         f"data.val_files={train.parent / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model_dir}",
-        # the defaults otherwise: rollout.name=native (adjusted to hf), packing on
+        # the defaults otherwise: packing on
+        "actor_rollout_ref.rollout.name=native",
         "algorithm.adv_estimator=grpo",
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
@@ -124,13 +126,16 @@ def test_two_grpo_steps_from_the_cli(vl, tmp_path):
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "actor_rollout_ref.rollout.name=native" in done.stderr  # the logged adjustment
+    assert "actor_rollout_ref.rollout.name=native" not in done.stderr  # no adjustment to hf
+    assert "native rollout: image prompts (qwen2_vl)" in done.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_steps = [s for s in steps if "actor/pg_loss" in s]
     assert [s["step"] for s in train_steps] == [1, 2]
     for s in train_steps:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
             assert math.isfinite(s[key]), (key, s[key])
+        # the native rollout's log-probs against the old-policy pass (fp32)
+        assert s["rollout/logprob_abs_diff_max"] < 1e-4, s["rollout/logprob_abs_diff_max"]
     from safetensors.torch import load_file
 
     before = load_file(model_dir / "model.safetensors")

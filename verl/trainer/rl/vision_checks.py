@@ -11,9 +11,13 @@ its value, why, and the fix; the settings it can serve another way are adjusted 
 =========================================================  =================================
 setting                                                    image run
 =========================================================  =================================
-``actor_rollout_ref.rollout.name=native`` (the default)    adjusted to ``hf`` (the native
-                                                           rollout's prefill takes no image
-                                                           inputs yet)
+``actor_rollout_ref.rollout.name=native`` (the default)    taken for a Qwen2-VL actor
+                                                           (:mod:`verl.rollout.images`);
+                                                           adjusted to ``hf`` for another
+                                                           vision ``model_type``
+``rollout.decode_slots`` set with ``continuous_batching``  refused (native): continuous
+                                                           batching takes text prompts only
+                                                           (lock-step waves take images)
 ``rollout.name=vllm`` / ``sglang``                         refused: the serving backends get
                                                            token ids only (no
                                                            ``multi_modal_data``)
@@ -37,7 +41,9 @@ a critic (``critic.enable``, or ``gae``)                   refused (the value mo
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -57,10 +63,33 @@ def is_vision_run(cfg: Any) -> bool:
     return bool(path) and is_vision_model_dir(path)
 
 
+def _model_type(cfg: Any) -> str | None:
+    """``model_type`` of the actor's ``config.json`` (None when unreadable)."""
+    from verl.models.loading import resolve_model_path
+
+    try:
+        path = os.path.join(resolve_model_path(cfg.actor_rollout_ref.model.path), "config.json")
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
 def _problems(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref, rollout = arr.actor, arr.ref, arr.rollout
     out: list[str] = []
+    if (
+        rollout.name == "native"
+        and rollout.decode_slots is not None
+        and rollout.continuous_batching
+    ):
+        out.append(
+            f"actor_rollout_ref.rollout.decode_slots={rollout.decode_slots} with "
+            "continuous_batching=true: the native rollout's continuous batching takes text "
+            "prompts only; set actor_rollout_ref.rollout.continuous_batching=false (lock-step "
+            "waves of decode_slots rows take images) or decode_slots=null"
+        )
     if rollout.name in ("vllm", "sglang"):
         out.append(
             f"actor_rollout_ref.rollout.name={rollout.name}: the serving backends are given "
@@ -136,11 +165,20 @@ def vision_run_config(cfg: Any) -> Any:
             f"vision-language model (image prompts); {len(problems)} setting(s) cannot run "
             "with it:\n  " + "\n  ".join(problems)
         )
-    if cfg.actor_rollout_ref.rollout.name == "native":
+    from verl.rollout.images import NATIVE_IMAGE_MODEL_TYPES
+
+    model_type = _model_type(cfg)
+    if (
+        cfg.actor_rollout_ref.rollout.name == "native"
+        and model_type not in NATIVE_IMAGE_MODEL_TYPES
+    ):
         cfg = copy.deepcopy(cfg)
         cfg.actor_rollout_ref.rollout.name = "hf"
         logger.warning(
-            "actor_rollout_ref.rollout.name=native: the native rollout takes no image inputs; "
-            "image prompts generate with the hf rollout (set rollout.name=hf to say so)"
+            "actor_rollout_ref.rollout.name=native: the native rollout generates from images "
+            "for model_type in %s only, not %r; image prompts generate with the hf rollout "
+            "(set rollout.name=hf to say so)",
+            NATIVE_IMAGE_MODEL_TYPES,
+            model_type,
         )
     return cfg
