@@ -45,15 +45,6 @@ def test_another_vision_model_type_is_adjusted_to_the_hf_rollout(vl, tmp_path, c
     assert "'qwen2_5_vl'" in caplog.text
 
 
-def test_native_continuous_batching_is_refused_by_its_key(vl):
-    cfg = _config(vl.model_dir)
-    cfg.actor_rollout_ref.rollout.decode_slots = 4
-    with pytest.raises(VisionConfigError, match=r"rollout\.decode_slots=4 with continuous"):
-        vision_run_config(cfg)
-    cfg.actor_rollout_ref.rollout.continuous_batching = False  # lock-step waves take images
-    assert vision_run_config(cfg) is cfg
-
-
 def test_every_incompatible_setting_is_refused_by_its_key(vl):
     cfg = _config(vl.model_dir)
     arr = cfg.actor_rollout_ref

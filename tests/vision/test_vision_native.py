@@ -1,9 +1,9 @@
 """Image prompts through the native rollout (verl.rollout.native with verl.rollout.images):
 greedy tokens equal the hf rollout's (transformers' generate) on rows of different image
-sizes and prompt lengths, left-padded, in one lock-step batch, in waves and with the
-static-cache decode of compile_decode; sampled log-probs equal the trainer's recomputation
-within the text prompts' bound; the settings it does not take with images are refused by
-their key."""
+sizes and prompt lengths, left-padded, in one lock-step batch, in waves, with continuous
+batching and with the static-cache decode of compile_decode; sampled log-probs equal the
+trainer's recomputation within the text prompts' bound, continuous batching's samples the
+lock-step batch's; what it does not take with images is refused by its key."""
 
 from __future__ import annotations
 
@@ -70,9 +70,10 @@ def test_the_batch_mixes_image_sizes_and_prompt_lengths(mixed):
     [
         {},
         {"max_num_seqs": 2, "continuous_batching": False},
+        {"max_num_seqs": 4},  # continuous batching: 4 slots refilled as rows end
         {"compile_decode": True, "compile_backend": "eager"},  # the static-cache decode
     ],
-    ids=["one_batch", "waves_of_2", "static_cache"],
+    ids=["one_batch", "waves_of_2", "continuous_4_slots", "static_cache"],
 )
 def test_native_greedy_tokens_equal_hf_generate(vl, sharp, mixed, options):
     params = SamplingParams(n=1, do_sample=False, max_new_tokens=10, stop_token_ids=[])
@@ -85,8 +86,9 @@ def test_native_greedy_tokens_equal_hf_generate(vl, sharp, mixed, options):
         assert torch.equal(out.batch[key], ref.batch[key]), key
     diff = (out.batch["rollout_log_probs"] - ref.batch["rollout_log_probs"]).abs().max()
     assert diff.item() < 1e-4, diff
-    assert native.last_stats["continuous"] == 0.0
-    assert native.last_stats["slots"] == options.get("max_num_seqs", 6)
+    slots = options.get("max_num_seqs", 6)
+    assert native.last_stats["slots"] == slots
+    assert native.last_stats["continuous"] == float(options.get("continuous_batching", slots < 6))
 
 
 def test_native_sampled_log_probs_match_the_trainers_recomputation(vl, sharp, mixed):
@@ -109,14 +111,16 @@ def test_native_sampled_log_probs_match_the_trainers_recomputation(vl, sharp, mi
     assert diff < 1e-4, diff  # fp32: the bound of the native engine's text-prompt tests
     # the two samples of a prompt differ somewhere (sampled, not greedy)
     assert not torch.equal(gen.batch["responses"][0::2], gen.batch["responses"][1::2])
+    # continuous batching (4 slots for 12 rows) samples the same tokens (per-sample seeding)
+    slotted = NativeRollout(sharp, vl.processor.tokenizer, max_num_seqs=4).generate(mixed, params)
+    assert torch.equal(slotted.batch["responses"], gen.batch["responses"])
+    diff = (slotted.batch["rollout_log_probs"] - gen.batch["rollout_log_probs"]).abs().max()
+    assert diff.item() < 1e-5, diff
 
 
 def test_native_refuses_what_it_does_not_take_with_images(vl, mixed, monkeypatch):
     tokenizer = vl.processor.tokenizer
     params = SamplingParams(n=2, max_new_tokens=2)
-    continuous = NativeRollout(vl.model, tokenizer, max_num_seqs=4)
-    with pytest.raises(ValueError, match=r"decode_slots=4 < 12 rows.*continuous_batching=false"):
-        continuous.generate(mixed, params)
     with stream_groups(lambda *group: None), pytest.raises(ValueError, match="streaming"):
         build_rollout("native", vl.model, tokenizer).generate(mixed, params)
     monkeypatch.setattr(vl.model.config, "model_type", "qwen2_5_vl")

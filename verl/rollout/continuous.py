@@ -26,7 +26,9 @@ step it ran in: greedy and seeded outputs equal the lock-step engine's (up to th
 of float sums over differently laid out columns, which can flip an exact tie only).
 
 Only for models whose attention takes a ready 4-D mask (``sdpa``, ``eager``, no sliding
-windows) and eager decoding; the engine uses lock-step waves otherwise.
+windows) and eager decoding; the engine uses lock-step waves otherwise. Image prompts
+(:mod:`verl.rollout.images`): each admission's prefill gets its prompts' images, and a slot
+keeps its row's four position axes (text and rope), each advanced by one per step.
 
 **Groups out as they finish.** A prompt's group (its ``n`` samples) is complete when its
 last row stops, usually long before the call's slowest row. ``on_group(prompt)`` is called
@@ -59,6 +61,7 @@ from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
 
 if TYPE_CHECKING:
     from verl.rollout.base import SamplingParams
+    from verl.rollout.images import PromptImages
     from verl.rollout.native import NativeRollout
     from verl.rollout.partial import WeightMailbox
     from verl.rollout.stopping import StopStringChecker
@@ -105,6 +108,7 @@ def generate_continuous(
     checker: StopStringChecker,
     on_group: Callable[..., None] | None = None,
     mailbox: WeightMailbox | None = None,
+    images: PromptImages | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
     ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
@@ -112,7 +116,10 @@ def generate_continuous(
     lengths[, versions])``: called as soon as the ``n`` rows of prompt ``prompt`` have all
     stopped, with their final rows of the outputs below ((n, R), (n, R), (n,), (n, R);
     ``versions`` only with a ``mailbox``). ``mailbox``: polled between steps (module
-    docstring); its ``held`` version tags the tokens until a swap.
+    docstring); its ``held`` version tags the tokens until a swap. ``images``: the prompts'
+    images (:class:`~verl.rollout.images.PromptImages`; ``position_ids`` then (B, P, 4),
+    the text and rope axes): each admission's prefill takes its prompts' share; not with a
+    ``mailbox`` (a resume's prefill again would have no images).
 
     Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
     float32, ``lengths`` (B*n,), stats (``prefill_s``, ``decode_steps``,
@@ -139,7 +146,8 @@ def generate_continuous(
     slot_row = torch.full((slots,), -1, dtype=torch.long, device=device)
     slot_step = torch.zeros(slots, dtype=torch.long, device=device)
     slot_col = torch.zeros(slots, dtype=torch.long, device=device)
-    slot_pos = torch.zeros(slots, dtype=torch.long, device=device)
+    pos_axes = position_ids.shape[2:]  # () for text, (4,) for image prompts
+    slot_pos = torch.zeros(slots, *pos_axes, dtype=torch.long, device=device)
     slot_token = torch.full((slots,), engine.pad_token_id, dtype=torch.long, device=device)
     kv_real = torch.zeros(slots, max_len, dtype=torch.bool, device=device)
 
@@ -156,7 +164,7 @@ def generate_continuous(
         stats["reprefill_s"] = 0.0
         if mailbox.mode == "resume":  # each cache column's token and position, to prefill again
             col_ids = torch.zeros(slots, max_len, dtype=torch.long, device=device)
-            col_pos = torch.zeros(slots, max_len, dtype=torch.long, device=device)
+            col_pos = torch.zeros(slots, max_len, *pos_axes, dtype=torch.long, device=device)
 
     def record(slot_idx: torch.Tensor, logits: torch.Tensor) -> None:
         """Sample the rows in ``slot_idx`` from ``logits`` (len, vocab); free the stopped."""
@@ -211,7 +219,13 @@ def generate_continuous(
             prefill = PreallocatedKVCache(
                 engine._num_layers, count * n, plen, repeats=n, dtype=kv_dtype, round_to=kv_round
             )
-            logits = engine._forward(ids, engine._prefill_mask(real, dtype), pos, prefill)
+            logits = engine._forward(
+                ids,
+                engine._prefill_mask(real, dtype),
+                pos,
+                prefill,
+                inputs=images.rows(first, last).model_inputs() if images is not None else None,
+            )
             target = free[: count * n]
             cache.insert(target, prefill, plen)
             if col_ids is not None:
@@ -222,7 +236,7 @@ def generate_continuous(
             slot_row[target] = torch.arange(first * n, last * n, device=device)
             slot_step[target] = 0
             slot_col[target] = plen
-            slot_pos[target] = pos[:, -1].repeat_interleave(n) + 1
+            slot_pos[target] = pos[:, -1].repeat_interleave(n, dim=0) + 1
             next_prompt = last
             stats["admissions"] += 1
             stats["prefill_s"] += time.perf_counter() - t0

@@ -27,8 +27,9 @@ It reads the training module's weights in place (no copy) and runs this loop:
    vision tower runs once per prompt and the model puts its embeddings at the image
    tokens. Positions are (B, P, 4): the text positions and the model's 3-axis rope index,
    as ``generate`` builds them; decode continues every axis from the prompt's last column
-   (the rope axes: text position + the row's rope delta). Lock-step batches and waves
-   only; continuous batching, streaming and mid-call weight updates refuse image prompts.
+   (the rope axes: text position + the row's rope delta). Lock-step batches, waves and
+   continuous batching (each admission's prefill gets its prompts' images) take them;
+   streaming and mid-call weight updates refuse image prompts.
    The output adds ``multimodal_position_ids`` and ``mm_token_type_ids`` as the ``hf``
    rollout's does (:func:`verl.rollout.images.add_multimodal_positions`).
 
@@ -234,7 +235,7 @@ class NativeRollout(RolloutEngine):
                 self._logged_images = True
                 logger.info(
                     "native rollout: image prompts (%s): the vision tower runs at prefill, "
-                    "multimodal rope positions, lock-step decode",
+                    "multimodal rope positions",
                     self.module.config.model_type,
                 )
         on_group = None
@@ -422,8 +423,8 @@ class NativeRollout(RolloutEngine):
         they fit; else continuous batching (:mod:`verl.rollout.continuous`) or, with it off
         (or for the compiled decode and per-layer-mask models), lock-step waves of
         ``max_num_seqs // n`` prompts. ``images``: the prompts' images
-        (:func:`~verl.rollout.images.native_image_prompts`, ``position_ids`` then (B, P, 4));
-        they take lock-step batches and waves only."""
+        (:func:`~verl.rollout.images.native_image_prompts`, ``position_ids`` then (B, P, 4)),
+        given to each prefill with its prompts' share."""
         t_start = time.perf_counter()
         device = self._device()
         n = params.n
@@ -452,14 +453,6 @@ class NativeRollout(RolloutEngine):
         totals: dict[str, float] = {}
         versions = None
         continuous = (rows > slots or mailbox is not None) and self.continuous_batching
-        if continuous and can_stream and images is not None:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.decode_slots={slots} < {rows} rows "
-                f"({batch} prompts x n={n}) with continuous_batching=true: the native "
-                "rollout's continuous batching takes text prompts only; for image prompts "
-                "set actor_rollout_ref.rollout.continuous_batching=false (lock-step waves of "
-                "decode_slots rows) or decode_slots=null"
-            )
         if continuous and can_stream:
             responses, log_probs, lengths, totals, versions = generate_continuous(
                 self,
@@ -473,6 +466,7 @@ class NativeRollout(RolloutEngine):
                 checker=checker,
                 on_group=on_group,
                 mailbox=mailbox,
+                images=images,
             )
             mode = "continuous"
         else:

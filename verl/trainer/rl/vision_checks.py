@@ -15,9 +15,6 @@ setting                                                    image run
                                                            (:mod:`verl.rollout.images`);
                                                            adjusted to ``hf`` for another
                                                            vision ``model_type``
-``rollout.decode_slots`` set with ``continuous_batching``  refused (native): continuous
-                                                           batching takes text prompts only
-                                                           (lock-step waves take images)
 ``rollout.name=vllm`` / ``sglang``                         refused: the serving backends get
                                                            token ids only (no
                                                            ``multi_modal_data``)
@@ -79,17 +76,6 @@ def _problems(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref, rollout = arr.actor, arr.ref, arr.rollout
     out: list[str] = []
-    if (
-        rollout.name == "native"
-        and rollout.decode_slots is not None
-        and rollout.continuous_batching
-    ):
-        out.append(
-            f"actor_rollout_ref.rollout.decode_slots={rollout.decode_slots} with "
-            "continuous_batching=true: the native rollout's continuous batching takes text "
-            "prompts only; set actor_rollout_ref.rollout.continuous_batching=false (lock-step "
-            "waves of decode_slots rows take images) or decode_slots=null"
-        )
     if rollout.name in ("vllm", "sglang"):
         out.append(
             f"actor_rollout_ref.rollout.name={rollout.name}: the serving backends are given "
