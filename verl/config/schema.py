@@ -205,6 +205,25 @@ class DistillConfig:
     log_prob_micro_batch_size_per_device: int | None = entry(
         None, "rows per teacher forward; null = as the reference's", ge=1
     )
+    fixed_fraction: float = entry(
+        0.0,
+        "GKD mixing: probability that a step trains on the data's fixed responses instead of "
+        "the student's samples (drawn per step from trainer.seed and the step); 0 = on-policy "
+        "only, 1 = supervised KD (needs estimator=topk, mix_task_reward=false)",
+        ge=0,
+        le=1,
+    )
+    response_key: str = entry(
+        "reward_model",
+        "fixed_fraction > 0: the prompt rows' column holding the fixed response, reward_model "
+        "or extra_info (the columns that reach the trainer)",
+        nonempty=True,
+    )
+    response_dict_keys: list[str] = entry(
+        ["ground_truth"],
+        "keys leading into response_key's mapping (as data.response_dict_keys of SFT); the "
+        "default reads reward_model.ground_truth, e.g. the arithmetic answer",
+    )
 
 
 @dataclass

@@ -442,6 +442,66 @@ def _check_distill(c: Checks, cfg: TrainerConfig) -> None:
         c.warn(
             f"{p}.coef=0 and {p}.mix_task_reward=false: the actor's loss is 0, nothing is learned"
         )
+    if d.fixed_fraction > 0:
+        _check_distill_fixed(c, cfg)
+
+
+def _check_distill_fixed(c: Checks, cfg: TrainerConfig) -> None:
+    """GKD mixing (``fixed_fraction > 0``, :mod:`verl.trainer.rl.distill_mix`): fixed
+    responses are not the student's samples and have no behaviour log-probs, and a fixed step
+    replaces the whole generation of a plain batch source."""
+    d, p = cfg.algorithm.distill, "algorithm.distill"
+    f = f"{p}.fixed_fraction={d.fixed_fraction:g}"
+    if not DISTILL_ESTIMATORS.needs(d.estimator, "needs_topk"):
+        c.error(
+            (f"{p}.fixed_fraction", f"{p}.estimator"),
+            f"{f} trains on fixed responses, which are not samples of the student: the "
+            f"sampled-token estimator {p}.estimator={d.estimator} is biased on them; use "
+            f"{p}.estimator=topk (the full-distribution KL over the student's top-k) or "
+            f"{p}.fixed_fraction=0",
+        )
+    if d.mix_task_reward:
+        c.error(
+            (f"{p}.fixed_fraction", f"{p}.mix_task_reward"),
+            f"{f} with {p}.mix_task_reward=true: fixed responses have no behaviour "
+            f"log-probs, so the task's policy loss has no importance ratio on them; set "
+            f"{p}.mix_task_reward=false (the distillation loss alone)",
+        )
+    keys = list(d.response_dict_keys)
+    if d.response_key not in ("reward_model", "extra_info"):
+        c.error(
+            f"{p}.response_key",
+            f"{p}.response_key={show(d.response_key)}: the prompt rows bring reward_model "
+            "(its ground_truth) and extra_info to the trainer; put the fixed response in one "
+            "of them (e.g. response_key=extra_info, response_dict_keys=[response])",
+        )
+    elif d.response_key == "reward_model" and keys != ["ground_truth"]:
+        c.error(
+            f"{p}.response_dict_keys",
+            f"{p}.response_key=reward_model with response_dict_keys={keys}: only "
+            "reward_model.ground_truth reaches the trainer; use response_dict_keys=[ground_truth]",
+        )
+    elif d.response_key == "extra_info" and not keys:
+        c.error(
+            f"{p}.response_dict_keys",
+            f"{p}.response_key=extra_info needs response_dict_keys naming the response's key "
+            "in extra_info (e.g. [response])",
+        )
+    rollout, trainer = cfg.actor_rollout_ref.rollout, cfg.trainer
+    plain = {
+        "trainer.async_rollout": trainer.async_rollout,
+        "algorithm.filter_groups.enable": cfg.algorithm.filter_groups.enable,
+        "data.rollout_files": bool(cfg.data.rollout_files),
+        "actor_rollout_ref.rollout.multi_turn.enable": rollout.multi_turn.enable,
+        "actor_rollout_ref.rollout.agent.enable": rollout.agent.enable,
+    }
+    for key, on in plain.items():
+        if on:
+            c.error(
+                (f"{p}.fixed_fraction", key),
+                f"{f} mixes fixed responses into single-turn batches generated one step at a "
+                f"time; it does not combine with {key}",
+            )
 
 
 def _check_filter_groups(c: Checks, cfg: TrainerConfig) -> None:

@@ -95,6 +95,7 @@ from verl.trainer.rl.build import (
     check_data_sources,
     load_compute_score,
 )
+from verl.trainer.rl.distill_mix import distill_kind_metrics, mixed_distill_source
 from verl.trainer.rl.passes import old_log_prob_pass
 from verl.trainer.rl.reward_loop import build_overlap, build_training_reward
 from verl.trainer.rl.samples import generation_samples, write_samples
@@ -218,7 +219,8 @@ class RLTrainer:
             pipeline=self.async_rollout,
             version=lambda: self.global_step - 1,
             pad_token_id=tokenizer.pad_token_id,
-        )
+        )  # the steps algorithm.distill.fixed_fraction picks: the data's fixed responses
+        self.batch_source = mixed_distill_source(cfg, self.batch_source, tokenizer, self)
 
         self.tracker = tracker or Tracker(
             cfg.trainer.logger,
@@ -441,6 +443,7 @@ class RLTrainer:
             gen, more = pf_ppo_redraw(gen, self.config, self.global_step)
             metrics |= more
         metrics |= self.update_policy(gen)  # critic, then actor
+        metrics |= distill_kind_metrics(metrics)  # the distillation loss by kind of rows
         step_seconds = time.perf_counter() - start
         metrics["timing_s/step"] = step_seconds
         if self.rollout_data_dir is not None:  # outside the step's time
