@@ -35,8 +35,8 @@ validation (``trainer.val_only=true`` under the preset: greedy decoding, the pre
 response length, the arithmetic scorer) of the snapshot's weights with the initial model's
 config and tokenizer files. One evaluator for both sides means a difference in accuracy
 comes from the weights alone, not from two generation codes (HF ``generate`` and verl's
-rollout differ in numerics, which moves greedy answers), and the evaluation's time counts
-against neither budget.
+rollout run different kernels, and a greedy answer can turn on a rounding difference), and
+the evaluation's time counts against neither budget.
 
 The minutes to +10 / +20 points are read on the curve through (0, start) and the
 snapshots, linearly between the last point below the threshold and the first at or above
@@ -45,7 +45,8 @@ the budget; the last snapshot (taken at the first step end past the budget, so a
 longer steps trains a little longer) is shown beside it with its time. ``--repeats R`` runs
 R pairs, the side that goes first alternating.
 
-    python bench/bench_convergence_vs_trl.py --threads 1              # 10 min per side
+    python bench/bench_convergence_vs_trl.py                          # 10 min per side
+    python bench/bench_convergence_vs_trl.py --threads 1              # on a shared machine
     python bench/bench_convergence_vs_trl.py --budget-min 20 --marks 2 4 6 8 10 15 20
     python bench/bench_convergence_vs_trl.py --quick --threads 1      # 1 min per side
     python bench/bench_convergence_vs_trl.py --from-json run.json     # table and plot again
@@ -127,7 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trl-venv", type=Path, default=DEFAULT_TRL_VENV)
     parser.add_argument("--verl-python", default=sys.executable, help="python that runs verl")
     parser.add_argument("--workdir", type=Path, default=None, help="keep data, logs, runs here")
-    parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--json-out",
+        type=Path,
+        default=None,
+        help="write the JSON here (default: WORKDIR/convergence.json)",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: in workdir)")
     parser.add_argument(
         "--from-json", type=Path, default=None, help="table and plot of a saved run, then exit"
@@ -459,6 +465,25 @@ def evaluate(args, models: list[Path], overrides: list[str], out_dir: Path) -> d
     return json.loads(out.read_text())
 
 
+def evaluate_snapshots(args, record: dict, base: Path, overrides: list[str], out: Path) -> None:
+    """Evaluate a run's snapshots (each with the initial model's non-weight files), set
+    their ``eval`` metrics and ``acc_pct``; their weights are removed afterwards unless
+    ``--keep-snapshots``."""
+    snaps = [Path(s["dir"]) for s in record["snapshots"]]
+    for snap in snaps:
+        graft_model_files(snap, base)
+    logger.info("%s: evaluating %d snapshots ...", record["side"], len(snaps))
+    evals = evaluate(args, snaps, overrides, out)
+    for snap in record["snapshots"]:
+        snap["eval"] = evals[snap["dir"]]
+        snap["acc_pct"] = round(100.0 * snap["eval"]["val/acc"], 2)
+    if not args.keep_snapshots:
+        for snap in snaps:
+            for weights in snap.iterdir():
+                if weights.name.endswith(WEIGHT_SUFFIXES):
+                    weights.unlink()
+
+
 def train_side(
     args, side: str, task: dict, data: tuple[Path, Path], model: str, overrides, out: Path
 ) -> dict:
@@ -472,10 +497,8 @@ def train_side(
     if side == "verl":
         cmd = [args.verl_python, str(VERL_SIDE), "train", "--config", str(args.config), *common]
         cmd += ["--", *overrides, *verl_train_overrides(out / "run")]
-        python = None
     else:
-        python = ensure_trl_venv(args.trl_venv)
-        cmd = [str(python), str(TRL_SIDE), "--model-dir", model, "--data", str(data[0])]
+        cmd = [str(args.trl_python), str(TRL_SIDE), "--model-dir", model, "--data", str(data[0])]
         cmd += ["--prompts", str(task["prompts"]), "--n", str(task["n"])]
         cmd += ["--max-new-tokens", str(task["max_new_tokens"])]
         cmd += ["--temperature", str(task["temperature"]), "--lr", str(task["lr"])]
@@ -500,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     task = task_spec(cfg)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_convergence_vs_trl_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    ensure_trl_venv(args.trl_venv)  # built (once) before any clock runs
+    args.trl_python = ensure_trl_venv(args.trl_venv)  # built (once) before any run
     data = write_task_data(cfg, workdir / "data")
     model = model_dir("smollm2", workdir)
     overrides = [*args.verl_override, *verl_data_overrides(*data, model)]
@@ -535,24 +558,12 @@ def main(argv: list[str] | None = None) -> None:
         logger.info("%s run %d: %g min of training ...", side, repeat + 1, args.budget_min)
         try:
             record = train_side(args, side, task, data, model, overrides, out)
+            record["repeat"] = repeat
+            evaluate_snapshots(args, record, Path(model), overrides, out / "eval")
         except SideFailed as err:  # keep the other runs; the log says why
             logger.error("%s", err)
             summary["runs"].append({"side": side, "repeat": repeat, "error": str(err)})
             continue
-        record["repeat"] = repeat
-        snaps = [Path(s["dir"]) for s in record["snapshots"]]
-        for snap in snaps:
-            graft_model_files(snap, Path(model))
-        logger.info("%s run %d: evaluating %d snapshots ...", side, repeat + 1, len(snaps))
-        evals = evaluate(args, snaps, overrides, out / "eval")
-        for snap in record["snapshots"]:
-            snap["eval"] = evals[snap["dir"]]
-            snap["acc_pct"] = round(100.0 * snap["eval"]["val/acc"], 2)
-        if not args.keep_snapshots:
-            for snap in snaps:
-                for weights in snap.iterdir():
-                    if weights.name.endswith(WEIGHT_SUFFIXES):
-                        weights.unlink()
         summary["runs"].append(record)
     summary["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     summary["summaries"] = [

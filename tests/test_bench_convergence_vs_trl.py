@@ -322,3 +322,40 @@ def test_trl_sides_scorer_is_verls_arithmetic_scorer():
         ("-5", "-5"),
     ]:
         assert by_path(text, truth) == arithmetic.compute_score(text, truth), text
+
+
+def test_snapshots_are_evaluated_with_the_initial_models_files_then_lose_weights(
+    bench, tmp_path, monkeypatch
+):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tokenizer.json").write_text("base tokenizer")
+    (base / "model.safetensors").write_text("base weights")
+    record = {"side": "trl", "snapshots": []}
+    for i in range(2):
+        snap = tmp_path / f"trl_t{i}"
+        snap.mkdir()
+        (snap / "model.safetensors").write_text(f"weights {i}")
+        record["snapshots"].append({"dir": str(snap), "train_s": 60.0 * (i + 1)})
+    seen = {}
+
+    def fake_evaluate(args, models, overrides, out):
+        for m in models:  # what the evaluator gets: trained weights, the base's tokenizer
+            seen[str(m)] = (
+                (m / "model.safetensors").read_text(),
+                (m / "tokenizer.json").read_text(),
+            )
+        return {str(m): {"val/acc": 0.25 * (i + 1)} for i, m in enumerate(models)}
+
+    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
+    args = bench.parse_args([])
+    bench.evaluate_snapshots(args, record, base, [], tmp_path / "eval")
+    assert [s["acc_pct"] for s in record["snapshots"]] == [25.0, 50.0]
+    assert seen[str(tmp_path / "trl_t1")] == ("weights 1", "base tokenizer")
+    assert not list(tmp_path.glob("trl_t*/model.safetensors"))  # removed after evaluation
+    assert (tmp_path / "trl_t0" / "tokenizer.json").exists()
+    args.keep_snapshots = True
+    (tmp_path / "trl_t0" / "model.safetensors").write_text("weights 0")
+    record["snapshots"] = record["snapshots"][:1]
+    bench.evaluate_snapshots(args, record, base, [], tmp_path / "eval")
+    assert (tmp_path / "trl_t0" / "model.safetensors").read_text() == "weights 0"
