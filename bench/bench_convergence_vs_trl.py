@@ -382,16 +382,28 @@ def format_table(summaries: list[dict], budget_min: float) -> str:
     return "\n".join(lines)
 
 
+def _matplotlib():
+    """matplotlib's Agg canvas and Figure (no pyplot, no global state); ``ImportError``
+    naming the fix when it is missing (it is verl's ``plot`` extra)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(
+            "the plot needs matplotlib in the python that runs this benchmark: pip install "
+            "'verl[plot]' or pip install matplotlib"
+        ) from exc
+    return FigureCanvasAgg, Figure
+
+
 def plot_curves(runs: list[dict], start_pct: float, budget_min: float, path: Path) -> Path:
     """Accuracy against training minutes, both sides in one PNG (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    canvas_cls, figure_cls = _matplotlib()
     colors = {"verl": "tab:blue", "trl": "tab:orange"}
     styles = ("-", "--", ":", "-.")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = figure_cls(figsize=(7, 4.5))
+    canvas_cls(fig)
+    ax = fig.add_subplot()
     for run in runs:
         xs, ys = zip(*run_curve(run, start_pct), strict=True)
         label = "verl" if run["side"] == "verl" else "TRL"
@@ -417,7 +429,6 @@ def plot_curves(runs: list[dict], start_pct: float, budget_min: float, path: Pat
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -517,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
         plot = args.plot or args.from_json.with_suffix(".png")
         print(report(summary, plot))
         return
+    _matplotlib()  # missing: fail now, not after the runs
     from verl.config import load_config
 
     cfg = load_config(str(args.config), args.verl_override)
