@@ -12,8 +12,11 @@ drawn with PIL (``verl.data.visual_tasks``): "What colour is the square?" (6 col
    the RL passes take them), ``--sft-steps`` steps of ``--sft-batch`` rows, then the model
    and its processor are saved as a HF directory;
 3. GRPO through ``RLTrainer`` from that directory with the default config otherwise
-   (``rollout.name`` native adjusted to hf, sequence packing on), greedy validation on the
-   held-out rows before training and every ``--val-every`` steps.
+   (the native rollout, sequence packing on), greedy validation on the held-out rows
+   before training and every ``--val-every`` steps. ``rollout.seed`` defaults to
+   ``trainer.seed``: runs that differ only in ``--grpo-lr`` draw the same random numbers,
+   so their sampled answers differ only where the updates moved the policy enough
+   (docs/vision.md).
 
 Accuracy is measured greedily on the held-out rows, per task, for the random model, after
 SFT and after GRPO (this script's own evaluation through the hf rollout), beside what always
