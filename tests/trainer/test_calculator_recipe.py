@@ -2,8 +2,10 @@
 
 Fast: the SFT data mixes tool-call transcripts and direct answers in the asked proportion,
 on problems outside the validation set, and bad fractions are refused. Slow: the recipe runs
-end to end on the embedded SmolLM2 (2 SFT steps, 2 GRPO steps, greedy validation before and
-after); the learning run itself is measured in docs/multiturn.md (it takes many minutes).
+end to end (2 SFT steps, 2 GRPO steps, greedy validation before and after) on its tiny
+model (``--model tiny``: the same SFT, GRPO and tool plumbing in seconds, not minutes), and
+its default base, the embedded SmolLM2 with the tools chat template, is built and loads;
+the learning run itself is measured in docs/multiturn.md (it takes many minutes).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from verl.data.io import read_records
 
@@ -55,7 +58,7 @@ def test_bad_tool_fraction_is_refused(recipe, tmp_path):
 
 @pytest.mark.slow
 def test_recipe_runs_two_steps_of_each(recipe, tmp_path):
-    assert recipe.main(["--out", str(tmp_path), "--smoke"]) == 0
+    assert recipe.main(["--out", str(tmp_path), "--smoke", "--model", "tiny"]) == 0
     result = json.loads((tmp_path / "curve.json").read_text())
     assert result["args"]["sft_steps"] == 2 and len(result["sft_loss"]) == 2
     assert all(math.isfinite(x) and x > 0 for x in result["sft_loss"])
@@ -70,5 +73,33 @@ def test_recipe_runs_two_steps_of_each(recipe, tmp_path):
     transcripts = (tmp_path / "sft" / "train.jsonl").read_text().splitlines()
     assert len(transcripts) == 16  # 8 per SFT step
     assert (tmp_path / "sft_ckpt" / "huggingface" / "config.json").is_file()
-    template = (tmp_path / "smollm2_tools" / "chat_template.jinja").read_text()
+    template = (tmp_path / "tiny" / "chat_template.jinja").read_text()
     assert "Tools: " in template
+
+
+@pytest.mark.slow
+def test_smollm2_base_is_the_embedded_model_with_the_tools_template(recipe, tmp_path):
+    """The recipe's default base: SmolLM2's cached weights (linked, not copied) and its
+    tokenizer with the tools template, whose tool line renders as the SFT transcripts'
+    system message (``tool_tokenizer`` checks it on SmolLM2's tokenizer); transformers loads
+    the directory as a model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.models.embedded import embedded_model_dir
+
+    base = recipe.smollm2_tools_dir(tmp_path)
+    assert base == tmp_path / "smollm2_tools"
+    src = embedded_model_dir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        assert (base / name).is_symlink() and (base / name).resolve() == (src / name).resolve()
+    template = (base / "chat_template.jinja").read_text()
+    assert "Tools: " in template
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    assert tokenizer.chat_template == recipe.TOOLS_TEMPLATE
+    recipe.tool_tokenizer(tokenizer)  # raises if the RL prompt and the SFT prompt differ
+    model = AutoModelForCausalLM.from_pretrained(base)
+    ids = tokenizer(recipe.SYSTEM, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
+    assert bool(torch.isfinite(logits).all())
