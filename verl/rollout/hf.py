@@ -150,5 +150,5 @@ class HFRollout(RolloutEngine):
             prompts, params, responses, mask, rollout_log_probs, position_ids=position_ids
         )
         if images:
-            add_multimodal_positions(self.module, out)
+            add_multimodal_positions(self.module, out, self.pad_token_id)
         return out

@@ -18,10 +18,22 @@ dicts in ``non_tensor_batch["multi_modal_inputs"]`` (empty for a row without ima
   ``mm_token_type_ids`` (B*n, P+R) (0 over the responses) and ``multimodal_position_ids``
   (B*n, P+R, 4), the rope index over prompt + response (responses are text: their
   positions continue from the prompt's largest, as generation placed them), 0 on padding.
+  First it ends every response at its first sampled vision placeholder
+  (:func:`end_at_vision_placeholders`).
+
+**A sampled placeholder ends the response.** The model may sample its own image or video
+placeholder token (``config.image_token_id`` / ``video_token_id``; a small or untrained
+model does so often). Generation embeds it as text, but the training forward takes every
+image token of ``input_ids`` for an image slot and would fail on the count (more image
+tokens than the grids hold). So such a response is cut before the placeholder: that token
+and the rest become padding (mask 0, log-prob 0). The kept tokens are an on-policy sample
+with their rollout log-probs unchanged; the response is scored and trained like one cut at
+the length limit (no end-of-sequence token).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +41,13 @@ import torch
 
 from verl.rollout.base import IMAGE_INPUTS_KEY, MM_TOKEN_TYPES_KEY, MULTIMODAL_POSITIONS_KEY
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "NATIVE_IMAGE_MODEL_TYPES",
     "PromptImages",
     "add_multimodal_positions",
+    "end_at_vision_placeholders",
     "image_inputs",
     "native_image_prompts",
     "rope_index_of",
@@ -141,9 +156,47 @@ def native_image_prompts(
     return positions, images
 
 
-def add_multimodal_positions(module: torch.nn.Module, out: Any) -> None:
+def end_at_vision_placeholders(module: torch.nn.Module, out: Any, pad_token_id: int) -> int:
+    """End each response of the rollout output ``out`` at its first sampled vision
+    placeholder (``module.config``'s ``image_token_id`` / ``video_token_id``), in place:
+    from there ``responses`` and the response part of ``input_ids`` become
+    ``pad_token_id``, ``response_mask`` and the response part of ``attention_mask`` 0,
+    ``rollout_log_probs`` 0 (module docstring). Returns how many responses were cut."""
+    config = getattr(module, "config", None)
+    ids = [getattr(config, key, None) for key in ("image_token_id", "video_token_id")]
+    ids = [int(i) for i in ids if i is not None]
+    batch = out.batch
+    responses, mask = batch["responses"], batch["response_mask"]
+    if not ids:
+        return 0
+    hit = torch.isin(responses, torch.tensor(ids, device=responses.device)) & mask.bool()
+    cut = hit.cumsum(-1) > 0  # the first placeholder and everything after it
+    rows = int(cut.any(-1).sum())
+    if not rows:
+        return 0
+    width = responses.shape[1]
+    batch["responses"] = responses.masked_fill(cut, pad_token_id)
+    batch["response_mask"] = mask.masked_fill(cut, 0)
+    if "rollout_log_probs" in batch:
+        batch["rollout_log_probs"] = batch["rollout_log_probs"].masked_fill(cut, 0.0)
+    prompt = cut.new_zeros(len(cut), batch["input_ids"].shape[1] - width)
+    full = torch.cat([prompt, cut], dim=1)
+    batch["input_ids"] = batch["input_ids"].masked_fill(full, pad_token_id)
+    batch["attention_mask"] = batch["attention_mask"].masked_fill(full, 0)
+    logger.warning(
+        "%d of %d responses sampled a vision placeholder token (%s): each ends before it",
+        rows,
+        len(responses),
+        ids,
+    )
+    return rows
+
+
+def add_multimodal_positions(module: torch.nn.Module, out: Any, pad_token_id: int) -> None:
     """Add ``multimodal_position_ids`` (rows, P+R, 4) and the full-width
-    ``mm_token_type_ids`` to a rollout output of image prompts (module docstring)."""
+    ``mm_token_type_ids`` to a rollout output of image prompts, after ending its responses
+    at sampled vision placeholders (module docstring)."""
+    end_at_vision_placeholders(module, out, pad_token_id)
     batch = out.batch
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     prompt_types = batch[MM_TOKEN_TYPES_KEY]

@@ -266,8 +266,9 @@ class NativeRollout(RolloutEngine):
             prompts, params, responses, mask, log_probs, position_ids=position_ids
         )
         if images is not None:
-            add_multimodal_positions(self.module, out)
-        return tag_token_versions(out, versions, mask, mailbox)
+            add_multimodal_positions(self.module, out, self.pad_token_id)
+        # the output's mask: a response may end early at a sampled image placeholder
+        return tag_token_versions(out, versions, out.batch["response_mask"], mailbox)
 
     def _finish_rows(
         self, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
