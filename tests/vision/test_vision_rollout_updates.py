@@ -98,5 +98,5 @@ def test_step_two_samples_from_the_updated_policy(vl, tmp_path, rollout):
     assert actor_1 < 1e-4 and initial_1 < 1e-4, gaps  # step 1: nothing updated yet
     # step 2: the rollout's log-probs are the updated actor's (fp32 bound) ...
     assert actor_2 < 1e-4, gaps
-    # ... and not the initial weights' (measured 0.5 to 0.9 nats at this lr)
+    # ... and not the initial weights' (0.5 to 1.1 nats at this lr, measured over seeds)
     assert initial_2 > 0.05, gaps
