@@ -121,6 +121,32 @@ def run_child(script: str, mode: str, extra: list[str], model_dir: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def grpo_run_overrides(
+    model_dir: str, run_dir: str, prompts: int, response_length: int, train_size: int, steps: int
+) -> list[str]:
+    """Config overrides of the timed GRPO runs the step benchmarks share: the arithmetic
+    task, ``prompts`` x 4 samples per step, one mini-batch per step, no validation, saving
+    or logging, files under ``run_dir``. Each benchmark adds its own keys after these."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_batch_size={prompts}",
+        f"data.max_response_length={response_length}",
+        f"data.arithmetic.train_size={train_size}",
+        "data.arithmetic.val_size=4",
+        "actor_rollout_ref.rollout.n=4",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[]",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.log_dir={run_dir}",
+        "trainer.device=cpu",
+    ]
+
+
 def prompt_batch(tokenizer, count: int):
     """``count`` one-digit arithmetic chat prompts, left-padded, as a ``DataProto``."""
     from verl.protocol import DataProto

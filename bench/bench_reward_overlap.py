@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
 
-from _common import w2_model_dir
+from _common import grpo_run_overrides, w2_model_dir
 
 STAGES = ("timing_s/step", "timing_s/gen", "timing_s/reward")
 
@@ -76,22 +76,14 @@ def _child(args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(
                 overrides=[
-                    f"actor_rollout_ref.model.path={args.model_dir}",
-                    "algorithm.adv_estimator=grpo",
-                    f"data.train_batch_size={args.prompts}",
-                    f"data.max_response_length={args.response_length}",
-                    f"data.arithmetic.train_size={args.prompts * args.steps}",
-                    "data.arithmetic.val_size=4",
-                    "actor_rollout_ref.rollout.n=4",
-                    f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-                    f"trainer.total_training_steps={args.steps}",
-                    "trainer.val_before_train=false",
-                    "trainer.test_freq=-1",
-                    "trainer.save_freq=-1",
-                    "trainer.logger=[]",
-                    f"trainer.default_local_dir={tmp}",
-                    f"trainer.log_dir={tmp}",
-                    "trainer.device=cpu",
+                    *grpo_run_overrides(
+                        args.model_dir,
+                        tmp,
+                        args.prompts,
+                        args.response_length,
+                        args.prompts * args.steps,
+                        args.steps,
+                    ),
                     "trainer.mixed_precision=none",
                     f"reward_model.remote.url=http://127.0.0.1:{server.server_address[1]}/score",
                     f"reward_model.remote.concurrency={args.concurrency}",

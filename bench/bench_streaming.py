@@ -60,7 +60,7 @@ import time
 import zlib
 from pathlib import Path
 
-from _common import w2_model_dir
+from _common import grpo_run_overrides, w2_model_dir
 
 ASYNC = ["trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"]
 CONFIGS = {
@@ -142,24 +142,16 @@ def _child(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(
             overrides=[
-                f"actor_rollout_ref.model.path={args.model_dir}",
-                "algorithm.adv_estimator=grpo",
-                f"data.train_batch_size={args.prompts}",
-                f"data.max_response_length={args.max_response_length}",
-                f"data.arithmetic.train_size={args.prompts * (args.steps + 4)}",
-                "data.arithmetic.val_size=4",
-                "actor_rollout_ref.rollout.n=4",
+                *grpo_run_overrides(
+                    args.model_dir,
+                    tmp,
+                    args.prompts,
+                    args.max_response_length,
+                    args.prompts * (args.steps + 4),
+                    args.steps,
+                ),
                 f"actor_rollout_ref.rollout.decode_slots={args.slots}",
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-                f"trainer.total_training_steps={args.steps}",
                 "trainer.mixed_precision=none",
-                "trainer.val_before_train=false",
-                "trainer.test_freq=-1",
-                "trainer.save_freq=-1",
-                "trainer.logger=[]",
-                f"trainer.default_local_dir={tmp}",
-                f"trainer.log_dir={tmp}",
-                "trainer.device=cpu",
                 *CONFIGS[args.config],
                 *extra,
             ]
