@@ -1,4 +1,5 @@
-"""Fixtures of the trainer tests: one tiny model directory and the RL config built on it."""
+"""Fixtures of the trainer tests: one tiny model directory and the RL config built on it, and
+the tiny model taught to call the calculator (``tool_model_dir``, trained once a session)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from verl.config import TrainerConfig, load_config
 from verl.models.tiny import save_tiny_model_dir
+
+from .tool_model import train_tool_model
 
 # Two steps of 4 prompts x 2 responses of at most 6 tokens on the built-in arithmetic data.
 BASE_OVERRIDES = (
@@ -33,6 +36,13 @@ BASE_OVERRIDES = (
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2 saved as a HuggingFace directory (with its tokenizer)."""
     return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> Path:
+    """The tiny model taught to call the calculator (``tool_model.train_tool_model``): the
+    multi-turn, streaming multi-turn and chaos tests all start from it."""
+    return train_tool_model(tmp_path_factory.mktemp("tool_model") / "model")
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""Chaos: a GRPO run SIGKILLed at 12 seeded points (every phase, before and after its call)
-and resumed each time ends bit-identical to an uninterrupted run; and the same, at fewer
-points, for a one-step-off asynchronous run (its in-flight batch is part of every checkpoint)
-and for a multi-turn run with tools (its config, tools included, is written into every
-checkpoint).
+"""Chaos: a GRPO run SIGKILLed at 10 points (every phase, just before and just after its
+call) and resumed each time ends bit-identical to an uninterrupted run; and the same, at
+fewer points, for a one-step-off asynchronous run (its in-flight batch is part of every
+checkpoint) and for a multi-turn run with tools (its config, tools included, is written into
+every checkpoint, and the run resumes from one).
 
 Kill points are drawn from five phases, each just before or just after the n-th call (in
 that process) of: the rollout (``generate_and_score``), the policy update
@@ -33,13 +33,30 @@ from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifes
 from verl.trainer.rl.trainer import RLTrainer
 from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
-from . import test_multi_turn_e2e as e2e
+from . import tool_model
 
 pytestmark = pytest.mark.slow
 
-KILLS = 12
-STEPS = 30
-tool_model_dir = e2e.tool_model_dir  # the fixture: a tiny model taught to call the calculator
+# (phase, n-th call in that process, before/after): each of the five phases both before and
+# after its call, at its first call in a resumed process or at its second (after a whole
+# step there; validation runs every 3 steps, so its second call is 6 steps in). Each step
+# runs rollout, update, validation (on schedule), log, save. After each kill the newest
+# complete checkpoint is the one in KILLED_AT; the resumed run then trains steps 12-16.
+KILL_PLAN = (
+    ("update", 1, "before"),
+    ("update", 2, "after"),
+    ("log", 2, "after"),
+    ("validation", 2, "before"),
+    ("rollout", 1, "after"),
+    ("rollout", 2, "before"),
+    ("validation", 2, "after"),
+    ("save", 1, "before"),
+    ("save", 1, "after"),  # the actor's part written, the step's checkpoint incomplete
+    ("log", 1, "before"),
+)
+KILLED_AT = (0, 1, 2, 5, 5, 6, 11, 11, 11, 11)
+KILLS = len(KILL_PLAN)
+STEPS = 16
 MARK = "VERL_CHAOS_TEST"
 PHASES = ("rollout", "update", "validation", "save", "log")
 
@@ -111,7 +128,7 @@ def _config(rl_config, tmp_path: Path, run_dir: Path, *extra: str):
     )
 
 
-def _kill_plan(seed: int, kills: int = KILLS, phases=PHASES) -> list[tuple[str, int, str]]:
+def _kill_plan(seed: int, kills: int, phases=PHASES) -> list[tuple[str, int, str]]:
     rng = random.Random(seed)
     return [
         (rng.choice(phases), rng.randint(1, 2), rng.choice(("before", "after")))
@@ -123,10 +140,11 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[str]:
+def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[tuple[str, int]]:
     """Run ``config`` in child processes killed at each point of ``plan``, then once more to
     the end; check after each that nothing is left alive and every checkpoint verifies.
-    Returns the points where a child was killed."""
+    Returns the points where a child was killed, each with the step of the newest complete
+    checkpoint after the kill (0: none; the next child resumes from it)."""
     run_dir = Path(config.trainer.default_local_dir)
     config_file = tmp_path / "chaos.yaml"
     config_file.write_text(to_yaml(config))
@@ -146,13 +164,14 @@ def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[str]:
                 timeout=300,
             )
             point = f"{when} {phase} call {nth}"
-            if child.returncode == -signal.SIGKILL:
-                killed.append(point)
-            else:
+            if child.returncode != -signal.SIGKILL:
                 assert child.returncode == 0, f"{point}: {child.stderr.decode()[-3000:]}"
             assert not wait_until_gone(MARK, mark, 10), f"{point}: processes left behind"
-            for _, step_dir in complete_checkpoints(run_dir):
+            complete = complete_checkpoints(run_dir)
+            for _, step_dir in complete:
                 read_manifest(step_dir, verify=True)  # raises on a damaged file
+            if child.returncode == -signal.SIGKILL:
+                killed.append((point, complete[-1][0] if complete else 0))
     finally:
         kill_processes_with_env(MARK, mark)
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
@@ -170,16 +189,19 @@ def _same_run(run_dir: Path, straight_dir: Path, straight: RLTrainer, steps: int
     assert_same_metrics(got, straight.history)
 
 
-def test_twelve_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
+def test_ten_kills_and_resumes_end_bit_identical(rl_config, tmp_path):
     straight_dir = tmp_path / "straight"
     straight = RLTrainer(_config(rl_config, tmp_path, straight_dir))
     straight.fit()
 
     run_dir = tmp_path / "chaos"
     config = _config(rl_config, tmp_path, run_dir)
-    # seed 51's twelve kills hit every phase both before and after its call
-    killed = _kill_and_resume(tmp_path, config, _kill_plan(seed=51), STEPS)
+    assert {(phase, when) for phase, _, when in KILL_PLAN} == {
+        (phase, when) for phase in PHASES for when in ("before", "after")
+    }
+    killed = _kill_and_resume(tmp_path, config, list(KILL_PLAN), STEPS)
     assert len(killed) == KILLS, f"the run ended before every kill point: {killed}"
+    assert tuple(step for _, step in killed) == KILLED_AT, killed
     _same_run(run_dir, straight_dir, straight, STEPS)
 
 
@@ -206,8 +228,17 @@ def test_async_run_killed_and_resumed_ends_bit_identical(rl_config, tmp_path):
     _same_run(run_dir, straight_dir, straight, ASYNC_STEPS)
 
 
-TOOL_STEPS = 4
-TOOL_KILLS = 5
+# Four kills in step 1 of a fresh start (before and after the rollout, before and after
+# the actor's part of the save), then one in step 2 after step 1's checkpoint is complete:
+# the last child, and the final run, resume a multi-turn run from its checkpoint.
+TOOL_PLAN = (
+    ("rollout", 1, "before"),
+    ("rollout", 1, "after"),
+    ("save", 1, "before"),
+    ("save", 1, "after"),
+    ("log", 2, "before"),
+)
+TOOL_STEPS = 2
 
 
 def _tool_config(rl_config, model_dir: Path, tmp_path: Path, run_dir: Path):
@@ -218,10 +249,10 @@ def _tool_config(rl_config, model_dir: Path, tmp_path: Path, run_dir: Path):
             "prompt": [{"role": "user", "content": q}],
             "reward_model": {"ground_truth": a},
         }
-        for q, a in e2e.QUESTIONS.items()
+        for q, a in tool_model.QUESTIONS.items()
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
-    (tmp_path / "tool_reward.py").write_text(e2e.REWARD)
+    (tmp_path / "tool_reward.py").write_text(tool_model.REWARD)
     return rl_config(
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files=[{data}]",
@@ -256,7 +287,6 @@ def test_multi_turn_run_with_tools_killed_and_resumed_ends_bit_identical(
 
     run_dir = tmp_path / "chaos"
     config = _tool_config(rl_config, tool_model_dir, tmp_path, run_dir)
-    plan = _kill_plan(seed=7, kills=TOOL_KILLS, phases=("rollout", "update", "save", "log"))
-    killed = _kill_and_resume(tmp_path, config, plan, TOOL_STEPS)
-    assert len(killed) == TOOL_KILLS, f"the run ended before every kill point: {killed}"
+    killed = _kill_and_resume(tmp_path, config, list(TOOL_PLAN), TOOL_STEPS)
+    assert [step for _, step in killed] == [0, 0, 0, 0, 1], killed
     _same_run(run_dir, straight_dir, straight, TOOL_STEPS)

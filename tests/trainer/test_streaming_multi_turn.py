@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from verl.trainer.rl.trainer import RLTrainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_multi_turn_e2e import QUESTIONS, REWARD, tool_model_dir  # noqa: F401 (fixture)
+from .tool_model import QUESTIONS, REWARD
 
 
 @pytest.mark.slow
-def test_streaming_multi_turn_two_steps(rl_config, tool_model_dir, tmp_path):  # noqa: F811
+def test_streaming_multi_turn_two_steps(rl_config, tool_model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [
         {
