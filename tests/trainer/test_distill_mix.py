@@ -6,7 +6,6 @@ two-step ``verl distill`` run that mixes both kinds of step."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,23 +28,8 @@ from verl.trainer.rl.distill_mix import (
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.specs import actor_rollout_ref_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "distill" / "opd_smollm2_arithmetic.yaml"
-SHORT = (  # two short steps on the tiny model
-    "data.train_batch_size=4",
-    "data.max_response_length=6",
-    "data.arithmetic.train_size=16",
-    "data.arithmetic.val_size=4",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=8",
-    "trainer.total_training_steps=2",
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "trainer.mixed_precision=none",
-    "trainer.device=cpu",
-    "trainer.logger=[jsonl]",
-)
+from .test_distill_e2e import EXAMPLE, SHORT  # two short steps on the tiny model
+
 R = 6  # data.max_response_length
 PROMPTS = [[5, 9, 11], [7, 8], [13, 4, 6, 10]]
 ANSWERS = ["7", "123", "a b"]
