@@ -63,7 +63,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -73,12 +72,9 @@ from pathlib import Path
 from _common import MiB, run_tree_measured
 from bench_vs_trl import (
     DEFAULT_TRL_VENV,
-    TRL_VERSION,
-    _cpu_model,
-    _has_cpu_flag,
     _side_env,
-    _version,
     ensure_trl_venv,
+    machine_record,
     model_dir,
 )
 
@@ -546,14 +542,7 @@ def main(argv: list[str] | None = None) -> None:
         "task": task,
         "budget_min": args.budget_min,
         "marks_min": args.marks,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu": _cpu_model(),
-            "avx512_bf16": _has_cpu_flag("avx512_bf16"),
-            "python": platform.python_version(),
-        },
-        "versions": {"torch": _version("torch"), "transformers": _version("transformers")},
-        "trl_version": TRL_VERSION,
+        **machine_record(),
         "omp_num_threads": args.threads,
         "verl_extra_overrides": args.verl_override,
         "trl_extra_args": args.trl_arg,

@@ -532,14 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     summary: dict = {
         "bench": "vs_trl",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu": _cpu_model(),
-            "avx512_bf16": _has_cpu_flag("avx512_bf16"),
-            "python": platform.python_version(),
-        },
-        "versions": {"torch": _version("torch"), "transformers": _version("transformers")},
-        "trl_version": TRL_VERSION,
+        **machine_record(),
         "measured_steps": args.steps,
         "omp_num_threads": args.threads,
         "verl_extra_overrides": args.verl_override,
@@ -586,6 +579,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown:
         print()
         print(format_markdown(summary["results"]))
+
+
+def machine_record() -> dict:
+    """The machine and library versions a run's JSON records (both TRL benchmarks)."""
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": _cpu_model(),
+            "avx512_bf16": _has_cpu_flag("avx512_bf16"),
+            "python": platform.python_version(),
+        },
+        "versions": {"torch": _version("torch"), "transformers": _version("transformers")},
+        "trl_version": TRL_VERSION,
+    }
 
 
 def _cpu_model() -> str:
