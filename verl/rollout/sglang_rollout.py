@@ -1,7 +1,7 @@
 """The ``sglang`` rollout backend: SGLang's offline ``Engine`` behind the rollout interface.
 
 Written against SGLang's Python API as of 0.5.x (``python/sglang/srt/entrypoints/engine.py``
-of sgl-project/sglang, read 2026-11; the registry's newest is 0.5.23). **Not exercised on
+of sgl-project/sglang; the registry's newest is 0.5.23). **Not exercised on
 this machine**: SGLang needs a CUDA build of torch and flashinfer, and has no CPU build. The
 adapter is tested against a fake engine with SGLang's interface
 (``tests/rollout/fake_sglang.py``), injected through :attr:`SGLangRollout.engine_factory`.
