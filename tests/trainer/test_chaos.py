@@ -19,8 +19,7 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -31,9 +30,10 @@ from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.rl.trainer import RLTrainer
-from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
+from verl.utils.lifetime import kill_processes_with_env, processes_with_env
 
 from . import tool_model
+from .prewarmed import Prewarmed
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +76,14 @@ RUN = (
 REWARD = (
     "def varied(data_source, solution_str, ground_truth, extra_info=None):\n"
     "    return {'score': (len(solution_str) % 5) / 4.0, 'acc': float(len(solution_str) % 2)}\n"
+)
+
+# What every child imports: its prewarmed parent imports them once.
+CHILD_IMPORTS = (
+    "verl.config",
+    "verl.trainer.lifecycle.tracking",
+    "verl.trainer.rl.trainer",
+    "verl.workers",
 )
 
 CHILD = """
@@ -140,9 +148,21 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _left_alive(mark: str, parent: int, seconds: float) -> dict[int, str]:
+    """The processes carrying ``mark`` other than the prewarmed parent (whose environment
+    every child shares) still alive after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = {pid: cmd for pid, cmd in processes_with_env(MARK, mark).items() if pid != parent}
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
+
+
 def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[tuple[str, int]]:
-    """Run ``config`` in child processes killed at each point of ``plan``, then once more to
-    the end; check after each that nothing is left alive and every checkpoint verifies.
+    """Run ``config`` in child processes (forked from one parent that imported the trainer:
+    ``prewarmed.py``) killed at each point of ``plan``, then once more to the end; check
+    after each that nothing is left alive and every checkpoint verifies.
     Returns the points where a child was killed, each with the step of the newest complete
     checkpoint after the kill (0: none; the next child resumes from it)."""
     run_dir = Path(config.trainer.default_local_dir)
@@ -154,24 +174,24 @@ def _kill_and_resume(tmp_path: Path, config, plan, steps: int) -> list[tuple[str
     env = {**os.environ, MARK: mark}
     killed = []
     try:
-        for phase, nth, when in [*plan, ("rollout", 0, "never")]:
-            child = subprocess.run(
-                [sys.executable, str(script), str(config_file), phase, str(nth), when],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                cwd=tmp_path,
-                timeout=300,
-            )
-            point = f"{when} {phase} call {nth}"
-            if child.returncode != -signal.SIGKILL:
-                assert child.returncode == 0, f"{point}: {child.stderr.decode()[-3000:]}"
-            assert not wait_until_gone(MARK, mark, 10), f"{point}: processes left behind"
-            complete = complete_checkpoints(run_dir)
-            for _, step_dir in complete:
-                read_manifest(step_dir, verify=True)  # raises on a damaged file
-            if child.returncode == -signal.SIGKILL:
-                killed.append((point, complete[-1][0] if complete else 0))
+        with Prewarmed(CHILD_IMPORTS, env, tmp_path) as parent:
+            for phase, nth, when in [*plan, ("rollout", 0, "never")]:
+                child = parent.run(
+                    [script, config_file, phase, nth, when],
+                    cwd=tmp_path,
+                    stderr=tmp_path / "child.err",
+                    timeout=300,
+                )
+                point = f"{when} {phase} call {nth}"
+                if child.returncode != -signal.SIGKILL:
+                    assert child.returncode == 0, f"{point}: {child.stderr.decode()[-3000:]}"
+                left = _left_alive(mark, parent.pid, 10)
+                assert not left, f"{point}: processes left behind: {left}"
+                complete = complete_checkpoints(run_dir)
+                for _, step_dir in complete:
+                    read_manifest(step_dir, verify=True)  # raises on a damaged file
+                if child.returncode == -signal.SIGKILL:
+                    killed.append((point, complete[-1][0] if complete else 0))
     finally:
         kill_processes_with_env(MARK, mark)
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "actor/pg_loss" in r]
