@@ -469,10 +469,12 @@ def test_compiled_decode_inductor_same_greedy_tokens_as_eager(model, tokenizer, 
 def test_bf16_autocast_casts_each_weight_once_per_generation(model, tokenizer, batch, engine_name):
     """Under autocast the weights' bf16 casts come from autocast's cache: their number does
     not grow with the decode steps (under torch.inference_mode autocast caches nothing and a
-    bf16 rollout cast every weight again at every step)."""
+    bf16 rollout cast every weight again at every step). The native engine without its
+    packed weights (they replace autocast's casts: tests/rollout/test_native_packed.py)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = build_rollout(engine_name, model, tokenizer)
+    options = {"pack_weights": False} if engine_name == "native" else {}
+    engine = build_rollout(engine_name, model, tokenizer, **options)
 
     def weight_casts(max_new: int) -> int:
         params = SamplingParams(n=2, max_new_tokens=max_new, temperature=1.0, stop_token_ids=[])

@@ -12,6 +12,8 @@ engines share.
 - :mod:`verl.kernels.block_attention`: attention over packed rows computed block by block
   (each sequence, or a shared prompt and its responses, attends only its own keys).
 - :mod:`verl.kernels.decode_attention`: the rollout's decode step without repeated key heads.
+- :mod:`verl.kernels.packed_linear`: bf16 linear layers on oneDNN-packed weights (the native
+  rollout under CPU bf16 autocast).
 - :mod:`verl.kernels.ulysses`: Ulysses sequence parallelism (tokens split over the
   ``sequence`` ranks, an all-to-all around attention).
 

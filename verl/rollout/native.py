@@ -46,6 +46,7 @@ step (measured on SmolLM2: 45% of the generation's CPU time). Outputs follow
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -54,7 +55,7 @@ from typing import Any
 
 import torch
 
-from verl.kernels import block_attention
+from verl.kernels import block_attention, packed_linear
 from verl.kernels.decode_attention import DECODE_KWARG
 from verl.rollout.base import (
     RolloutEngine,
@@ -77,6 +78,16 @@ __all__ = ["NativeRollout"]
 
 # Attention implementations that take a ready 4-D mask (bool for sdpa, additive for eager).
 _MASK_4D_IMPLS = ("sdpa", "eager")
+
+
+def _fsdp_managed(module: torch.nn.Module) -> bool:
+    """Whether FSDP shards ``module`` (its gathered weights are refilled by collectives,
+    which a packed copy's version check would not see)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
 class NativeRollout(RolloutEngine):
@@ -111,6 +122,11 @@ class NativeRollout(RolloutEngine):
             :func:`~verl.rollout.sampling.row_uniforms`).
         logits_processor: ``(logits (rows, vocab), sample rows (rows,), token index (rows,))
             -> logits``, applied before each sampling (e.g. a scripted stop in a benchmark).
+        pack_weights: under CPU bf16 autocast, compute every ``Linear`` of the eager
+            prefill and decode on bf16 weights packed for oneDNN
+            (:mod:`verl.kernels.packed_linear`: same outputs, faster weight reads), repacked
+            only when a weight changed since the last call (the packed copy is kept between
+            calls; an FSDP-sharded module packs at every call). Not with ``compile_decode`` or weights arriving mid-call.
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -131,6 +147,7 @@ class NativeRollout(RolloutEngine):
         continuous_batching: bool = True,
         logits_processor: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
         | None = None,
+        pack_weights: bool = True,
     ) -> None:
         if not 0 <= compaction_threshold <= 1:
             raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
@@ -158,6 +175,10 @@ class NativeRollout(RolloutEngine):
         self.max_num_seqs = max_num_seqs
         self.continuous_batching = continuous_batching
         self.logits_processor = logits_processor
+        self.pack_weights = pack_weights
+        self._packed_store: dict = {}  # packed weights, reused until a weight changes
+        # FSDP refills gathered weights by collectives between calls: pack those every call
+        self._keep_packed = not _fsdp_managed(module)
         self.last_stats: dict[str, float] = {}
         self._logged_images = False
 
@@ -251,7 +272,11 @@ class NativeRollout(RolloutEngine):
                 )
                 sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
 
-        with eval_mode(self.module), torch.no_grad():  # not inference_mode: see the docstring
+        with (
+            eval_mode(self.module),
+            torch.no_grad(),  # not inference_mode: see the docstring
+            self._packed(mailbox, input_ids.shape[0] * params.n),
+        ):
             responses, log_probs, lengths, versions = self._generate(
                 input_ids,
                 attention_mask,
@@ -283,6 +308,17 @@ class NativeRollout(RolloutEngine):
         )
 
     # ------------------------------------------------------------------ internals
+    def _packed(self, mailbox: Any, rows: int) -> contextlib.AbstractContextManager:
+        """:func:`~verl.kernels.packed_linear.packed_linears` over the module when it
+        applies (``pack_weights``, eager decode, no mid-call weights, CPU bf16 autocast)."""
+        if not self.pack_weights or self.compile_decode or mailbox is not None:
+            return contextlib.nullcontext()
+        if not packed_linear.available(self._device()):
+            return contextlib.nullcontext()
+        hint = min(rows, self.max_num_seqs or rows)
+        store = self._packed_store if self._keep_packed else None
+        return packed_linear.packed_linears(self.module, hint, store)
+
     def _device(self) -> torch.device:
         for p in self.module.parameters():
             return p.device

@@ -1,0 +1,80 @@
+"""Linear layers over oneDNN-packed bf16 weights (verl.kernels.packed_linear): outputs equal
+autocast's, the swap is undone, packed copies are reused until a weight changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl.kernels.packed_linear import available, packed_linears
+from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="needs oneDNN bf16 kernels (an AVX-512 bf16 / AMX CPU)",
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    # Qwen2: biased q/k/v projections, a tied LM head
+    return build_tiny_model(tokenizer=build_tiny_tokenizer(), hidden_size=64, num_layers=2).eval()
+
+
+def _linears(model) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def test_available_only_under_cpu_bf16_autocast():
+    cpu = torch.device("cpu")
+    assert not available(cpu)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not available(cpu)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert available(cpu)
+        assert not available(torch.device("meta"))
+
+
+def test_outputs_equal_autocast_and_the_swap_is_undone(model):
+    ids = torch.randint(3, 200, (3, 9))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(ids).logits
+        with packed_linears(model, batch_hint=3) as swapped:
+            assert all("forward" in m.__dict__ for m in _linears(model))
+            got = model(ids).logits
+            one_row = model(ids[:1, :1]).logits  # another row count than the hint
+        want_one = model(ids[:1, :1]).logits
+    assert swapped == len(_linears(model))
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    assert torch.equal(one_row, want_one)
+    assert not any("forward" in m.__dict__ for m in _linears(model))
+
+
+def test_swap_undone_when_the_body_raises(model):
+    with pytest.raises(RuntimeError, match="boom"), packed_linears(model):
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in _linears(model))
+
+
+def test_store_reuses_packed_weights_until_a_weight_changes():
+    torch.manual_seed(1)
+    layer = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.Linear(48, 16, bias=False))
+    x = torch.randn(2, 32)
+    store: dict = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with packed_linears(layer, store=store):
+            first = layer(x)
+        held = {k: v[1] for k, v in store.items()}
+        with packed_linears(layer, store=store):
+            assert torch.equal(layer(x), first)
+        assert all(store[k][1] is held[k] for k in held)  # not packed again
+        layer[1].weight.mul_(2.0)  # an in-place update (as an optimizer step)
+        with packed_linears(layer, store=store):
+            second = layer(x)
+        assert store[id(layer[1].weight)][1] is not held[id(layer[1].weight)]
+        assert store[id(layer[0].weight)][1] is held[id(layer[0].weight)]
+        want = layer(x)  # autocast over the updated weights
+    assert torch.equal(second, want)
+    assert not torch.equal(second, first)

