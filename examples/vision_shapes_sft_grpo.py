@@ -18,15 +18,18 @@ drawn with PIL (``verl.data.visual_tasks``): "What colour is the square?" (6 col
    so their sampled answers differ only where the updates moved the policy enough
    (docs/vision.md).
 
-Accuracy is measured greedily on the held-out rows, per task, for the random model, after
-SFT and after GRPO (this script's own evaluation through the hf rollout), beside what always
-giving each task's most common held-out answer scores (a model blind to the image can do no
-better), and printed and written to ``<out>/curve.json``::
+Accuracy is measured on the held-out rows, per task, for the random model, after SFT and
+after GRPO (this script's own evaluation): greedily (through the hf rollout, with the
+greedy answers counted by ground truth: ``*_confusion``), and as the expected accuracy of a
+sample at temperature 1 (``*_expected``: the exact probability of the right answer, what
+GRPO's sampled reward estimates), beside what always giving each task's most common
+held-out answer scores (a model blind to the image can do no better); printed and written
+to ``<out>/curve.json``::
 
     PYTHONPATH=. python examples/vision_shapes_sft_grpo.py --out /tmp/vision_recipe
 
 ``--smoke`` runs 2 steps of each on small batches (the slow test). The defaults are the
-measured run of docs/vision.md (where GRPO does not raise the SFT model's accuracy).
+measured run of docs/vision.md.
 """
 
 from __future__ import annotations
@@ -129,23 +132,78 @@ def run_sft(
 
 
 @torch.no_grad()
-def accuracy(model: Any, items: list[dict[str, Any]], tokenizer: Any) -> dict[str, float]:
-    """Greedy accuracy on ``items`` through the hf rollout, overall and per task."""
+def greedy_answers(model: Any, items: list[dict[str, Any]], tokenizer: Any) -> list[str]:
+    """Each item's greedy response (4 tokens at most, as the GRPO rollout) through the hf
+    rollout, decoded."""
     rollout = build_rollout("hf", model, tokenizer)
-    hits: dict[str, list[float]] = {}
+    texts: list[str] = []
     for start in range(0, len(items), 32):
         chunk = items[start : start + 32]
         gen = rollout.generate(
             collate_vision_fn(chunk, tokenizer.pad_token_id),
             SamplingParams(do_sample=False, max_new_tokens=4),
         )
-        texts = tokenizer.batch_decode(gen.batch["responses"], skip_special_tokens=True)
-        for item, text in zip(chunk, texts, strict=True):
-            score = compute_score(text, item["ground_truth"], item["extra_info"])["acc"]
-            hits.setdefault(item["extra_info"]["task"], []).append(score)
-    out = {task: sum(v) / len(v) for task, v in sorted(hits.items())}
-    out["all"] = sum(sum(v) for v in hits.values()) / len(items)
+        texts += tokenizer.batch_decode(gen.batch["responses"], skip_special_tokens=True)
+    return texts
+
+
+def _by_task(items: list[dict[str, Any]], values: list[float]) -> dict[str, float]:
+    per: dict[str, list[float]] = {}
+    for item, value in zip(items, values, strict=True):
+        per.setdefault(item["extra_info"]["task"], []).append(value)
+    out = {task: sum(v) / len(v) for task, v in sorted(per.items())}
+    out["all"] = sum(values) / len(values)
     return out
+
+
+def accuracy(
+    model: Any, items: list[dict[str, Any]], tokenizer: Any, texts: list[str] | None = None
+) -> dict[str, float]:
+    """Greedy accuracy on ``items`` (of :func:`greedy_answers`, or the given ``texts``),
+    overall and per task."""
+    texts = greedy_answers(model, items, tokenizer) if texts is None else texts
+    scores = [
+        compute_score(text, item["ground_truth"], item["extra_info"])["acc"]
+        for item, text in zip(items, texts, strict=True)
+    ]
+    return _by_task(items, scores)
+
+
+def confusion(items: list[dict[str, Any]], texts: list[str]) -> dict[str, dict[str, int]]:
+    """``{"task:ground truth": {answer read: count}}`` of greedy answers (``None``: no
+    candidate named)."""
+    out: dict[str, Counter] = {}
+    for item, text in zip(items, texts, strict=True):
+        pred = compute_score(text, item["ground_truth"], item["extra_info"])["pred"]
+        key = f"{item['extra_info']['task']}:{item['ground_truth']}"
+        out.setdefault(key, Counter())[str(pred)] += 1
+    return {k: dict(v.most_common()) for k, v in sorted(out.items())}
+
+
+@torch.no_grad()
+def expected_accuracy(model: Any, items: list[dict[str, Any]], tokenizer: Any) -> dict[str, float]:
+    """The probability that a sample at temperature 1 is the right answer, exactly, per task:
+    for each item, ``p(answer<|im_end|>)`` of its ground truth cut at 4 tokens (the GRPO
+    response limit), by one teacher-forced forward. This is the quantity GRPO's sampled
+    reward estimates (less the rare samples the scorer also reads as right, such as
+    ``red.``); greedy accuracy only reads which answer is the most likely."""
+    probs = []
+    for start in range(0, len(items), 32):
+        data, width = sft_batch(items[start : start + 32], tokenizer, model.config)
+        positions, inputs = forward_inputs(data)
+        b = data.batch
+        log_probs, _ = compute_response_log_probs(
+            model,
+            b["input_ids"],
+            b["attention_mask"],
+            positions,
+            response_len=width,
+            model_inputs=inputs,
+        )
+        mask = b["response_mask"].clone()
+        mask[:, 4:] = 0
+        probs += (log_probs * mask).sum(-1).exp().tolist()
+    return _by_task(items, probs)
 
 
 def majority(items: list[dict[str, Any]]) -> dict[str, float]:
@@ -173,10 +231,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="a model directory an earlier run's SFT wrote (<out>/sft): skip the SFT (it is "
         "deterministic for the seed and sizes, so the same arguments give the same model)",
     )
-    p.add_argument("--grpo-steps", type=int, default=20)
-    p.add_argument("--grpo-batch", type=int, default=16)
-    p.add_argument("--grpo-n", type=int, default=8)
-    p.add_argument("--grpo-lr", type=float, default=2e-6)
+    p.add_argument("--grpo-steps", type=int, default=300)
+    p.add_argument("--grpo-batch", type=int, default=32)
+    p.add_argument("--grpo-n", type=int, default=16)
+    p.add_argument("--grpo-lr", type=float, default=1e-3)
     p.add_argument(
         "--grpo-tasks",
         nargs="+",
@@ -184,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=list(TASKS),
         help="the tasks GRPO trains on (its own train rows; validation keeps both)",
     )
-    p.add_argument("--val-every", type=int, default=10)
+    p.add_argument("--val-every", type=int, default=100)
     p.add_argument(
         "--grpo-override",
         nargs="*",
@@ -228,7 +286,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         sft_dir = Path(args.sft_dir)
         model = load_vision_model(sft_dir)
-    curve["sft"] = accuracy(model, val_items, tokenizer)
+    model.eval()
+    texts = greedy_answers(model, val_items, tokenizer)
+    curve["sft"] = accuracy(model, val_items, tokenizer, texts)
+    curve["sft_confusion"] = confusion(val_items, texts)
+    curve["sft_expected"] = expected_accuracy(model, val_items, tokenizer)
     curve["sft_s"] = time.perf_counter() - t0
     logger.info("random %s -> after SFT %s", curve["random"], curve["sft"])
 
@@ -274,15 +336,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from verl.models.vision_model import load_vision_model
 
     trained = load_vision_model(run_dir / "huggingface")
-    curve["grpo"] = accuracy(trained, val_items, tokenizer)
+    trained.eval()
+    texts = greedy_answers(trained, val_items, tokenizer)
+    curve["grpo"] = accuracy(trained, val_items, tokenizer, texts)
+    curve["grpo_confusion"] = confusion(val_items, texts)
+    curve["grpo_expected"] = expected_accuracy(trained, val_items, tokenizer)
     logger.info(
         "greedy accuracy on %d held-out rows (a blind majority answer: %s): random %s, "
-        "after SFT %s, after GRPO %s",
+        "after SFT %s, after GRPO %s; expected (sampled) accuracy after SFT %s, after GRPO %s",
         len(val_items),
         curve["majority"],
         curve["random"],
         curve["sft"],
         curve["grpo"],
+        curve["sft_expected"],
+        curve["grpo_expected"],
     )
     (out / "curve.json").write_text(json.dumps(curve, indent=1, default=str))
     return curve

@@ -81,3 +81,25 @@ def test_majority_is_the_best_blind_answer(recipe):
     items = [item("colour", "red"), item("colour", "red"), item("colour", "blue")]
     items += [item("count", "2"), item("count", "3")]
     assert recipe.majority(items) == {"colour": 2 / 3, "count": 1 / 2, "all": 3 / 5}
+
+
+def test_expected_accuracy_is_the_answer_probability_cut_at_four_tokens(recipe, vl):
+    ds, _ = vl.prompts(rows=3)
+    items = [ds[0], ds[1], ds[2]]
+    tokenizer = vl.processor.tokenizer
+    vl.model.eval()
+    got = recipe.expected_accuracy(vl.model, items, tokenizer)
+    want = []
+    for item in items:  # one row at a time, the model's own positions
+        data, width = recipe.sft_batch([item], tokenizer, vl.model.config)
+        b = data.batch
+        _, inputs = recipe.forward_inputs(data)
+        types = (b["input_ids"] == vl.model.config.image_token_id).long()
+        with torch.no_grad():
+            logits = vl.model(input_ids=b["input_ids"], mm_token_type_ids=types, **inputs).logits[0]
+        answer = b["input_ids"][0, -width:][: min(4, int(b["response_mask"].sum()))]
+        start = b["input_ids"].shape[1] - width
+        probs = logits[start - 1 : start - 1 + len(answer)].softmax(-1)
+        want.append(probs[torch.arange(len(answer)), answer].prod().item())
+    assert abs(got["all"] - sum(want) / len(want)) < 1e-5
+    assert 0.0 < got["all"] < 1.0
