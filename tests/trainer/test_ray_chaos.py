@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +31,9 @@ from verl.config import to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.rl.trainer import RLTrainer
-from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
+from verl.utils.lifetime import kill_processes_with_env, processes_with_env
+
+from .prewarmed import Prewarmed
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +60,9 @@ REWARD = (
     "def varied(data_source, solution_str, ground_truth, extra_info=None):\n"
     "    return {'score': (len(solution_str) % 5) / 4.0, 'acc': float(len(solution_str) % 2)}\n"
 )
+
+# What every child driver imports: its prewarmed parent imports them once.
+CHILD_IMPORTS = ("verl.config", "verl.controller.ray_calls", "verl.trainer.rl.trainer")
 
 # argv: config, method, nth, victim ("driver" | "worker" | "none")
 CHILD = """
@@ -126,7 +130,8 @@ def straight_run(rl_config, tmp_path_factory, ray_session) -> tuple[list[dict], 
 
 
 class _Chaos:
-    """Child drivers of one run directory, all carrying one env mark."""
+    """Child drivers of one run directory, all carrying one env mark, forked from one parent
+    that imported the trainer once (``prewarmed.py``; left out of the mark's processes)."""
 
     def __init__(self, rl_config, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
@@ -138,29 +143,37 @@ class _Chaos:
         self.mark = uuid.uuid4().hex
         env = {**os.environ, MARK: self.mark}
         env.pop("RAY_ADDRESS", None)  # each child starts (and owns) its local cluster
-        self.env = env
+        self.parent = Prewarmed(CHILD_IMPORTS, env, tmp_path)
 
     def run(self, method: str, nth: int, victim: str) -> tuple[subprocess.CompletedProcess, float]:
+        """The child driver's run: its exit code and stderr, and how long it ran."""
         start = time.monotonic()
-        child = subprocess.run(
-            [sys.executable, str(self.script), str(self.config_file), method, str(nth), victim],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        child = self.parent.run(
+            [self.script, self.config_file, method, nth, victim],
             cwd=self.tmp_path,
+            stderr=self.tmp_path / "driver.err",
             timeout=240,
         )
+        child.stderr = child.stderr.decode(errors="replace")
         return child, time.monotonic() - start
 
     def left_alive_after(self, seconds: float) -> dict[int, str]:
-        return wait_until_gone(MARK, self.mark, seconds)
+        """What the run started (every process with the mark but the parent) still alive
+        after up to ``seconds``; returns as soon as nothing is."""
+        deadline = time.monotonic() + seconds
+        while True:
+            alive = processes_with_env(MARK, self.mark)
+            alive.pop(self.parent.pid, None)
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.2)
 
     def check_checkpoints(self) -> None:
         for _, step_dir in complete_checkpoints(self.run_dir):
             read_manifest(step_dir, verify=True)  # raises on a damaged file
 
     def kill_all(self) -> None:
+        self.parent.close()
         kill_processes_with_env(MARK, self.mark)
 
     def check_final(self, straight_run) -> None:
@@ -196,7 +209,7 @@ def test_driver_killed_three_times_on_two_ranks_resumes_bit_identical(
             assert child.returncode == -signal.SIGKILL, f"{point}: {child.stderr[-3000:]}"
             alive = chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
             assert not alive, f"{point}: left alive {alive}"
-            # the run ends when the last process holding its stderr is gone
+            # the run ends when the last process it started is gone
             gone = time.time() - float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
             assert gone < GONE_AFTER_DRIVER_KILL_S, f"{point}: {gone:.1f}s"
             print(f"{point}: everything gone {gone:.2f}s after the kill")
