@@ -225,6 +225,28 @@ def test_export_loads_as_the_rl_reward_model(tmp_path, tiny_model_dir, tok, lora
     assert not any(".lora_" in k for k in load_file(Path(results["hf_dir"]) / "model.safetensors"))
 
 
+def test_bf16_precision_autocasts_over_fp32_weights_and_learns(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    fp32 = RMTrainer(config(tmp_path / "fp32", tiny_model_dir))
+    bf16 = RMTrainer(config(tmp_path / "bf16", tiny_model_dir, "engine.precision=bf16"))
+    assert fp32.engine.autocast_dtype is None and bf16.engine.autocast_dtype == torch.bfloat16
+    assert {p.dtype for p in bf16.engine.module.parameters()} == {torch.float32}
+    # Same weights (same seed): the bf16 rewards are the fp32 ones within bf16 rounding.
+    before_fp32, before_bf16 = fp32.evaluate(), bf16.evaluate()
+    for key in ("val/rewards/chosen", "val/rewards/rejected"):
+        assert before_bf16[key] == pytest.approx(before_fp32[key], abs=0.05)
+    assert before_bf16[key] != before_fp32[key]  # the forward did run in bf16
+    after = bf16.train()["val_after"]
+    assert after["val/acc"] == 1.0 and after["val/loss"] < 0.7 * before_bf16["val/loss"]
+    # auto: what verl.config.precision picks for a trainable role on this device
+    monkeypatch.setattr(
+        "verl.trainer.offline.rm.auto_select_precision", lambda d: {"critic": "none"}
+    )
+    auto = RMTrainer(config(tmp_path / "auto", tiny_model_dir, "engine.precision=auto"))
+    assert auto.engine.autocast_dtype is None
+
+
 def test_verl_rm_command_and_config_checks(tmp_path, tiny_model_dir, capsys):
     train = write_records(pairs(4), tmp_path / "pairs.parquet")
     out = tmp_path / "run"

@@ -26,6 +26,7 @@ from verl.config.validate import Validated, load_checked
 SFTTruncation = Literal["error", "right", "drop", "truncate"]  # right: older name of truncate
 PreferenceTruncation = Literal["error", "truncate", "drop"]
 OfflineBuiltin = Literal["arithmetic"]
+RMPrecision = Literal["none", "bf16", "fp16", "auto"]
 
 
 # --------------------------------------------------------------------------- sections
@@ -127,6 +128,18 @@ class OfflineEngineConfig:
 
 
 @dataclass
+class RMEngineConfig(OfflineEngineConfig):
+    """The train engine of a reward-model run, with its compute precision."""
+
+    precision: RMPrecision = entry(
+        "none",
+        "compute precision: none (the model's dtype, no autocast), bf16 or fp16 (autocast "
+        "over the fp32 weights; fp16 with loss scaling), auto (bf16 where the device runs it "
+        "natively, else none: verl.config.precision.auto_select_precision)",
+    )
+
+
+@dataclass
 class PreferenceLossConfig:
     """Which preference loss, and its coefficients."""
 
@@ -206,7 +219,7 @@ class RMConfig(Validated):
         "new score head; a reward-model directory keeps its own)",
     )
     optim: OptimConfig = entry(OptimConfig(lr=1e-5), "optimizer")
-    engine: OfflineEngineConfig = entry(OfflineEngineConfig, "train engine")
+    engine: RMEngineConfig = entry(RMEngineConfig, "train engine")
     trainer: OfflineRunConfig = entry(OfflineRunConfig(experiment_name="rm"), "run settings")
 
 

@@ -129,6 +129,7 @@ class OfflineTrainer:
             optim=OptimSpec.from_config(config.optim, total_steps=self.total_steps),
             grad_clip=config.engine.grad_clip,
             device=self.device,
+            **self.engine_overrides(),
         )
         # The console line is written here (offline metrics are not in Tracker's PPO keys).
         self.is_main_rank = self.rank == 0  # logs, shows the progress bar
@@ -178,6 +179,11 @@ class OfflineTrainer:
         if lora is not None:  # only the adapters train; DPO's reference is the initial model
             model = apply_lora(model, lora)
         return model
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """Fields of :class:`~verl.engine.options.EngineOptions` this trainer sets beyond
+        the shared ones (grad_clip, device), e.g. its autocast dtype."""
+        return {}
 
     def prepare(self) -> None:
         """Work done once the model is built, before any update (e.g. reference log-probs)."""

@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from verl.config import RMConfig
+from verl.config.precision import auto_select_precision
 from verl.data.preference_dataset import write_arithmetic_preference_dataset
 from verl.data.preference_pairs import RewardPairDataset, collate_reward_pairs
 from verl.models.lora import (
@@ -66,6 +67,9 @@ from verl.workers.common import atomic_save_pretrained
 from verl.workers.reward_model import last_token_scores
 
 logger = logging.getLogger(__name__)
+
+# engine.precision -> the engine's autocast dtype (none: the model's own dtype)
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 __all__ = [
     "RMTrainer",
@@ -226,6 +230,14 @@ class RMTrainer(OfflineTrainer):
         if lora is not None:
             model = apply_lora_to_reward_model(model, lora)
         return model
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """``engine.precision``: bf16 / fp16 run the forwards under autocast over the fp32
+        weights (``auto``: bf16 where the device has it natively, else none)."""
+        precision = self.config.engine.precision
+        if precision == "auto":
+            precision = auto_select_precision(self.device.type)["critic"]
+        return {"autocast_dtype": _AUTOCAST.get(precision)}
 
     # ------------------------------------------------------------------ data
     def build_data(self) -> None:
