@@ -7,10 +7,12 @@ The RLHF pipeline on arithmetic, where the truth is known, so every stage can be
    the right answer chosen, a wrong one rejected: off by a little, another operator's
    result, or any number; ``verl.data.preference_pairs.write_answer_pairs``) on problems
    outside that validation set;
-2. SFT of the base model with ``SFTTrainer`` (loss on the answer only);
+2. SFT of the base model with ``SFTTrainer`` (loss on the answer only); ``--sft-steps 0``
+   skips it (the SmolLM2 default: SmolLM2-Instruct already answers in the format);
 3. reward-model training with ``RMTrainer``: the SFT model's body plus a new one-output
    ``score`` head, Bradley-Terry loss on the pairs; ``val/acc`` is the fraction of held-out
-   pairs it orders right;
+   pairs it orders right. On SmolLM2 the body trains LoRA adapters (``--rm-lora-rank``) in
+   bf16 autocast where the CPU has native bf16 (``--rm-precision``, ``engine.precision``);
 4. GRPO from the SFT model with ``reward_model.enable=true`` and the trained reward model
    as the only training reward. The rule scorer is never used to train: it only measures
    (greedy validation accuracy on the held-out prompts, ``val/acc``, and, per step, the
@@ -23,8 +25,9 @@ It prints one line per stage and per GRPO step and writes everything as JSON to
     PYTHONPATH=. python examples/rm_pipeline.py --out /tmp/rm_pipeline            # SmolLM2
     PYTHONPATH=. python examples/rm_pipeline.py --out /tmp/rm_tiny --model tiny
 
-``--smoke`` runs 2 steps of each stage on small batches. The measured runs are in
-docs/reward_model.md.
+``--reward rule`` is the control: GRPO on the same prompts with the rule scorer's reward
+and no reward model. ``--smoke`` runs 2 steps of each stage on small batches. The measured
+runs are in docs/reward_model.md.
 """
 
 from __future__ import annotations
@@ -54,17 +57,19 @@ MAX_PROMPT = 48
 MAX_RESPONSE = 8
 
 
-def make_data(out: Path, args: argparse.Namespace) -> dict[str, str]:
-    """RL prompts (train/test), SFT rows and RM pairs; no SFT or RM problem is an RL
-    validation problem."""
+def make_data(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """RL prompts (train/test), SFT rows (None without SFT steps) and RM pairs; no SFT or
+    RM problem is an RL validation problem."""
     rl_train, rl_val = write_arithmetic_dataset(
         out / "rl", 512, args.val_size, args.digits, args.ops, seed=0
     )
     held_out = {row_problem(r.data) for r in read_records(rl_val).records}
-    sft_rows = make_arithmetic_sft_rows(
-        8 * args.sft_steps, args.digits, args.ops, seed=3, exclude=held_out
-    )
-    sft = write_records(sft_rows, out / "sft" / "train.parquet")
+    sft = None
+    if args.sft_steps > 0:
+        sft_rows = make_arithmetic_sft_rows(
+            8 * args.sft_steps, args.digits, args.ops, seed=3, exclude=held_out
+        )
+        sft = write_records(sft_rows, out / "sft" / "train.parquet")
     rm_train, rm_val = write_answer_pairs(
         out / "rm",
         args.rm_problems,
@@ -123,6 +128,11 @@ def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dic
             f"data.train_batch_size={args.rm_batch}",
             f"data.micro_batch_size_per_device={args.rm_batch}",
             f"trainer.test_freq={args.rm_val_every}",
+            f"engine.precision={args.rm_precision}",
+            # 16 sequences of ~50 tokens: recomputing activations would only cost time here
+            "model.enable_gradient_checkpointing=false",
+            f"model.lora_rank={args.rm_lora_rank}",
+            f"model.lora_alpha={2 * args.rm_lora_rank}",
             *common(out, "rm", args.rm_steps, args.rm_lr),
         ]
     )
@@ -172,7 +182,16 @@ class MeasuredReward(RewardFunction):
         self.reward.close()
 
 
-def run_grpo(sft_dir: str, rm_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dict:
+def run_grpo(
+    sft_dir: str, rm_dir: str | None, data: dict, out: Path, args: argparse.Namespace
+) -> dict:
+    """GRPO from ``sft_dir`` with the reward model ``rm_dir`` as the only reward (None: the
+    rule scorer's reward instead, the control run)."""
+    reward = (
+        ["reward_model.enable=true", f"reward_model.model.path={rm_dir}"]
+        if rm_dir is not None
+        else ["reward_model.enable=false"]
+    )
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={sft_dir}",
@@ -187,8 +206,7 @@ def run_grpo(sft_dir: str, rm_dir: str, data: dict, out: Path, args: argparse.Na
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_device={args.prompts * args.n}",
             f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}",
             "algorithm.adv_estimator=grpo",
-            "reward_model.enable=true",
-            f"reward_model.model.path={rm_dir}",
+            *reward,
             f"reward_model.micro_batch_size_per_device={args.prompts * args.n}",
             f"trainer.total_training_steps={args.grpo_steps}",
             "trainer.val_before_train=true",
@@ -220,9 +238,29 @@ def run_grpo(sft_dir: str, rm_dir: str, data: dict, out: Path, args: argparse.Na
 
 
 # model -> defaults of the settings that differ between the embedded SmolLM2 and the tiny model
+# SmolLM2-Instruct already answers in the prompt's format (50% right, greedy), so its SFT is
+# skipped and its reward model trains LoRA adapters (and the new score head) in bf16 autocast.
 DEFAULTS = {
-    "smollm2": dict(sft_steps=4, sft_lr=1e-5, rm_steps=40, rm_lr=2e-5, grpo_lr=2e-5, threads=2),
-    "tiny": dict(sft_steps=300, sft_lr=3e-3, rm_steps=300, rm_lr=1e-3, grpo_lr=1e-3, threads=1),
+    "smollm2": dict(
+        sft_steps=0,
+        sft_lr=1e-5,
+        rm_steps=30,
+        rm_lr=3e-4,
+        rm_lora_rank=16,
+        rm_precision="auto",
+        grpo_lr=2e-5,
+        threads=2,
+    ),
+    "tiny": dict(
+        sft_steps=300,
+        sft_lr=3e-3,
+        rm_steps=300,
+        rm_lr=1e-3,
+        rm_lora_rank=0,
+        rm_precision="none",
+        grpo_lr=1e-3,
+        threads=1,
+    ),
 }
 
 
@@ -233,7 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--digits", type=int, default=1)
     p.add_argument("--ops", nargs="+", default=["+", "*"])
     p.add_argument("--val-size", type=int, default=64, help="held-out RL validation prompts")
-    p.add_argument("--sft-steps", type=int, help="SFT steps of 8 rows")
+    p.add_argument("--sft-steps", type=int, help="SFT steps of 8 rows (0: no SFT)")
     p.add_argument("--sft-lr", type=float)
     p.add_argument("--rm-problems", type=int, default=128, help="problems of the RM pairs")
     p.add_argument("--rm-val-problems", type=int, default=32, help="held-out RM problems")
@@ -241,13 +279,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rm-steps", type=int)
     p.add_argument("--rm-lr", type=float)
     p.add_argument("--rm-batch", type=int, default=8, help="pairs per RM step")
-    p.add_argument("--rm-val-every", type=int, default=10)
+    p.add_argument("--rm-lora-rank", type=int, help="RM LoRA rank (0: train every weight)")
+    p.add_argument("--rm-precision", choices=["none", "bf16", "auto"], help="RM engine.precision")
+    p.add_argument(
+        "--rm-val-every", type=int, default=30, help="RM steps between held-out evaluations"
+    )
     p.add_argument("--grpo-steps", type=int, default=16)
     p.add_argument("--grpo-lr", type=float)
     p.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step")
     p.add_argument("--n", type=int, default=4, help="responses per prompt")
     p.add_argument("--val-every", type=int, default=4, help="GRPO steps between validations")
     p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument(
+        "--reward",
+        choices=["rm", "rule"],
+        default="rm",
+        help="GRPO's reward: the trained reward model (rm), or the rule scorer (rule: the "
+        "control run, no reward model is trained)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 steps of each stage, small batches")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
@@ -274,9 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         base = save_tiny_model_dir(
             out / "tiny", hidden_size=128, num_layers=4, intermediate_size=256, seed=0
         )
-    sft = run_sft(base, data, out, args)
+    if args.sft_steps > 0:
+        sft = run_sft(base, data, out, args)
+    else:  # the base model is the policy and the reward model's backbone
+        sft = {"dir": str(base), "loss": []}
     sft_seconds = time.monotonic() - start
-    rm = run_rm(sft["dir"], data, out, args)
+    if args.reward == "rm":
+        rm = run_rm(sft["dir"], data, out, args)
+    else:
+        rm = {"dir": None, "loss": [], "acc": [], "val": []}
     rm_seconds = time.monotonic() - start - sft_seconds
     grpo = run_grpo(sft["dir"], rm["dir"], data, out, args)
     total = time.monotonic() - start
@@ -288,16 +343,18 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(total, 1),
     }
     (out / "pipeline.json").write_text(json.dumps(result, indent=1))
-    print(
-        f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s, loss {sft['loss'][0]:.3f} -> "
-        f"{sft['loss'][-1]:.3f}"
-    )
+    if sft["loss"]:
+        print(
+            f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s, loss {sft['loss'][0]:.3f} -> "
+            f"{sft['loss'][-1]:.3f}"
+        )
     val = rm["val"]
-    print(
-        f"RM: {args.rm_steps} steps, {rm_seconds:.0f} s, loss {rm['loss'][0]:.3f} -> "
-        f"{rm['loss'][-1]:.3f}, held-out pair accuracy {val[0]['val/acc']:.3f} (step "
-        f"{val[0]['step']}) -> {val[-1]['val/acc']:.3f} (step {val[-1]['step']})"
-    )
+    if val:
+        print(
+            f"RM: {args.rm_steps} steps, {rm_seconds:.0f} s, loss {rm['loss'][0]:.3f} -> "
+            f"{rm['loss'][-1]:.3f}, held-out pair accuracy {val[0]['val/acc']:.3f} (step "
+            f"{val[0]['step']}) -> {val[-1]['val/acc']:.3f} (step {val[-1]['step']})"
+        )
     print("GRPO step  rule_acc (sampled)  rm_pair_acc  seconds")
     for s in grpo["steps"]:
         print(
