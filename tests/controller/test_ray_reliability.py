@@ -348,10 +348,11 @@ def test_joining_a_cluster_needs_its_token(tmp_path):
             time.sleep(0.3)
             procs = [psutil.Process(head.pid), *psutil.Process(head.pid).children(True)]
 
-        def join(token_file: str) -> str:
+        def join(token_file: str, **extra_env: str) -> str:
             # RAY_AUTH_MODE unset: ensure_ray asks for token authentication itself
             join_env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
             join_env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / token_file)
+            join_env.update(extra_env)
             out = subprocess.run(
                 [sys.executable, "-c", _JOIN, f"127.0.0.1:{port}"],
                 env=join_env,
@@ -362,7 +363,9 @@ def test_joining_a_cluster_needs_its_token(tmp_path):
             return out.stdout.strip()
 
         assert join("token") == "joined 1.0"
-        refused = join("other")
+        # Ray retries a refused connection once a second for 20 s by default, as it would for
+        # a head still starting: one attempt gives the same refusal and message
+        refused = join("other", RAY_gcs_server_port_wait_time_s="1")
         assert refused.startswith("refused ConnectionError"), refused
         assert "~/.ray/auth_token" in refused and "RAY_AUTH_MODE=token" in refused
     finally:

@@ -4,8 +4,8 @@ runs of a script (the chaos tests start a dozen, each killed and resumed).
 A fresh Python that imports torch and transformers spends ~5 s before the run starts. A
 ``Prewarmed`` parent imports the given modules once (and runs nothing else: no torch op, no
 thread), then forks one child per ``run``: the child is a new process (its own pid, memory
-and file descriptors) that runs the script as ``python script args...`` would, as
-``__main__``, and ends through the normal interpreter exit (atexit handlers run); a SIGKILL
+and file descriptors) that runs the script as ``python script args...`` (or a module as
+``python -m module args...``) would, as ``__main__``, and ends through the normal interpreter exit (atexit handlers run); a SIGKILL
 kills it alone. What the child starts (reward workers, tool threads) is its own.
 
 The parent's environment, and so every child's, is the ``env`` given; ``/proc/<pid>/environ``
@@ -47,9 +47,14 @@ for line in requests:
         os.close(null)
         os.close(err)
         sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
-        sys.argv = list(req["argv"])
+        argv = list(req["argv"])
         try:
-            runpy.run_path(sys.argv[0], run_name="__main__")
+            if argv[0] == "-m":  # python -m module args...
+                sys.argv = argv[1:]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = argv
+                runpy.run_path(argv[0], run_name="__main__")
         except SystemExit:
             raise
         except BaseException:
@@ -100,7 +105,7 @@ class Prewarmed:
     def run(
         self, argv: Sequence[str], cwd: Path, stderr: Path, timeout: float
     ) -> subprocess.CompletedProcess:
-        """Run ``python argv...`` as a forked child in ``cwd``; its stdout is discarded, its
+        """Run ``python argv...`` (a script, or ``-m module``) as a forked child in ``cwd``; its stdout is discarded, its
         stderr written to ``stderr`` and returned as bytes. Raises ``TimeoutExpired`` (the
         child killed) after ``timeout`` seconds, like ``subprocess.run``."""
         request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "stderr": str(stderr)}

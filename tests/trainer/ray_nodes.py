@@ -26,7 +26,18 @@ import psutil
 from verl.utils.distributed import find_free_port
 from verl.utils.lifetime import kill_processes_with_env, wait_until_gone
 
+from .prewarmed import Prewarmed
+
 ROOT = Path(__file__).resolve().parents[2]
+# What the drivers of the tests import (the RL child script, main_sft): imported once.
+DRIVER_IMPORTS = (
+    "psutil",
+    "ray",
+    "verl.config",
+    "verl.controller",
+    "verl.trainer.rl.trainer",
+    "verl.cli.sft",
+)
 # a second node on this machine needs its own agent and metrics ports
 _AGENT_PORTS = (
     "dashboard-agent-listen",
@@ -76,18 +87,16 @@ class TwoNodes:
     env: dict[str, str]  # for the driver: the token, the mark, this checkout on PYTHONPATH
     head: RayNode
     worker: RayNode
+    drivers: Prewarmed | None = None
 
     def drive(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-        """``python args...`` as a driver of this cluster; its stderr is kept."""
-        return subprocess.run(
-            [sys.executable, *args],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=cwd,
-            timeout=240,
-        )
+        """``python args...`` as a driver of this cluster; its stderr is kept. Drivers are
+        forked from one parent that imported the trainers once (``prewarmed.py``)."""
+        if self.drivers is None:
+            self.drivers = Prewarmed(DRIVER_IMPORTS, self.env, cwd)
+        child = self.drivers.run(args, cwd=cwd, stderr=cwd / "driver.err", timeout=240)
+        child.stderr = child.stderr.decode(errors="replace")
+        return child
 
 
 @contextlib.contextmanager
@@ -101,6 +110,7 @@ def two_ray_nodes(tmp_path: Path, mark_var: str, mark: str) -> Iterator[TwoNodes
         env.pop(key, None)  # the latter, set to 0, refuses worker nodes
     one_cpu = ["--node-ip-address=127.0.0.1", "--num-cpus=1"]
     nodes: list[RayNode] = []
+    cluster: TwoNodes | None = None
     try:
         head = RayNode(
             ["--head", f"--port={port}", *one_cpu, "--include-dashboard=false"],
@@ -115,8 +125,11 @@ def two_ray_nodes(tmp_path: Path, mark_var: str, mark: str) -> Iterator[TwoNodes
         )
         nodes.append(worker)
         worker.raylet()
-        yield TwoNodes(f"127.0.0.1:{port}", env, head, worker)
+        cluster = TwoNodes(f"127.0.0.1:{port}", env, head, worker)
+        yield cluster
     finally:
+        if cluster is not None and cluster.drivers is not None:
+            cluster.drivers.close()
         for node in reversed(nodes):
             node.stop()
         wait_until_gone(mark_var, mark, 15, poll_s=0.3)
