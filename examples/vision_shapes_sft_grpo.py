@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="a model directory an earlier run's SFT wrote (<out>/sft): skip the SFT (it is "
         "deterministic for the seed and sizes, so the same arguments give the same model)",
     )
-    p.add_argument("--grpo-steps", type=int, default=300)
+    p.add_argument("--grpo-steps", type=int, default=150)
     p.add_argument("--grpo-batch", type=int, default=32)
     p.add_argument("--grpo-n", type=int, default=16)
     p.add_argument("--grpo-lr", type=float, default=1e-3)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=list(TASKS),
         help="the tasks GRPO trains on (its own train rows; validation keeps both)",
     )
-    p.add_argument("--val-every", type=int, default=100)
+    p.add_argument("--val-every", type=int, default=50)
     p.add_argument(
         "--grpo-override",
         nargs="*",
