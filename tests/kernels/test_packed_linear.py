@@ -52,6 +52,17 @@ def test_outputs_equal_autocast_and_the_swap_is_undone(model):
     assert not any("forward" in m.__dict__ for m in _linears(model))
 
 
+def test_a_block_without_autocast_computes_in_fp32():
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(layer):
+        assert layer(x).dtype == torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            got = layer(x)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
 def test_swap_undone_when_the_body_raises(model):
     with pytest.raises(RuntimeError, match="boom"), packed_linears(model):
         raise RuntimeError("boom")

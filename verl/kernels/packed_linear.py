@@ -51,10 +51,14 @@ def available(device: torch.device) -> bool:
     return bool(ops._is_mkldnn_bf16_supported())
 
 
-def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None):
+def _packed_forward(layer: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None):
     linear = torch.ops.mkldnn._linear_pointwise
+    plain = torch.nn.Linear.forward.__get__(layer)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
+        # A block that turns autocast off (a layer kept in fp32) gets the plain layer.
+        if not torch.is_autocast_enabled("cpu"):
+            return plain(x)
         # The input's leading dims are kept; the op takes (..., in) bf16.
         return linear(x.to(torch.bfloat16), weight, bias, "none", [], "")
 
@@ -101,7 +105,7 @@ def packed_linears(
                 packed[key] = (version, reorder(weight.to(torch.bfloat16), hint))
             bias = layer.bias
             bias = None if bias is None else bias.detach().to(torch.bfloat16)
-            layer.forward = _packed_forward(packed[key][1], bias)
+            layer.forward = _packed_forward(layer, packed[key][1], bias)
             swapped.append(layer)
         for gone in set(packed) - seen:  # layers no longer in the module
             del packed[gone]
