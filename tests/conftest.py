@@ -7,6 +7,9 @@ tests that do not ask for it never start Ray. Tests must shut down the worker gr
 create (``wg.shutdown()`` or ``with RayWorkerGroup(...) as wg``) so later tests find free
 bundles.
 
+The pytest process runs torch on one intra-op thread (``_one_torch_thread``): the suite's
+models are tiny, and two OpenMP threads on a 2-core machine stall whenever anything else runs.
+
 The suite leaves no process behind: every process it starts inherits the environment
 variable ``VERL_TEST_SESSION`` set here, and when the session ends any process (other than
 pytest itself) still carrying this session's value is reported, killed, and fails the run,
@@ -90,6 +93,21 @@ def ray_session() -> Iterator[Any]:
     yield ray
     if started_here:
         shutdown_ray()  # Ray, and the watchdog that ties its processes to this one
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """One torch intra-op thread in the pytest process: the suite's models are tiny and
+    overhead-bound, and two OpenMP threads on two cores stall at every op whenever anything
+    else runs (the session's Ray cluster, a child process): a tiny-model GRPO step took ~10x
+    longer. Tests that need more threads set them; runs the suite compares with a child
+    pass ``trainer.num_threads=torch.get_num_threads()`` on."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class ProcessGroupLeft(UserWarning):
