@@ -3,7 +3,8 @@ runs of a script (the chaos tests start a dozen, each killed and resumed).
 
 A fresh Python that imports torch and transformers spends ~5 s before the run starts. A
 ``Prewarmed`` parent imports the given modules once (and runs nothing else: no torch op, no
-thread), then forks one child per ``run``: the child is a new process (its own pid, memory
+thread of its own; the one thread numpy's OpenBLAS starts at import is not copied by fork,
+and OpenBLAS starts it again in the child when first used), then forks one child per ``run``: the child is a new process (its own pid, memory
 and file descriptors) that runs the script as ``python script args...`` (or a module as
 ``python -m module args...``) would, as ``__main__``, and ends through the normal interpreter exit (atexit handlers run); a SIGKILL
 kills it alone. What the child starts (reward workers, tool threads) is its own.
