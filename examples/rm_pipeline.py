@@ -3,17 +3,21 @@
 The RLHF pipeline on arithmetic, where the truth is known, so every stage can be measured:
 
 1. data (``verl.data``): RL prompts "What is 3 + 4? Answer with just the number." with a
-   held-out validation set; SFT rows (prompt -> the answer) and reward-model pairs (prompt,
-   the right answer chosen, a wrong one rejected: off by a little, another operator's
-   result, or any number; ``verl.data.preference_pairs.write_answer_pairs``) on problems
-   outside that validation set;
+   held-out validation set; SFT rows (prompt -> the answer) on problems outside it;
 2. SFT of the base model with ``SFTTrainer`` (loss on the answer only); ``--sft-steps 0``
    skips it (the SmolLM2 default: SmolLM2-Instruct already answers in the format);
-3. reward-model training with ``RMTrainer``: the SFT model's body plus a new one-output
+3. reward-model pairs on problems outside the RL validation set, held-out RM problems
+   apart: ``--rm-pairs policy`` (the SmolLM2 default) samples the SFT model's own answers
+   (``--rm-samples`` per problem, temperature 1, as GRPO samples) and pairs a right one
+   (chosen) with a wrong one (rejected), right and wrong by the rule scorer;
+   ``--rm-pairs synthetic`` (the tiny model's default) pairs the right number with a
+   made-up wrong one (off by a little, another operator's result, or any number;
+   ``verl.data.preference_pairs.write_answer_pairs``);
+4. reward-model training with ``RMTrainer``: the SFT model's body plus a new one-output
    ``score`` head, Bradley-Terry loss on the pairs; ``val/acc`` is the fraction of held-out
    pairs it orders right. On SmolLM2 the body trains LoRA adapters (``--rm-lora-rank``) in
    bf16 autocast where the CPU has native bf16 (``--rm-precision``, ``engine.precision``);
-4. GRPO from the SFT model with ``reward_model.enable=true`` and the trained reward model
+5. GRPO from the SFT model with ``reward_model.enable=true`` and the trained reward model
    as the only training reward. The rule scorer is never used to train: it only measures
    (greedy validation accuracy on the held-out prompts, ``val/acc``, and, per step, the
    fraction of sampled answers that are right, ``rule_acc``, and how often the reward model
@@ -43,12 +47,15 @@ import numpy as np
 import torch
 
 from verl.config import load_config, load_rm_config, load_sft_config
-from verl.data.arithmetic import row_problem, write_arithmetic_dataset
+from verl.config.precision import auto_select_precision
+from verl.data.arithmetic import make_arithmetic_rows, row_problem, write_arithmetic_dataset
 from verl.data.io import read_records, write_records
 from verl.data.preference_pairs import write_answer_pairs
 from verl.data.sft_dataset import make_arithmetic_sft_rows
+from verl.models import load_causal_lm, load_tokenizer
 from verl.models.tiny import save_tiny_model_dir
 from verl.rewards import RewardFunction
+from verl.rewards.scorers.arithmetic import compute_score
 from verl.trainer.offline.rm import RMTrainer
 from verl.trainer.offline.sft import SFTTrainer
 from verl.trainer.rl.trainer import RLTrainer
@@ -87,6 +94,84 @@ def make_data(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "rm_train": rm_train,
         "rm_val": rm_val,
     }
+
+
+def _problems(n: int, args: argparse.Namespace, seed: int, exclude: set) -> list[dict]:
+    """Up to ``n`` distinct problems' RL rows (chat prompt, ground truth), none in
+    ``exclude``."""
+    rows, seen = [], set(exclude)
+    for row in make_arithmetic_rows(n, args.digits, args.ops, seed, "train", "chat", exclude):
+        if row_problem(row) not in seen:
+            seen.add(row_problem(row))
+            rows.append(row)
+    return rows
+
+
+@torch.no_grad()
+def sample_policy_pairs(
+    model_dir: str, rows: list[dict], samples: int, per_problem: int, seed: int
+) -> list[dict]:
+    """Preference pairs from the policy's own answers: ``samples`` responses per prompt
+    sampled from ``model_dir`` (temperature 1, at most ``MAX_RESPONSE`` tokens, as GRPO
+    samples them), each marked right or wrong by the rule scorer; up to ``per_problem``
+    pairs per prompt of a right response (chosen) against a wrong one (rejected)."""
+    tokenizer = load_tokenizer(model_dir)
+    tokenizer.padding_side = "left"
+    model = load_causal_lm(model_dir).eval()
+    bf16 = auto_select_precision("cpu")["actor"] == "bf16"
+    torch.manual_seed(seed)
+    pairs = []
+    for start in range(0, len(rows), 16):
+        batch = rows[start : start + 16]
+        texts = [
+            tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in batch
+        ]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            ids = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=MAX_RESPONSE,
+                num_return_sequences=samples,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        answers = tokenizer.batch_decode(
+            ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+        )
+        for i, row in enumerate(batch):
+            truth = row["reward_model"]["ground_truth"]
+            mine = list(dict.fromkeys(a.strip() for a in answers[i * samples : (i + 1) * samples]))
+            right = [a for a in mine if compute_score(a, truth)["acc"] > 0.5]
+            wrong = [a for a in mine if a and compute_score(a, truth)["acc"] <= 0.5]
+            for k in range(min(max(len(right), len(wrong)), per_problem) if right and wrong else 0):
+                pair = {"chosen": right[k % len(right)], "rejected": wrong[k % len(wrong)]}
+                pairs.append({"prompt": row["prompt"], **pair, "error": "policy"})
+    return pairs
+
+
+def write_policy_pairs(
+    model_dir: str, out: Path, held_out: set, args: argparse.Namespace
+) -> dict[str, str]:
+    """``rm_train`` / ``rm_val`` files of :func:`sample_policy_pairs` on RM problems (the
+    validation problems kept out of train; neither has an RL validation problem); a split
+    without any pair is left out."""
+    val_rows = _problems(args.rm_val_problems, args, 11, held_out)
+    train_rows = _problems(
+        args.rm_problems, args, 12, held_out | {row_problem(r) for r in val_rows}
+    )
+    files = {}
+    for name, rows, seed in (("rm_train", train_rows, 1), ("rm_val", val_rows, 2)):
+        pairs = sample_policy_pairs(model_dir, rows, args.rm_samples, args.policy_pairs, seed)
+        if pairs:  # else the synthetic pairs stay (a tiny smoke run may sample none)
+            files[name] = write_records(pairs, out / "rm" / f"policy_{name}.parquet")
+        logging.getLogger(__name__).warning(
+            "%s: %d policy pairs on %d problems", name, len(pairs), len(rows)
+        )
+    return files
 
 
 def common(out: Path, name: str, steps: int, lr: float) -> list[str]:
@@ -132,7 +217,7 @@ def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dic
             # 16 sequences of ~50 tokens: recomputing activations would only cost time here
             "model.enable_gradient_checkpointing=false",
             f"model.lora_rank={args.rm_lora_rank}",
-            f"model.lora_alpha={2 * args.rm_lora_rank}",
+            *([f"model.lora_alpha={2 * args.rm_lora_rank}"] if args.rm_lora_rank else []),
             *common(out, "rm", args.rm_steps, args.rm_lr),
         ]
     )
@@ -248,6 +333,7 @@ DEFAULTS = {
         rm_lr=3e-4,
         rm_lora_rank=16,
         rm_precision="auto",
+        rm_pairs="policy",
         grpo_lr=2e-5,
         threads=2,
     ),
@@ -258,6 +344,7 @@ DEFAULTS = {
         rm_lr=1e-3,
         rm_lora_rank=0,
         rm_precision="none",
+        rm_pairs="synthetic",
         grpo_lr=1e-3,
         threads=1,
     ),
@@ -273,13 +360,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--val-size", type=int, default=64, help="held-out RL validation prompts")
     p.add_argument("--sft-steps", type=int, help="SFT steps of 8 rows (0: no SFT)")
     p.add_argument("--sft-lr", type=float)
-    p.add_argument("--rm-problems", type=int, default=128, help="problems of the RM pairs")
-    p.add_argument("--rm-val-problems", type=int, default=32, help="held-out RM problems")
+    p.add_argument("--rm-problems", type=int, default=64, help="problems of the RM pairs")
+    p.add_argument("--rm-val-problems", type=int, default=24, help="held-out RM problems")
     p.add_argument("--wrong-per-problem", type=int, default=2, help="RM pairs per problem")
     p.add_argument("--rm-steps", type=int)
     p.add_argument("--rm-lr", type=float)
     p.add_argument("--rm-batch", type=int, default=8, help="pairs per RM step")
     p.add_argument("--rm-lora-rank", type=int, help="RM LoRA rank (0: train every weight)")
+    p.add_argument(
+        "--rm-pairs",
+        choices=["policy", "synthetic"],
+        help="RM pairs: the policy's own sampled answers marked by the rule scorer (policy), "
+        "or the right answer against made-up wrong numbers (synthetic)",
+    )
+    p.add_argument("--rm-samples", type=int, default=8, help="policy samples per RM problem")
+    p.add_argument("--policy-pairs", type=int, default=4, help="policy pairs per RM problem")
     p.add_argument("--rm-precision", choices=["none", "bf16", "auto"], help="RM engine.precision")
     p.add_argument(
         "--rm-val-every", type=int, default=30, help="RM steps between held-out evaluations"
@@ -329,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         sft = {"dir": str(base), "loss": []}
     sft_seconds = time.monotonic() - start
     if args.reward == "rm":
+        if args.rm_pairs == "policy":
+            held_out = {row_problem(r.data) for r in read_records(data["rl_val"]).records}
+            data |= write_policy_pairs(sft["dir"], out, held_out, args)
         rm = run_rm(sft["dir"], data, out, args)
     else:
         rm = {"dir": None, "loss": [], "acc": [], "val": []}
