@@ -119,7 +119,15 @@ class WeightMailbox:
 
 
 def load_in_place(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``module``'s parameters and buffers, tensor by tensor.
+    """Copy ``state`` into ``module``'s parameters and buffers, tensor by tensor, then drop
+    this thread's autocast cast cache.
+
+    The swap lands inside the generate call's autocast region (the worker's
+    ``engine.autocast()``), whose cache keeps the bf16 cast of each parameter (a leaf that
+    requires grad) until the outermost region exits, keyed by the tensor and blind to an
+    in-place write: without the clear every later forward of the call would compute with
+    the old weights' casts while its tokens are tagged with the new version. The next
+    forward casts (and caches) the new weights.
 
     Raises:
         ValueError: the names differ from the module's state dict (naming a few).
@@ -134,6 +142,7 @@ def load_in_place(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
     with torch.no_grad():
         for name, tensor in state.items():
             targets[name].copy_(tensor)
+    torch.clear_autocast_cache()
 
 
 @contextlib.contextmanager
