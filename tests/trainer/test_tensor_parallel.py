@@ -2,7 +2,9 @@
 ``actor.tensor_parallel_size=2`` (one tensor group: both ranks hold half of every layer's
 heads and MLP width and compute the same rows) against the same run in one process, its
 step-1 checkpoint resumed at ``data=2`` (2 ranks, no tensor parallelism) and in one process,
-and its HuggingFace export loaded by transformers.
+and its HuggingFace export loaded by transformers; PPO with the critic at ``tensor=2`` as
+well, against one process and (its step-1 checkpoint) resumed at ``data=2`` and in one
+process.
 
 The tiny Qwen2 has 4 query / 2 key/value heads. The first test trains on rollouts from a
 file (``data.rollout_files``, as the Ulysses test), so every run trains on the same samples
@@ -215,3 +217,63 @@ def test_gae_with_a_tensor_parallel_critic_equals_one_process(
     critic = ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm")
     _assert_steps_equal(got, want, keys=(*COMPARED, *critic))
     assert all(w["critic/grad_norm"] > 0 for w in want)
+
+
+def _critic_weights(run_dir, step: int) -> dict[str, torch.Tensor]:
+    """The critic's full (unsharded) weights from its step-``step`` DCP checkpoint."""
+    from verl.engine.dcp_io import read_dcp_tensors
+
+    found = {}
+    for path in sorted((run_dir / f"global_step_{step}" / "critic").rglob(".metadata")):
+        found.update(read_dcp_tensors(str(path.parent), "model"))
+    assert found, f"no critic weights under {run_dir}"
+    return found
+
+
+def test_gae_tensor_parallel_checkpoint_resumes_on_other_layouts(
+    rl_config, ray_session, rollout_file, tiny_model_dir, tmp_path
+):
+    """Actor and critic at ``tensor=2`` saved at step 1, resumed at ``data=2`` and in one
+    process: step 2's value loss, values and gradient norms, the actor's exported weights and
+    the critic's checkpointed weights equal the uninterrupted ``tensor=2`` run's."""
+    gae = (
+        f"data.rollout_files=[{rollout_file}]",
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=fsdp2",
+        "critic.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size_per_device=2",
+        "critic.optim.lr=1e-2",
+        "critic.optim.eps=1e-4",
+    )
+    tp = ("trainer.n_gpus_per_node=2", TP, "critic.tensor_parallel_size=2")
+    _, want, want_result = _fit(rl_config, tmp_path / "tp", *gae, *tp)
+    critic_start = _critic_weights(tmp_path / "tp", 1)
+    critic_want = _critic_weights(tmp_path / "tp", 2)
+    assert any(not torch.equal(critic_want[n], critic_start[n]) for n in critic_want)
+    critic = ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm")
+    start = load_file(f"{tiny_model_dir}/model.safetensors")
+    # the model's own tensors (a multi-rank export may also write the tied lm_head)
+    actor_want = {n: t for n, t in _weights(want_result).items() if n in start}
+    for layout, ranks in (("dp2", 2), ("one_resumed", 1)):
+        trainer, resumed, result = _fit(
+            rl_config,
+            tmp_path / layout,
+            *gae,
+            f"trainer.n_gpus_per_node={ranks}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={tmp_path / 'tp' / 'global_step_1'}",
+        )
+        assert trainer.global_step == 2, layout
+        _assert_steps_equal(resumed[-1:], want[-1:], keys=(*COMPARED, *critic))
+        actor_diff = _assert_weights_equal(_weights(result), actor_want, start)
+        got = _critic_weights(tmp_path / layout, 2)
+        assert got.keys() == critic_want.keys(), layout
+        assert any(name.startswith("value_head") for name in got), sorted(got)
+        critic_diff = 0.0
+        for name, tensor in critic_want.items():
+            diff = float((got[name] - tensor).abs().max())
+            assert diff <= TOL, f"{layout} critic {name}: differs by {diff:.3g}"
+            critic_diff = max(critic_diff, diff)
+        metric_diff = {k: abs(resumed[-1][k] - want[-1][k]) for k in critic}
+        print(f"{layout}: actor {actor_diff:.2g}, critic {critic_diff:.2g}, {metric_diff}")
