@@ -69,23 +69,26 @@ def test_swap_undone_when_the_body_raises(model):
     assert not any("forward" in m.__dict__ for m in _linears(model))
 
 
-def test_store_reuses_packed_weights_until_a_weight_changes():
+def test_each_call_packs_the_weights_as_they_are_then():
+    """A weight changed between two calls by fused AdamW (which updates parameters in place
+    without bumping their version counter) or through ``.data`` is what the next call
+    computes with: nothing packed is kept from the earlier call."""
     torch.manual_seed(1)
     layer = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.Linear(48, 16, bias=False))
     x = torch.randn(2, 32)
-    store: dict = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(layer):
+        first = layer(x)
+    versions = [p._version for p in layer.parameters()]
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1, fused=True)
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert [p._version for p in layer.parameters()] == versions  # the counter did not move
+    with torch.no_grad():
+        layer[1].weight.data.mul_(2.0)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        with packed_linears(layer, store=store):
-            first = layer(x)
-        held = {k: v[1] for k, v in store.items()}
-        with packed_linears(layer, store=store):
-            assert torch.equal(layer(x), first)
-        assert all(store[k][1] is held[k] for k in held)  # not packed again
-        layer[1].weight.mul_(2.0)  # an in-place update (as an optimizer step)
-        with packed_linears(layer, store=store):
+        with packed_linears(layer):
             second = layer(x)
-        assert store[id(layer[1].weight)][1] is not held[id(layer[1].weight)]
-        assert store[id(layer[0].weight)][1] is held[id(layer[0].weight)]
         want = layer(x)  # autocast over the updated weights
     assert torch.equal(second, want)
     assert not torch.equal(second, first)

@@ -5,6 +5,7 @@ version, and not used where it does not apply."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -19,6 +20,24 @@ pytestmark = pytest.mark.skipif(
 )
 
 BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
+
+
+@pytest.fixture
+def packs(monkeypatch):
+    """The layers swapped by each packed call of the engine (one entry per generate call)."""
+    from verl.kernels import packed_linear
+
+    calls: list[int] = []
+    real = packed_linear.packed_linears
+
+    @contextlib.contextmanager
+    def counting(module, batch_hint=1):
+        with real(module, batch_hint) as swapped:
+            calls.append(swapped)
+            yield swapped
+
+    monkeypatch.setattr(packed_linear, "packed_linears", counting)
+    return calls
 
 
 def _assert_same(a, b) -> None:
@@ -37,50 +56,47 @@ def _assert_same(a, b) -> None:
     ],
     ids=["greedy", "seeded"],
 )
-def test_packed_equals_autocast(model, tokenizer, batch, params):
+def test_packed_equals_autocast(model, tokenizer, batch, params, packs):
     packed = NativeRollout(model, tokenizer)
     plain = NativeRollout(model, tokenizer, pack_weights=False)
     with torch.autocast(**BF16):
         a, b = packed.generate(batch, params), plain.generate(batch, params)
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    assert len(packed._packed_store) == len({id(m.weight) for m in linears})
-    assert not plain._packed_store
+    assert packs == [len(linears)]  # one packed call, every Linear swapped; none for plain
     _assert_same(a, b)
     assert not any("forward" in m.__dict__ for m in linears)  # the swap is undone
 
 
-def test_weights_packed_once_per_version(model, tokenizer, batch):
-    """Two generations with the same weights pack once; after an in-place update (what an
-    optimizer step does) the engine packs the changed weight again and samples from it."""
+def test_every_generation_reads_the_current_weights(model, tokenizer, batch, packs):
+    """A weight changed between two generations without a version-counter bump (a write
+    through ``.data``; fused AdamW does the same) is what the next generation samples from."""
     engine = NativeRollout(model, tokenizer)
     plain = NativeRollout(model, tokenizer, pack_weights=False)
     params = SamplingParams(n=2, do_sample=False, max_new_tokens=8)
     head = model.lm_head.weight
     with torch.autocast(**BF16):
-        engine.generate(batch, params)
-        held = {k: v[1] for k, v in engine._packed_store.items()}
-        engine.generate(batch, params)
-        assert all(engine._packed_store[k][1] is held[k] for k in held)
+        first = engine.generate(batch, params)
         before = head.detach().clone()
         try:
             with torch.no_grad():
-                head.mul_(-1.0)  # tied: the embedding changes too
+                head.data.mul_(-1.0)  # tied: the embedding changes too
             a = engine.generate(batch, params)
-            assert engine._packed_store[id(head)][1] is not held[id(head)]
             _assert_same(a, plain.generate(batch, params))
+            assert not torch.equal(a.batch["responses"], first.batch["responses"])
         finally:
             with torch.no_grad():
                 head.copy_(before)
+    assert len(packs) == 2
 
 
-def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch):
+def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch, packs):
     params = SamplingParams(n=2, do_sample=False, max_new_tokens=4)
     fp32 = NativeRollout(model, tokenizer)
     fp32.generate(batch, params)
     compiled = NativeRollout(model, tokenizer, compile_decode=True, compile_backend="eager")
     with torch.autocast(**BF16):
         compiled.generate(batch, params)
-    assert not fp32._packed_store and not compiled._packed_store
+    assert packs == []
 
 
 @pytest.mark.slow

@@ -12,9 +12,11 @@ weights reordered once into oneDNN's blocked layout (34 ms), fp32 weights 57 ms.
 (``torch.ops.mkldnn._reorder_linear_weight``, one read of the fp32 weights and one write of
 their bf16 copy: what autocast's cast cache costs) and, until it exits, every
 ``torch.nn.Linear`` of the module computes ``torch.ops.mkldnn._linear_pointwise`` on the
-packed weight with its input in bf16. Given a ``store``, the packed copies are kept between
-calls and reused while each weight's version counter is unchanged (a bf16 copy of the
-linear weights held between generations, as an engine with its own weights holds one). The products are oneDNN's bf16 matmul with fp32
+packed weight with its input in bf16. Nothing is kept between calls: every call packs the
+weights as they are then. A version counter cannot tell whether a weight changed since an
+earlier call (the fused AdamW kernel updates parameters in place without bumping it, nor
+does a write through ``.data``), so a copy kept across calls could silently serve old
+weights. The products are oneDNN's bf16 matmul with fp32
 accumulation either way, so the outputs equal autocast's (bit for bit on SmolLM2's shapes,
 ``tests/kernels/test_packed_linear.py``).
 
@@ -65,29 +67,17 @@ def _packed_forward(layer: torch.nn.Linear, weight: torch.Tensor, bias: torch.Te
     return forward
 
 
-def _weight_key(weight: torch.Tensor) -> tuple:
-    """What a packed copy was made from: the weight's storage, its in-place version counter
-    (an optimizer step, ``copy_`` or ``load_state_dict`` bumps it), shape and dtype."""
-    return (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
-
-
 @contextlib.contextmanager
-def packed_linears(
-    module: torch.nn.Module, batch_hint: int = 1, store: dict | None = None
-) -> Iterator[int]:
+def packed_linears(module: torch.nn.Module, batch_hint: int = 1) -> Iterator[int]:
     """Within the context every ``torch.nn.Linear`` of ``module`` (float32 or bf16 weights
-    in a plain CPU tensor) computes in bf16 on a oneDNN-packed copy of its weight; yields how
-    many layers were swapped. ``batch_hint``: the rows the layers will mostly see (oneDNN
-    picks the blocked layout for it; any row count works; a stored copy keeps the hint it was
-    packed with). ``store``: a dict kept by the
-    caller between calls; a weight whose storage and version counter are unchanged since it
-    was packed into it is not packed again (several generations between two updates pack
-    once), a changed one is. Call under ``torch.no_grad`` (the packed op has no backward)
+    in a plain CPU tensor) computes in bf16 on a oneDNN-packed copy of its weight, made on
+    entry from the weight as it is then; yields how many layers were swapped.
+    ``batch_hint``: the rows the layers will mostly see (oneDNN picks the blocked layout for
+    it; any row count works). Call under ``torch.no_grad`` (the packed op has no backward)
     and only where :func:`available` is True."""
     reorder = torch.ops.mkldnn._reorder_linear_weight
     swapped: list[torch.nn.Module] = []
-    packed: dict[int, tuple] = {} if store is None else store  # tied weights: packed once
-    seen: set[int] = set()
+    packed: dict[int, torch.Tensor] = {}  # tied weights: packed once
     hint = max(1, batch_hint)
     try:
         for layer in module.modules():
@@ -99,16 +89,13 @@ def packed_linears(
                 continue
             if weight.dtype not in (torch.float32, torch.bfloat16):
                 continue
-            key, version = id(layer.weight), _weight_key(weight)
-            seen.add(key)
-            if key not in packed or packed[key][0] != version:
-                packed[key] = (version, reorder(weight.to(torch.bfloat16), hint))
+            key = id(layer.weight)
+            if key not in packed:
+                packed[key] = reorder(weight.to(torch.bfloat16), hint)
             bias = layer.bias
             bias = None if bias is None else bias.detach().to(torch.bfloat16)
-            layer.forward = _packed_forward(layer, packed[key][1], bias)
+            layer.forward = _packed_forward(layer, packed[key], bias)
             swapped.append(layer)
-        for gone in set(packed) - seen:  # layers no longer in the module
-            del packed[gone]
         yield len(swapped)
     finally:
         for layer in swapped:

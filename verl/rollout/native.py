@@ -80,16 +80,6 @@ __all__ = ["NativeRollout"]
 _MASK_4D_IMPLS = ("sdpa", "eager")
 
 
-def _fsdp_managed(module: torch.nn.Module) -> bool:
-    """Whether FSDP shards ``module`` (its gathered weights are refilled by collectives,
-    which a packed copy's version check would not see)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return any(isinstance(m, FSDPModule) for m in module.modules())
-
-
 class NativeRollout(RolloutEngine):
     """Batched sampler with a shared-prefill, preallocated, compacting KV cache.
 
@@ -124,9 +114,9 @@ class NativeRollout(RolloutEngine):
             -> logits``, applied before each sampling (e.g. a scripted stop in a benchmark).
         pack_weights: under CPU bf16 autocast, compute every ``Linear`` of the eager
             prefill and decode on bf16 weights packed for oneDNN
-            (:mod:`verl.kernels.packed_linear`: same outputs, faster weight reads), repacked
-            only when a weight changed since the last call (the packed copy is kept between
-            calls; an FSDP-sharded module packs at every call). Not with ``compile_decode`` or weights arriving mid-call.
+            (:mod:`verl.kernels.packed_linear`: same outputs, faster weight reads), packed
+            from the current weights at every call. Not with ``compile_decode`` or weights
+            arriving mid-call.
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -176,9 +166,6 @@ class NativeRollout(RolloutEngine):
         self.continuous_batching = continuous_batching
         self.logits_processor = logits_processor
         self.pack_weights = pack_weights
-        self._packed_store: dict = {}  # packed weights, reused until a weight changes
-        # FSDP refills gathered weights by collectives between calls: pack those every call
-        self._keep_packed = not _fsdp_managed(module)
         self.last_stats: dict[str, float] = {}
         self._logged_images = False
 
@@ -316,8 +303,7 @@ class NativeRollout(RolloutEngine):
         if not packed_linear.available(self._device()):
             return contextlib.nullcontext()
         hint = min(rows, self.max_num_seqs or rows)
-        store = self._packed_store if self._keep_packed else None
-        return packed_linear.packed_linears(self.module, hint, store)
+        return packed_linear.packed_linears(self.module, hint)
 
     def _device(self) -> torch.device:
         for p in self.module.parameters():
