@@ -6,6 +6,7 @@ Names follow the field's conventions (``critic/score/mean``, ``response_length/m
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +20,8 @@ from verl.algorithms.rollout_correction import rollout_mismatch_metrics
 from verl.protocol import DataProto
 from verl.rollout.agent_loop import multi_turn_metrics
 from verl.rollout.agent_rewards import agent_program_metrics
+
+logger = logging.getLogger(__name__)
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -69,6 +72,43 @@ def compute_rollout_mismatch_metrics(batch: DataProto) -> dict[str, float]:
     :func:`verl.algorithms.rollout_correction.rollout_mismatch_metrics`."""
     b = batch.batch
     return rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"])
+
+
+class RolloutGapWatch:
+    """Warns when a synchronous run's rollout and trainer disagree about the same tokens.
+
+    In synchronous training the rollout samples with the weights the trainer then scores the
+    samples with, so ``rollout/logprob_abs_diff_mean`` (mean |trainer - rollout| log-prob per
+    response token) measures numerics alone: about 1e-5 in fp32, 1e-4 to 1e-2 across bf16
+    kernels. Above ``threshold`` nats the rollout most likely sampled from other weights
+    (a stale copy, a weight push that did not land) or another distribution (a sampling
+    setting the trainer does not apply). A warning at most every ``every`` steps; the run
+    goes on (the update's importance ratios are computed from the trainer's log-probs).
+    """
+
+    def __init__(self, threshold: float = 0.05, every: int = 20) -> None:
+        self.threshold = threshold
+        self.every = every
+        self._warned_at: int | None = None
+
+    def __call__(self, metrics: Mapping[str, Any], step: int) -> bool:
+        """Check one step's metrics; True when it warned."""
+        gap = metrics.get("rollout/logprob_abs_diff_mean")
+        if gap is None or not gap > self.threshold:
+            return False
+        if self._warned_at is not None and step - self._warned_at < self.every:
+            return False
+        self._warned_at = step
+        logger.warning(
+            "step %d: the rollout's log-probs of its own samples differ from the trainer's by "
+            "%.3g nats per token on average (rollout/logprob_abs_diff_mean; numerics alone "
+            "give < %.3g in synchronous training): check that the rollout samples with the "
+            "current weights and that its sampling settings are the trainer's",
+            step,
+            gap,
+            self.threshold,
+        )
+        return True
 
 
 def compute_throughput_metrics(batch: DataProto, step_seconds: float) -> dict[str, float]:

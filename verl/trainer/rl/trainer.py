@@ -60,6 +60,7 @@ from verl.rewards import RewardFunction, as_reward_function
 from verl.trainer.lifecycle import driver, final_export
 from verl.trainer.lifecycle.checkpoint import CheckpointManager
 from verl.trainer.lifecycle.metrics import (
+    RolloutGapWatch,
     compute_data_metrics,
     compute_rollout_mismatch_metrics,
     compute_throughput_metrics,
@@ -149,6 +150,8 @@ class RLTrainer:
         self.run_dir, self.ckpt_dir = resolve_run_dirs(cfg)
         self.rollout_data_dir, self.validation_data_dir = resolve_sample_dirs(cfg)
         self.profiler = StepProfiler(cfg.trainer.profile_steps, self.run_dir)
+        # one-step-off and streaming sample with older weights on purpose
+        self._gap_watch = None if cfg.trainer.async_rollout else RolloutGapWatch()
         # One run per directory: fail now if another run holds them; fit() takes the lock.
         self.run_lock = RunLock([self.ckpt_dir, self.run_dir])
         self._stop = StopRequests()
@@ -474,6 +477,8 @@ class RLTrainer:
         step = lambda: self.train_step(next(batches), lambda: next(batches))  # noqa: E731
         metrics = self.profiler.run(self.global_step, step)  # trace, stage table
         metrics["training/epoch"] = self.train_loader.epoch
+        if self._gap_watch is not None:
+            self._gap_watch(metrics, self.global_step)
         # Prompts over data.max_prompt_length removed / shortened at load (data.truncation).
         metrics["data/dropped_prompts"] = float(self.train_dataset.num_dropped)
         metrics["data/truncated_prompts"] = float(self.train_dataset.num_truncated)
