@@ -98,6 +98,25 @@ def sft_batch(items: list[dict[str, Any]], tokenizer: Any, config: Any) -> tuple
     return out, width
 
 
+def answer_log_probs(
+    model: Any, items: list[dict[str, Any]], tokenizer: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_probs, response_mask)``, each (rows, answer tokens): the model's log-probs of
+    each item's ground-truth answer given its image and question (teacher-forced)."""
+    data, width = sft_batch(items, tokenizer, model.config)
+    positions, inputs = forward_inputs(data)
+    b = data.batch
+    log_probs, _ = compute_response_log_probs(
+        model,
+        b["input_ids"],
+        b["attention_mask"],
+        positions,
+        response_len=width,
+        model_inputs=inputs,
+    )
+    return log_probs, b["response_mask"]
+
+
 def run_sft(
     model: Any, items: list[dict[str, Any]], tokenizer: Any, steps: int, batch: int, lr: float
 ) -> list[float]:
@@ -108,18 +127,8 @@ def run_sft(
     model.train()
     for step in range(steps):
         pick = torch.randint(len(items), (batch,), generator=generator).tolist()
-        data, width = sft_batch([items[i] for i in pick], tokenizer, model.config)
-        positions, inputs = forward_inputs(data)
-        b = data.batch
-        log_probs, _ = compute_response_log_probs(
-            model,
-            b["input_ids"],
-            b["attention_mask"],
-            positions,
-            response_len=width,
-            model_inputs=inputs,
-        )
-        mask = b["response_mask"].float()
+        log_probs, mask = answer_log_probs(model, [items[i] for i in pick], tokenizer)
+        mask = mask.float()
         loss = -(log_probs * mask).sum() / mask.sum()
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -189,18 +198,8 @@ def expected_accuracy(model: Any, items: list[dict[str, Any]], tokenizer: Any) -
     ``red.``); greedy accuracy only reads which answer is the most likely."""
     probs = []
     for start in range(0, len(items), 32):
-        data, width = sft_batch(items[start : start + 32], tokenizer, model.config)
-        positions, inputs = forward_inputs(data)
-        b = data.batch
-        log_probs, _ = compute_response_log_probs(
-            model,
-            b["input_ids"],
-            b["attention_mask"],
-            positions,
-            response_len=width,
-            model_inputs=inputs,
-        )
-        mask = b["response_mask"].clone()
+        log_probs, mask = answer_log_probs(model, items[start : start + 32], tokenizer)
+        mask = mask.clone()
         mask[:, 4:] = 0
         probs += (log_probs * mask).sum(-1).exp().tolist()
     return _by_task(items, probs)

@@ -126,3 +126,22 @@ def _no_process_group_left(request: pytest.FixtureRequest) -> Iterator[None]:
         dist.destroy_process_group()
         message = f"{request.node.nodeid} left a torch.distributed process group"
         warnings.warn(message, ProcessGroupLeft, stacklevel=2)
+
+
+@pytest.fixture
+def packed_calls(monkeypatch) -> list[int]:
+    """The native engine's packed-weight calls (``verl.kernels.packed_linear``): one entry
+    per ``generate`` call that packed, the number of ``Linear`` layers it swapped."""
+    from verl.kernels import packed_linear
+
+    calls: list[int] = []
+    real = packed_linear.packed_linears
+
+    @contextlib.contextmanager
+    def counting(module, batch_hint=1):
+        with real(module, batch_hint) as swapped:
+            calls.append(swapped)
+            yield swapped
+
+    monkeypatch.setattr(packed_linear, "packed_linears", counting)
+    return calls

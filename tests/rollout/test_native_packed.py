@@ -5,7 +5,6 @@ version, and not used where it does not apply."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 
 import pytest
@@ -20,24 +19,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
-
-
-@pytest.fixture
-def packs(monkeypatch):
-    """The layers swapped by each packed call of the engine (one entry per generate call)."""
-    from verl.kernels import packed_linear
-
-    calls: list[int] = []
-    real = packed_linear.packed_linears
-
-    @contextlib.contextmanager
-    def counting(module, batch_hint=1):
-        with real(module, batch_hint) as swapped:
-            calls.append(swapped)
-            yield swapped
-
-    monkeypatch.setattr(packed_linear, "packed_linears", counting)
-    return calls
 
 
 def _assert_same(a, b) -> None:
@@ -56,18 +37,18 @@ def _assert_same(a, b) -> None:
     ],
     ids=["greedy", "seeded"],
 )
-def test_packed_equals_autocast(model, tokenizer, batch, params, packs):
+def test_packed_equals_autocast(model, tokenizer, batch, params, packed_calls):
     packed = NativeRollout(model, tokenizer)
     plain = NativeRollout(model, tokenizer, pack_weights=False)
     with torch.autocast(**BF16):
         a, b = packed.generate(batch, params), plain.generate(batch, params)
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    assert packs == [len(linears)]  # one packed call, every Linear swapped; none for plain
+    assert packed_calls == [len(linears)]  # one packed call, every Linear swapped; none for plain
     _assert_same(a, b)
     assert not any("forward" in m.__dict__ for m in linears)  # the swap is undone
 
 
-def test_every_generation_reads_the_current_weights(model, tokenizer, batch, packs):
+def test_every_generation_reads_the_current_weights(model, tokenizer, batch, packed_calls):
     """A weight changed between two generations without a version-counter bump (a write
     through ``.data``; fused AdamW does the same) is what the next generation samples from."""
     engine = NativeRollout(model, tokenizer)
@@ -86,17 +67,17 @@ def test_every_generation_reads_the_current_weights(model, tokenizer, batch, pac
         finally:
             with torch.no_grad():
                 head.copy_(before)
-    assert len(packs) == 2
+    assert len(packed_calls) == 2
 
 
-def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch, packs):
+def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch, packed_calls):
     params = SamplingParams(n=2, do_sample=False, max_new_tokens=4)
     fp32 = NativeRollout(model, tokenizer)
     fp32.generate(batch, params)
     compiled = NativeRollout(model, tokenizer, compile_decode=True, compile_backend="eager")
     with torch.autocast(**BF16):
         compiled.generate(batch, params)
-    assert packs == []
+    assert packed_calls == []
 
 
 @pytest.mark.slow

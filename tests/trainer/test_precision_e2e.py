@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -97,12 +96,13 @@ def test_make_trainer_config_takes_the_flat_keys():
     reason="needs oneDNN bf16 kernels (an AVX-512 bf16 / AMX CPU)",
 )
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_packed_bf16_rollout_weights_follow_every_update(rl_config, tmp_path, monkeypatch, lora):
+def test_packed_bf16_rollout_weights_follow_every_update(
+    rl_config, tmp_path, monkeypatch, packed_calls, lora
+):
     """The native engine's packed bf16 weights follow every optimizer step (fused AdamW
     updates parameters without bumping their version counters): bf16 PPO for 3 steps, with
     packing and with it turned off, gives the same samples, losses and gradient norms step
     for step, with full fine-tuning and with LoRA adapters."""
-    from verl.kernels import packed_linear
     from verl.rollout.native import NativeRollout
     from verl.testing import assert_same_metrics
 
@@ -113,19 +113,11 @@ def test_packed_bf16_rollout_weights_follow_every_update(rl_config, tmp_path, mo
         "trainer.mixed_precision=bf16",
         *(extra if lora else []),
     )
-    calls = []  # layers swapped per packed generation
-    real_packed = packed_linear.packed_linears
-
-    @contextlib.contextmanager
-    def counting(module, batch_hint=1):
-        with real_packed(module, batch_hint) as swapped:
-            calls.append(swapped)
-            yield swapped
-
-    monkeypatch.setattr(packed_linear, "packed_linears", counting)
     packed = RLTrainer(rl_config(*overrides, f"trainer.default_local_dir={tmp_path / 'a'}"))
     packed.fit()
-    assert len(calls) >= 3 and all(calls), "the packed path did not run for every generation"
+    assert len(packed_calls) >= 3 and all(packed_calls), (
+        "the packed path did not run for every generation"
+    )
     real_init = NativeRollout.__init__
 
     def unpacked(self, *args, **kwargs):

@@ -103,6 +103,22 @@ def _assert_weights_equal(got: dict, want: dict, start: dict) -> float:
     return worst
 
 
+def _resumed_on_other_layouts(rl_config, tmp_path, *overrides):
+    """The step-1 checkpoint under ``tmp_path / 'tp'`` resumed at data=2 (2 ranks, whole
+    layers) and in one process, each run to step 2: ``(layout, history, result)`` each."""
+    for layout, ranks in (("dp2", 2), ("one_resumed", 1)):
+        trainer, resumed, result = _fit(
+            rl_config,
+            tmp_path / layout,
+            *overrides,
+            f"trainer.n_gpus_per_node={ranks}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={tmp_path / 'tp' / 'global_step_1'}",
+        )
+        assert trainer.global_step == 2, layout
+        yield layout, resumed, result
+
+
 def test_grpo_with_tensor_parallelism_equals_one_process_and_resumes_on_other_layouts(
     rl_config, ray_session, rollout_file, tiny_model_dir, tmp_path
 ):
@@ -134,16 +150,7 @@ def test_grpo_with_tensor_parallelism_equals_one_process_and_resumes_on_other_la
 
     # the tensor-parallel step-1 checkpoint resumed at data=2 (2 ranks, whole layers) and in
     # one process: each one's step 2 is the one-process run's step 2
-    for layout, ranks in (("dp2", 2), ("one_resumed", 1)):
-        trainer, resumed, result = _fit(
-            rl_config,
-            tmp_path / layout,
-            *data,
-            f"trainer.n_gpus_per_node={ranks}",
-            "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={tmp_path / 'tp' / 'global_step_1'}",
-        )
-        assert trainer.global_step == 2, layout
+    for _layout, resumed, result in _resumed_on_other_layouts(rl_config, tmp_path, *data):
         _assert_steps_equal(resumed[-1:], want[-1:])
         _assert_weights_equal(_weights(result), _weights(want_result), start)
 
@@ -255,16 +262,7 @@ def test_gae_tensor_parallel_checkpoint_resumes_on_other_layouts(
     start = load_file(f"{tiny_model_dir}/model.safetensors")
     # the model's own tensors (a multi-rank export may also write the tied lm_head)
     actor_want = {n: t for n, t in _weights(want_result).items() if n in start}
-    for layout, ranks in (("dp2", 2), ("one_resumed", 1)):
-        trainer, resumed, result = _fit(
-            rl_config,
-            tmp_path / layout,
-            *gae,
-            f"trainer.n_gpus_per_node={ranks}",
-            "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={tmp_path / 'tp' / 'global_step_1'}",
-        )
-        assert trainer.global_step == 2, layout
+    for layout, resumed, result in _resumed_on_other_layouts(rl_config, tmp_path, *gae):
         _assert_steps_equal(resumed[-1:], want[-1:], keys=(*COMPARED, *critic))
         actor_diff = _assert_weights_equal(_weights(result), actor_want, start)
         got = _critic_weights(tmp_path / layout, 2)
