@@ -103,6 +103,20 @@ def _assert_weights_equal(got: dict, want: dict, start: dict) -> float:
     return worst
 
 
+def _gae_overrides(rollout_file) -> tuple[str, ...]:
+    """PPO with a critic (GAE) on the stored rollouts, critic on FSDP2."""
+    return (
+        f"data.rollout_files=[{rollout_file}]",
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=fsdp2",
+        "critic.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size_per_device=2",
+        "critic.optim.lr=1e-2",
+        "critic.optim.eps=1e-4",
+    )
+
+
 def _resumed_on_other_layouts(rl_config, tmp_path, *overrides):
     """The step-1 checkpoint under ``tmp_path / 'tp'`` resumed at data=2 (2 ranks, whole
     layers) and in one process, each run to step 2: ``(layout, history, result)`` each."""
@@ -198,16 +212,7 @@ def test_gae_with_a_tensor_parallel_critic_equals_one_process(
     """PPO with a critic: the actor and the value model (body split, value head replicated)
     both at ``tensor=2``; the values, value losses and the actor's update are the one
     process's."""
-    gae = (
-        f"data.rollout_files=[{rollout_file}]",
-        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
-        "algorithm.adv_estimator=gae",
-        "critic.strategy=fsdp2",
-        "critic.ppo_mini_batch_size=4",
-        "critic.ppo_micro_batch_size_per_device=2",
-        "critic.optim.lr=1e-2",
-        "critic.optim.eps=1e-4",
-    )
+    gae = _gae_overrides(rollout_file)
     _, want, _ = _fit(rl_config, tmp_path / "one", *gae, "trainer.n_gpus_per_node=1")
     _, got, _ = _fit(
         rl_config,
@@ -243,16 +248,7 @@ def test_gae_tensor_parallel_checkpoint_resumes_on_other_layouts(
     """Actor and critic at ``tensor=2`` saved at step 1, resumed at ``data=2`` and in one
     process: step 2's value loss, values and gradient norms, the actor's exported weights and
     the critic's checkpointed weights equal the uninterrupted ``tensor=2`` run's."""
-    gae = (
-        f"data.rollout_files=[{rollout_file}]",
-        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
-        "algorithm.adv_estimator=gae",
-        "critic.strategy=fsdp2",
-        "critic.ppo_mini_batch_size=4",
-        "critic.ppo_micro_batch_size_per_device=2",
-        "critic.optim.lr=1e-2",
-        "critic.optim.eps=1e-4",
-    )
+    gae = _gae_overrides(rollout_file)
     tp = ("trainer.n_gpus_per_node=2", TP, "critic.tensor_parallel_size=2")
     _, want, want_result = _fit(rl_config, tmp_path / "tp", *gae, *tp)
     critic_start = _critic_weights(tmp_path / "tp", 1)
