@@ -13,6 +13,8 @@ import torch
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 
+from .conftest import make_batch
+
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
     reason="needs oneDNN bf16 kernels (an AVX-512 bf16 / AMX CPU)",
@@ -88,7 +90,6 @@ def test_not_packed_in_fp32_or_with_compiled_decode(model, tokenizer, batch, pac
 def test_packed_equals_autocast_on_smollm2():
     """The main job's actor and shape (8 prompts x 8 samples, 16 tokens) at a few rows."""
     from verl.models import load_causal_lm, load_tokenizer
-    from verl.protocol import DataProto
 
     model = load_causal_lm("smollm2-135m-instruct").eval()
     tok = load_tokenizer("embedded:smollm2")
@@ -101,15 +102,7 @@ def test_packed_equals_autocast_on_smollm2():
         )
         for a, b in ((3, 4), (12, 9))
     ]
-    enc = tok(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    batch = DataProto.from_dict(
-        tensors={
-            "input_ids": enc["input_ids"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
-        }
-    )
+    batch = make_batch(tok, texts)
     packed = NativeRollout(model, tok)
     plain = NativeRollout(model, tok, pack_weights=False)
     for params in (
