@@ -13,7 +13,10 @@ models are tiny, and two OpenMP threads on a 2-core machine stall whenever anyth
 The suite leaves no process behind: every process it starts inherits the environment
 variable ``VERL_TEST_SESSION`` set here, and when the session ends any process (other than
 pytest itself) still carrying this session's value is reported, killed, and fails the run,
-after a grace period for processes that are already shutting down (Ray's, say).
+after a grace period for processes that are already shutting down (Ray's, say). Under
+pytest-xdist (``scripts/test.sh`` runs two workers) each worker checks the processes of its own
+tests (its value is the controller's plus its id) and hands what it found to the controller,
+which fails the run.
 """
 
 from __future__ import annotations
@@ -37,8 +40,25 @@ SESSION_MARK = "VERL_TEST_SESSION"
 LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
 
 
+LEFT_BEHIND_KEY = "verl_left_behind"  # an xdist worker's report to the controller
+_worker_reports = pytest.StashKey[list]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ[SESSION_MARK] = uuid.uuid4().hex
+    worker = getattr(config, "workerinput", {}).get("workerid")  # set on xdist workers only
+    inherited = os.environ.get(SESSION_MARK)
+    # A worker's processes carry a value of their own: the worker processes themselves carry
+    # the controller's (the environment they started with), so no scan finds its own runner.
+    os.environ[SESSION_MARK] = f"{inherited}.{worker}" if worker and inherited else uuid.uuid4().hex
+    config.stash[_worker_reports] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: keep what a finished worker found left behind."""
+    message = getattr(node, "workeroutput", {}).get(LEFT_BEHIND_KEY)
+    if message:
+        node.config.stash[_worker_reports].append(message)
 
 
 def _left_behind(mark: str) -> dict[int, str]:
@@ -59,27 +79,46 @@ def _parent(pid: int) -> int | None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    mark = os.environ.get(SESSION_MARK)
-    if not mark or not Path("/proc/self/environ").exists():
+    config = session.config
+    if config.pluginmanager.has_plugin("dsession"):  # the xdist controller: runs no test
+        reports = config.stash[_worker_reports]
+        if reports:
+            _report(session, "\n".join(reports))
         return
+    message = _kill_left_behind(os.environ.get(SESSION_MARK))
+    if message is None:
+        return
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its exit status does not reach the run's
+        workeroutput[LEFT_BEHIND_KEY] = message
+    _report(session, message)
+
+
+def _report(session: pytest.Session, message: str) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _kill_left_behind(mark: str | None) -> str | None:
+    """Wait out the grace period, kill what is still alive, and say what it was."""
+    if not mark or not Path("/proc/self/environ").exists():
+        return None
     deadline = time.monotonic() + LEAK_GRACE_S
     leaked = _left_behind(mark)
     while leaked and time.monotonic() < deadline:
         time.sleep(0.5)
         leaked = _left_behind(mark)
     if not leaked:
-        return
+        return None
     for pid in leaked:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in sorted(leaked.items()))
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    message = f"the test session left {len(leaked)} process(es) alive (now killed):\n{lines}"
-    if reporter is not None:
-        reporter.write_line(message, red=True)
-    else:
-        print(message)
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return f"the test session left {len(leaked)} process(es) alive (now killed):\n{lines}"
 
 
 @pytest.fixture(scope="session")

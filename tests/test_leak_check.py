@@ -17,7 +17,7 @@ def test_leaves_a_sleeper(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
     )
-    (tmp_path.parent.parent / "sleeper.pid").write_text(str(proc.pid))
+    Path(__file__).with_name("sleeper.pid").write_text(str(proc.pid))
     # the sleeper is running its own command line before the session ends (under load a
     # check right after the fork once found nothing: seen in the suite, not reproduced)
     deadline = time.monotonic() + 30
@@ -35,7 +35,7 @@ def test_waits_for_its_child():
 """
 
 
-def _run_inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+def _run_inner(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_inner.py").write_text(body)
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
@@ -49,6 +49,7 @@ def _run_inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
             "-q",
             "-p",
             "no:cacheprovider",
+            *args,
             "--basetemp",
             str(tmp_path / "base"),
             str(tmp_path),
@@ -80,5 +81,23 @@ def test_leftover_process_fails_the_session_and_is_killed(tmp_path: Path) -> Non
 
 def test_tidy_session_passes(tmp_path: Path) -> None:
     result = _run_inner(tmp_path, TIDY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "alive" not in result.stdout
+
+
+def test_leftover_process_under_xdist_fails_the_run(tmp_path: Path) -> None:
+    """Two xdist workers: the worker that ran the leaky test finds and kills the sleeper, and
+    the controller (whose own exit status is the run's) fails."""
+    result = _run_inner(tmp_path, LEAKY + TIDY, "-n", "2")
+    pid = int((tmp_path / "sleeper.pid").read_text())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    assert "left 1 process(es) alive" in result.stdout
+    assert f"pid {pid}:" in result.stdout
+    assert not _alive(pid)
+
+
+def test_tidy_session_under_xdist_passes(tmp_path: Path) -> None:
+    result = _run_inner(tmp_path, TIDY + TIDY.replace("test_waits", "test_also_waits"), "-n", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "alive" not in result.stdout
