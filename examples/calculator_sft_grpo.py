@@ -18,6 +18,15 @@ on tool-call transcripts alone makes it answer every validation prompt right (16
    the built-in arithmetic scorer (the last number of the model's own text). Validation is
    greedy on held-out prompts every ``--val-every`` steps.
 
+``--rollout agent`` runs step 3 through an agent program instead of the built-in tool loop
+(docs/agents.md): ``calculator_tools_agent`` of examples/agents/calculator_agent.py, a plain
+``openai``-client agent that passes the calculator as ``tools``, computes the reply's
+``tool_calls`` and returns its own reward (1.0 for the right last number), talks to the
+endpoint verl serves from the policy; training and greedy validation both go through it.
+Its prompts are the tool loop's (the template renders ``tools`` as the same system line), so
+the same warm start applies: ``--sft-dir`` reuses an SFT model saved by an earlier run
+(``<out>/sft_ckpt/huggingface``) and skips step 2.
+
 The chat template lists the tools in one short system line ("Tools: calculator") rather
 than the generic JSON description (~200 tokens), which makes every step ~3x cheaper.
 
@@ -62,6 +71,8 @@ from verl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, save_tiny_mo
 from verl.tools.calculator import CALCULATOR_SCHEMA
 from verl.trainer.offline.sft import SFTTrainer
 from verl.trainer.rl.trainer import RLTrainer
+
+AGENT = Path(__file__).resolve().parent / "agents" / "calculator_agent.py"
 
 # Prompt and response budgets in tokens: the prompt is ~45 tokens with the short tools
 # line; a response (call, tool result, answer) ~55 for SmolLM2's tokenizer.
@@ -167,11 +178,28 @@ def run_sft(
     return Path(results["hf_dir"]), losses
 
 
+def tool_calls(non_tensor: Any) -> tuple[list[int], list[int]]:
+    """Tool calls and failed calls per response: the agent loop's ``num_tool_calls`` /
+    ``num_tool_errors`` columns, or (agent programs) the ``tool`` messages of each row's
+    ``messages`` and those whose result is an ``Error: ...``."""
+    if "num_tool_calls" in non_tensor:
+        calls = [int(c) for c in non_tensor["num_tool_calls"]]
+        errors = non_tensor.get("num_tool_errors", [0] * len(calls))
+        return calls, [int(e) for e in errors]
+    tools = [[m for m in row if m.get("role") == "tool"] for row in non_tensor["messages"]]
+    errors = [sum(str(m.get("content")).startswith("Error") for m in row) for row in tools]
+    return [len(row) for row in tools], errors
+
+
 class CurveTrainer(RLTrainer):
-    """``RLTrainer`` whose validation also reports the tool calls per response
-    (``val/tool_calls_mean``, from the agent loop's ``num_tool_calls`` column)."""
+    """``RLTrainer`` that also reports the tool calls per response: ``val/tool_calls_mean``
+    per validation, and :attr:`train_calls` (calls, failed calls) per training rollout."""
 
     _val_calls: list[int] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.train_calls: list[tuple[float, float]] = []
 
     def validate(self) -> dict[str, float]:
         self._val_calls = []
@@ -185,9 +213,32 @@ class CurveTrainer(RLTrainer):
 
     def _generate(self, prompts: Any, group: Any = None) -> Any:
         gen = super()._generate(prompts, group)
+        calls, errors = tool_calls(gen.non_tensor_batch)
         if self._val_calls is not None:
-            self._val_calls.extend(int(c) for c in gen.non_tensor_batch["num_tool_calls"])
+            self._val_calls.extend(calls)
+        else:
+            self.train_calls.append((float(np.mean(calls)), float(np.sum(errors))))
         return gen
+
+
+def rollout_overrides(rollout: str) -> list[str]:
+    """The config of the GRPO rollout: the built-in tool loop (``loop``) or the OpenAI-client
+    agent over the served endpoint (``agent``, its reward through the ``agent`` manager)."""
+    if rollout == "agent":
+        return [
+            f"actor_rollout_ref.rollout.agent.program={AGENT}:calculator_tools_agent",
+            "actor_rollout_ref.rollout.agent.concurrency=32",
+            "actor_rollout_ref.rollout.agent.timeout_s=1800",
+            "reward_model.reward_manager=agent",
+        ]
+    if rollout != "loop":
+        raise ValueError(f"--rollout {rollout!r}: choose loop or agent")
+    return [
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
+        "actor_rollout_ref.rollout.multi_turn.max_turns=2",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=16",
+    ]
 
 
 def run_grpo(model_dir: Path, data: dict, out: Path, args: argparse.Namespace) -> dict:
@@ -203,10 +254,7 @@ def run_grpo(model_dir: Path, data: dict, out: Path, args: argparse.Namespace) -
             f"data.train_batch_size={args.prompts}",
             f"actor_rollout_ref.rollout.n={args.n}",
             "actor_rollout_ref.rollout.temperature=1.0",
-            "actor_rollout_ref.rollout.multi_turn.enable=true",
-            "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
-            "actor_rollout_ref.rollout.multi_turn.max_turns=2",
-            "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=16",
+            *rollout_overrides(args.rollout),
             f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_device="
             f"{min(16, args.prompts * args.n)}",
@@ -227,13 +275,15 @@ def run_grpo(model_dir: Path, data: dict, out: Path, args: argparse.Namespace) -
         steps = [
             {
                 "step": step,
-                "correct": m["reward/acc"],
-                "tool_calls_mean": m["multi_turn/tool_calls_mean"],
-                "tool_errors": m["multi_turn/tool_errors"],
-                "turns_mean": m["multi_turn/turns_mean"],
+                "correct": m.get("reward/acc", m["critic/score/mean"]),
+                "tool_calls_mean": calls,
+                "tool_errors": errors,
+                "turns_mean": m.get("multi_turn/turns_mean", m.get("agent/requests_mean")),
                 "step_seconds": m.get("timing_s/step"),
             }
-            for step, m in enumerate(trainer.history, start=1)
+            for step, (m, (calls, errors)) in enumerate(
+                zip(trainer.history, trainer.train_calls, strict=True), start=1
+            )
         ]
         val = [
             {
@@ -269,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         "--precision", default="auto", help="GRPO trainer.mixed_precision (auto: bf16 here)"
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (smollm2 2, tiny 1)")
+    p.add_argument(
+        "--rollout",
+        choices=["loop", "agent"],
+        default="loop",
+        help="GRPO through the built-in tool loop or the OpenAI-client calculator agent",
+    )
+    p.add_argument("--sft-dir", default=None, help="an SFT model of an earlier run: skip SFT")
     p.add_argument("--smoke", action="store_true", help="2 SFT and 2 GRPO steps, small batches")
     args = p.parse_args(argv)
     smollm2 = args.model == "smollm2"
@@ -287,19 +344,27 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     start = time.monotonic()
     data = make_data(out, args.digits, args.val_size, args.transcripts, args.tool_fraction)
-    if smollm2:
-        base = smollm2_tools_dir(out)
+    if args.sft_dir:
+        sft_dir, sft_losses = Path(args.sft_dir), []
+        if AutoTokenizer.from_pretrained(sft_dir).chat_template != TOOLS_TEMPLATE:
+            raise ValueError(
+                f"--sft-dir {sft_dir}: its tokenizer's chat template is not the recipe's tools "
+                "template; pass the sft_ckpt/huggingface directory of an earlier run"
+            )
     else:
-        base = save_tiny_model_dir(
-            out / "tiny",
-            tokenizer=tool_tokenizer(),
-            hidden_size=128,
-            num_layers=4,
-            intermediate_size=256,
-            max_position_embeddings=MAX_PROMPT + MAX_RESPONSE,
-            seed=0,
-        )
-    sft_dir, sft_losses = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
+        if smollm2:
+            base = smollm2_tools_dir(out)
+        else:
+            base = save_tiny_model_dir(
+                out / "tiny",
+                tokenizer=tool_tokenizer(),
+                hidden_size=128,
+                num_layers=4,
+                intermediate_size=256,
+                max_position_embeddings=MAX_PROMPT + MAX_RESPONSE,
+                seed=0,
+            )
+        sft_dir, sft_losses = run_sft(base, data["sft"], out, args.sft_steps, args.sft_lr)
     sft_seconds = time.monotonic() - start
     curve = run_grpo(sft_dir, data, out, args)
     result = {
@@ -310,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         **curve,
     }
     (out / "curve.json").write_text(json.dumps(result, indent=1))
-    print(f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s, loss {result['sft_loss']}")
+    if args.sft_dir:
+        print(f"SFT: reused {args.sft_dir}")
+    else:
+        print(f"SFT: {args.sft_steps} steps, {sft_seconds:.0f} s, loss {result['sft_loss']}")
+    print(f"GRPO rollout: {args.rollout}")
     print("GRPO step  correct (sampled)  tool calls/resp  tool errors  turns  seconds")
     for c in curve["steps"]:
         print(

@@ -4,7 +4,10 @@
 with the ``openai`` client, runs its own tool loop (a ``<tool_call>{"name": "calculator",
 "arguments": {"expression": ...}}</tool_call>`` in the model's text is parsed, computed
 and sent back as a ``tool`` message) and returns its reward: 1.0 when the last number of
-the model's final answer is the ground truth, else 0.0.
+the model's final answer is the ground truth, else 0.0. :func:`calculator_tools_agent` is
+the same agent with OpenAI function calling (``tools=[...]`` in the request, the reply's
+``tool_calls``, ``tool`` messages with their ``tool_call_id``); examples/calculator_sft_grpo.py
+``--rollout agent`` trains it from the recipe's SFT warm start.
 
 verl runs it as the rollout (``actor_rollout_ref.rollout.agent.program``, docs/agents.md):
 it serves the OpenAI endpoint from the policy being trained, records every request's exact
@@ -103,6 +106,56 @@ def calculator_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float
             break
         result = calculate(expression) if expression else "Error: malformed tool call"
         messages.append({"role": "tool", "content": result})
+    numbers = _NUMBER.findall(answer)
+    return float(bool(numbers) and numbers[-1] == str(task["ground_truth"]).strip())
+
+
+#: The calculator as an OpenAI function tool, for :func:`calculator_tools_agent`.
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression exactly, e.g. '1234 * 5678'.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+#: Model turns of :func:`calculator_tools_agent`: a call, then the answer (as the built-in
+#: tool loop's ``multi_turn.max_turns=2`` in examples/calculator_sft_grpo.py).
+TOOL_TURNS = 2
+
+
+def calculator_tools_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float:
+    """The same task with OpenAI function calling: the calculator is passed as ``tools``
+    (the server's chat template describes it), the reply's ``tool_calls`` are computed and
+    answered with ``tool`` messages. At most :data:`TOOL_TURNS` model turns; the reward is
+    1.0 for the right number in the last reply, else 0.0."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict[str, Any]] = list(task["messages"])
+    answer = ""
+    for _ in range(TOOL_TURNS):
+        reply = client.chat.completions.create(
+            model="policy", messages=messages, tools=[CALCULATOR_TOOL]
+        )
+        message = reply.choices[0].message
+        answer = message.content or ""
+        if not message.tool_calls:
+            break
+        calls = [
+            {"id": c.id, "type": "function", "function": c.function.model_dump()}
+            for c in message.tool_calls
+        ]
+        messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
+        for call in message.tool_calls:
+            try:
+                expression = str(json.loads(call.function.arguments)["expression"])
+                result = calculate(expression)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                result = "Error: malformed tool call"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     numbers = _NUMBER.findall(answer)
     return float(bool(numbers) and numbers[-1] == str(task["ground_truth"]).strip())
 
