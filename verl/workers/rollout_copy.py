@@ -8,8 +8,11 @@ LoRA, precision, rollout backend) and samples from it. The trainer pushes the ac
 weights into it at step boundaries only, between two generations
 (:meth:`RolloutCopyWorker.load_policy_weights`), through the same bucketed, time-limited
 push the vLLM backend takes its weights with (:func:`verl.rollout.weight_sync.push_weights`).
-With ``rollout.name=vllm`` the copy's module is then pushed on into its engine before the
-next generation, as in the hybrid worker.
+With ``rollout.name=vllm`` the copy's engine is a vLLM engine of its own (started like the
+hybrid worker's), and each load pushes the new weights on into it at once (its bucketed
+``update_weights``), so the next generation samples with them; the seconds reported are the
+whole load. Its ``generate`` then hands each prompt's group over as vLLM finishes its request
+when a streaming sink is installed (:func:`verl.rollout.vllm_stream.stream_when_asked`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,16 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         self.policy_version: int | None = None  # the actor update the weights come from
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        """The worker's set-up; a vLLM rollout's ``generate`` then streams groups inside
+        :func:`verl.rollout.continuous.stream_groups` (module docstring)."""
+        super().init_model(total_steps)
+        if getattr(self.rollout, "engine_name", None) == "vllm":
+            from verl.rollout.vllm_stream import stream_when_asked
+
+            self.rollout.generate = stream_when_asked(self.rollout)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
         """Copy the actor's full state dict ``state`` (names of the actor's module) into
         this copy's module, in place; ``version`` is the number of actor updates it holds.
@@ -89,7 +102,10 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
             engine="rollout-copy",
             timeout_key="actor_rollout_ref.rollout.vllm.weight_sync_timeout_s",
         )
+        seconds = stats["seconds"]
+        if self.rollout.owns_weights:  # vLLM: its engine takes them now, between generations
+            self.rollout.wake_up()
+            seconds += self._sync_rollout_weights()["rollout/weight_sync_seconds"]
+            self.rollout.sleep()
         self.policy_version = version
-        if self.rollout.owns_weights:  # vLLM: its engine takes them before the next generation
-            self._rollout_weights_stale = True
-        return {"async/weight_sync_seconds": stats["seconds"]}
+        return {"async/weight_sync_seconds": seconds}

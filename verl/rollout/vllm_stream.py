@@ -1,0 +1,129 @@
+"""Groups out of vLLM as they finish: the ``vllm`` rollout inside
+:func:`verl.rollout.continuous.stream_groups`.
+
+``VLLMRollout.generate`` hands a whole call to ``LLM.generate``, which returns when its
+slowest request ends. :func:`generate_streaming` drives the same engine request by request
+instead, through vLLM's offline API: ``LLM.enqueue`` adds the call's requests exactly as
+``LLM.generate`` does (one request per prompt, its ``n`` samples fanned out by vLLM), then
+``LLM.llm_engine.step()`` runs one scheduler step at a time, vLLM's continuous batching
+deciding what decodes, until no request of the call is unfinished. A request's output is
+reported once, when its last sample ends (``RequestOutputKind.FINAL_ONLY``, vLLM's
+aggregation of the ``n`` children): that prompt's group is assembled at once
+(:meth:`~verl.rollout.serving.ServingRollout.build_output` of the one prompt: the layout of
+``verl.rollout.base``, responses padded to ``max_new_tokens`` as in the whole call's output)
+and handed to the sink, while the other requests keep decoding.
+
+The samples do not change: the requests, their order and the engine steps are those of
+``LLM.generate`` (which is ``enqueue`` plus the same step loop), so the output returned at
+the end equals the plain call's for the same engine state; only when the groups are seen
+differs.
+
+:func:`stream_when_asked` is what the asynchronous rollout copy installs as its vLLM
+rollout's ``generate`` (:class:`~verl.workers.rollout_copy.RolloutCopyWorker`): streaming
+inside ``stream_groups``, the plain call otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from verl.rollout.base import SamplingParams, validate_prompts
+from verl.rollout.continuous import GroupSink, current_group_sink
+from verl.rollout.serving import Sample, token_prompts
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["generate_streaming", "group_samples", "stream_when_asked"]
+
+
+def group_samples(request_output: Any, n: int) -> list[Sample]:
+    """The ``n`` samples of one finished vLLM ``RequestOutput`` in sample order, as
+    ``(token ids, the sampled token's log-prob each)``; ``RuntimeError`` on another count."""
+    completions = sorted(request_output.outputs, key=lambda o: o.index)
+    if len(completions) != n:
+        raise RuntimeError(f"vLLM returned {len(completions)} samples, expected n={n}")
+    samples = []
+    for c in completions:
+        ids = list(c.token_ids)
+        samples.append((ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)]))
+    return samples
+
+
+def generate_streaming(rollout: Any, prompts: Any, params: SamplingParams, sink: GroupSink) -> Any:
+    """``rollout.generate(prompts, params)`` (a :class:`~verl.rollout.vllm_rollout.VLLMRollout`)
+    with each prompt's group handed to ``sink(prompt index, its n rows, params)`` as soon as
+    vLLM finishes its request (module docstring); returns the whole call's output.
+
+    Raises:
+        RuntimeError: the engine has unfinished requests of another caller (their outputs
+            would be mixed into this call's), or vLLM returned an unexpected sample count.
+        Whatever ``sink`` raises: the call's remaining requests are aborted first, so the
+        engine is left idle.
+    """
+    rollout._check_usable()
+    rollout.wake_up()
+    input_ids, attention_mask, position_ids = validate_prompts(prompts)
+    llm = rollout.llm
+    engine = llm.llm_engine
+    if engine.has_unfinished_requests():
+        raise RuntimeError(
+            "the vLLM engine has unfinished requests of another call; a streaming "
+            "generation drives the engine alone"
+        )
+    requests = [{"prompt_token_ids": ids} for ids in token_prompts(input_ids, attention_mask)]
+    sampling = rollout._sampling_params(params, rollout.stop_ids(params))
+    start = time.perf_counter()
+    internal = llm.enqueue(requests, sampling, use_tqdm=False)
+    # vLLM reports a request under the id it was given (``RequestOutput.request_id``), which
+    # also names its n samples' child requests; the ids enqueue returns carry a random
+    # suffix of the engine's (``<id>-<8 chars>``)
+    external = [rid.rsplit("-", 1)[0] for rid in internal]
+    index = {rid: i for i, rid in enumerate(external)}
+    samples: list[list[Sample] | None] = [None] * len(requests)
+    done = 0
+    try:
+        while done < len(requests):
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(
+                    f"the vLLM engine stopped with {len(requests) - done} of this call's "
+                    f"{len(requests)} requests unreported"
+                )
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                prompt = index[out.request_id]
+                samples[prompt] = group_samples(out, params.n)
+                done += 1
+                group = rollout.build_output(
+                    prompts[prompt : prompt + 1],
+                    params,
+                    samples[prompt],
+                    position_ids=position_ids[prompt : prompt + 1],
+                    seconds=time.perf_counter() - start,
+                )
+                sink(prompt, group, params)
+    except BaseException:
+        left = [rid for rid, got in zip(external, samples) if got is None]
+        if left:  # by the given ids: a request and its n samples
+            engine.abort_request(left, internal=False)
+        raise
+    seconds = time.perf_counter() - start
+    flat = [s for group in samples for s in group]  # prompt order, n per prompt
+    return rollout.build_output(prompts, params, flat, position_ids=position_ids, seconds=seconds)
+
+
+def stream_when_asked(rollout: Any) -> Callable[[Any, SamplingParams], Any]:
+    """A ``generate`` for ``rollout`` (a vLLM rollout): :func:`generate_streaming` inside
+    :func:`~verl.rollout.continuous.stream_groups`, ``rollout.generate`` outside it."""
+    plain = rollout.generate
+
+    def generate(prompts: Any, params: SamplingParams) -> Any:
+        sink = current_group_sink()
+        if sink is None:
+            return plain(prompts, params)
+        return generate_streaming(rollout, prompts, params, sink)
+
+    return generate
