@@ -36,7 +36,9 @@ then, on the generating thread, so a caller can hand the group on while the rest
 decodes. :func:`stream_groups` installs a sink for every native ``generate`` run inside it
 (:meth:`verl.rollout.native.NativeRollout.generate` assembles the group's output and calls
 the sink): the streaming rollout (``verl/trainer/rl/streaming.py``) pushes each group into its
-buffer that way. The samples do not change (per-sample seeding): only when they are seen.
+buffer that way. The samples do not change (per-sample seeding): only when they are seen. The
+rollout copy's vLLM engine reports to the same sink as vLLM finishes each request
+(``verl.rollout.vllm_stream``).
 
 **New weights mid-call** (:mod:`verl.rollout.partial`). With a ``mailbox``, the loop polls it
 before each admission / decode step (no forward in progress) and, when new weights were

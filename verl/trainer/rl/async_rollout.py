@@ -247,8 +247,8 @@ class AsyncRollout:
         """The groups finished since the last call, oldest batch first: ``[(the n responses
         of one prompt, the version that generated them, (batch index, prompt index)), ...]``,
         and the async timing metrics of the batches that ended. A batch leaves the queue
-        once it has ended; the groups its engine did not stream (another backend than the
-        native engine, a Ray copy) come from its whole output then."""
+        once it has ended; the groups its engine did not stream (the hf engine, a Ray copy)
+        come from its whole output then."""
         out: list[tuple[DataProto, int, tuple[int, int]]] = []
         metrics = {"timing_s/async_gen": 0.0, "timing_s/async_weight_sync": 0.0}
         for item in list(self._queue):

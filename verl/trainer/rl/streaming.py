@@ -36,8 +36,9 @@ groups ends. A batch is concatenated in the order of its prompts (generation bat
 prompt), not of their finishing, so with ``max_staleness=0`` it is the synchronous batch.
 Which groups a step takes with ``max_staleness >= 1`` then depends on timing (the samples
 themselves do not: per-sample seeding); without continuous batching (one lock-step batch
-per call, ``rollout.decode_slots`` null) a call's groups arrive together, as before. Other
-engines, and a copy in a Ray actor, hand the groups over when the call ends.
+per call, ``rollout.decode_slots`` null) a call's groups arrive together, as before. The
+vLLM engine reports each group as vLLM finishes its request (``verl.rollout.vllm_stream``).
+Other engines, and a copy in a Ray actor, hand the groups over when the call ends.
 
 **Dynamic sampling** (``algorithm.filter_groups``): a step takes ``data.train_batch_size``
 groups, scores them and keeps those whose metric differs within the group, and takes more
