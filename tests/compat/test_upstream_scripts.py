@@ -247,7 +247,16 @@ def test_upstream_script_config_loads(family, upstream_env, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "config OK" in run.stdout
     # the notes name what each dropped upstream key would have done
-    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2 is dropped" in run.stderr
+    # upstream's rollout size is vLLM's: unused (and said so) with the native rollout
+    assert (
+        "actor_rollout_ref.rollout.tensor_model_parallel_size -> "
+        "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2" in run.stderr
+    )
+    assert (
+        "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2 (upstream's "
+        "actor_rollout_ref.rollout.tensor_model_parallel_size is read as it) is not used with "
+        "actor_rollout_ref.rollout.name=native" in run.stderr
+    )
     assert "actor_rollout_ref.rollout.mode='async' is dropped" in run.stderr
 
 

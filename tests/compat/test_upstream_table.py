@@ -90,7 +90,11 @@ def test_no_upstream_key_is_an_unknown_key_when_loaded():
 
 # the keys: each loads and sets the native key it means
 READ_AS = [
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=4", None, None),
+    (
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+        "actor_rollout_ref.rollout.vllm.tensor_parallel_size",
+        4,
+    ),
     ("actor_rollout_ref.rollout.mode=async", None, None),
     (
         "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",

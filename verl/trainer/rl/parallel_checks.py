@@ -107,8 +107,8 @@ def _check_actor(c: Checks, cfg: Any, key: str, size: int) -> None:
             (key, "actor_rollout_ref.rollout.name"),
             f"{key}={size} with actor_rollout_ref.rollout.name={rollout.name}: only the "
             "native and hf rollouts generate from the actor's tensor-parallel shards; "
-            f"use one of them, or {key}=1 (a vLLM engine's own split, "
-            "rollout.vllm.tensor_parallel_size, stays 1 here)",
+            f"use one of them, or {key}=1 (a vLLM engine splits over worker processes "
+            "of its own: rollout.vllm.tensor_parallel_size)",
         )
     ref_sp = cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size
     if ref_sp is not None and ref_sp > 1:
