@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -140,6 +142,12 @@ def test_cpu_binding_is_set_while_the_engine_starts_unless_the_user_set_it(monke
     with _cpu_binding(2, on_cpu=True):
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|3"
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|3"
+    # an engine started earlier in the process made vLLM cache its variables: reset first
+    resets = []
+    envs = types.SimpleNamespace(disable_envs_cache=lambda: resets.append(1))
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
+    with _cpu_binding(2, on_cpu=True):
+        assert resets == [1]
 
 
 def test_backend_refuses_before_the_engine_starts(monkeypatch):

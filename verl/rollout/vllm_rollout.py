@@ -47,6 +47,7 @@ import importlib.util
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -183,7 +184,15 @@ def _tensor_parallel_options(
 def _cpu_binding(size: int, on_cpu: bool) -> Iterator[None]:
     """``VLLM_CPU_OMP_THREADS_BIND`` while ``size > 1`` CPU workers start (unless set): the
     allowed cores cut into ``size`` groups (``verl.rollout.vllm_tp.cpu_bind_value``)."""
-    if size <= 1 or not on_cpu or vllm_tp.BIND_ENV in os.environ:
+    if size <= 1 or not on_cpu:
+        yield
+        return
+    # vLLM caches its environment variables once an engine has started in this process
+    # (envs.enable_envs_cache): an earlier engine's binding would be read, not this one's.
+    envs = sys.modules.get("vllm.envs")  # only an imported vLLM can have cached them
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    if vllm_tp.BIND_ENV in os.environ:
         yield
         return
     value = vllm_tp.cpu_bind_value(size, vllm_tp.allowed_cpus())
