@@ -21,7 +21,11 @@ The RLHF pipeline on arithmetic, where the truth is known, so every stage can be
    as the only training reward. The rule scorer is never used to train: it only measures
    (greedy validation accuracy on the held-out prompts, ``val/acc``, and, per step, the
    fraction of sampled answers that are right, ``rule_acc``, and how often the reward model
-   orders a right answer above a wrong one to the same prompt, ``rm_pair_acc``).
+   orders a right answer above a wrong one to the same prompt, ``rm_pair_acc``). A KL
+   loss to the initial policy (``--kl-coef``, ``actor.use_kl_loss``; 0 turns it off) keeps
+   the policy near the answers the reward model was trained on: without it the policy
+   drifts to answers the reward model over-rates and its accuracy collapses (reward
+   hacking, measured in docs/reward_model.md).
 
 It prints one line per stage and per GRPO step and writes everything as JSON to
 ``<out>/pipeline.json``::
@@ -30,7 +34,8 @@ It prints one line per stage and per GRPO step and writes everything as JSON to
     PYTHONPATH=. python examples/rm_pipeline.py --out /tmp/rm_tiny --model tiny
 
 ``--reward rule`` is the control: GRPO on the same prompts with the rule scorer's reward
-and no reward model. ``--smoke`` runs 2 steps of each stage on small batches. The measured
+and no reward model. ``--rm-model DIR`` reuses an earlier run's reward model (no pairs are
+sampled, no RM is trained), so GRPO settings can be compared on one reward model. ``--smoke`` runs 2 steps of each stage on small batches. The measured
 runs are in docs/reward_model.md.
 """
 
@@ -267,17 +272,29 @@ class MeasuredReward(RewardFunction):
         self.reward.close()
 
 
-def run_grpo(
+def grpo_config(
     sft_dir: str, rm_dir: str | None, data: dict, out: Path, args: argparse.Namespace
-) -> dict:
-    """GRPO from ``sft_dir`` with the reward model ``rm_dir`` as the only reward (None: the
-    rule scorer's reward instead, the control run)."""
+) -> Any:
+    """The GRPO stage's validated RL config: from ``sft_dir`` with the reward model
+    ``rm_dir`` as the only reward (None: the rule scorer's reward, the control run), and with
+    ``args.kl_coef > 0`` a KL(actor || reference) loss term of that coefficient (the
+    reference is the initial policy; k3, ``low_var_kl``)."""
     reward = (
         ["reward_model.enable=true", f"reward_model.model.path={rm_dir}"]
         if rm_dir is not None
         else ["reward_model.enable=false"]
     )
-    cfg = load_config(
+    kl = (
+        [
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"actor_rollout_ref.actor.kl_loss_coef={args.kl_coef}",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_device={args.prompts * args.n}",
+        ]
+        if args.kl_coef > 0
+        else ["actor_rollout_ref.actor.use_kl_loss=false"]
+    )
+    return load_config(
         overrides=[
             f"actor_rollout_ref.model.path={sft_dir}",
             f"data.train_files=[{data['rl_train']}]",
@@ -291,6 +308,7 @@ def run_grpo(
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_device={args.prompts * args.n}",
             f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}",
             "algorithm.adv_estimator=grpo",
+            *kl,
             *reward,
             f"reward_model.micro_batch_size_per_device={args.prompts * args.n}",
             f"trainer.total_training_steps={args.grpo_steps}",
@@ -299,10 +317,32 @@ def run_grpo(
             "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={out / 'grpo' / 'ckpt'}",
             f"trainer.log_dir={out / 'grpo' / 'logs'}",
+            f"trainer.rollout_data_dir={out / 'grpo' / 'rollouts'}",
+            f"trainer.validation_data_dir={out / 'grpo' / 'validation'}",
             "trainer.resume_mode=disable",
         ]
     )
-    trainer = RLTrainer(cfg)
+
+
+def last_validation_samples(out: Path, k: int = 4) -> list[dict]:
+    """``k`` wrong answers (else any) of the last greedy validation, as the policy wrote
+    them: prompt's question, response, ground truth (from ``trainer.validation_data_dir``)."""
+    files = sorted((out / "grpo" / "validation").glob("*.jsonl"), key=lambda f: int(f.stem))
+    if not files:
+        return []
+    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    wrong = [r for r in rows if compute_score(r["response"], r["ground_truth"])["acc"] <= 0.5]
+    return [
+        {"step": int(files[-1].stem), **{key: r[key] for key in ("response", "ground_truth")}}
+        for r in (wrong or rows)[:k]
+    ]
+
+
+def run_grpo(
+    sft_dir: str, rm_dir: str | None, data: dict, out: Path, args: argparse.Namespace
+) -> dict:
+    """GRPO of :func:`grpo_config`; per step the measured metrics, and the validations."""
+    trainer = RLTrainer(grpo_config(sft_dir, rm_dir, data, out, args))
     trainer.reward_fn = MeasuredReward(trainer.reward_fn, trainer.val_reward_fn)
     try:
         trainer.fit()
@@ -312,6 +352,8 @@ def run_grpo(
                 "rule_acc": m["rule_acc"],
                 "rm_pair_acc": m["rm_pair_acc"],
                 "rm_score_mean": m.get("reward/model_score_mean"),
+                "kl": m.get("actor/kl_loss"),
+                "response_length": m.get("response_length/mean"),
                 "step_seconds": m.get("timing_s/step"),
             }
             for step, m in enumerate(trainer.history, start=1)
@@ -319,8 +361,11 @@ def run_grpo(
         val = [{"step": v["step"], "acc": v["val/acc"]} for v in trainer.validation_history]
     finally:
         trainer.close()
-    return {"steps": steps, "val": val}
+    return {"steps": steps, "val": val, "samples": last_validation_samples(out)}
 
+
+# GRPO's default KL(actor || initial policy) loss coefficient (--kl-coef): docs/reward_model.md
+KL_COEF = 0.1
 
 # model -> defaults of the settings that differ between the embedded SmolLM2 and the tiny model
 # SmolLM2-Instruct already answers in the prompt's format (50% right, greedy), so its SFT is
@@ -392,11 +437,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="GRPO's reward: the trained reward model (rm), or the rule scorer (rule: the "
         "control run, no reward model is trained)",
     )
+    p.add_argument(
+        "--kl-coef",
+        type=float,
+        default=KL_COEF,
+        help="GRPO's KL(actor || initial policy) loss coefficient (0: no KL term and no "
+        "reference model, the reward-hacking run of docs/reward_model.md)",
+    )
+    p.add_argument(
+        "--rm-model",
+        help="a trained reward model directory (an earlier run's <out>/rm/ckpt/huggingface): "
+        "GRPO scores with it, no RM pairs are sampled and no RM is trained",
+    )
     p.add_argument("--smoke", action="store_true", help="2 steps of each stage, small batches")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.kl_coef < 0:
+        p.error(f"--kl-coef {args.kl_coef}: a KL coefficient is >= 0 (0 = no KL term)")
+    if args.rm_model is not None and args.reward == "rule":
+        p.error("--rm-model with --reward rule: the control run uses no reward model")
     if args.smoke:
         args.sft_steps = args.rm_steps = args.grpo_steps = 2
         args.val_size, args.rm_problems, args.rm_val_problems = 4, 8, 2
@@ -423,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     else:  # the base model is the policy and the reward model's backbone
         sft = {"dir": str(base), "loss": []}
     sft_seconds = time.monotonic() - start
-    if args.reward == "rm":
+    if args.rm_model is not None:  # an earlier run's reward model: no pairs, no RM training
+        rm = {"dir": args.rm_model, "loss": [], "acc": [], "val": []}
+    elif args.reward == "rm":
         if args.rm_pairs == "policy":
             held_out = {row_problem(r.data) for r in read_records(data["rl_val"]).records}
             data |= write_policy_pairs(sft["dir"], out, held_out, args)
@@ -462,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     print("validation after step  acc (greedy, rule scorer)")
     for v in grpo["val"]:
         print(f"{v['step']:21d}  {v['acc']:.3f}")
+    for sample in grpo["samples"]:
+        print(
+            f"after step {sample['step']} the policy wrote {sample['response']!r} "
+            f"(truth {sample['ground_truth']})"
+        )
     print(f"total {total:.0f} s")
     return 0
 

@@ -51,6 +51,51 @@ def test_held_out_problems_stay_out_of_sft_and_rm_data(example, tmp_path):
         assert row["chosen"] == str(a + b if op == "+" else a * b) != row["rejected"]
 
 
+@pytest.mark.parametrize(("argv", "use_kl"), [([], True), (["--kl-coef", "0"], False)])
+def test_kl_coef_flag_sets_the_grpo_kl_loss(example, tmp_path, argv, use_kl):
+    args = example.parse_args(["--out", str(tmp_path), *argv])
+    data = example.make_data(tmp_path, args)
+    cfg = example.grpo_config(
+        "smollm2-135m-instruct", "smollm2-135m-instruct", data, tmp_path, args
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.use_kl_loss is use_kl
+    assert not cfg.algorithm.use_kl_in_reward  # one KL term: the loss, not the reward
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == "smollm2-135m-instruct"
+    if use_kl:
+        assert actor.kl_loss_coef == example.KL_COEF > 0
+        assert actor.kl_loss_type == "low_var_kl"
+    args = example.parse_args(["--out", str(tmp_path), "--kl-coef", "0.25"])
+    cfg = example.grpo_config("smollm2-135m-instruct", None, data, tmp_path, args)
+    assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0.25 and not cfg.reward_model.enable
+
+
+@pytest.mark.parametrize(
+    "argv", [["--kl-coef", "-0.1"], ["--rm-model", "x", "--reward", "rule"]], ids=["kl", "rm"]
+)
+def test_contradictory_flags_are_refused(example, tmp_path, argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        example.parse_args(["--out", str(tmp_path), *argv])
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_last_validation_samples_are_the_wrong_answers_of_the_last_validation(example, tmp_path):
+    val = tmp_path / "grpo" / "validation"
+    val.mkdir(parents=True)
+    rows = [("12", "12"), ("The answer is 7", "8"), ("5", "5"), ("9 + 9 = 81", "18")]
+    (val / "4.jsonl").write_text(json.dumps({"response": "1", "ground_truth": "2"}) + "\n")
+    (val / "16.jsonl").write_text(
+        "".join(json.dumps({"response": r, "ground_truth": t}) + "\n" for r, t in rows)
+    )
+    samples = example.last_validation_samples(tmp_path)
+    assert samples == [
+        {"step": 16, "response": "The answer is 7", "ground_truth": "8"},
+        {"step": 16, "response": "9 + 9 = 81", "ground_truth": "18"},
+    ]
+    assert example.last_validation_samples(tmp_path / "none") == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model):
@@ -72,4 +117,23 @@ def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model):
     assert [v["step"] for v in grpo["val"]] == [0, 2]
     # GRPO was trained on the reward model's scores: the run's metrics have them.
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "logs" / "metrics.jsonl").open()]
+    assert any("reward/model_score_mean" in row for row in rows)
+    # the default KL loss to the initial policy ran: its value is in every step
+    assert all(step["kl"] is not None and step["kl"] >= 0.0 for step in grpo["steps"])
+    assert (tmp_path / "grpo" / "validation" / "2.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_pipeline_reuses_a_trained_reward_model(example, tmp_path):
+    first = tmp_path / "first"
+    assert example.main(["--out", str(first), "--model", "tiny", "--smoke"]) == 0
+    rm_dir = first / "rm" / "ckpt" / "huggingface"
+    second = tmp_path / "second"
+    argv = ["--out", str(second), "--model", "tiny", "--smoke", "--kl-coef", "0"]
+    assert example.main([*argv, "--rm-model", str(rm_dir)]) == 0
+    result = json.loads((second / "pipeline.json").read_text())
+    assert result["rm"]["loss"] == [] and not (second / "rm" / "ckpt").exists()
+    assert [s["step"] for s in result["grpo"]["steps"]] == [1, 2]
+    assert all(s["kl"] is None for s in result["grpo"]["steps"])  # no KL term, no reference
+    rows = [json.loads(line) for line in (second / "grpo" / "logs" / "metrics.jsonl").open()]
     assert any("reward/model_score_mean" in row for row in rows)
