@@ -2,8 +2,8 @@
 
 ``rollout.vllm.tensor_parallel_size=2`` runs two vLLM worker processes: the same greedy
 tokens as one, weights pushed bucket by bucket into both, no process left after ``close()``;
-and an upstream-style run script with ``rollout.name=vllm
-rollout.tensor_model_parallel_size=2`` trains two GRPO steps through it.
+an upstream-style run script with ``rollout.name=vllm rollout.tensor_model_parallel_size=2``
+trains two GRPO steps through it; and two FSDP2 ranks share one such engine on rank 0.
 """
 
 from __future__ import annotations
@@ -133,3 +133,32 @@ def test_upstream_script_with_rollout_tensor_parallel_trains_two_grpo_steps(tmp_
         assert r["rollout/logprob_abs_diff_mean"] < 5e-5, r
         assert r["rollout/logprob_abs_diff_max"] < 2e-4, r
         assert 0 < r["rollout/weight_sync_seconds"] < 60, r
+
+
+def test_two_fsdp2_ranks_share_one_tensor_parallel_engine(tmp_path):
+    # tests/rollout/test_vllm_rollout.py's two-rank run, with the engine on rank 0 split over
+    # two vLLM worker processes: pushes gathered from both shards reach both workers
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests/rollout/vllm_two_ranks_check.py"),
+            str(tmp_path),
+            "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Worker_TP1" in proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["world_size"] == 2 and len(result["steps"]) == 2
+    for step in result["steps"]:
+        assert step["actor/grad_norm"] > 0
+        assert step["rollout/logprob_abs_diff_mean"] < 5e-5, step
+        assert step["rollout/logprob_abs_diff_max"] < 2e-4, step
+    assert result["greedy_same_responses"] and result["greedy_same_mask"]
+    assert result["greedy_max_logprob_diff"] < 2e-4
+    assert result["initial_model_max_logprob_diff"] > 100 * 2e-4

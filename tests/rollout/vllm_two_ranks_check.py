@@ -3,7 +3,9 @@
 Run in a subprocess by ``tests/rollout/test_vllm_rollout.py`` (vLLM's process-wide side
 effects stay out of pytest; this script starts and stops its own Ray session):
 
-    python tests/rollout/vllm_two_ranks_check.py OUT_DIR
+    python tests/rollout/vllm_two_ranks_check.py OUT_DIR [OVERRIDE ...]
+
+(extra config overrides: ``tests/rollout/test_vllm_tp.py`` adds vLLM's tensor parallelism)
 
 Two Ray workers shard a tiny Qwen2 (hidden 256, head size 64: vLLM's CPU attention has no
 kernel for the smaller default tiny model) with FSDP2 over gloo; rank 0 runs the vLLM engine
@@ -38,7 +40,7 @@ from verl.trainer.rl.trainer import RLTrainer
 PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hello"]
 
 
-def main(out_dir: Path) -> None:
+def main(out_dir: Path, extra: list[str]) -> None:
     model_dir = save_tiny_model_dir(
         out_dir / "model",
         arch="qwen2",
@@ -74,6 +76,7 @@ def main(out_dir: Path) -> None:
             "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={out_dir / 'ckpt'}",
             f"trainer.log_dir={out_dir}",
+            *extra,
         ]
     )
     ensure_ray(num_cpus=2)
@@ -144,4 +147,4 @@ def greedy_against_native(trainer: RLTrainer, hf_dir: Path, initial_dir: Path) -
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
