@@ -2,7 +2,7 @@
 # Set up the environment (idempotent) and run lint + the whole test suite, slow tests included.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`. Tests run in
 # VERL_TEST_WORKERS pytest-xdist workers (default 2; 0 runs them in this process), handed out
-# one at a time as workers free up (worksteal), the slow multi-process tests included.
+# as workers free up; the tests on the session's Ray cluster share one worker (loadgroup).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
@@ -10,4 +10,4 @@ venv="${VERL_VENV:-$root/.venv}"
 cd "$root"
 "$venv/bin/ruff" check verl tests bench
 "$venv/bin/ruff" format --check verl tests bench
-"$venv/bin/python" -m pytest -q -n "${VERL_TEST_WORKERS:-2}" --dist worksteal "$@"
+"$venv/bin/python" -m pytest -q -n "${VERL_TEST_WORKERS:-2}" --dist loadgroup "$@"

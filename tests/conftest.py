@@ -121,14 +121,31 @@ def _kill_left_behind(mark: str | None) -> str | None:
     return f"the test session left {len(leaked)} process(es) alive (now killed):\n{lines}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests on the session's Ray cluster run in one xdist worker (``--dist loadgroup``):
+    one cluster for the run, not one per worker."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray_session"))
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
-    """The ``ray`` module, initialised with ``RAY_TEST_CPUS`` logical CPUs."""
+    """The ``ray`` module, initialised with ``RAY_TEST_CPUS`` logical CPUs. A start that times
+    out (Ray waits 30 s for its raylet, which a loaded machine can exceed) is tried once more."""
     ray = pytest.importorskip("ray")
     from verl.controller import ensure_ray, shutdown_ray
 
     started_here = not ray.is_initialized()
-    ensure_ray(num_cpus=RAY_TEST_CPUS)
+    try:
+        ensure_ray(num_cpus=RAY_TEST_CPUS)
+    except Exception as err:  # Ray raises a bare Exception for the start-up timeout
+        if "timed out during startup" not in str(err):
+            raise
+        warnings.warn(f"Ray did not start, trying once more: {err}", stacklevel=1)
+        shutdown_ray()
+        ensure_ray(num_cpus=RAY_TEST_CPUS)
     yield ray
     if started_here:
         shutdown_ray()  # Ray, and the watchdog that ties its processes to this one

@@ -4,7 +4,6 @@ failure counted by kind, and the failure bound."""
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import pytest
@@ -142,8 +141,11 @@ def test_rate_limit_spaces_requests():
         scorer.close()
         times = sorted(t for t, _ in server.requests)
     assert elapsed >= 7 / 20 * 0.95
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert min(gaps) >= 1 / 20 * 0.8
+    # The k-th request is sent no earlier than k intervals after the start, so the k-th
+    # arrival (in arrival order) is no earlier either; gaps between arrivals themselves
+    # shrink when a late-scheduled send catches up under load.
+    for k, arrived in enumerate(times):
+        assert arrived - start >= k / 20 * 0.95, (k, arrived - start)
 
 
 def test_rate_limiter_and_backoff_are_bounded():
