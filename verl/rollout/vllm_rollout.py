@@ -364,9 +364,10 @@ class VLLMRollout(ServingRollout):
         input_ids, attention_mask, position_ids = validate_prompts(prompts)
         requests = [{"prompt_token_ids": ids} for ids in token_prompts(input_ids, attention_mask)]
         start = time.perf_counter()
-        outputs = self.llm.generate(
-            requests, self._sampling_params(params, self.stop_ids(params)), use_tqdm=False
-        )
+        with self.engine_lock:  # vLLM engines of one process share state (verl.rollout.serving)
+            outputs = self.llm.generate(
+                requests, self._sampling_params(params, self.stop_ids(params)), use_tqdm=False
+            )
         seconds = time.perf_counter() - start
         samples = []
         for request_output in outputs:

@@ -18,9 +18,15 @@ The samples do not change: the requests, their order and the engine steps are th
 the end equals the plain call's for the same engine state; only when the groups are seen
 differs.
 
-:func:`stream_when_asked` is what the asynchronous rollout copy installs as its vLLM
-rollout's ``generate`` (:class:`~verl.workers.rollout_copy.RolloutCopyWorker`): streaming
-inside ``stream_groups``, the plain call otherwise.
+Each engine step runs under the process-wide vLLM lock (``rollout.engine_lock``,
+:func:`verl.rollout.serving.engine_lock`): in-process vLLM engines share module-level state,
+so a push into another engine of this process (the actor's, after each update) waits for the
+step in progress and the generation resumes after it, instead of failing mid-step or holding
+the push off for a whole call. The sink runs outside the lock.
+
+:func:`copy_generate` is what the asynchronous rollout copy installs as its vLLM rollout's
+``generate`` (:class:`~verl.workers.rollout_copy.RolloutCopyWorker`): always this loop (the
+lock per step), with the groups handed to the sink inside ``stream_groups``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from verl.rollout.serving import Sample, token_prompts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["generate_streaming", "group_samples", "stream_when_asked"]
+__all__ = ["copy_generate", "generate_streaming", "group_samples"]
 
 
 def group_samples(request_output: Any, n: int) -> list[Sample]:
@@ -52,10 +58,13 @@ def group_samples(request_output: Any, n: int) -> list[Sample]:
     return samples
 
 
-def generate_streaming(rollout: Any, prompts: Any, params: SamplingParams, sink: GroupSink) -> Any:
+def generate_streaming(
+    rollout: Any, prompts: Any, params: SamplingParams, sink: GroupSink | None
+) -> Any:
     """``rollout.generate(prompts, params)`` (a :class:`~verl.rollout.vllm_rollout.VLLMRollout`)
-    with each prompt's group handed to ``sink(prompt index, its n rows, params)`` as soon as
-    vLLM finishes its request (module docstring); returns the whole call's output.
+    driven one engine step at a time under ``rollout.engine_lock``, with each prompt's group
+    handed to ``sink(prompt index, its n rows, params)`` (unless None) as soon as vLLM
+    finishes its request (module docstring); returns the whole call's output.
 
     Raises:
         RuntimeError: the engine has unfinished requests of another caller (their outputs
@@ -66,17 +75,18 @@ def generate_streaming(rollout: Any, prompts: Any, params: SamplingParams, sink:
     rollout._check_usable()
     rollout.wake_up()
     input_ids, attention_mask, position_ids = validate_prompts(prompts)
-    llm = rollout.llm
+    llm, lock = rollout.llm, rollout.engine_lock
     engine = llm.llm_engine
-    if engine.has_unfinished_requests():
-        raise RuntimeError(
-            "the vLLM engine has unfinished requests of another call; a streaming "
-            "generation drives the engine alone"
-        )
     requests = [{"prompt_token_ids": ids} for ids in token_prompts(input_ids, attention_mask)]
     sampling = rollout._sampling_params(params, rollout.stop_ids(params))
     start = time.perf_counter()
-    internal = llm.enqueue(requests, sampling, use_tqdm=False)
+    with lock:
+        if engine.has_unfinished_requests():
+            raise RuntimeError(
+                "the vLLM engine has unfinished requests of another call; a streaming "
+                "generation drives the engine alone"
+            )
+        internal = llm.enqueue(requests, sampling, use_tqdm=False)
     # vLLM reports a request under the id it was given (``RequestOutput.request_id``), which
     # also names its n samples' child requests; the ids enqueue returns carry a random
     # suffix of the engine's (``<id>-<8 chars>``)
@@ -86,17 +96,21 @@ def generate_streaming(rollout: Any, prompts: Any, params: SamplingParams, sink:
     done = 0
     try:
         while done < len(requests):
-            if not engine.has_unfinished_requests():
-                raise RuntimeError(
-                    f"the vLLM engine stopped with {len(requests) - done} of this call's "
-                    f"{len(requests)} requests unreported"
-                )
-            for out in engine.step():
+            with lock:  # one step: a push into another engine of the process waits for it
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(
+                        f"the vLLM engine stopped with {len(requests) - done} of this call's "
+                        f"{len(requests)} requests unreported"
+                    )
+                outputs = engine.step()
+            for out in outputs:
                 if not out.finished:
                     continue
                 prompt = index[out.request_id]
                 samples[prompt] = group_samples(out, params.n)
                 done += 1
+                if sink is None:
+                    continue
                 group = rollout.build_output(
                     prompts[prompt : prompt + 1],
                     params,
@@ -108,22 +122,19 @@ def generate_streaming(rollout: Any, prompts: Any, params: SamplingParams, sink:
     except BaseException:
         left = [rid for rid, got in zip(external, samples) if got is None]
         if left:  # by the given ids: a request and its n samples
-            engine.abort_request(left, internal=False)
+            with lock:
+                engine.abort_request(left, internal=False)
         raise
     seconds = time.perf_counter() - start
     flat = [s for group in samples for s in group]  # prompt order, n per prompt
     return rollout.build_output(prompts, params, flat, position_ids=position_ids, seconds=seconds)
 
 
-def stream_when_asked(rollout: Any) -> Callable[[Any, SamplingParams], Any]:
-    """A ``generate`` for ``rollout`` (a vLLM rollout): :func:`generate_streaming` inside
-    :func:`~verl.rollout.continuous.stream_groups`, ``rollout.generate`` outside it."""
-    plain = rollout.generate
+def copy_generate(rollout: Any) -> Callable[[Any, SamplingParams], Any]:
+    """A ``generate`` for ``rollout`` (a vLLM rollout): :func:`generate_streaming`, with the
+    sink :func:`~verl.rollout.continuous.stream_groups` installed (None outside it)."""
 
     def generate(prompts: Any, params: SamplingParams) -> Any:
-        sink = current_group_sink()
-        if sink is None:
-            return plain(prompts, params)
-        return generate_streaming(rollout, prompts, params, sink)
+        return generate_streaming(rollout, prompts, params, current_group_sink())
 
     return generate

@@ -11,8 +11,10 @@ push the vLLM backend takes its weights with (:func:`verl.rollout.weight_sync.pu
 With ``rollout.name=vllm`` the copy's engine is a vLLM engine of its own (started like the
 hybrid worker's), and each load pushes the new weights on into it at once (its bucketed
 ``update_weights``), so the next generation samples with them; the seconds reported are the
-whole load. Its ``generate`` then hands each prompt's group over as vLLM finishes its request
-when a streaming sink is installed (:func:`verl.rollout.vllm_stream.stream_when_asked`).
+whole load. Its ``generate`` drives vLLM one engine step at a time under the process-wide
+vLLM lock (the actor's engine in this process takes pushes between two steps) and hands each
+prompt's group over as vLLM finishes its request when a streaming sink is installed
+(:func:`verl.rollout.vllm_stream.copy_generate`).
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
-        """The worker's set-up; a vLLM rollout's ``generate`` then streams groups inside
-        :func:`verl.rollout.continuous.stream_groups` (module docstring)."""
+        """The worker's set-up; a vLLM rollout's ``generate`` then runs step by step and
+        streams groups inside :func:`verl.rollout.continuous.stream_groups` (module
+        docstring)."""
         super().init_model(total_steps)
         if getattr(self.rollout, "engine_name", None) == "vllm":
-            from verl.rollout.vllm_stream import stream_when_asked
+            from verl.rollout.vllm_stream import copy_generate
 
-            self.rollout.generate = stream_when_asked(self.rollout)
+            self.rollout.generate = copy_generate(self.rollout)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
