@@ -238,3 +238,6 @@ def test_real_vllm_streams_short_groups_while_a_long_request_decodes(tmp_path):
     assert result["raised"] == "'sink failed'"
     assert result["unfinished_at_failure"][0] > 0  # requests were running: they were aborted
     assert result["idle_after_failure"] and result["usable_after_failure"]
+    # a second engine of the process took pushes during the call: between steps, no harm
+    assert result["pushes_during_call"] >= 2
+    assert result["same_with_pushes_alongside"]

@@ -12,13 +12,17 @@ than the others. The streaming call then records, for each group handed to the s
 arrival time, the engine steps run so far and the requests still unfinished; and its output
 is compared with the plain call's. Sampled (n=2) calls compare layout and values of the
 plain output, the streamed output and the streamed groups, from the same torch seed (vLLM
-on CPU draws from the process's torch generator). Last, a sink that raises: the call's
-other requests are aborted and the engine stays usable.
+on CPU draws from the process's torch generator). Then a sink that raises: the call's
+other requests are aborted and the engine stays usable. Last, a second engine in the
+process takes weight pushes in a loop on another thread while the first streams (as the
+actor's engine does beside the asynchronous rollout copy's): both take the process-wide
+vLLM lock, the pushes land between steps and the output is unchanged.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import torch
@@ -34,7 +38,7 @@ PROMPTS = ["1+2=", "hello", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2
 LONG = 96  # max_new_tokens: the long request's length
 
 
-def build() -> tuple[VLLMRollout, DataProto]:
+def build() -> tuple[VLLMRollout, DataProto, torch.nn.Module]:
     tok = build_tiny_tokenizer()
     tok.padding_side = "left"
     model = build_tiny_model(
@@ -55,7 +59,7 @@ def build() -> tuple[VLLMRollout, DataProto]:
     rollout = VLLMRollout(
         model.eval(), tok, pad_token_id=tok.pad_token_id, max_model_len=256, seed=0
     )
-    return rollout, make_batch(tok, PROMPTS)
+    return rollout, make_batch(tok, PROMPTS), model
 
 
 def same(a: DataProto, b: DataProto) -> bool:
@@ -65,7 +69,7 @@ def same(a: DataProto, b: DataProto) -> bool:
 
 
 def main() -> None:
-    rollout, prompts = build()
+    rollout, prompts, model = build()
     engine = rollout.llm.llm_engine
 
     # stop tokens: the short prompts' first 3 greedy tokens that the long one never emits
@@ -131,6 +135,28 @@ def main() -> None:
     idle_after_failure = not engine.has_unfinished_requests()
     again = rollout.generate(prompts, greedy)
 
+    # another engine of the process takes pushes while this one streams
+    other = VLLMRollout(
+        model, rollout.tokenizer, pad_token_id=rollout.pad_token_id, max_model_len=256, seed=0
+    )
+    stop, pushes = threading.Event(), []
+
+    def push_loop() -> None:
+        while not stop.is_set():
+            other.update_weights(model.state_dict().items())
+            pushes.append(time.perf_counter())
+
+    pusher = threading.Thread(target=push_loop)
+    pusher.start()
+    try:
+        begin = time.perf_counter()
+        concurrent = generate_streaming(rollout, prompts, greedy, lambda *a: None)
+        finish = time.perf_counter()
+    finally:
+        stop.set()
+        pusher.join()
+    other.close()
+
     print(
         json.dumps(
             {
@@ -153,6 +179,8 @@ def main() -> None:
                 "unfinished_at_failure": running_at_failure,
                 "idle_after_failure": idle_after_failure,
                 "usable_after_failure": same(again, plain),
+                "pushes_during_call": sum(begin < t < finish for t in pushes),
+                "same_with_pushes_alongside": same(concurrent, plain),
             }
         )
     )
