@@ -25,6 +25,13 @@ Configurations, each in a fresh process, ``--steps`` steps, alternating over ``-
 
 ``--configs`` picks a subset (comma-separated).
 
+``--engine vllm`` runs the same configurations with ``rollout.name=vllm`` (partial rollouts
+excluded: they need the native engine): the rollout copy's own vLLM engine, streaming its
+groups as vLLM finishes their requests. vLLM takes no logits processor here, so the
+scripted lengths become per-request ``max_tokens`` (stop tokens never hit the random model
+in practice): one length per prompt, shared by its 4 samples, drawn as above from the
+prompt's hash; the W2 model's head size (64) is one vLLM's CPU attention supports.
+
 Reported per configuration (medians over repeats; steps after the first): trained samples
 per second of training-loop wall time, the generating engine's busy and idle time over that
 window (idle: the engine was not inside ``generate``), the trainer's wait for samples per
@@ -98,11 +105,7 @@ def _install_scripted_stop(
         for row in range(ids.shape[0]):
             key = ids[row][mask[row]].numpy().tobytes()
             for sample in range(params.n):
-                h = zlib.crc32(key + sample.to_bytes(2, "little"))
-                if (h & 0xFFFF) / 0x10000 < args.long_fraction:
-                    length = 128 + (h >> 16) % 129
-                else:
-                    length = 4 + (h >> 16) % 29
+                length = _target_length(key, sample, args.long_fraction)
                 targets.append(min(length, params.max_new_tokens))
         target = torch.tensor(targets)
         stops = params.stop_token_ids if params.stop_token_ids else self.eos_token_ids
@@ -126,6 +129,61 @@ def _install_scripted_stop(
     NativeRollout.generate = generate
 
 
+def _target_length(key: bytes, sample: int, long_fraction: float) -> int:
+    """The scripted length of sample ``sample`` of the prompt whose token bytes are ``key``."""
+    h = zlib.crc32(key + sample.to_bytes(2, "little"))
+    if (h & 0xFFFF) / 0x10000 < long_fraction:
+        return 128 + (h >> 16) % 129
+    return 4 + (h >> 16) % 29
+
+
+def _install_vllm_lengths(
+    args, intervals: list[tuple[float, float]], counts: dict[str, float]
+) -> None:
+    """Every vLLM engine of this process: the long-tail lengths as per-request ``max_tokens``
+    (a prompt's length is its sample 0's above), the wall intervals of the rollout's calls
+    (whole or streamed) in ``intervals`` and the generated tokens in ``counts``."""
+    import numpy as np
+    import vllm
+
+    import verl.rollout.vllm_stream as vllm_stream
+    from verl.rollout.vllm_rollout import VLLMRollout
+
+    def per_request(requests, params):
+        out = []
+        for request in requests:
+            key = np.asarray(request["prompt_token_ids"], dtype=np.int64).tobytes()
+            p = params.clone()
+            p.max_tokens = min(_target_length(key, 0, args.long_fraction), params.max_tokens)
+            out.append(p)
+        return out
+
+    for name in ("generate", "enqueue"):
+        original = getattr(vllm.LLM, name)
+
+        def scripted(self, prompts, sampling_params=None, *a, _original=original, **kw):
+            return _original(self, prompts, per_request(prompts, sampling_params), *a, **kw)
+
+        setattr(vllm.LLM, name, scripted)
+
+    def timed(call):
+        def run(*a, **kw):
+            rollout = a[0]
+            start = time.perf_counter()
+            try:
+                return call(*a, **kw)
+            finally:
+                intervals.append((start, time.perf_counter()))
+                counts["generated_tokens"] = counts.get("generated_tokens", 0.0) + (
+                    rollout.last_stats.get("response_tokens", 0.0)
+                )
+
+        return run
+
+    VLLMRollout.generate = timed(VLLMRollout.generate)
+    vllm_stream.generate_streaming = timed(vllm_stream.generate_streaming)
+
+
 def _child(args) -> dict:
     import torch
 
@@ -138,7 +196,10 @@ def _child(args) -> dict:
     extra = [f"trainer.rollout_num_threads={rollout_threads}"] if CONFIGS[args.config] else []
     intervals: list[tuple[float, float]] = []
     counts: dict[str, float] = {}
-    _install_scripted_stop(args, intervals, counts)
+    if args.engine == "vllm":
+        _install_vllm_lengths(args, intervals, counts)
+    else:
+        _install_scripted_stop(args, intervals, counts)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(
             overrides=[
@@ -152,6 +213,7 @@ def _child(args) -> dict:
                 ),
                 f"actor_rollout_ref.rollout.decode_slots={args.slots}",
                 "trainer.mixed_precision=none",
+                f"actor_rollout_ref.rollout.name={args.engine}",
                 *CONFIGS[args.config],
                 *extra,
             ]
@@ -235,7 +297,8 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="write a PNG of samples/accuracy vs time")
     parser.add_argument("--max-response-length", type=int, default=256)
     parser.add_argument("--long-fraction", type=float, default=0.15)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=None, help="default: all (vllm: no partial)")
+    parser.add_argument("--engine", choices=("native", "vllm"), default="native")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="sync", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -243,6 +306,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args)))
         return
+    if args.configs is None:
+        partial = {name for name, keys in CONFIGS.items() if any("partial" in k for k in keys)}
+        args.configs = ",".join(c for c in CONFIGS if args.engine == "native" or c not in partial)
     chosen = [name for name in args.configs.split(",") if name]
     unknown = sorted(set(chosen) - set(CONFIGS))
     if unknown or "sync" not in chosen:
@@ -259,6 +325,7 @@ def main() -> None:
                 cmd += ["--prompts", str(args.prompts), "--threads", str(args.threads)]
                 cmd += ["--slots", str(args.slots), "--long-fraction", str(args.long_fraction)]
                 cmd += ["--max-response-length", str(args.max_response_length)]
+                cmd += ["--engine", args.engine]
                 if args.rollout_threads:
                     cmd += ["--rollout-threads", str(args.rollout_threads)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
@@ -282,7 +349,8 @@ def main() -> None:
     }
     sync = summary["sync"]
     print(
-        f"nproc {os.cpu_count()}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f}, "
+        f"engine {args.engine}, nproc {os.cpu_count()}, "
+        f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}, "
         f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}, "
         f"rollout threads {args.rollout_threads or args.threads}"
     )
