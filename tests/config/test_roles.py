@@ -16,7 +16,7 @@ from verl.trainer.lifecycle.checkpoint import ROLE_DIRS
 def test_the_table():
     assert list(ROLES) == ["actor", "critic", "reference", "reward"]
     assert TRAINABLE_ROLES == ("actor", "critic")
-    assert GROUPS == ("actor_rollout_ref", "critic", "reward_model")
+    assert GROUPS == ("actor_rollout_ref", "critic", "reward_model", "teacher")
     assert ROLES["reference"].group == ROLES["actor"].group  # the hybrid worker holds both
 
 
@@ -34,6 +34,7 @@ def test_derived_tables_agree():
         "actor_rollout_ref": "actor_devices",
         "critic": "critic_devices",
         "reward_model": "reward_model_devices",
+        "teacher": "teacher_devices",  # a group of no role table (algorithm.distill)
     }
     assert tuple(ROLES) == precision.ROLES and precision.TRAINABLE_ROLES == TRAINABLE_ROLES
     assert ROLE_DIRS == {"actor_rollout_ref": "actor", "critic": "critic"}

@@ -1,7 +1,8 @@
 """The ``resource_pool`` section: which devices each worker group runs on.
 
 Each model-holding worker group gets a list of device ids (null: every device for the actor,
-the actor's for the others); ``verl.utils.device_pools`` checks the lists and groups them
+the actor's for the others; ``teacher_devices`` only with ``algorithm.distill.teacher_pool=
+separate``); ``verl.utils.device_pools`` checks the lists and groups them
 into resource pools (same list: colocated; disjoint: apart; partly overlapping: refused).
 See ``docs/distributed.md``.
 """
@@ -45,11 +46,18 @@ class DataParallelConfig:
     reward_model_devices: list[int] | None = entry(
         None, "device ids of the reward model; null = the actor's (colocated)"
     )
+    teacher_devices: list[int] | None = entry(
+        None,
+        "device ids of the distillation teacher with algorithm.distill.teacher_pool=separate; "
+        "null = the actor's (a worker group of its own in the actor's processes)",
+    )
 
 
 def _role_lists(dp: DataParallelConfig, roles: list[str] | None, num: int) -> DeviceLists:
     actor = list(range(num)) if dp.actor_devices is None else list(dp.actor_devices)
-    lists = {role: (key := ROLE_DEVICE_KEYS[role], getattr(dp, key)) for role in roles or GROUPS}
+    if roles is None:  # the teacher is a group only with teacher_pool=separate
+        roles = [g for g in GROUPS if g != "teacher" or dp.teacher_devices is not None]
+    lists = {role: (key := ROLE_DEVICE_KEYS[role], getattr(dp, key)) for role in roles}
     return {
         r: (f"resource_pool.{k}", actor if ids is None else list(ids))
         for r, (k, ids) in lists.items()
@@ -67,7 +75,8 @@ def device_map_problems(
 def resolve_device_map(
     dp: DataParallelConfig, nnodes: int, devices_per_node: int, roles: list[str] | None = None
 ) -> DeviceMap:
-    """Place ``roles`` (default: all three) on pools; raises :class:`DeviceMapError`."""
+    """Place ``roles`` (default: every group, the teacher when its list is given) on pools;
+    raises :class:`DeviceMapError`."""
     lists = _role_lists(dp, roles, nnodes * devices_per_node)
     return place_device_lists(lists, nnodes, devices_per_node)
 

@@ -205,6 +205,9 @@ class DistillConfig:
     log_prob_micro_batch_size_per_device: int | None = entry(
         None, "rows per teacher forward; null = as the reference's", ge=1
     )
+    teacher_pool: Literal["colocated", "separate"] = entry(
+        "colocated", "colocated (in the actor's workers) or separate (teacher_devices)"
+    )
     fixed_fraction: float = entry(
         0.0,
         "GKD mixing: probability that a step trains on the data's fixed responses instead of "
@@ -504,6 +507,8 @@ class TrainerConfig(Validated):
     def placed_roles(self) -> list[str]:
         """The worker groups this run places on devices, in placement order."""
         optional = {"critic": self.critic_enabled, "reward_model": self.reward_model.enable}
+        d = self.algorithm.distill  # a teacher on a pool of its own (docs/distillation.md)
+        optional["teacher"] = d.enable and d.teacher_pool == "separate"
         return ["actor_rollout_ref"] + [g for g, on in optional.items() if on]
 
     @property

@@ -25,7 +25,10 @@ LoRA (``model.lora_rank > 0``, :mod:`verl.models.lora`): the actor is a ``PeftMo
 adapters alone train; the reference is that same module with its adapters disabled. On-policy
 distillation (``algorithm.distill.enable``, :mod:`verl.workers.teacher`): a frozen teacher
 beside the reference scores the student's samples (:meth:`compute_teacher_log_prob`) and the
-update adds ``coef x`` the reverse KL to it (:func:`verl.algorithms.distill_loss`).
+update adds ``coef x`` the reverse KL to it (:func:`verl.algorithms.distill_loss`). With the
+teacher on a pool of its own (``teacher_pool=separate``, :mod:`verl.workers.teacher_worker`)
+this worker loads no teacher and, for ``topk``, serves the student's top-k ids
+(:meth:`compute_distill_topk_ids`) that the teacher's group scores.
 
 The worker reads an :class:`~verl.workers.specs.ActorRolloutRefSpec` (built from the config
 by :func:`verl.workers.specs.actor_rollout_ref_spec`) and keeps to translating calls; the
@@ -80,6 +83,7 @@ from verl.workers.log_prob_passes import (
     PROMPT_KEYS,
     TEACHER_KEYS,
     response_log_probs,
+    student_topk_ids,
     teacher_topk_scores,
 )
 from verl.workers.losses import bind_actor_loss
@@ -159,7 +163,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref_dynamic = reference_dynamic_precision(
                 spec, self.ref_engine.module, self.device, given
             )
-        if spec.teacher is not None:
+        if spec.teacher is not None and not spec.teacher.separate:
             teacher = teacher_module(spec, self.tokenizer, self.device)
             self.teacher_engine = self._engine(teacher, None, spec.teacher.engine)
         checkpoint_policy(spec, module)
@@ -314,7 +318,8 @@ class ActorRolloutRefWorker(Worker):
         if self.teacher_engine is None:
             raise RuntimeError(
                 "compute_teacher_log_prob called on a worker built without a teacher; set "
-                "algorithm.distill.enable=true and algorithm.distill.teacher_path"
+                "algorithm.distill.enable=true and algorithm.distill.teacher_path (with "
+                "algorithm.distill.teacher_pool=separate the teacher's own group scores)"
             )
         teacher = self.spec.teacher
         mbs = teacher.log_prob_micro_batch_size
@@ -327,6 +332,35 @@ class ActorRolloutRefWorker(Worker):
             self.engine, self.teacher_engine, data, mbs, teacher.topk, self.spec.actor, self.device
         )
         return DataProto.from_dict(tensors={key: scores[key][rows] for key in TEACHER_KEYS})
+
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=SEQUENCE_KEYS,
+        meta=("temperature", "distill_vocab"),
+    )
+    def compute_distill_topk_ids(self, data: DataProto) -> DataProto:
+        """The student's half of a split top-k teacher pass (``teacher_pool=separate``):
+        ``distill_topk_ids`` ``(batch, response_len, k)``, its ``k`` most likely ids at each
+        position under the weights that sampled the batch, among the first
+        ``meta_info["distill_vocab"]`` (the teacher's head size). They travel in the batch
+        to the teacher's group, which returns its log-probs at them."""
+        teacher = self.spec.teacher
+        if teacher is None or not teacher.needs_topk:
+            raise RuntimeError(
+                "compute_distill_topk_ids needs algorithm.distill.enable=true with "
+                "algorithm.distill.estimator=topk"
+            )
+        data, rows = sequence_group_batch(self.engine, data)
+        ids = student_topk_ids(
+            self.engine,
+            data,
+            teacher.log_prob_micro_batch_size,
+            teacher.topk,
+            data.meta_info.get("distill_vocab"),
+            self.spec.actor,
+            self.device,
+        )
+        return DataProto.from_dict(tensors={"distill_topk_ids": ids[rows]})
 
     # ------------------------------------------------------------------ update
     @register(

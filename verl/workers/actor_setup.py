@@ -29,7 +29,7 @@ from verl.models import (
 from verl.models.lora import apply_lora
 from verl.models.vision_model import load_actor_model
 from verl.workers.common import apply_inference_precision, dynamic_precision
-from verl.workers.specs import ActorRolloutRefSpec
+from verl.workers.specs import ActorRolloutRefSpec, TeacherPoolSpec
 from verl.workers.teacher import check_same_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -99,9 +99,12 @@ def reference_dynamic_precision(
     )
 
 
-def teacher_module(spec: ActorRolloutRefSpec, tokenizer: Any, device: torch.device) -> Any:
+def teacher_module(
+    spec: ActorRolloutRefSpec | TeacherPoolSpec, tokenizer: Any, device: torch.device
+) -> Any:
     """The distillation teacher: ``teacher.path`` loaded frozen (``requires_grad=False``,
-    eval mode) in its precision, after checking that its tokenizer is the student's."""
+    eval mode) in its precision, after checking that its tokenizer is the student's (the
+    actor worker's spec, or the teacher pool's: both name ``teacher`` and ``model``)."""
     teacher, model = spec.teacher, spec.model
     teacher_tokenizer = load_tokenizer(teacher.path, trust_remote_code=model.trust_remote_code)
     check_same_tokenizer(tokenizer, teacher_tokenizer, model.tokenizer_path, teacher.path)

@@ -1,6 +1,8 @@
 """The no-gradient scoring passes of the hybrid actor worker: log-probs of the sampled
 tokens under a policy (the actor's old policy, the reference, the teacher), and the
-teacher's top-k scores for distillation.
+teacher's top-k scores for distillation: in one pass over both models when the teacher is
+colocated (:func:`teacher_topk_scores`), or split when it has a worker group of its own (the
+actor's :func:`student_topk_ids`, then the teacher's :func:`teacher_scores_at` of them).
 
 Contract: the passes read ``input_ids``, ``attention_mask``, ``position_ids`` and
 ``response_mask`` (``(batch, seq_len)``, responses the last ``response_len`` columns) and
@@ -30,7 +32,14 @@ from verl.workers.specs import ActorSpec
 from verl.workers.teacher import response_log_softmax
 from verl.workers.vision_inputs import check_image_batching, forward_inputs, image_keys
 
-__all__ = ["PROMPT_KEYS", "TEACHER_KEYS", "response_log_probs", "teacher_topk_scores"]
+__all__ = [
+    "PROMPT_KEYS",
+    "TEACHER_KEYS",
+    "response_log_probs",
+    "student_topk_ids",
+    "teacher_scores_at",
+    "teacher_topk_scores",
+]
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 # What the teacher pass returns and the update reads (algorithm.distill).
@@ -42,7 +51,7 @@ def response_log_probs(
     module: torch.nn.Module,
     data: DataProto,
     micro_batch_size: int | None,
-    actor: ActorSpec,
+    actor: ActorSpec | Any,
     device: torch.device,
     with_entropy: bool,
     with_sum_pi_squared: bool = False,
@@ -51,7 +60,9 @@ def response_log_probs(
     ``sum_v pi(v)^2`` per token when asked (else ``None``).
 
     ``engine``: the actor's engine (its autocast); ``micro_batch_size``: the pass's rows
-    per micro-batch (``None``: as the actor's update).
+    per micro-batch (``None``: as the actor's update). ``actor``: what splits and chunks
+    the pass (``batching``, ``logprob_chunk_size``): the actor's spec, or the teacher pool's
+    (:class:`~verl.workers.specs.TeacherPoolSpec`, which carries the actor's).
     """
     temperature = data.meta_info.get("temperature", 1.0)
     response_len = data.batch["response_mask"].shape[1]
@@ -129,6 +140,68 @@ def teacher_topk_scores(
             parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
             parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, ids).cpu()))
             parts["distill_topk_ids"].append((mb, ids.cpu()))
+            del teacher
+    release_memory()
+    n = len(data)
+    return {key: gather_response_outputs(values, n, response_len) for key, values in parts.items()}
+
+
+def student_topk_ids(
+    engine: Any,
+    data: DataProto,
+    micro_batch_size: int | None,
+    topk: int,
+    vocab: int | None,
+    actor: ActorSpec,
+    device: torch.device,
+) -> torch.Tensor:
+    """The student's ``k`` most likely ids at each response position, ``(batch,
+    response_len, k)`` int64, among its first ``vocab`` logits (the teacher's head size:
+    heads may be padded apart; ``None``: all of them). The micro-batches, autocast and
+    temperature are :func:`teacher_topk_scores`'s, so the ids are the ones it picks."""
+    temperature = data.meta_info.get("temperature", 1.0)
+    response_len = data.batch["response_mask"].shape[1]
+    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    parts = []
+    with torch.no_grad(), engine.eval_mode(), engine.autocast():
+        for mb in micro_batches(inputs, response_len, micro_batch_size, actor.batching, 1):
+            x = mb.data.batch
+            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
+            student = response_log_softmax(engine.module, *args, temperature)
+            width = student.shape[-1] if vocab is None else min(vocab, student.shape[-1])
+            ids = student[..., :width].topk(min(topk, width), dim=-1).indices
+            del student
+            parts.append((mb, ids.cpu()))
+    release_memory()
+    return gather_response_outputs(parts, len(data), response_len)
+
+
+def teacher_scores_at(
+    teacher_engine: Any,
+    data: DataProto,
+    ids: torch.Tensor,
+    micro_batch_size: int | None,
+    spec: Any,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """The teacher's log-probs of the sampled tokens ``(batch, response_len)`` and at the
+    student's ``ids`` ``(batch, response_len, k)`` (from :func:`student_topk_ids`), keyed
+    as :data:`TEACHER_KEYS` (the ids themselves are the caller's). ``spec``: the teacher
+    pool's (the actor's micro-batch split); the teacher engine's autocast is the actor's.
+    Full-vocabulary log-probs are held one micro-batch at a time."""
+    temperature = data.meta_info.get("temperature", 1.0)
+    response_len = data.batch["response_mask"].shape[1]
+    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    parts: dict[str, list] = {key: [] for key in TEACHER_KEYS[:2]}
+    with torch.no_grad(), teacher_engine.eval_mode(), teacher_engine.autocast():
+        for mb in micro_batches(inputs, response_len, micro_batch_size, spec.batching, 1):
+            x = mb.data.batch
+            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
+            teacher = response_log_softmax(teacher_engine.module, *args, temperature)
+            at = ids[mb.index, : mb.response_len].to(teacher.device)
+            labels = x["input_ids"][:, -mb.response_len :, None]
+            parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
+            parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, at).cpu()))
             del teacher
     release_memory()
     n = len(data)

@@ -16,6 +16,7 @@ function                 spec                                  worker
   :func:`rollout_spec`,   :class:`TeacherSpec`)
   :func:`teacher_spec`)
 :func:`rollout_copy_spec`  :class:`ActorRolloutRefSpec`        ``RolloutCopyWorker``
+:func:`teacher_pool_spec`  :class:`TeacherPoolSpec`            ``TeacherWorker``
 :func:`critic_spec`      :class:`CriticSpec`                   ``CriticWorker``
 :func:`reward_model_spec`  :class:`RewardModelSpec`            ``RewardModelWorker``
 =======================  ====================================  ==============================
@@ -55,6 +56,7 @@ __all__ = [
     "RefSpec",
     "RewardModelSpec",
     "RolloutSpec",
+    "TeacherPoolSpec",
     "TeacherSpec",
     "ValueLossSpec",
     "actor_rollout_ref_spec",
@@ -65,6 +67,7 @@ __all__ = [
     "reward_model_spec",
     "rollout_copy_spec",
     "rollout_spec",
+    "teacher_pool_spec",
     "teacher_spec",
 ]
 
@@ -175,7 +178,11 @@ class RefSpec:
 
 @dataclass(frozen=True)
 class TeacherSpec:
-    """The distillation teacher (``algorithm.distill``), frozen beside the reference."""
+    """The distillation teacher (``algorithm.distill``), frozen beside the reference.
+
+    ``separate``: the teacher is a worker group of its own (``teacher_pool=separate``); the
+    actor worker does not load it and, for ``topk``, computes only the student's top-k ids.
+    """
 
     path: str
     precision: str
@@ -183,6 +190,25 @@ class TeacherSpec:
     log_prob_micro_batch_size: int | None
     needs_topk: bool
     topk: int
+    separate: bool = False
+
+
+@dataclass(frozen=True)
+class TeacherPoolSpec:
+    """Everything the teacher's own worker group reads (``TeacherWorker``): the teacher, the
+    student's model (its tokenizer and dtype), the engine strategy of the teacher's pool and
+    the actor's micro-batch split and scoring settings, so that it scores as the colocated
+    teacher does (``autocast_dtype``: the actor engine's)."""
+
+    seed: int
+    device: str
+    use_flash_attention: bool
+    model: ModelSpec
+    teacher: TeacherSpec
+    strategy: str
+    batching: BatchingSpec
+    logprob_chunk_size: int
+    autocast_dtype: Any
 
 
 @dataclass(frozen=True)
@@ -378,13 +404,14 @@ def ref_spec(config: TrainerConfig) -> RefSpec:
     )
 
 
-def teacher_spec(config: TrainerConfig) -> TeacherSpec | None:
+def teacher_spec(config: TrainerConfig, strategy: str | None = None) -> TeacherSpec | None:
     """The distillation teacher of ``algorithm.distill`` (None when it is off): an
-    inference engine with the reference's FSDP2 settings, no sequence parallelism."""
+    inference engine of ``strategy`` (default: the actor's) with the reference's FSDP2
+    settings, no sequence parallelism."""
     dcfg, arr = config.algorithm.distill, config.actor_rollout_ref
     if not dcfg.enable:
         return None
-    strategy = config.engine_strategy("actor_rollout_ref")
+    strategy = strategy or config.engine_strategy("actor_rollout_ref")
     precision = dcfg.teacher_precision
     options = engine_options(strategy, arr.ref.fsdp_config, 1)
     if precision in ("fp32", "bf16", "fp16"):
@@ -399,6 +426,27 @@ def teacher_spec(config: TrainerConfig) -> TeacherSpec | None:
         ),
         needs_topk=bool(DISTILL_ESTIMATORS.needs(dcfg.estimator, "needs_topk")),
         topk=dcfg.topk,
+        separate=dcfg.teacher_pool == "separate",
+    )
+
+
+def teacher_pool_spec(config: TrainerConfig) -> TeacherPoolSpec:
+    """The teacher's own worker group (``algorithm.distill.teacher_pool=separate``): fsdp2
+    over its pool's devices when it has several, else the single engine."""
+    mcfg, actor = config.actor_rollout_ref.model, actor_spec(config)
+    strategy = "fsdp2" if config.dp_size("teacher") > 1 else "single"
+    return TeacherPoolSpec(
+        seed=config.trainer.seed,
+        device=config.trainer.device,
+        use_flash_attention=config.trainer.use_flash_attention,
+        model=_model_spec(
+            mcfg, mcfg.path, mcfg.tokenizer_path or mcfg.path, mcfg.trust_remote_code
+        ),
+        teacher=teacher_spec(config, strategy),
+        strategy=strategy,
+        batching=actor.batching,
+        logprob_chunk_size=actor.logprob_chunk_size,
+        autocast_dtype=actor.engine.autocast_dtype,
     )
 
 

@@ -43,7 +43,13 @@ from verl.trainer.rl.offline_rollouts import OfflineRolloutSource, StoredScoreRe
 from verl.trainer.rl.placement import Placement, place_roles
 from verl.trainer.rl.reward_loop import uses_rules
 from verl.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-from verl.workers.specs import actor_rollout_ref_spec, critic_spec, reward_model_spec
+from verl.workers.specs import (
+    actor_rollout_ref_spec,
+    critic_spec,
+    reward_model_spec,
+    teacher_pool_spec,
+)
+from verl.workers.teacher_worker import TeacherWorker
 
 logger = logging.getLogger(__name__)
 
@@ -445,6 +451,10 @@ def build_roles(
         specs["reward_model"] = ClassWithInitArgs(
             RewardModelWorker, spec=reward_model_spec(cfg), actor_tokenizer=tokenizer
         )
+    if "teacher" in cfg.placed_roles:  # algorithm.distill.teacher_pool=separate
+        specs["teacher"] = ClassWithInitArgs(
+            TeacherWorker, spec=teacher_pool_spec(cfg), tokenizer=tokenizer
+        )
     placement = place_roles(cfg, specs)
     roles = placement.roles
     try:
@@ -458,6 +468,8 @@ def build_roles(
             )
         if "reward_model" in roles:
             roles["reward_model"].init_model()
+        if "teacher" in roles:
+            roles["teacher"].init_model()
     except BaseException:
         placement.shutdown()
         raise

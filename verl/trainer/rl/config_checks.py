@@ -34,6 +34,7 @@ from verl.trainer.config_checks import (
     divisors,
 )
 from verl.trainer.rl.async_checks import check_async_rollout, resolve_async_rollout
+from verl.trainer.rl.distill_pool import check_teacher_pool
 from verl.trainer.rl.parallel_checks import check_tensor_parallel
 from verl.trainer.rl.precision_checks import precision_problems, precision_warnings
 from verl.trainer.rl.registry_checks import registry_problems
@@ -404,6 +405,7 @@ def _check_distill(c: Checks, cfg: TrainerConfig) -> None:
     """On-policy distillation needs a teacher and a known estimator; ``topk`` scores the
     full logits of each micro-batch, which the sequence-parallel path does not produce."""
     d, p = cfg.algorithm.distill, "algorithm.distill"
+    check_teacher_pool(c, cfg)  # teacher_pool / resource_pool.teacher_devices
     if not d.enable:
         return
     if not d.teacher_path:

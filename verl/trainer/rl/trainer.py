@@ -97,6 +97,7 @@ from verl.trainer.rl.build import (
     load_compute_score,
 )
 from verl.trainer.rl.distill_mix import distill_kind_metrics, mixed_distill_source
+from verl.trainer.rl.distill_pool import teacher_scorer
 from verl.trainer.rl.passes import old_log_prob_pass
 from verl.trainer.rl.reward_loop import build_overlap, build_training_reward
 from verl.trainer.rl.samples import generation_samples, write_samples
@@ -194,6 +195,7 @@ class RLTrainer:
         self.actor_rollout_wg = self.placement.roles["actor_rollout_ref"]
         self.critic_wg = self.placement.roles.get("critic")
         self.rm_wg = self.placement.roles.get("reward_model")
+        self.teacher = teacher_scorer(cfg, self.placement.roles)  # algorithm.distill
         try:  # the reward model, judge, scoring service or their mixture, shaped as rules
             self.reward_fn = build_training_reward(cfg, tokenizer, self.reward_fn, self.rm_wg)
             self.reward_overlap = build_overlap(cfg, self.reward_fn)  # reward_model.overlap
@@ -387,8 +389,8 @@ class RLTrainer:
             pending = []
             if self.use_reference:
                 pending.append(self.actor_rollout_wg.compute_ref_log_prob.submit(gen))
-            if cfg.algorithm.distill.enable:  # the teacher lives in the actor's workers
-                pending.append(self.actor_rollout_wg.compute_teacher_log_prob.submit(gen))
+            if self.teacher is not None:  # distillation: colocated or separate (.distill_pool)
+                pending.append(self.teacher.submit(gen))
             if self.critic_wg is not None:
                 pending.append(self.critic_wg.compute_values.submit(gen))
             for future in pending:
