@@ -295,3 +295,30 @@ def test_ray_teacher_on_a_device_of_its_own_trains_as_colocated(
         trainer.close()
     exported = load_file(f"{result['hf_dir']}/model.safetensors")  # the Ray actor's weights
     _assert_same_runs(trainer.history, exported, *want[1:])
+
+
+@pytest.mark.slow
+def test_ray_teacher_sharded_over_two_devices_trains_as_colocated(
+    rl_config, ray_session, teacher_dir
+):
+    """The teacher's pool has two devices: its engine is FSDP2 over them (the teacher's
+    weights sharded), each scoring half the batch; k1, the run equals the colocated one."""
+    common = _distill(teacher_dir, "k1")
+    want = _train(rl_config(*common))
+    trainer = RLTrainer(
+        rl_config(
+            *common,
+            *SEPARATE,
+            "trainer.n_gpus_per_node=3",
+            "resource_pool.actor_devices=[0]",
+            "resource_pool.teacher_devices=[1,2]",
+        ),
+        tracker=Tracker([]),
+    )
+    try:
+        assert trainer.placement.roles["teacher"].world_size == 2
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    exported = load_file(f"{result['hf_dir']}/model.safetensors")
+    _assert_same_runs(trainer.history, exported, *want[1:])
