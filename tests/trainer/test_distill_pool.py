@@ -156,11 +156,11 @@ class _Group:
         return _Call()
 
 
-def _workers(tiny_model_dir, teacher_dir, estimator, separate):
+def _workers(tiny_model_dir, teacher_dir, estimator, separate, precision="none"):
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={tiny_model_dir}",
-            "trainer.mixed_precision=none",
+            f"trainer.mixed_precision={precision}",
             "data.train_batch_size=3",
             f"data.max_prompt_length={P}",
             f"data.max_response_length={R}",
@@ -185,12 +185,18 @@ def _workers(tiny_model_dir, teacher_dir, estimator, separate):
     return actor, teacher
 
 
-@pytest.mark.parametrize("estimator", ["k1", "topk"])
-def test_split_passes_give_the_colocated_scores(tiny_model_dir, teacher_dir, estimator):
-    colocated, _ = _workers(tiny_model_dir, teacher_dir, estimator, separate=False)
+@pytest.mark.parametrize(
+    "estimator, precision", [("k1", "none"), ("topk", "none"), ("topk", "bf16")]
+)
+def test_split_passes_give_the_colocated_scores(tiny_model_dir, teacher_dir, estimator, precision):
+    """bf16: the actor computes under bf16 autocast; the separate teacher scores under the
+    same autocast, as the colocated one does under the actor's."""
+    colocated, _ = _workers(tiny_model_dir, teacher_dir, estimator, False, precision)
     want = colocated.compute_teacher_log_prob(_batch())
-    actor, teacher = _workers(tiny_model_dir, teacher_dir, estimator, separate=True)
+    actor, teacher = _workers(tiny_model_dir, teacher_dir, estimator, True, precision)
     assert actor.teacher_engine is None  # the actor's workers hold no teacher
+    assert teacher.engine.autocast_dtype == actor.engine.autocast_dtype
+    assert (teacher.engine.autocast_dtype == torch.bfloat16) is (precision == "bf16")
     gen = _batch()
     got = SeparateTeacher(_Group(actor), _Group(teacher), estimator == "topk").submit(gen).result()
     keys = ["teacher_log_probs"]
