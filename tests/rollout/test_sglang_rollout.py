@@ -179,7 +179,9 @@ def test_bad_engine_settings_fail_before_the_engine_starts(model, tokenizer):
     assert FakeSGLangEngine.instances == []
 
 
-def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, tokenizer):
+def test_trainer_pushes_before_the_generation_after_every_update_and_sleeps_around_it(
+    tmp_path, tokenizer
+):
     from verl.config import load_config
     from verl.models.tiny import save_tiny_model_dir
     from verl.rollout import register_rollout
@@ -218,15 +220,16 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
         ROLLOUT_BACKENDS.remove("test_sglang_fake")
     (fake,) = FakeSGLangEngine.instances
     events = [name for name, _ in fake.calls if name != "update_weights_from_tensor"]
-    # start-up push, then per step: wake, generate, sleep, wake, push, sleep; then
-    # validation; then the trainer's close shuts the engine down (the worker's close)
+    # start-up push, then step 1: wake, generate, sleep; each update's weights are pushed
+    # lazily, right before the next generation (step 2's, then the validation's); then the
+    # trainer's close shuts the engine down (the worker's close)
     push = ["flush_cache"]
     wake, sleep = "resume_memory_occupation", "release_memory_occupation"
     assert events == [
         *push,
         sleep,
-        *[wake, "generate", sleep, wake, *push, sleep] * 2,
         *[wake, "generate", sleep],
+        *[wake, *push, "generate", sleep] * 2,
         "shutdown",
     ]
     assert all(tags == ["kv_cache"] for name, tags in fake.calls if name in (wake, sleep))
@@ -236,7 +239,9 @@ def test_trainer_pushes_after_every_update_and_sleeps_around_training(tmp_path, 
     for metrics in trainer.history:  # step 2 sampled with the weights pushed after step 1
         assert metrics["actor/grad_norm"] > 0
         assert metrics["rollout/logprob_abs_diff_mean"] < 1e-5
-        assert 0 < metrics["rollout/weight_sync_seconds"] < 30
+    # an update reports the pushes since the previous one: step 2's generation pushed
+    assert [m["rollout/weight_pushes"] for m in trainer.history] == [0.0, 1.0]
+    assert 0 < trainer.history[1]["rollout/weight_sync_seconds"] < 30
 
 
 def test_engine_runs_and_receives_weights_in_the_given_dtype(model, tokenizer, prompts):

@@ -110,12 +110,15 @@ def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
+    # each update's weights are pushed right before the next generation (the engine starts
+    # with the initial ones): an update reports the pushes since the previous one
+    assert [r["rollout/weight_pushes"] for r in steps] == [0, 1, 1]
+    assert all(0 < r["rollout/weight_sync_seconds"] < 60 for r in steps[1:]), steps
     for r in steps:
         # Steps 2 and 3 sample with the weights pushed after the previous update.
         assert r["rollout/logprob_abs_diff_mean"] < 5e-5, r
         assert r["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND, r
         assert abs(r["rollout/kl_k1"]) < 5e-5, r
-        assert 0 < r["rollout/weight_sync_seconds"] < 60, r
         assert 0 <= r["reward/acc"] <= 1
         assert r["actor/grad_norm"] > 0
 

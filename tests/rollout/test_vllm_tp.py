@@ -128,11 +128,14 @@ def test_upstream_script_with_rollout_tensor_parallel_trains_two_grpo_steps(tmp_
     ]
     steps = [r for r in rows if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    # step 2's generation pushed step 1's weights (an update reports the pushes since the
+    # previous one)
+    assert [r["rollout/weight_pushes"] for r in steps] == [0, 1]
+    assert 0 < steps[1]["rollout/weight_sync_seconds"] < 60, steps
     for r in steps:
         # step 2 samples with the weights pushed into both workers after step 1
         assert r["rollout/logprob_abs_diff_mean"] < 5e-5, r
         assert r["rollout/logprob_abs_diff_max"] < 2e-4, r
-        assert 0 < r["rollout/weight_sync_seconds"] < 60, r
 
 
 def test_two_fsdp2_ranks_share_one_tensor_parallel_engine(tmp_path):

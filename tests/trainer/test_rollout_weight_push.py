@@ -1,8 +1,8 @@
 """The hybrid worker's weight push into a rollout engine that keeps its own copy (as vLLM does).
 
 A backend with ``owns_weights = True`` samples from a private copy of the model; the worker
-must send it the actor's weights after every update (and after a checkpoint load), and
-wrap generation in ``wake_up`` / ``sleep``. The fake here is the native sampler over a deep
+must send it the actor's weights before the first generation after an update (or a
+checkpoint load), and wrap generation in ``wake_up`` / ``sleep``. The fake here is the native sampler over a deep
 copy, so a missed push would show as sampling from stale weights.
 """
 
@@ -60,7 +60,7 @@ def own_copy_backend():
     ROLLOUT_BACKENDS.remove("test_own_copy")
 
 
-def test_weights_are_pushed_after_every_update(rl_config, own_copy_backend):
+def test_weights_are_pushed_before_the_generation_after_every_update(rl_config, own_copy_backend):
     cfg = rl_config(
         "actor_rollout_ref.rollout.name=test_own_copy",
         "trainer.val_before_train=false",
@@ -70,12 +70,12 @@ def test_weights_are_pushed_after_every_update(rl_config, own_copy_backend):
     trainer.fit()
     assert trainer.global_step == 2
     (engine,) = ENGINES
-    # One push per update, each wrapped in wake/sleep; generation too (the last is the
-    # validation after training).
+    # One push per update, lazily: right before the next generation, inside its wake/sleep
+    # (the last generation is the validation after training).
     assert [
         "sleep",
-        *["wake", "generate", "sleep", "wake", "push", "sleep"] * 2,
         *["wake", "generate", "sleep"],
+        *["wake", "push", "generate", "sleep"] * 2,
     ] == EVENTS
     actor = trainer.actor_rollout_wg.workers[0].engine.module
     final = actor.state_dict()
@@ -84,8 +84,11 @@ def test_weights_are_pushed_after_every_update(rl_config, own_copy_backend):
         assert torch.equal(engine.pushes[-1][name], tensor), name
     # The first push differs from the initial copy (the update changed the weights) ...
     assert any(not torch.equal(engine.pushes[0][n], engine.pushes[1][n]) for n in final)
+    # Step 2's generation pushed step 1's weights; an update reports the pushes since the
+    # previous one.
+    assert [m["rollout/weight_pushes"] for m in trainer.history] == [0.0, 1.0]
+    assert [m["rollout/weight_sync_seconds"] for m in trainer.history] == pytest.approx([0, 0.01])
     for metrics in trainer.history:
-        assert metrics["rollout/weight_sync_seconds"] == pytest.approx(0.01)
         # ... and step 2 sampled with the pushed weights: same log-probs as the trainer's.
         assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
 

@@ -160,8 +160,8 @@ def run_generation(
     stale (``None``: they are current).
     """
     if rollout.owns_weights:
-        # Its own copy of the weights: no gather; pushed after each update (and here
-        # after a checkpoint load).
+        # Its own copy of the weights: no gather; an update or a checkpoint load marks
+        # them stale and they are pushed here, before the generation that uses them.
         rollout.wake_up()
         if push_stale is not None:
             push_stale()

@@ -37,6 +37,12 @@ parts live beside it: :mod:`verl.workers.actor_setup` (loading the models),
 :mod:`verl.workers.log_prob_passes` (scoring passes), :mod:`verl.workers.actor_update` (the
 update) with the loss bound once at set-up (:mod:`verl.workers.losses`), and
 :mod:`verl.workers.checkpointing` (checkpoints).
+
+A rollout engine that keeps its own copy of the weights (vLLM, SGLang: ``owns_weights``)
+takes them lazily: an update or a checkpoint load only marks that copy stale, and the next
+``generate_sequences`` (a training rollout, validation, ReMax's greedy baseline) pushes the
+weights first. With ``trainer.async_rollout=true`` training samples on the rollout copy, so
+this engine then takes a push only before it is used, not after every update.
 """
 
 from __future__ import annotations
@@ -139,6 +145,8 @@ class ActorRolloutRefWorker(Worker):
         self._update_calls = 0
         self._generate_calls = 0
         self._rollout_weights_stale = False  # an engine with its own copy needs a push
+        # pushes made since the last update_actor reported them: (count, seconds)
+        self._pushes_since_update = (0, 0.0)
 
     # ------------------------------------------------------------------ set-up
     def _engine(self, module: torch.nn.Module, optim: Any, options: EngineOptions) -> Any:
@@ -194,6 +202,13 @@ class ActorRolloutRefWorker(Worker):
         self._rollout_weights_stale = False
         return stats
 
+    def _push_stale_weights(self) -> None:
+        """The lazy push before a generation: :meth:`_sync_rollout_weights`, counted for the
+        next :meth:`update_actor`'s metrics."""
+        seconds = self._sync_rollout_weights().get("rollout/weight_sync_seconds", 0.0)
+        count, total = self._pushes_since_update
+        self._pushes_since_update = (count + 1, total + seconds)
+
     # ------------------------------------------------------------------ rollout
     @register(
         dispatch_mode=Dispatch.DP_COMPUTE,
@@ -225,7 +240,7 @@ class ActorRolloutRefWorker(Worker):
             rank=self.rank if group is None else group.dp_rank,
         )
         run = self.agent_loop.run if self.agent_loop is not None else self.rollout.generate
-        stale = self._sync_rollout_weights if self._rollout_weights_stale else None
+        stale = self._push_stale_weights if self._rollout_weights_stale else None
         if group is None:
             return run_generation(
                 self.engine, self.rollout, run, prompts, params, self.device, stale
@@ -389,6 +404,11 @@ class ActorRolloutRefWorker(Worker):
         ``verl.trainer.rl.passes``) the update must be one optimizer step; the old log-probs
         are then its own detached log-probs, and the metrics the pass would have fed
         (``actor/entropy``, ``rollout/*`` drift) come from its forward.
+
+        With a rollout engine that keeps its own weights the update only marks them stale
+        (module docstring); ``rollout/weight_pushes`` and ``rollout/weight_sync_seconds``
+        are then the pushes made (and their seconds) since the previous update: in
+        synchronous training this step's generation pushed the previous update's weights.
         """
         batch = prepare_update(
             self.engine,
@@ -407,11 +427,13 @@ class ActorRolloutRefWorker(Worker):
             seed=self.spec.seed + self._update_calls,
             device=self.device,
         )
+        # An engine with its own copy takes the new weights before its next generation.
         self._rollout_weights_stale = True
         if self.rollout.owns_weights:
-            self.rollout.wake_up()
-            metrics |= self._sync_rollout_weights()
-            self.rollout.sleep()
+            count, seconds = self._pushes_since_update
+            self._pushes_since_update = (0, 0.0)
+            metrics["rollout/weight_pushes"] = float(count)
+            metrics["rollout/weight_sync_seconds"] = seconds
         return metrics
 
     def close(self) -> None:
