@@ -100,6 +100,6 @@ def test_config_takes_multi_turn_in_streaming_only(rl_config):
     assert rl_config(*stream, multi).actor_rollout_ref.rollout.multi_turn.enable is True
     with pytest.raises(ConfigError, match=r"supported by trainer\.rollout_mode=streaming"):
         rl_config("trainer.async_rollout=true", multi)
+    # partial rollouts keep the turns' per-token versions (tests/trainer/test_partial_multi_turn.py)
     partial = ("trainer.partial_rollout=continue", "actor_rollout_ref.rollout.name=native")
-    with pytest.raises(ConfigError, match="would lose their policy version"):
-        rl_config(*stream, *partial, multi)
+    assert rl_config(*stream, *partial, multi).trainer.partial_rollout == "continue"

@@ -54,7 +54,12 @@ slice, not a tokenization), then to ``max_tool_response_tokens`` tokens.
 
 The loop drives any backend through :class:`TurnGenerator` (a context of ids in, the new
 ids and their log-probs out); :class:`EngineTurnGenerator` adapts every
-:class:`~verl.rollout.base.RolloutEngine`.
+:class:`~verl.rollout.base.RolloutEngine` (both in :mod:`verl.rollout.agent_turns`).
+
+**Per-token versions.** With partial rollouts (a weight mailbox in force) each turn returns
+its tokens' policy versions and the output has ``rollout_token_versions``: a model token's
+is the version that sampled it, a tool or template token's -1
+(:func:`~verl.rollout.agent_turns.trajectory_versions`).
 """
 
 from __future__ import annotations
@@ -66,18 +71,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from verl.rollout.base import (
-    RolloutEngine,
-    SamplingParams,
-    assemble_rollout_output,
-    validate_prompts,
+from verl.rollout.agent_turns import (
+    EngineTurnGenerator,
+    TurnGenerator,
+    TurnOutput,
+    extend_versions,
+    trajectory_versions,
 )
-from verl.rollout.tool_calls import TOOL_CALL_END, ChatDeltaRenderer, ToolCall, parse_tool_calls
+from verl.rollout.base import SamplingParams, assemble_rollout_output, validate_prompts
+from verl.rollout.partial import TOKEN_VERSIONS
+from verl.rollout.tool_calls import ChatDeltaRenderer, ToolCall, parse_tool_calls
 from verl.tools.base import call_deadline
 from verl.tools.call_context import row_context
 
@@ -111,67 +119,6 @@ CONTEXT_KEYS = ("data_source", "ground_truth", "extra_info")
 
 
 @dataclass
-class TurnOutput:
-    """One model turn: the new ids (stop token included) and each one's log-prob."""
-
-    ids: list[int]
-    log_probs: list[float]
-
-
-class TurnGenerator(Protocol):
-    """What the agent loop needs from a rollout backend."""
-
-    def generate_turns(
-        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
-    ) -> list[TurnOutput]:
-        """Continue each context (unpadded ids) by at most its budget of new tokens,
-        stopping at an eos id, a stop string of ``params`` or ``</tool_call>``."""
-
-
-class EngineTurnGenerator:
-    """A :class:`TurnGenerator` over any :class:`RolloutEngine` (``native``, ``hf`` ...).
-
-    Each call is one batched ``engine.generate`` of the left-padded contexts with ``n=1``,
-    ``max_new_tokens`` the largest budget and ``</tool_call>`` added to the stop strings;
-    a row is then cut to its own budget (as if it had been stopped there).
-    """
-
-    def __init__(self, engine: RolloutEngine, stop_strings: Sequence[str] = (TOOL_CALL_END,)):
-        self.engine = engine
-        self.stop_strings = list(stop_strings)
-
-    def generate_turns(
-        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
-    ) -> list[TurnOutput]:
-        from verl.protocol import DataProto
-
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), self.engine.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long)
-        for row, context in enumerate(contexts):
-            ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
-            mask[row, width - len(context) :] = 1
-        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-        stops = list(params.stop_strings) + [
-            s for s in self.stop_strings if s not in params.stop_strings
-        ]
-        turn_params = dataclasses.replace(
-            params, n=1, max_new_tokens=max(budgets), stop_strings=stops
-        )
-        batch = DataProto.from_dict(
-            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
-        )
-        out = self.engine.generate(batch, turn_params).to("cpu")
-        lengths = out.batch["response_mask"].sum(-1).tolist()
-        responses = out.batch["responses"].tolist()
-        log_probs = out.batch["rollout_log_probs"].tolist()
-        return [
-            TurnOutput(responses[r][: min(n, b)], log_probs[r][: min(n, b)])
-            for r, (n, b) in enumerate(zip(lengths, budgets))
-        ]
-
-
-@dataclass
 class _ToolResult:
     text: str
     error: bool = False
@@ -185,6 +132,7 @@ class _Sample:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)  # None: a turn had none
     messages: list[dict[str, Any]] = field(default_factory=list)
     turns: int = 0
     tool_calls: int = 0
@@ -200,10 +148,17 @@ class _Sample:
     prompt_messages: list[dict[str, Any]] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
 
-    def append(self, ids: list[int], model: bool, log_probs: list[float] | None = None) -> None:
+    def append(
+        self,
+        ids: list[int],
+        model: bool,
+        log_probs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
         self.ids += ids
         self.mask += [int(model)] * len(ids)
         self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+        self.versions = extend_versions(self.versions, len(ids), model, versions)
 
 
 class AgentLoop:
@@ -327,7 +282,7 @@ class AgentLoop:
         """Append a model turn; the calls to run, or [] when the sample is finished."""
         if len(out.log_probs) != len(out.ids):
             raise RuntimeError(f"turn has {len(out.ids)} ids but {len(out.log_probs)} log-probs")
-        sample.append(list(out.ids), True, [float(x) for x in out.log_probs])
+        sample.append(list(out.ids), True, [float(x) for x in out.log_probs], out.versions)
         sample.turns += 1
         text = self.tokenizer.decode(out.ids, skip_special_tokens=True)
         calls = parse_tool_calls(text)
@@ -543,6 +498,9 @@ class AgentLoop:
         )
         attention = out.batch["attention_mask"]
         attention[:, -width:] = real.to(attention.dtype)
+        versions = trajectory_versions(samples, width)
+        if versions is not None:
+            out.batch[TOKEN_VERSIONS] = versions.to(attention.device)
         columns = {
             "messages": [s.messages for s in samples],
             "num_turns": [s.turns for s in samples],

@@ -1,0 +1,274 @@
+"""Partial rollouts with the multi-turn agent loop (``verl/rollout/agent_turns.py``).
+
+Each engine call of the agent loop (a turn) returns its tokens' policy versions, and the
+trajectory concatenates them: a model token has the version that sampled it, a tool /
+interaction token -1. Here a trajectory's turns straddle two weight swaps, one between the
+turns (posted by the interaction) and one in the middle of the second turn (resume mode);
+each token's log-prob equals a no-cache recomputation with the weights of its recorded
+version, and the truncated IS weights computed from the output equal a hand computation
+from those recomputations. Slow: a 2-step streaming GRPO run with multi_turn and
+``partial_rollout=continue``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verl.algorithms.rollout_correction import compute_rollout_is_weights
+from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from verl.protocol import DataProto
+from verl.rollout import SamplingParams
+from verl.rollout.agent_loop import AgentLoop
+from verl.rollout.agent_turns import EngineTurnGenerator
+from verl.rollout.native import NativeRollout
+from verl.rollout.partial import TOKEN_VERSIONS, WeightMailbox, weight_mailbox
+
+TEXTS = ["1+2=", "the cat has 5 apples and"]
+PARAMS = SamplingParams(n=2, max_new_tokens=40, seed=11, temperature=1.0, stop_token_ids=[])
+TURN_TOKENS = 8  # each turn is cut here: the interaction then answers
+SWAP_AT = 3  # v2 is posted when a row of the second turn samples its 4th token
+THRESHOLD = 2.0
+AGENT = Path(__file__).resolve().parents[2] / "examples/agents/calculator_agent.py:calculator_agent"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pytestconfig):
+    cache = getattr(pytestconfig, "cache", None)
+    tok = build_tiny_tokenizer(cache_dir=cache.mkdir("tiny_tokenizer") if cache else None)
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """Larger weights than the default init: peaked, varied distributions."""
+    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
+    return model.eval()
+
+
+def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        k: v + 0.2 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v.clone()
+        for k, v in model.state_dict().items()
+    }
+
+
+class _CutTurns(EngineTurnGenerator):
+    """The engine's turns, each cut at TURN_TOKENS (as if it had stopped there)."""
+
+    calls = 0
+
+    def generate_turns(self, contexts, budgets, params):
+        self.calls += 1
+        return super().generate_turns(contexts, [min(b, TURN_TOKENS) for b in budgets], params)
+
+
+def _prompts(tokenizer) -> DataProto:
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    mask = enc["attention_mask"]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": enc["input_ids"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+        }
+    )
+
+
+def _straddling_rollout(model, tokenizer):
+    """Two turns per trajectory under a resume-mode mailbox: v0 for the first turn, v1
+    posted by the interaction between the turns, v2 posted mid-way through the second."""
+    weights = {1: _perturbed(model, 9), 2: _perturbed(model, 10)}
+    mailbox = WeightMailbox("resume")
+    mailbox.held = 0
+
+    def scripted_trainer(logits, rows, steps):
+        if generator.calls == 2 and mailbox.posted_version == 1 and int(steps.max()) >= SWAP_AT:
+            mailbox.post(weights[2], 2)
+        return logits
+
+    def interaction(messages, *, num_replies, **context):
+        if num_replies:
+            return None
+        mailbox.post(weights[1], 1)  # a step boundary between the two turns
+        return "go on"
+
+    engine = NativeRollout(copy.deepcopy(model), tokenizer, logits_processor=scripted_trainer)
+    generator = _CutTurns(engine)
+    loop = AgentLoop(generator, tokenizer, [], max_turns=2, interaction=interaction)
+    prompts = _prompts(tokenizer)
+    with weight_mailbox(mailbox):
+        out = loop.run(prompts, PARAMS)
+    return out, prompts, weights, mailbox
+
+
+def _recomputed(module, prompts: DataProto, out: DataProto) -> torch.Tensor:
+    """(rows, R) log-probs of each response token (tool tokens included) by a no-cache
+    forward of prompt + response with ``module`` (0 past the response)."""
+    rows = []
+    width = out.batch["responses"].shape[1]
+    for r in range(len(out)):
+        source = r // PARAMS.n
+        prompt = prompts.batch["input_ids"][source][prompts.batch["attention_mask"][source].bool()]
+        length = int(out.batch["attention_mask"][r, -width:].sum())
+        resp = out.batch["responses"][r, :length]
+        with torch.no_grad():
+            logits = module(input_ids=torch.cat([prompt, resp]).unsqueeze(0)).logits[0].float()
+        lp = logits[len(prompt) - 1 : -1].log_softmax(-1).gather(-1, resp.unsqueeze(-1))
+        rows.append(torch.nn.functional.pad(lp.squeeze(-1), (0, width - length)))
+    return torch.stack(rows)
+
+
+def test_turns_straddling_weight_swaps_record_each_tokens_version(model, tokenizer):
+    out, prompts, weights, mailbox = _straddling_rollout(model, tokenizer)
+    assert mailbox.stats["swaps"] == 2 and mailbox.held == 2
+    versions = out.batch[TOKEN_VERSIONS]
+    mask = out.batch["response_mask"].bool()
+    width = mask.shape[1]
+    real = out.batch["attention_mask"][:, -width:].bool()
+    assert versions.dtype == torch.long and versions.shape == mask.shape
+    assert (versions[~mask] == -1).all()  # interaction tokens and padding
+    assert bool((real & ~mask).any())  # the interaction's reply is in the trajectories
+    for r in range(len(out)):
+        info = out.non_tensor_batch["turn_info"][r]
+        assert len(info) == 2, info
+        first, second = info[0]["model_tokens"], info[1]["model_tokens"]
+        model_versions = versions[r][mask[r]].tolist()
+        assert len(model_versions) == first + second
+        # the first turn: v0; the second: v1 until the mid-turn swap, then v2 (never back)
+        assert model_versions[:first] == [0] * first
+        turn2 = model_versions[first:]
+        assert turn2 == sorted(turn2) and set(turn2) <= {1, 2} and turn2[0] == 1
+    assert {1, 2} <= set(versions[mask].tolist())
+    spans = [r for r in range(len(out)) if {1, 2} <= set(versions[r][mask[r]].tolist())]
+    assert spans, "the v2 swap must land in the middle of some second turn"
+
+    # resume mode: every model token's log-prob is its version's no-cache recomputation
+    modules = {0: model}
+    for version, state in weights.items():
+        modules[version] = copy.deepcopy(model)
+        modules[version].load_state_dict(state)
+    by_version = {v: _recomputed(m, prompts, out) for v, m in modules.items()}
+    behaviour = torch.zeros_like(by_version[0])
+    for version, lps in by_version.items():
+        behaviour = torch.where(versions == version, lps, behaviour)
+    rollout_lp = out.batch["rollout_log_probs"]
+    assert float((rollout_lp - behaviour).abs().masked_fill(~mask, 0).max()) < 1e-4
+
+    # the truncated IS weights against the trainer's current policy (v2), by hand: per model
+    # token min(exp(log pi_v2 - log pi_version), C); 0 on tool / interaction tokens
+    old = by_version[2]
+    got, metrics = compute_rollout_is_weights(old, rollout_lp, mask.long(), threshold=THRESHOLD)
+    by_hand = torch.zeros_like(old)
+    for r in range(len(out)):
+        for t in range(width):
+            if mask[r, t]:
+                ratio = math.exp(float(old[r, t]) - float(behaviour[r, t]))
+                by_hand[r, t] = min(ratio, THRESHOLD)
+    assert torch.allclose(got, by_hand, rtol=1e-3, atol=1e-5)
+    assert bool((by_hand[versions == 2] - 1).abs().max() < 1e-3)  # fresh tokens: weight 1
+    assert bool((by_hand[(versions >= 0) & (versions < 2)] != 1).any())  # stale ones are not
+    clipped = float((by_hand[mask] >= THRESHOLD).float().mean())
+    assert float(metrics["rollout_is_clipfrac"]) == pytest.approx(clipped, abs=1e-6)
+
+
+def test_without_a_mailbox_the_trajectory_has_no_token_versions(model, tokenizer):
+    engine = NativeRollout(copy.deepcopy(model), tokenizer)
+    loop = AgentLoop(_CutTurns(engine), tokenizer, [], max_turns=2, interaction=lambda m, **k: None)
+    out = loop.run(_prompts(tokenizer), PARAMS)
+    assert TOKEN_VERSIONS not in out.batch
+    assert out.batch["response_mask"].sum() > 0
+
+
+def test_config_takes_partial_rollouts_with_multi_turn_not_with_an_agent_program(rl_config):
+    from verl.config import ConfigError
+
+    stream = ("trainer.async_rollout=true", "trainer.rollout_mode=streaming")
+    partial = ("trainer.partial_rollout=continue", "actor_rollout_ref.rollout.name=native")
+    multi = "actor_rollout_ref.rollout.multi_turn.enable=true"
+    cfg = rl_config(*stream, *partial, multi)
+    assert cfg.trainer.partial_rollout == "continue"
+    with pytest.raises(ConfigError, match="OpenAI endpoint's records"):
+        rl_config(*stream, *partial, f"actor_rollout_ref.rollout.agent.program={AGENT}")
+
+
+@pytest.mark.slow
+def test_streaming_multi_turn_with_partial_rollouts_trains(rl_config, tool_model_dir, tmp_path):
+    from verl.trainer.rl.trainer import RLTrainer
+
+    from .tool_model import QUESTIONS, REWARD
+
+    data = tmp_path / "train.jsonl"
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": q}],
+            "reward_model": {"ground_truth": a},
+        }
+        for q, a in QUESTIONS.items()
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    cfg = rl_config(
+        f"actor_rollout_ref.model.path={tool_model_dir}",
+        f"data.train_files=[{data}]",
+        "data.max_prompt_length=512",
+        "data.max_response_length=96",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
+        "actor_rollout_ref.rollout.multi_turn.max_turns=3",
+        "actor_rollout_ref.rollout.temperature=0.5",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=score",
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.partial_rollout=continue",
+        "trainer.max_staleness=1",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+    )
+    trainer = RLTrainer(cfg)
+    taken = []
+    real_next = trainer.batch_source.next
+
+    def next_batch(draw):
+        gen, metrics = real_next(draw)
+        taken.append(gen)
+        return gen, metrics
+
+    trainer.batch_source.next = next_batch
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.global_step == 2 and len(taken) == 2
+    assert any(m["actor/grad_norm"] > 0 for m in trainer.history)
+    for step, (gen, metrics) in enumerate(zip(taken, trainer.history)):
+        assert math.isfinite(metrics["actor/pg_loss"])
+        assert max(gen.non_tensor_batch["num_turns"]) >= 2
+        versions = gen.batch[TOKEN_VERSIONS]
+        mask = gen.batch["response_mask"].bool()
+        assert (versions[~mask] == -1).all() and (versions[mask] >= 0).all()
+        # a sample's version is its oldest model token's
+        oldest = versions.masked_fill(~mask, 10**9).min(-1).values.numpy()
+        sample_versions = gen.non_tensor_batch["rollout_policy_version"]
+        has_tokens = mask.any(-1).numpy()
+        assert np.array_equal(sample_versions[has_tokens], oldest[has_tokens])
+        assert (sample_versions <= step).all() and (sample_versions >= step - 1).all()
+        assert metrics["stream/dropped_groups"] == 0
