@@ -25,7 +25,8 @@ on tool-call transcripts alone makes it answer every validation prompt right (16
 endpoint verl serves from the policy; training and greedy validation both go through it.
 Its prompts are the tool loop's (the template renders ``tools`` as the same system line), so
 the same warm start applies: ``--sft-dir`` reuses an SFT model saved by an earlier run
-(``<out>/sft_ckpt/huggingface``) and skips step 2.
+(``<out>/sft_ckpt/huggingface``) and skips step 2. Measured (docs/agents.md): greedy
+held-out accuracy through the agent 0.50 -> 1.00 in 3 GRPO steps, as through the loop.
 
 The chat template lists the tools in one short system line ("Tools: calculator") rather
 than the generic JSON description (~200 tokens), which makes every step ~3x cheaper.
