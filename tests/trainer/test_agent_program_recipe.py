@@ -25,8 +25,8 @@ import torch
 from verl.data.arithmetic import tool_transcript_row
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
-from verl.rollout.agent_loop import TurnOutput
 from verl.rollout.agent_program import AgentProgramRollout
+from verl.rollout.agent_turns import TurnOutput
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
