@@ -7,12 +7,13 @@ The RLHF pipeline on arithmetic, where the truth is known, so every stage can be
 2. SFT of the base model with ``SFTTrainer`` (loss on the answer only); ``--sft-steps 0``
    skips it (the SmolLM2 default: SmolLM2-Instruct already answers in the format);
 3. reward-model pairs on problems outside the RL validation set, held-out RM problems
-   apart: ``--rm-pairs policy`` (the SmolLM2 default) samples the SFT model's own answers
-   (``--rm-samples`` per problem, temperature 1, as GRPO samples) and pairs a right one
-   (chosen) with a wrong one (rejected), right and wrong by the rule scorer;
-   ``--rm-pairs synthetic`` (the tiny model's default) pairs the right number with a
-   made-up wrong one (off by a little, another operator's result, or any number;
-   ``verl.data.preference_pairs.write_answer_pairs``);
+   apart: ``--rm-pairs policy`` samples the SFT model's own answers (``--rm-samples`` per
+   problem, temperature 1, as GRPO samples) and pairs a right one (chosen) with a wrong one
+   (rejected), right and wrong by the rule scorer; ``--rm-pairs synthetic`` (the tiny
+   model's default) pairs the right number with a made-up wrong one (off by a little,
+   another operator's result, or any number;
+   ``verl.data.preference_pairs.write_answer_pairs``); ``--rm-pairs mixed`` (the SmolLM2
+   default) trains on both, validated on the policy pairs;
 4. reward-model training with ``RMTrainer``: the SFT model's body plus a new one-output
    ``score`` head, Bradley-Terry loss on the pairs; ``val/acc`` is the fraction of held-out
    pairs it orders right. On SmolLM2 the body trains LoRA adapters (``--rm-lora-rank``) in
@@ -22,10 +23,10 @@ The RLHF pipeline on arithmetic, where the truth is known, so every stage can be
    (greedy validation accuracy on the held-out prompts, ``val/acc``, and, per step, the
    fraction of sampled answers that are right, ``rule_acc``, and how often the reward model
    orders a right answer above a wrong one to the same prompt, ``rm_pair_acc``). A KL
-   loss to the initial policy (``--kl-coef``, ``actor.use_kl_loss``; 0 turns it off) keeps
-   the policy near the answers the reward model was trained on: without it the policy
-   drifts to answers the reward model over-rates and its accuracy collapses (reward
-   hacking, measured in docs/reward_model.md).
+   loss to the initial policy (``--kl-coef``, ``actor.use_kl_loss``; 0 turns it off) holds
+   the policy near the answers the reward model was trained on. The policy still finds
+   answers the reward model over-rates (bare numbers, equations on other operands): the
+   remedies tried and their curves are in docs/reward_model.md.
 
 It prints one line per stage and per GRPO step and writes everything as JSON to
 ``<out>/pipeline.json``::
@@ -168,7 +169,7 @@ def write_policy_pairs(
     train_rows = _problems(
         args.rm_problems, args, 12, held_out | {row_problem(r) for r in val_rows}
     )
-    files = {}
+    files: dict[str, Any] = {}
     for name, rows, seed in (("rm_train", train_rows, 1), ("rm_val", val_rows, 2)):
         pairs = sample_policy_pairs(model_dir, rows, args.rm_samples, args.policy_pairs, seed)
         if pairs:  # else the synthetic pairs stay (a tiny smoke run may sample none)
@@ -176,6 +177,18 @@ def write_policy_pairs(
         logging.getLogger(__name__).warning(
             "%s: %d policy pairs on %d problems", name, len(pairs), len(rows)
         )
+    if args.rm_pairs == "mixed":  # + right number vs a wrong number, none on a val problem
+        synthetic, _ = write_answer_pairs(
+            out / "rm" / "synthetic",
+            args.rm_problems,
+            0,
+            args.digits,
+            args.ops,
+            seed=1,
+            wrong_per_problem=args.wrong_per_problem,
+            exclude=held_out | {row_problem(r) for r in val_rows},
+        )
+        files["rm_train"] = [*([files["rm_train"]] if "rm_train" in files else []), synthetic]
     return files
 
 
@@ -207,11 +220,17 @@ def run_sft(base: Path | str, data: dict, out: Path, args: argparse.Namespace) -
     return {"dir": results["hf_dir"], "loss": [m["train/loss"] for m in results["history"]]}
 
 
-def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dict:
-    cfg = load_rm_config(
+def _as_list(files: str | list[str]) -> list[str]:
+    return files if isinstance(files, list) else [files]
+
+
+def rm_config(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> Any:
+    """The reward-model stage's validated config: from ``sft_dir``, on ``data["rm_train"]``
+    (one file or a list), validated on ``data["rm_val"]``."""
+    return load_rm_config(
         overrides=[
             f"model.path={sft_dir}",
-            f"data.train_files=[{data['rm_train']}]",
+            f"data.train_files=[{','.join(map(str, _as_list(data['rm_train'])))}]",
             f"data.val_files=[{data['rm_val']}]",
             f"data.max_prompt_length={MAX_PROMPT}",
             f"data.max_length={MAX_PROMPT + MAX_RESPONSE}",
@@ -226,7 +245,10 @@ def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dic
             *common(out, "rm", args.rm_steps, args.rm_lr),
         ]
     )
-    results = RMTrainer(cfg).train()
+
+
+def run_rm(sft_dir: str, data: dict, out: Path, args: argparse.Namespace) -> dict:
+    results = RMTrainer(rm_config(sft_dir, data, out, args)).train()
     return {
         "dir": results["hf_dir"],
         "loss": [m["train/loss"] for m in results["history"]],
@@ -364,12 +386,12 @@ def run_grpo(
     return {"steps": steps, "val": val, "samples": last_validation_samples(out)}
 
 
-# GRPO's default KL(actor || initial policy) loss coefficient (--kl-coef): docs/reward_model.md
-KL_COEF = 0.1
-
 # model -> defaults of the settings that differ between the embedded SmolLM2 and the tiny model
 # SmolLM2-Instruct already answers in the prompt's format (50% right, greedy), so its SFT is
 # skipped and its reward model trains LoRA adapters (and the new score head) in bf16 autocast.
+# Its reward model also trains on right-vs-wrong bare numbers (mixed pairs) and its GRPO has a
+# KL loss of 1.0 to the initial policy: without both the policy collapses from 0.75 to 0.08
+# greedy accuracy on answers the reward model over-rates (docs/reward_model.md).
 DEFAULTS = {
     "smollm2": dict(
         sft_steps=0,
@@ -378,8 +400,9 @@ DEFAULTS = {
         rm_lr=3e-4,
         rm_lora_rank=16,
         rm_precision="auto",
-        rm_pairs="policy",
+        rm_pairs="mixed",
         grpo_lr=2e-5,
+        kl_coef=1.0,
         threads=2,
     ),
     "tiny": dict(
@@ -391,6 +414,7 @@ DEFAULTS = {
         rm_precision="none",
         rm_pairs="synthetic",
         grpo_lr=1e-3,
+        kl_coef=0.0,
         threads=1,
     ),
 }
@@ -414,9 +438,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rm-lora-rank", type=int, help="RM LoRA rank (0: train every weight)")
     p.add_argument(
         "--rm-pairs",
-        choices=["policy", "synthetic"],
+        choices=["policy", "synthetic", "mixed"],
         help="RM pairs: the policy's own sampled answers marked by the rule scorer (policy), "
-        "or the right answer against made-up wrong numbers (synthetic)",
+        "the right answer against made-up wrong numbers (synthetic), or both for training "
+        "(mixed; validated on the policy pairs)",
     )
     p.add_argument("--rm-samples", type=int, default=8, help="policy samples per RM problem")
     p.add_argument("--policy-pairs", type=int, default=4, help="policy pairs per RM problem")
@@ -440,9 +465,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kl-coef",
         type=float,
-        default=KL_COEF,
         help="GRPO's KL(actor || initial policy) loss coefficient (0: no KL term and no "
-        "reference model, the reward-hacking run of docs/reward_model.md)",
+        "reference model)",
     )
     p.add_argument(
         "--rm-model",
@@ -487,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rm_model is not None:  # an earlier run's reward model: no pairs, no RM training
         rm = {"dir": args.rm_model, "loss": [], "acc": [], "val": []}
     elif args.reward == "rm":
-        if args.rm_pairs == "policy":
+        if args.rm_pairs in ("policy", "mixed"):
             held_out = {row_problem(r.data) for r in read_records(data["rl_val"]).records}
             data |= write_policy_pairs(sft["dir"], out, held_out, args)
         rm = run_rm(sft["dir"], data, out, args)

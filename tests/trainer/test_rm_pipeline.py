@@ -63,7 +63,7 @@ def test_kl_coef_flag_sets_the_grpo_kl_loss(example, tmp_path, argv, use_kl):
     assert not cfg.algorithm.use_kl_in_reward  # one KL term: the loss, not the reward
     assert cfg.reward_model.enable and cfg.reward_model.model.path == "smollm2-135m-instruct"
     if use_kl:
-        assert actor.kl_loss_coef == example.KL_COEF > 0
+        assert actor.kl_loss_coef == example.DEFAULTS["smollm2"]["kl_coef"] > 0
         assert actor.kl_loss_type == "low_var_kl"
     args = example.parse_args(["--out", str(tmp_path), "--kl-coef", "0.25"])
     cfg = example.grpo_config("smollm2-135m-instruct", None, data, tmp_path, args)
@@ -78,6 +78,36 @@ def test_contradictory_flags_are_refused(example, tmp_path, argv, capsys):
         example.parse_args(["--out", str(tmp_path), *argv])
     assert exc.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_mixed_rm_pairs_train_on_policy_and_synthetic_pairs(example, tmp_path, monkeypatch):
+    args = example.parse_args(["--out", str(tmp_path), "--rm-pairs", "mixed"])
+    args.rm_problems, args.rm_val_problems = 16, 8
+    data = example.make_data(tmp_path, args)
+    held_out = {row_problem(r.data) for r in read_records(data["rl_val"]).records}
+    sampled = {}
+
+    def fake_sampling(model_dir, rows, samples, per_problem, seed):
+        # a right and a wrong "policy answer" per problem, as the sampler would pair them
+        sampled[seed] = {row_problem(r) for r in rows}
+        return [
+            {"prompt": r["prompt"], "chosen": "It is 5", "rejected": "Hm", "error": "policy"}
+            for r in rows
+        ]
+
+    monkeypatch.setattr(example, "sample_policy_pairs", fake_sampling)
+    files = example.write_policy_pairs("smollm2-135m-instruct", tmp_path, held_out, args)
+    policy, synthetic = files["rm_train"]
+    assert Path(policy).name == "policy_rm_train.parquet"
+    assert Path(files["rm_val"]).name == "policy_rm_val.parquet"
+    rows = [r.data for r in read_records(synthetic).records]
+    assert len(rows) == 16 * args.wrong_per_problem
+    for row in rows:  # no RL validation problem, no RM validation problem
+        assert _problem(row["prompt"][0]["content"]) not in held_out | sampled[2]
+        assert row["chosen"] != row["rejected"] and row["rejected"].lstrip("-").isdigit()
+    cfg = example.rm_config("smollm2-135m-instruct", data | files, tmp_path, args)
+    assert list(cfg.data.train_files) == [policy, synthetic]
+    assert list(cfg.data.val_files) == [files["rm_val"]]
 
 
 def test_last_validation_samples_are_the_wrong_answers_of_the_last_validation(example, tmp_path):
@@ -118,8 +148,9 @@ def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model):
     # GRPO was trained on the reward model's scores: the run's metrics have them.
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "logs" / "metrics.jsonl").open()]
     assert any("reward/model_score_mean" in row for row in rows)
-    # the default KL loss to the initial policy ran: its value is in every step
-    assert all(step["kl"] is not None and step["kl"] >= 0.0 for step in grpo["steps"])
+    # SmolLM2's default KL loss to the initial policy ran: its value is in every step
+    kl = [step["kl"] for step in grpo["steps"]]
+    assert all(k is not None and k >= 0.0 for k in kl) if model == "smollm2" else kl == [None] * 2
     assert (tmp_path / "grpo" / "validation" / "2.jsonl").is_file()
 
 
