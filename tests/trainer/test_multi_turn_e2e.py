@@ -20,38 +20,12 @@ from verl.rollout.agent_loop import multi_turn_metrics
 from verl.tools.calculator import calculate
 from verl.trainer.rl.trainer import RLTrainer
 
-from .tool_model import QUESTIONS, REWARD
+from .tool_model import QUESTIONS, calculator_run_overrides
 
 
 @pytest.mark.slow
 def test_grpo_with_the_calculator(rl_config, tool_model_dir, tmp_path):
-    data = tmp_path / "train.jsonl"
-    rows = [
-        {
-            "data_source": "arithmetic",
-            "prompt": [{"role": "user", "content": q}],
-            "reward_model": {"ground_truth": a},
-        }
-        for q, a in QUESTIONS.items()
-    ]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
-    reward = tmp_path / "reward.py"
-    reward.write_text(REWARD)
-    cfg = rl_config(
-        f"actor_rollout_ref.model.path={tool_model_dir}",
-        f"data.train_files=[{data}]",
-        "data.max_prompt_length=512",
-        "data.max_response_length=96",
-        "actor_rollout_ref.actor.optim.lr=1e-4",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
-        "actor_rollout_ref.rollout.multi_turn.max_turns=3",
-        "actor_rollout_ref.rollout.temperature=0.5",
-        f"custom_reward_function.path={reward}",
-        "custom_reward_function.name=score",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-    )
+    cfg = rl_config(*calculator_run_overrides(tool_model_dir, tmp_path))
     trainer = RLTrainer(cfg)
     try:
         gen, _ = trainer.collect_data(next(iter(trainer.train_loader)))

@@ -8,7 +8,6 @@ when the call ends (the agent loop's per-turn engine calls are not reported as g
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -16,41 +15,17 @@ import pytest
 
 from verl.trainer.rl.trainer import RLTrainer
 
-from .tool_model import QUESTIONS, REWARD
+from .tool_model import calculator_run_overrides
 
 
 @pytest.mark.slow
 def test_streaming_multi_turn_two_steps(rl_config, tool_model_dir, tmp_path):
-    data = tmp_path / "train.jsonl"
-    rows = [
-        {
-            "data_source": "arithmetic",
-            "prompt": [{"role": "user", "content": q}],
-            "reward_model": {"ground_truth": a},
-        }
-        for q, a in QUESTIONS.items()
-    ]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
-    reward = tmp_path / "reward.py"
-    reward.write_text(REWARD)
     cfg = rl_config(
-        f"actor_rollout_ref.model.path={tool_model_dir}",
-        f"data.train_files=[{data}]",
-        "data.max_prompt_length=512",
-        "data.max_response_length=96",
-        "actor_rollout_ref.actor.optim.lr=1e-4",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
-        "actor_rollout_ref.rollout.multi_turn.max_turns=3",
-        "actor_rollout_ref.rollout.temperature=0.5",
-        f"custom_reward_function.path={reward}",
-        "custom_reward_function.name=score",
+        *calculator_run_overrides(tool_model_dir, tmp_path, repeats=4),
         "trainer.async_rollout=true",
         "trainer.rollout_mode=streaming",
         "trainer.max_staleness=1",
         "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
     )
     trainer = RLTrainer(cfg)
     taken = []

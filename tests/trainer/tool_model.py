@@ -74,3 +74,35 @@ def train_tool_model(path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def calculator_run_overrides(tool_model_dir: Path, tmp_path: Path, repeats: int = 2) -> list[str]:
+    """Config overrides of a GRPO run on ``QUESTIONS`` (``repeats`` times each) with the
+    calculator tool and ``REWARD``, written under ``tmp_path``: the tests add their own keys."""
+    data = tmp_path / "train.jsonl"
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": q}],
+            "reward_model": {"ground_truth": a},
+        }
+        for q, a in QUESTIONS.items()
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * repeats))
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    return [
+        f"actor_rollout_ref.model.path={tool_model_dir}",
+        f"data.train_files=[{data}]",
+        "data.max_prompt_length=512",
+        "data.max_response_length=96",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
+        "actor_rollout_ref.rollout.multi_turn.max_turns=3",
+        "actor_rollout_ref.rollout.temperature=0.5",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=score",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+    ]
