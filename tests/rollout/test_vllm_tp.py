@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.compat.test_upstream_scripts import COMMON, FAMILIES, SCRIPT, _rows
-from verl.models.tiny import save_tiny_model_dir
+from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,15 +82,7 @@ def test_two_workers_generate_what_one_does_and_take_every_push(tmp_path):
 
 
 def test_upstream_script_with_rollout_tensor_parallel_trains_two_grpo_steps(tmp_path):
-    model = save_tiny_model_dir(
-        tmp_path / "model",
-        arch="qwen2",
-        hidden_size=256,
-        num_layers=2,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-    )
+    model = save_tiny_model_dir(tmp_path / "model", **VLLM_TINY_SHAPE)
     data = tmp_path / "data"
     data.mkdir()
     pq.write_table(pa.Table.from_pylist(_rows(16)), data / "train.parquet")

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.rollout.conftest import make_batch
-from verl.models.tiny import save_tiny_model_dir
+from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
 from verl.rollout import SamplingParams
 from verl.rollout.vllm_rollout import VLLMRollout
 
@@ -44,15 +44,7 @@ def _children() -> list[tuple[int, str]]:
 
 
 def main(size: int, out_dir: Path) -> None:
-    model_dir = save_tiny_model_dir(
-        out_dir / "model",
-        arch="qwen2",
-        hidden_size=256,
-        num_layers=2,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-    )
+    model_dir = save_tiny_model_dir(out_dir / "model", **VLLM_TINY_SHAPE)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"

@@ -32,7 +32,7 @@ from tests.rollout.conftest import make_batch
 from verl.config import load_config
 from verl.controller import ensure_ray, shutdown_ray
 from verl.kernels.torch_functional import compute_response_log_probs
-from verl.models.tiny import save_tiny_model_dir
+from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
 from verl.trainer.rl.trainer import RLTrainer
@@ -41,15 +41,7 @@ PROMPTS = ["1+2=", "what is 3*4", "7-5=", "the sum of 8 and 9 is", "2*2=", "hell
 
 
 def main(out_dir: Path, extra: list[str]) -> None:
-    model_dir = save_tiny_model_dir(
-        out_dir / "model",
-        arch="qwen2",
-        hidden_size=256,
-        num_layers=2,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-    )
+    model_dir = save_tiny_model_dir(out_dir / "model", **VLLM_TINY_SHAPE)
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",

@@ -27,7 +27,7 @@ import verl.rollout.vllm_stream as vllm_stream
 from verl.config import load_config
 from verl.controller import ensure_ray, shutdown_ray
 from verl.kernels.torch_functional import compute_response_log_probs
-from verl.models.tiny import save_tiny_model_dir
+from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.trainer import RLTrainer
 
@@ -68,15 +68,7 @@ KEYS = (
 
 
 def main(mode: str, out_dir: Path) -> None:
-    model_dir = save_tiny_model_dir(
-        out_dir / "model",
-        arch="qwen2",
-        hidden_size=256,
-        num_layers=2,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-    )
+    model_dir = save_tiny_model_dir(out_dir / "model", **VLLM_TINY_SHAPE)
     cfg = load_config(
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",

