@@ -18,6 +18,7 @@ rope index (:mod:`verl.workers.vision_inputs`; padded micro-batches only).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -104,6 +105,29 @@ def response_log_probs(
     )
 
 
+def _vocab_passes(
+    data: DataProto, micro_batch_size: int | None, batching: Any, device: torch.device
+) -> Iterator[tuple[Any, tuple, torch.Tensor]]:
+    """The micro-batches of a full-vocabulary distillation pass: each micro-batch, the
+    arguments of :func:`~verl.workers.teacher.response_log_softmax` after the module, and
+    the sampled ids ``(rows, response_len, 1)``."""
+    temperature = data.meta_info.get("temperature", 1.0)
+    response_len = data.batch["response_mask"].shape[1]
+    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
+    for mb in micro_batches(inputs, response_len, micro_batch_size, batching, 1):
+        x = mb.data.batch
+        args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
+        yield mb, (*args, temperature), x["input_ids"][:, -mb.response_len :, None]
+
+
+def _gathered(parts: dict[str, list], data: DataProto) -> dict[str, torch.Tensor]:
+    """Each key's micro-batch outputs back in the batch's row order, ``(batch,
+    response_len, ...)``, after releasing the passes' memory."""
+    release_memory()
+    n, response_len = len(data), data.batch["response_mask"].shape[1]
+    return {key: gather_response_outputs(values, n, response_len) for key, values in parts.items()}
+
+
 def teacher_topk_scores(
     engine: Any,
     teacher_engine: Any,
@@ -117,9 +141,6 @@ def teacher_topk_scores(
     its log-probs of the sampled tokens ``(batch, response_len)``, the student's ``k`` most
     likely ids at each position ``(batch, response_len, k)`` and the teacher's log-probs at
     them. Full-vocabulary log-probs are held one micro-batch at a time."""
-    temperature = data.meta_info.get("temperature", 1.0)
-    response_len = data.batch["response_mask"].shape[1]
-    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
     parts: dict[str, list] = {key: [] for key in TEACHER_KEYS}
     with (
         torch.no_grad(),
@@ -127,23 +148,18 @@ def teacher_topk_scores(
         teacher_engine.eval_mode(),
         engine.autocast(),
     ):
-        for mb in micro_batches(inputs, response_len, micro_batch_size, actor.batching, 1):
-            x = mb.data.batch
-            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
-            student = response_log_softmax(engine.module, *args, temperature)
-            teacher = response_log_softmax(teacher_engine.module, *args, temperature)
+        for mb, args, labels in _vocab_passes(data, micro_batch_size, actor.batching, device):
+            student = response_log_softmax(engine.module, *args)
+            teacher = response_log_softmax(teacher_engine.module, *args)
             vocab = min(student.shape[-1], teacher.shape[-1])  # heads may be padded apart
             k = min(topk, vocab)
             ids = student[..., :vocab].topk(k, dim=-1).indices
             del student
-            labels = x["input_ids"][:, -mb.response_len :, None]
             parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
             parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, ids).cpu()))
             parts["distill_topk_ids"].append((mb, ids.cpu()))
             del teacher
-    release_memory()
-    n = len(data)
-    return {key: gather_response_outputs(values, n, response_len) for key, values in parts.items()}
+    return _gathered(parts, data)
 
 
 def student_topk_ids(
@@ -159,21 +175,15 @@ def student_topk_ids(
     response_len, k)`` int64, among its first ``vocab`` logits (the teacher's head size:
     heads may be padded apart; ``None``: all of them). The micro-batches, autocast and
     temperature are :func:`teacher_topk_scores`'s, so the ids are the ones it picks."""
-    temperature = data.meta_info.get("temperature", 1.0)
-    response_len = data.batch["response_mask"].shape[1]
-    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
-    parts = []
+    parts: dict[str, list] = {"distill_topk_ids": []}
     with torch.no_grad(), engine.eval_mode(), engine.autocast():
-        for mb in micro_batches(inputs, response_len, micro_batch_size, actor.batching, 1):
-            x = mb.data.batch
-            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
-            student = response_log_softmax(engine.module, *args, temperature)
+        for mb, args, _ in _vocab_passes(data, micro_batch_size, actor.batching, device):
+            student = response_log_softmax(engine.module, *args)
             width = student.shape[-1] if vocab is None else min(vocab, student.shape[-1])
             ids = student[..., :width].topk(min(topk, width), dim=-1).indices
             del student
-            parts.append((mb, ids.cpu()))
-    release_memory()
-    return gather_response_outputs(parts, len(data), response_len)
+            parts["distill_topk_ids"].append((mb, ids.cpu()))
+    return _gathered(parts, data)["distill_topk_ids"]
 
 
 def teacher_scores_at(
@@ -189,20 +199,12 @@ def teacher_scores_at(
     as :data:`TEACHER_KEYS` (the ids themselves are the caller's). ``spec``: the teacher
     pool's (the actor's micro-batch split); the teacher engine's autocast is the actor's.
     Full-vocabulary log-probs are held one micro-batch at a time."""
-    temperature = data.meta_info.get("temperature", 1.0)
-    response_len = data.batch["response_mask"].shape[1]
-    inputs = to_device(data.select(batch_keys=list(PROMPT_KEYS)), device)
     parts: dict[str, list] = {key: [] for key in TEACHER_KEYS[:2]}
     with torch.no_grad(), teacher_engine.eval_mode(), teacher_engine.autocast():
-        for mb in micro_batches(inputs, response_len, micro_batch_size, spec.batching, 1):
-            x = mb.data.batch
-            args = (x["input_ids"], x["attention_mask"], x["position_ids"], mb.response_len)
-            teacher = response_log_softmax(teacher_engine.module, *args, temperature)
+        for mb, args, labels in _vocab_passes(data, micro_batch_size, spec.batching, device):
+            teacher = response_log_softmax(teacher_engine.module, *args)
             at = ids[mb.index, : mb.response_len].to(teacher.device)
-            labels = x["input_ids"][:, -mb.response_len :, None]
             parts["teacher_log_probs"].append((mb, teacher.gather(-1, labels)[..., 0].cpu()))
             parts["teacher_topk_log_probs"].append((mb, teacher.gather(-1, at).cpu()))
             del teacher
-    release_memory()
-    n = len(data)
-    return {key: gather_response_outputs(values, n, response_len) for key, values in parts.items()}
+    return _gathered(parts, data)
