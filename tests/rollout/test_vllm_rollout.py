@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.rollout.vllm_child import ROOT, last_json, run_child
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,23 +29,9 @@ pytestmark = [
 LOGPROB_BOUND = 2e-4
 
 
-def _run(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 def test_weight_sync_is_real_and_a_stalled_engine_times_out(tmp_path):
-    proc = _run([str(ROOT / "tests/rollout/vllm_sync_check.py")], timeout=900, cwd=tmp_path)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_child([str(ROOT / "tests/rollout/vllm_sync_check.py")], timeout=900, cwd=tmp_path)
+    result = last_json(proc)
 
     for tag in ("initial", "after_update"):
         case = result[tag]
@@ -84,7 +66,7 @@ def test_weight_sync_is_real_and_a_stalled_engine_times_out(tmp_path):
 
 
 def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
-    _run(
+    run_child(
         [
             "-m",
             "verl.trainer.main_ppo",
@@ -125,8 +107,10 @@ def test_grpo_on_smollm2_with_vllm_keeps_the_logprob_gap_small(tmp_path):
 
 def test_two_fsdp2_ranks_share_one_engine_on_rank_zero(tmp_path):
     # GRPO, 2 steps, 2 Ray workers sharding a tiny Qwen2; rank 0's vLLM engine serves both.
-    proc = _run([str(ROOT / "tests/rollout/vllm_two_ranks_check.py"), str(tmp_path)], 900, tmp_path)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_child(
+        [str(ROOT / "tests/rollout/vllm_two_ranks_check.py"), str(tmp_path)], 900, tmp_path
+    )
+    result = last_json(proc)
     assert result["world_size"] == 2
     assert len(result["steps"]) == 2
     for step in result["steps"]:

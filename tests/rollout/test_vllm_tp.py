@@ -20,9 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.compat.test_upstream_scripts import COMMON, FAMILIES, SCRIPT, _rows
+from tests.rollout.vllm_child import ROOT, child_env, last_json, run_child
 from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,25 +39,14 @@ pytestmark = [
 LOGPROB_BOUND = 1e-4
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # the rollout splits the allowed cores
-    return env
+NO_BIND = ("VLLM_CPU_OMP_THREADS_BIND",)  # the rollout splits the allowed cores
 
 
 def _check(size: int, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{size}"
     out.mkdir()
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/rollout/vllm_tp_check.py"), str(size), str(out)],
-        cwd=out,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    check = [str(ROOT / "tests/rollout/vllm_tp_check.py"), str(size), str(out)]
+    return last_json(run_child(check, 900, out, drop_env=NO_BIND))
 
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -96,7 +84,7 @@ def test_upstream_script_with_rollout_tensor_parallel_trains_two_grpo_steps(tmp_
     script = tmp_path / "run_grpo_vllm_tp.sh"
     script.write_text(SCRIPT.format(family=FAMILIES["grpo"], common=common))
     env = {
-        **_env(),
+        **child_env(NO_BIND),
         "PYTHON": sys.executable,
         "MODEL": str(model),
         "DATA": str(data),
@@ -133,22 +121,14 @@ def test_upstream_script_with_rollout_tensor_parallel_trains_two_grpo_steps(tmp_
 def test_two_fsdp2_ranks_share_one_tensor_parallel_engine(tmp_path):
     # tests/rollout/test_vllm_rollout.py's two-rank run, with the engine on rank 0 split over
     # two vLLM worker processes: pushes gathered from both shards reach both workers
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests/rollout/vllm_two_ranks_check.py"),
-            str(tmp_path),
-            "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2",
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    check = [
+        str(ROOT / "tests/rollout/vllm_two_ranks_check.py"),
+        str(tmp_path),
+        "actor_rollout_ref.rollout.vllm.tensor_parallel_size=2",
+    ]
+    proc = run_child(check, 1200, tmp_path, drop_env=NO_BIND)
     assert "Worker_TP1" in proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = last_json(proc)
     assert result["world_size"] == 2 and len(result["steps"]) == 2
     for step in result["steps"]:
         assert step["actor/grad_norm"] > 0

