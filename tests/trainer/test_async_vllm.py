@@ -114,8 +114,12 @@ def test_streaming_with_vllm_hands_groups_over_from_the_engine(tmp_path):
     result = _run("streaming", tmp_path)
     _check_finite(result)
     steps, trained = result["steps"], result["trained"]
-    # every group of both calls came through the vLLM engine's stream (4 prompts each)
-    assert sorted(result["streamed"]) == [[c, p] for c in range(2) for p in range(4)]
+    # every group of both calls came through the vLLM engine's stream (4 prompts each); the
+    # second step queued a third call ahead (max_staleness=1), which may have streamed some
+    # of its groups before the run ended, depending on the machine's speed
+    streamed = sorted(result["streamed"])
+    assert streamed[:8] == [[c, p] for c in range(2) for p in range(4)]
+    assert all(c == 2 for c, _ in streamed[8:]) and len(streamed) <= 12, streamed
     assert [set(t["versions"]) for t in trained] == [{0}, {0}]
     assert [s["async/staleness_max"] for s in steps] == [0.0, 1.0]
     assert all(s["stream/dropped_groups"] == 0 for s in steps)
