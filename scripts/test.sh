@@ -10,4 +10,5 @@ venv="${VERL_VENV:-$root/.venv}"
 cd "$root"
 "$venv/bin/ruff" check verl tests bench
 "$venv/bin/ruff" format --check verl tests bench
-"$venv/bin/python" -m pytest -q -n "${VERL_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# --durations: the 25 slowest tests at the end of the log, where suite time is lost
+"$venv/bin/python" -m pytest -q -n "${VERL_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"
