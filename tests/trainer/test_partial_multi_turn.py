@@ -192,16 +192,14 @@ def test_without_a_mailbox_the_trajectory_has_no_token_versions(model, tokenizer
     assert out.batch["response_mask"].sum() > 0
 
 
-def test_config_takes_partial_rollouts_with_multi_turn_not_with_an_agent_program(rl_config):
-    from verl.config import ConfigError
-
+def test_config_takes_partial_rollouts_with_multi_turn_and_with_an_agent_program(rl_config):
     stream = ("trainer.async_rollout=true", "trainer.rollout_mode=streaming")
     partial = ("trainer.partial_rollout=continue", "actor_rollout_ref.rollout.name=native")
     multi = "actor_rollout_ref.rollout.multi_turn.enable=true"
     cfg = rl_config(*stream, *partial, multi)
     assert cfg.trainer.partial_rollout == "continue"
-    with pytest.raises(ConfigError, match="OpenAI endpoint's records"):
-        rl_config(*stream, *partial, f"actor_rollout_ref.rollout.agent.program={AGENT}")
+    cfg = rl_config(*stream, *partial, f"actor_rollout_ref.rollout.agent.program={AGENT}")
+    assert cfg.trainer.partial_rollout == "continue" and cfg.actor_rollout_ref.rollout.agent.enable
 
 
 @pytest.mark.slow

@@ -388,10 +388,18 @@ class AgentProgramRollout:
             if len(outs) != len(jobs):
                 raise RuntimeError(f"generate_turns returned {len(outs)} turns for {len(jobs)}")
             for job, out in zip(jobs, outs):
-                self._answer(job, list(out.ids), [float(x) for x in out.log_probs], turn_params)
+                versions = None if out.versions is None else [int(v) for v in out.versions]
+                self._answer(
+                    job, list(out.ids), [float(x) for x in out.log_probs], turn_params, versions
+                )
 
     def _answer(
-        self, job: _Job, ids: list[int], log_probs: list[float], params: SamplingParams
+        self,
+        job: _Job,
+        ids: list[int],
+        log_probs: list[float],
+        params: SamplingParams,
+        versions: list[int] | None = None,
     ) -> None:
         text = self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
@@ -433,6 +441,8 @@ class AgentProgramRollout:
             kept=c.kept,
             messages=job.messages,
             reply=reply,
+            versions=versions,
+            context_versions=None if versions is None else c.versions,
         )
         session = job.pending.session
         session.records.append(record)

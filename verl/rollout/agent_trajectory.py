@@ -12,7 +12,10 @@ trained. Requests outside the chain are counted (``agent_untrained_requests``), 
 trained. The per-sample columns are ``messages`` (:func:`conversation`), ``turn_info``
 (per request of the chain: model tokens, trained tokens, finish reason, endpoint,
 stitch), :data:`AGENT_KEYS` and ``extra_info`` with ``agent_reward``, ``agent_status`` and
-``agent_error``.
+``agent_error``. With partial rollouts (the engine records each token's policy version) the
+output also has ``rollout_token_versions`` (rows, R): a model token's version, -1 on what
+the agent inserted, on padding and on the rows of failed runs; it is left out when a row's
+trajectory has a turn without versions.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from verl.rollout.agent_runs import AgentRun
 from verl.rollout.base import SamplingParams, assemble_rollout_output
 from verl.rollout.openai_records import Record
+from verl.rollout.partial import TOKEN_VERSIONS
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,8 @@ def assemble_agent_batch(
     response_mask = torch.zeros((rows, budget), dtype=torch.long)
     real = torch.zeros((rows, budget), dtype=torch.long)
     log_probs = torch.zeros((rows, budget), dtype=torch.float32)
+    versions = torch.full((rows, budget), -1, dtype=torch.long)
+    has_versions = True  # every trained row's turns recorded their tokens' versions
     columns: dict[str, list[Any]] = {k: [] for k in ("messages", "turn_info", *AGENT_KEYS)}
     extra_infos = []
     for r, run in enumerate(runs):
@@ -101,6 +107,11 @@ def assemble_agent_batch(
             response_mask[r, :n] = torch.tensor(mask, dtype=torch.long)
             real[r, :n] = 1
             log_probs[r, :n] = torch.tensor(lps, dtype=torch.float32)
+            if last.versions is None or last.context_versions is None:
+                has_versions = False
+            else:
+                row_versions = last.context_versions[last.prompt_len :] + last.versions
+                versions[r, :n] = torch.tensor(row_versions, dtype=torch.long)
             columns["messages"].append(conversation(records, chain))
         else:  # nothing of a failed agent is trained: its dataset prompt, no response
             source = r // params.n
@@ -175,6 +186,8 @@ def assemble_agent_batch(
     )
     attention = out.batch["attention_mask"]
     attention[:, -budget:] = real.to(device=attention.device, dtype=attention.dtype)
+    if has_versions and any(run.status == "ok" and run.session.records for run in runs):
+        out.batch[TOKEN_VERSIONS] = versions.to(device)
     columns["extra_info"] = extra_infos
     for key, values in columns.items():
         column = np.empty(rows, dtype=object)  # element-wise: a list stays one object

@@ -41,7 +41,9 @@ class Record:
     ``sampled`` / ``log_probs``: the new ids and their log-probs. ``parent``: the index of
     the record whose ids were reused (None: a new chain). ``messages`` / ``reply``: the chat
     request's messages and the assistant message it was answered with (None for
-    completions).
+    completions). ``versions`` / ``context_versions``: with partial rollouts, the policy
+    version that sampled each id of ``sampled`` / ``context`` (-1 on ids the model did not
+    sample in this rollout); None when the engine records no versions.
     """
 
     endpoint: str
@@ -58,6 +60,8 @@ class Record:
     kept: int = 0  # how many of the parent's sampled ids this context reuses
     messages: list[dict[str, Any]] | None = None
     reply: dict[str, Any] | None = None
+    versions: list[int] | None = None
+    context_versions: list[int] | None = None
     _full_text: str | None = None
 
 

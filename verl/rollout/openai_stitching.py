@@ -112,7 +112,8 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 @dataclass
 class Context:
-    """The ids a request continues, with their flags and log-probs (see :class:`Record`)."""
+    """The ids a request continues, with their flags, log-probs and policy versions (see
+    :class:`Record`; ``versions`` None when a reused turn has none)."""
 
     ids: list[int]
     flags: list[int]
@@ -121,10 +122,14 @@ class Context:
     parent: int | None
     stitch: str
     kept: int = 0
+    versions: list[int] | None = None
 
 
 def _extend(records: list[Record], parent: int, kept: int, rest: list[int], how: str) -> Context:
     r = records[parent]
+    versions = None
+    if r.context_versions is not None and r.versions is not None:
+        versions = r.context_versions + r.versions[:kept] + [-1] * len(rest)
     return Context(
         ids=r.context + r.sampled[:kept] + rest,
         flags=r.flags + [1] * kept + [0] * len(rest),
@@ -133,6 +138,7 @@ def _extend(records: list[Record], parent: int, kept: int, rest: list[int], how:
         parent=parent,
         stitch=how,
         kept=kept,
+        versions=versions,
     )
 
 
@@ -264,4 +270,7 @@ def build_context(
         ids = encode_text(tokenizer, text)
     if not ids:
         raise RequestRefused(400, "the prompt is empty", "bad_prompt")
-    return Context(ids, [0] * len(ids), [0.0] * len(ids), len(ids), None, "new"), messages
+    new = Context(
+        ids, [0] * len(ids), [0.0] * len(ids), len(ids), None, "new", versions=[-1] * len(ids)
+    )
+    return new, messages

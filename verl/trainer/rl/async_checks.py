@@ -148,9 +148,9 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
 
 def _check_partial_rollout(c: Any, cfg: Any) -> None:
     """``trainer.partial_rollout``: the streaming pipeline, the native engine's continuous
-    loop, and a rollout copy in the driver process (the mailbox is shared memory); not an
-    agent program (``rollout.agent``: its records lose the per-token versions), while the
-    multi-turn agent loop keeps them (``verl.rollout.agent_turns``)."""
+    loop, and a rollout copy in the driver process (the mailbox is shared memory). The
+    multi-turn agent loop (``verl.rollout.agent_turns``) and agent programs (the endpoint's
+    records, ``verl.rollout.agent_trajectory``) keep each token's version."""
     t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
     mode = t.partial_rollout
     if mode == "off":
@@ -184,13 +184,4 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
             f"{key}={mode}: the weight mailbox reaches a rollout copy in the driver process "
             "only (trainer.backend=local); a copy in a Ray actor loads weights between "
             f"calls: set {key}=off",
-        )
-    if rollout.agent.enable:
-        c.error(
-            (key, "actor_rollout_ref.rollout.agent.program"),
-            f"{key}={mode}: an agent program's trajectory is assembled from its OpenAI "
-            "endpoint's records, which keep tokens and log-probs only, so the tokens sampled "
-            "after a mid-call weight swap would lose their policy version "
-            f"(rollout_token_versions); set {key}=off (each trajectory then has the one "
-            "version of its call), or use rollout.multi_turn (its turns keep their versions)",
         )
