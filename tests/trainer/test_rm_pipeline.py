@@ -3,8 +3,9 @@
 Fast: the data keeps every RL validation problem out of the SFT rows and the reward-model
 pairs. Slow: the example runs end to end, 2 steps of each stage on small batches, on the tiny
 model and on SmolLM2 (its LoRA reward model in bf16 autocast where the CPU has bf16); GRPO
-trains on the reward model's scores alone. The learning runs are measured in
-docs/reward_model.md.
+trains on the reward model's scores alone; the tiny model's run is made once
+(``tiny_smoke``) for the test of its results and the test that reuses its reward model (one
+xdist group, so both find it). The learning runs are measured in docs/reward_model.md.
 """
 
 from __future__ import annotations
@@ -126,10 +127,26 @@ def test_last_validation_samples_are_the_wrong_answers_of_the_last_validation(ex
     assert example.last_validation_samples(tmp_path / "none") == []
 
 
+TINY_SMOKE = "rm_pipeline_tiny_smoke"  # the xdist group of the tests that read tiny_smoke
+
+
+@pytest.fixture(scope="module")
+def tiny_smoke(example, tmp_path_factory) -> Path:
+    """The output directory of the example's ``--smoke`` run on the tiny model."""
+    out = tmp_path_factory.mktemp("tiny_smoke")
+    assert example.main(["--out", str(out), "--model", "tiny", "--smoke"]) == 0
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny", "smollm2"])
-def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model):
-    assert example.main(["--out", str(tmp_path), "--model", model, "--smoke"]) == 0
+@pytest.mark.parametrize(
+    "model", [pytest.param("tiny", marks=pytest.mark.xdist_group(TINY_SMOKE)), "smollm2"]
+)
+def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model, request):
+    if model == "tiny":
+        tmp_path = request.getfixturevalue("tiny_smoke")
+    else:
+        assert example.main(["--out", str(tmp_path), "--model", model, "--smoke"]) == 0
     result = json.loads((tmp_path / "pipeline.json").read_text())
     assert len(result["sft"]["loss"]) == 2
     assert all(math.isfinite(x) for x in result["sft"]["loss"])
@@ -155,10 +172,9 @@ def test_pipeline_runs_two_steps_of_each_stage(example, tmp_path, model):
 
 
 @pytest.mark.slow
-def test_pipeline_reuses_a_trained_reward_model(example, tmp_path):
-    first = tmp_path / "first"
-    assert example.main(["--out", str(first), "--model", "tiny", "--smoke"]) == 0
-    rm_dir = first / "rm" / "ckpt" / "huggingface"
+@pytest.mark.xdist_group(TINY_SMOKE)
+def test_pipeline_reuses_a_trained_reward_model(example, tmp_path, tiny_smoke):
+    rm_dir = tiny_smoke / "rm" / "ckpt" / "huggingface"
     second = tmp_path / "second"
     argv = ["--out", str(second), "--model", "tiny", "--smoke", "--kl-coef", "0"]
     assert example.main([*argv, "--rm-model", str(rm_dir)]) == 0
