@@ -1,29 +1,35 @@
-"""Continuous batching for the native engine: a fixed number of slots, refilled as rows end.
+"""Continuous batching for the native engine: a fixed number of slots, refilled as rows end,
+across generation calls.
 
 The lock-step loop (:func:`verl.rollout.native_lockstep.generate_lockstep`) decodes a batch
 until its longest row stops; with more rows than the KV cache has slots (``max_num_seqs``)
 every wave then waits for its slowest row. Here the ``S`` slots of one
-:class:`~verl.rollout.kv_cache.SlotKVCache` are kept busy instead::
+:class:`~verl.rollout.kv_cache.SlotKVCache` are kept busy instead
+(:class:`~verl.rollout.continuous_session.ContinuousSession` holds them)::
 
     loop:
         admit   while >= n slots are free and prompts wait: prefill the next prompts
                 (together, into a PreallocatedKVCache), copy their keys / values into free
                 slots (n samples each) and sample their first token
+        feed    every prompt admitted, >= n slots free: take the next queued call's
+                batch, if a prompt feed offers one (below), and admit it
         decode  one forward over the slots: row i feeds its last token at its own position,
                 writes its key / value at its own column and attends to its own columns
                 (a (S, 1, 1, width) boolean mask per row), so rows at different positions
                 decode in one step
         sample  the running rows; a row that stops frees its slot
 
-Once no prompt waits, finished slots are compacted away (as in the lock-step loop).
+Once no prompt waits and the feed has nothing, finished slots are compacted away (as in
+the lock-step loop); a batch fed later gets them back.
 
 Rows stay independent: each row's mask admits only its own prompt and generated columns
 (columns of an earlier occupant and other padding are masked; every buffer starts zeroed,
 so a masked value is finite), positions are per row, and the sampling of a sample depends
-only on (seed, its output row, its token index)
-(:func:`~verl.rollout.sampling.row_uniforms`). So a sample is the same whichever slot and
-step it ran in: greedy and seeded outputs equal the lock-step engine's (up to the last bits
-of float sums over differently laid out columns, which can flip an exact tie only).
+only on (its call's seed, its output row in its call, its token index)
+(:func:`~verl.rollout.sampling.row_uniforms`). So a sample is the same whichever slot,
+step and neighbours it ran with: greedy and seeded outputs equal the lock-step engine's
+(up to the last bits of float sums over differently laid out columns, which can flip an
+exact tie only).
 
 Only for models whose attention takes a ready 4-D mask (``sdpa``, ``eager``, no sliding
 windows) and eager decoding; the engine uses lock-step waves otherwise. Image prompts
@@ -40,6 +46,23 @@ buffer that way. The samples do not change (per-sample seeding): only when they 
 rollout copy's vLLM engine reports to the same sink as vLLM finishes each request
 (``verl.rollout.vllm_stream``).
 
+**Across calls: the next batch in the tail's free slots.** A caller that generates a queue
+of batches, one ``generate`` call each (the streaming rollouter,
+:class:`verl.trainer.rl.async_rollout.AsyncRollout`), installs a :class:`PromptFeed` with
+:func:`feed_prompts`. Once a call's prompts are all admitted and ``n`` slots are free, the
+loop asks the feed for the next batch (``PromptFeed.next_batch``): the feed offers the batch
+only when the engine may generate it with the weights it holds now, and with the sampling
+of the running call (but its seed). Its prompts join the running loop as a segment of their
+own (their own seed, output rows and group sink), so the current call's long tail no longer
+leaves slots idle. The call returns when its own rows have all stopped; the rows of fed
+batches still decoding stay in their slots, and the session waits on the engine
+(``NativeRollout._session``) for their own ``generate`` call, which continues it: that call
+must bring the same prompts, sampling and seed (checked; any other call, or a weight load
+(:meth:`~verl.rollout.native.NativeRollout.drop_session`), drops the waiting session and
+starts afresh). So every call still returns its whole batch, through the caller's usual
+path, as soon as its last group has finished, and its samples are those of a call of its
+own.
+
 **New weights mid-call** (:mod:`verl.rollout.partial`). With a ``mailbox``, the loop polls it
 before each admission / decode step (no forward in progress) and, when new weights were
 posted, loads them into the module: the rows in flight continue over their caches
@@ -52,23 +75,35 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
-import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
+from verl.rollout.continuous_session import ContinuousSession, Segment
 
 if TYPE_CHECKING:
+    from verl.protocol import DataProto
     from verl.rollout.base import SamplingParams
     from verl.rollout.images import PromptImages
     from verl.rollout.native import NativeRollout
     from verl.rollout.partial import WeightMailbox
     from verl.rollout.stopping import StopStringChecker
 
-__all__ = ["GroupSink", "current_group_sink", "generate_continuous", "stream_groups"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FedBatch",
+    "GroupSink",
+    "PromptFeed",
+    "current_group_sink",
+    "current_prompt_feed",
+    "feed_prompts",
+    "generate_continuous",
+    "stream_groups",
+]
 
 #: ``sink(prompt, group, params)``: ``prompt`` the group's prompt index in the call,
 #: ``group`` its ``n`` rows in the layout of ``verl.rollout.base`` (on the engine's device),
@@ -97,6 +132,51 @@ def current_group_sink() -> GroupSink | None:
     return _SINK.get()
 
 
+@dataclass
+class FedBatch:
+    """A queued call's batch offered to the running loop: ``prompts`` exactly as that call
+    will pass them to ``generate`` (``meta_info["seed"]`` its sampling seed), ``sink`` its
+    group sink (or None), ``key`` the :attr:`PromptFeed.key` its call will run under."""
+
+    key: Hashable
+    prompts: DataProto
+    sink: GroupSink | None = None
+
+
+class PromptFeed(Protocol):
+    """The source of the next queued calls' batches (module docstring)."""
+
+    #: names the call in progress: a batch offered earlier is continued by the call whose
+    #: feed has its key
+    key: Hashable
+
+    def next_batch(self, accept: Callable[[DataProto], bool]) -> FedBatch | None:
+        """The next queued batch when it may join the running call now (the engine's
+        weights are its, its sampling is the running call's but the seed, and
+        ``accept(prompts)``); it is then this call's to generate. None otherwise."""
+
+
+_FEED: contextvars.ContextVar[PromptFeed | None] = contextvars.ContextVar(
+    "verl_rollout_prompt_feed", default=None
+)
+
+
+@contextlib.contextmanager
+def feed_prompts(feed: PromptFeed) -> Iterator[None]:
+    """Within the block, a native ``generate`` with continuous batching takes further
+    batches from ``feed`` into its free slots (module docstring)."""
+    token = _FEED.set(feed)
+    try:
+        yield
+    finally:
+        _FEED.reset(token)
+
+
+def current_prompt_feed() -> PromptFeed | None:
+    """The feed :func:`feed_prompts` installed here, or None."""
+    return _FEED.get()
+
+
 def generate_continuous(
     engine: NativeRollout,
     input_ids: torch.Tensor,
@@ -111,6 +191,8 @@ def generate_continuous(
     on_group: Callable[..., None] | None = None,
     mailbox: WeightMailbox | None = None,
     images: PromptImages | None = None,
+    feed: PromptFeed | None = None,
+    make_reporter: Callable[..., Callable[..., None] | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Generate ``params.n`` samples for each of the ``B`` prompts (``input_ids`` /
     ``key_real`` / ``position_ids`` (B, P), left-padded, on the model's device) through
@@ -121,196 +203,114 @@ def generate_continuous(
     docstring); its ``held`` version tags the tokens until a swap. ``images``: the prompts'
     images (:class:`~verl.rollout.images.PromptImages`; ``position_ids`` then (B, P, 4),
     the text and rope axes): each admission's prefill takes its prompts' share; not with a
-    ``mailbox`` (a resume's prefill again would have no images).
+    ``mailbox`` (a resume's prefill again would have no images) or a ``feed``.
+
+    ``feed``: further batches for the free slots (module docstring); ``make_reporter(
+    prompts, params, position_ids, sink)``: the ``on_group`` of a fed batch. A call whose
+    batch an earlier call took from the feed continues the engine's waiting session.
 
     Returns ``responses`` (B*n, R) long (garbage past ``lengths``), ``log_probs`` (B*n, R)
     float32, ``lengths`` (B*n,), stats (``prefill_s``, ``decode_steps``,
-    ``decode_row_steps``, ``admissions``, ``compactions``, ``prompt_len``; with a mailbox
-    ``weight_swaps``, ``reprefill_rows``, ``reprefill_tokens``, ``reprefill_s``) and
+    ``decode_row_steps``, ``admissions``, ``compactions``, ``fed_batches``, ``prompt_len``,
+    ``resumed`` (1: the call continued a waiting session); with a mailbox ``weight_swaps``,
+    ``reprefill_rows``, ``reprefill_tokens``, ``reprefill_s``), counted over this call, and
     ``versions`` (B*n, R) int64, the weights' version that sampled each token (None
     without a mailbox; garbage past ``lengths``).
     """
-    device = input_ids.device
-    dtype = next(engine.module.parameters()).dtype
-    n, max_new = params.n, params.max_new_tokens
-    batch, width_in = input_ids.shape
-    total = batch * n
-    # Every admitted group is padded to its own longest prompt (<= width_in).
-    max_len = width_in + max_new - 1
-    kv_dtype, kv_round = engine._cache_precision(device)
-    cache = SlotKVCache(engine._num_layers, slots, max_len, dtype=kv_dtype, round_to=kv_round)
-
-    responses = torch.empty(total, max_new, dtype=torch.long, device=device)
-    log_probs = torch.zeros(total, max_new, dtype=torch.float32, device=device)
-    lengths = torch.full((total,), max_new, dtype=torch.long, device=device)
-    # per slot: its output row (-1 = free), tokens generated, next column, next position,
-    # the token to feed, and the columns it may attend to
-    slot_row = torch.full((slots,), -1, dtype=torch.long, device=device)
-    slot_step = torch.zeros(slots, dtype=torch.long, device=device)
-    slot_col = torch.zeros(slots, dtype=torch.long, device=device)
-    pos_axes = position_ids.shape[2:]  # () for text, (4,) for image prompts
-    slot_pos = torch.zeros(slots, *pos_axes, dtype=torch.long, device=device)
-    slot_token = torch.full((slots,), engine.pad_token_id, dtype=torch.long, device=device)
-    kv_real = torch.zeros(slots, max_len, dtype=torch.bool, device=device)
-
-    # rows still decoding per prompt (host side: read only when a row stops)
-    unfinished = [n] * batch
-    stats = {"prefill_s": 0.0, "decode_steps": 0.0, "decode_row_steps": 0.0}
-    stats |= {"admissions": 0.0, "compactions": 0.0, "prompt_len": float(width_in)}
-    next_prompt = 0
-    versions = version = col_ids = col_pos = None
-    if mailbox is not None:
-        version = int(mailbox.held)
-        versions = torch.full((total, max_new), -1, dtype=torch.long, device=device)
-        stats |= {"weight_swaps": 0.0, "reprefill_rows": 0.0, "reprefill_tokens": 0.0}
-        stats["reprefill_s"] = 0.0
-        if mailbox.mode == "resume":  # each cache column's token and position, to prefill again
-            col_ids = torch.zeros(slots, max_len, dtype=torch.long, device=device)
-            col_pos = torch.zeros(slots, max_len, *pos_axes, dtype=torch.long, device=device)
-
-    def record(slot_idx: torch.Tensor, logits: torch.Tensor) -> None:
-        """Sample the rows in ``slot_idx`` from ``logits`` (len, vocab); free the stopped."""
-        rows, steps = slot_row[slot_idx], slot_step[slot_idx]
-        tokens, chosen = engine._sample(logits, rows, steps, params, seed)
-        responses[rows, steps] = tokens
-        log_probs[rows, steps] = chosen
-        if versions is not None:
-            versions[rows, steps] = version
-        done = steps + 1 >= max_new
-        if stop_ids is not None:
-            done |= torch.isin(tokens, stop_ids)
-        if checker:
-            tails = []
-            for row, step in zip(rows.tolist(), steps.tolist()):
-                start = max(0, step + 1 - checker.window)
-                tails.append(responses[row, start : step + 1].tolist())
-            done |= torch.tensor(checker.hits(tails), dtype=torch.bool, device=device)
-        lengths[rows[done]] = steps[done] + 1
-        slot_token[slot_idx] = tokens
-        slot_step[slot_idx] = steps + 1
-        freed = slot_idx[done]
-        slot_row[freed] = -1
-        slot_col[freed] = 0
-        if on_group is not None and bool(done.any()):
-            for row in rows[done].tolist():
-                unfinished[row // n] -= 1
-                if unfinished[row // n] == 0:
-                    rows_of = slice(row // n * n, row // n * n + n)
-                    outs = (responses[rows_of], log_probs[rows_of], lengths[rows_of])
-                    if versions is not None:
-                        outs += (versions[rows_of],)
-                    on_group(row // n, *outs)
-
-    def admit() -> None:
-        """Fill free slots with whole prompts (n samples each) and sample their first
-        token; repeats while a prompt's rows all stop at once and slots free up again."""
-        nonlocal next_prompt
-        while next_prompt < batch:
-            free = (slot_row < 0).nonzero().flatten()
-            count = min(int(free.numel()) // n, batch - next_prompt)
-            if count == 0:
-                return
-            t0 = time.perf_counter()
-            first, last = next_prompt, next_prompt + count
-            real = key_real[first:last]
-            lead = int(real.any(dim=0).int().argmax())  # columns padding in all of them
-            real = real[:, lead:]
-            ids = input_ids[first:last, lead:]
-            pos = position_ids[first:last, lead:]
-            plen = ids.shape[1]
-            prefill = PreallocatedKVCache(
-                engine._num_layers, count * n, plen, repeats=n, dtype=kv_dtype, round_to=kv_round
+    if feed is not None and images is not None:
+        raise ValueError("generate_continuous: a prompt feed takes text prompts only")
+    session: ContinuousSession | None = getattr(engine, "_session", None)
+    engine._session = None
+    segment = None
+    if session is not None and feed is not None and session.mailbox is mailbox:
+        segment = session.find(feed.key)
+        same_loop = session.full_slots == slots and session.n == params.n
+        if segment is not None and not (
+            same_loop and segment.matches(input_ids, key_real, position_ids, params, seed)
+        ):
+            logger.warning(
+                "continuous batching: the call %r does not bring the prompts / sampling "
+                "its batch was started with; generating it afresh",
+                feed.key,
             )
-            logits = engine._forward(
-                ids,
-                engine._prefill_mask(real, dtype),
-                pos,
-                prefill,
-                inputs=images.rows(first, last).model_inputs() if images is not None else None,
+            segment = None
+    resumed = segment is not None
+    if segment is None:
+        session = ContinuousSession(
+            engine,
+            slots=slots,
+            prompt_width=input_ids.shape[1],
+            params=params,
+            stop_ids=stop_ids,
+            checker=checker,
+            mailbox=mailbox,
+            pos_axes=tuple(position_ids.shape[2:]),
+            device=input_ids.device,
+        )
+        segment = session.add(
+            Segment(
+                None if feed is None else feed.key,
+                input_ids,
+                key_real,
+                position_ids,
+                params,
+                seed,
+                on_group=on_group,
+                images=images,
+                with_versions=mailbox is not None,
             )
-            target = free[: count * n]
-            cache.insert(target, prefill, plen)
-            if col_ids is not None:
-                col_ids[target, :plen] = ids.repeat_interleave(n, dim=0)
-                col_pos[target, :plen] = pos.repeat_interleave(n, dim=0)
-            kv_real[target] = False
-            kv_real[target, :plen] = real.repeat_interleave(n, dim=0)
-            slot_row[target] = torch.arange(first * n, last * n, device=device)
-            slot_step[target] = 0
-            slot_col[target] = plen
-            slot_pos[target] = pos[:, -1].repeat_interleave(n, dim=0) + 1
-            next_prompt = last
-            stats["admissions"] += 1
-            stats["prefill_s"] += time.perf_counter() - t0
-            record(target, logits.repeat_interleave(n, dim=0) if n > 1 else logits)
+        )
+    elif on_group is not None:
+        segment.on_group = on_group  # its later groups go to this call's sink
+    before = session.counters()
+    more = None
+    if feed is not None:
+        more = _feeder(session, feed, params, input_ids.device, make_reporter)
+    session.run(segment, more)
+    session.release(segment)
+    if session.holds():
+        engine._session = session  # fed batches not returned yet: their calls continue it
+    stats = {k: v - before.get(k, 0.0) for k, v in session.counters().items()}
+    stats |= {"prompt_len": float(input_ids.shape[1]), "resumed": float(resumed)}
+    return segment.responses, segment.log_probs, segment.lengths, stats, segment.versions
 
-    def reprefill() -> None:
-        """resume: the running rows' cache columns written again by the new weights (one
-        forward over their prompt + fed tokens, right-padded to the longest)."""
-        idx = (slot_row >= 0).nonzero().flatten()
-        if idx.numel() == 0:
-            return
-        t0 = time.perf_counter()
-        width = int(slot_col[idx].max())
-        real = kv_real[idx, :width]
-        prefill = PreallocatedKVCache(
-            engine._num_layers, int(idx.numel()), width, dtype=kv_dtype, round_to=kv_round
-        )
-        engine._forward(
-            col_ids[idx, :width], engine._prefill_mask(real, dtype), col_pos[idx, :width], prefill
-        )
-        cache.insert(idx, prefill, width)
-        stats["reprefill_rows"] += float(idx.numel())
-        stats["reprefill_tokens"] += float(real.sum())
-        stats["reprefill_s"] += time.perf_counter() - t0
 
-    while True:
-        if mailbox is not None:
-            swapped = mailbox.poll(engine.module)
-            if swapped is not None:
-                version = swapped
-                stats["weight_swaps"] += 1
-                if col_ids is not None:
-                    reprefill()
-        admit()
-        running = slot_row >= 0
-        if not bool(running.any()):
-            break
-        free_count = slots - int(running.sum())
-        if next_prompt >= batch and free_count:
-            threshold = max(1, math.ceil(engine.compaction_threshold * slots))
-            if engine.compaction and free_count >= threshold:
-                keep = running.nonzero().flatten()
-                width = int(slot_col[keep].max()) + 1
-                cache.select_rows(keep, min(width, max_len))
-                slot_row, slot_step, slot_col = slot_row[keep], slot_step[keep], slot_col[keep]
-                slot_pos, slot_token = slot_pos[keep], slot_token[keep]
-                kv_real = kv_real[keep]
-                if col_ids is not None:
-                    col_ids, col_pos = col_ids[keep], col_pos[keep]
-                slots = int(keep.numel())
-                running = slot_row >= 0
-                stats["compactions"] += 1
-        # Free slots decode a pad token at column 0 (never fully masked, never read).
-        rows_ix = torch.arange(slots, device=device)
-        kv_real[rows_ix, slot_col] = True
-        if col_ids is not None:
-            col_ids[rows_ix, slot_col] = slot_token
-            col_pos[rows_ix, slot_col] = slot_pos
-        width = int(slot_col.max()) + 1
-        cache.begin_step(slot_col, width)
-        logits = engine._forward(
-            slot_token.unsqueeze(1),
-            engine._decode_mask(kv_real, width, dtype),
-            slot_pos.unsqueeze(1),
-            cache,
-            decode=True,
+def _feeder(
+    session: ContinuousSession,
+    feed: PromptFeed,
+    params: SamplingParams,
+    device: torch.device,
+    make_reporter: Callable[..., Callable[..., None] | None] | None,
+) -> Callable[[], Segment | None]:
+    """``more()`` for :meth:`ContinuousSession.run`: the feed's next batch as a segment."""
+    from verl.rollout.base import validate_prompts
+
+    def accept(prompts: DataProto) -> bool:
+        seed = prompts.meta_info.get("seed")
+        if seed is None and not params.greedy:
+            return False  # its call would draw a seed of its own
+        mask = prompts.batch["attention_mask"].bool()
+        return mask.ndim == 2 and session.fits(mask)
+
+    def more() -> Segment | None:
+        fed = feed.next_batch(accept)
+        if fed is None:
+            return None
+        ids, mask, pos = validate_prompts(fed.prompts)
+        seed = None if params.greedy else int(fed.prompts.meta_info["seed"])
+        fed_params = replace(params, seed=fed.prompts.meta_info.get("seed", params.seed))
+        on_group = None
+        if make_reporter is not None and fed.sink is not None:
+            on_group = make_reporter(fed.prompts, fed_params, pos, fed.sink)
+        return Segment(
+            fed.key,
+            ids.to(device),
+            mask.to(device).bool(),
+            pos.to(device),
+            fed_params,
+            seed,
+            on_group=on_group,
+            with_versions=session.mailbox is not None,
         )
-        stats["decode_steps"] += 1
-        stats["decode_row_steps"] += float(slots)
-        kv_real[~running, 0] = False
-        slot_col = torch.where(running, slot_col + 1, slot_col)
-        slot_pos = slot_pos + 1
-        idx = running.nonzero().flatten()
-        record(idx, logits[idx])
-    return responses, log_probs, lengths, stats, versions
+
+    return more

@@ -21,7 +21,9 @@ It reads the training module's weights in place (no copy) and runs this loop:
    continuous batching by default (:mod:`verl.rollout.continuous`): a finished row's slot
    is refilled with the next waiting prompt at once, rows at different positions decode in
    one step. Samples do not depend on the slot or step a prompt ran in (same seeding), so
-   greedy and seeded outputs equal the lock-step engine's.
+   greedy and seeded outputs equal the lock-step engine's. Inside
+   :func:`verl.rollout.continuous.feed_prompts` the free slots of a call's tail take the
+   next queued call's prompts (continuous batching across calls).
 5. **Images** (a Qwen2-VL actor, :data:`verl.rollout.images.NATIVE_IMAGE_MODEL_TYPES`).
    The prefill forward gets the prompts' ``pixel_values`` and ``image_grid_thw``: the
    vision tower runs once per prompt and the model puts its embeddings at the image
@@ -64,7 +66,11 @@ from verl.rollout.base import (
     eval_mode,
     validate_prompts,
 )
-from verl.rollout.continuous import current_group_sink, generate_continuous
+from verl.rollout.continuous import (
+    current_group_sink,
+    current_prompt_feed,
+    generate_continuous,
+)
 from verl.rollout.images import PromptImages, add_multimodal_positions, native_image_prompts
 from verl.rollout.kv_cache import PreallocatedKVCache
 from verl.rollout.native_lockstep import generate_lockstep
@@ -168,6 +174,9 @@ class NativeRollout(RolloutEngine):
         self.pack_weights = pack_weights
         self.last_stats: dict[str, float] = {}
         self._logged_images = False
+        # the continuous loop waiting for the call of a batch fed into it
+        # (verl.rollout.continuous: "Across calls"); None when no fed row is in flight
+        self._session: Any = None
 
         config = module.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -246,19 +255,8 @@ class NativeRollout(RolloutEngine):
                     "multimodal rope positions",
                     self.module.config.model_type,
                 )
-        on_group = None
-        if sink is not None:
-
-            def on_group(prompt: int, responses, log_probs, lengths, versions=None) -> None:
-                group = self._finish_rows(responses, log_probs, lengths)
-                out = assemble_rollout_output(
-                    prompts[prompt : prompt + 1],
-                    params,
-                    *group,
-                    position_ids=position_ids[prompt : prompt + 1],
-                )
-                sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
-
+        on_group = self._group_reporter(prompts, params, position_ids, sink, mailbox)
+        feed = current_prompt_feed() if images is None else None
         with (
             eval_mode(self.module),
             torch.no_grad(),  # not inference_mode: see the docstring
@@ -272,6 +270,7 @@ class NativeRollout(RolloutEngine):
                 on_group=on_group,
                 mailbox=mailbox,
                 images=images,
+                feed=feed,
             )
             responses, mask, log_probs = self._finish_rows(responses, log_probs, lengths)
         out = assemble_rollout_output(
@@ -281,6 +280,31 @@ class NativeRollout(RolloutEngine):
             add_multimodal_positions(self.module, out, self.pad_token_id)
         # the output's mask: a response may end early at a sampled image placeholder
         return tag_token_versions(out, versions, out.batch["response_mask"], mailbox)
+
+    def drop_session(self) -> None:
+        """Forget a continuous loop waiting for a fed batch's call (its rows are given up);
+        the rollout copy calls it when it loads weights."""
+        self._session = None
+
+    def _group_reporter(
+        self, prompts: Any, params: SamplingParams, position_ids: Any, sink: Any, mailbox: Any
+    ) -> Callable[..., None] | None:
+        """The continuous loop's ``on_group`` for a call on ``prompts``: each group's output,
+        assembled like the call's, to ``sink`` (None without one)."""
+        if sink is None:
+            return None
+
+        def on_group(prompt: int, responses, log_probs, lengths, versions=None) -> None:
+            group = self._finish_rows(responses, log_probs, lengths)
+            out = assemble_rollout_output(
+                prompts[prompt : prompt + 1],
+                params,
+                *group,
+                position_ids=position_ids[prompt : prompt + 1],
+            )
+            sink(prompt, tag_token_versions(out, versions, group[1], mailbox), params)
+
+        return on_group
 
     def _finish_rows(
         self, responses: torch.Tensor, log_probs: torch.Tensor, lengths: torch.Tensor
@@ -432,6 +456,7 @@ class NativeRollout(RolloutEngine):
         on_group: Callable[..., None] | None = None,
         mailbox: Any = None,
         images: PromptImages | None = None,
+        feed: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Core loop. Returns ``responses`` (N, R) with garbage past ``lengths``,
         ``log_probs`` (N, R) float32 and ``lengths`` (N,), where N = B * n, R =
@@ -447,7 +472,9 @@ class NativeRollout(RolloutEngine):
         (or for the compiled decode and per-layer-mask models), lock-step waves of
         ``max_num_seqs // n`` prompts. ``images``: the prompts' images
         (:func:`~verl.rollout.images.native_image_prompts`, ``position_ids`` then (B, P, 4)),
-        given to each prefill with its prompts' share."""
+        given to each prefill with its prompts' share. ``feed``: a
+        :class:`~verl.rollout.continuous.PromptFeed` (with ``max_num_seqs`` set, the call
+        runs continuous and takes the next queued batches into its free slots)."""
         t_start = time.perf_counter()
         device = self._device()
         n = params.n
@@ -475,7 +502,13 @@ class NativeRollout(RolloutEngine):
         can_stream = not self.compile_decode and self._mask_mode in _MASK_4D_IMPLS
         totals: dict[str, float] = {}
         versions = None
-        continuous = (rows > slots or mailbox is not None) and self.continuous_batching
+        if feed is not None and not (self.max_num_seqs and can_stream and self.continuous_batching):
+            feed = None
+        if feed is None:
+            self._session = None  # only the feed's calls continue a waiting loop
+        continuous = (rows > slots or mailbox is not None or feed is not None) and (
+            self.continuous_batching
+        )
         if continuous and can_stream:
             responses, log_probs, lengths, totals, versions = generate_continuous(
                 self,
@@ -490,6 +523,10 @@ class NativeRollout(RolloutEngine):
                 on_group=on_group,
                 mailbox=mailbox,
                 images=images,
+                feed=feed,
+                make_reporter=lambda p, sp, pos, sink: self._group_reporter(
+                    p, sp, pos, sink, mailbox
+                ),
             )
             mode = "continuous"
         else:
