@@ -252,6 +252,8 @@ class VLLMRollout(ServingRollout):
 
     engine_name = "vllm"
     display_name = "vLLM"
+    #: a push landed while requests held KV blocks; the prefix cache still holds old keys
+    prefix_cache_stale = False
 
     engine_keys = (
         "kv_cache_gib",
@@ -335,8 +337,14 @@ class VLLMRollout(ServingRollout):
         self.llm.collective_rpc("verl_end_reload")
 
     def _after_load(self) -> None:
-        # Cached prefixes hold keys/values of the old weights.
+        # Cached prefixes hold keys/values of the old weights. vLLM resets its prefix cache
+        # only while no request holds KV blocks: after a push between two engine steps of a
+        # call (partial rollouts, verl.rollout.vllm_partial) the reset waits for its end.
+        if self.llm.llm_engine.has_unfinished_requests():
+            self.prefix_cache_stale = True
+            return
         self.llm.reset_prefix_cache()
+        self.prefix_cache_stale = False
 
     def _release_memory(self) -> None:
         self.llm.sleep(level=1)  # the KV cache; the weights stay

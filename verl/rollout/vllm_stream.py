@@ -24,6 +24,11 @@ so a push into another engine of this process (the actor's, after each update) w
 step in progress and the generation resumes after it, instead of failing mid-step or holding
 the push off for a whole call. The sink runs outside the lock.
 
+Inside :func:`verl.rollout.partial.weight_mailbox` (partial rollouts) the loop takes newer
+posted weights into the engine between two steps and tags every token with the version
+that sampled it (``rollout_token_versions``, :mod:`verl.rollout.vllm_partial`); the
+requests then report cumulative outputs every step, which changes no sample.
+
 :func:`copy_generate` is what the asynchronous rollout copy installs as its vLLM rollout's
 ``generate`` (:class:`~verl.workers.rollout_copy.RolloutCopyWorker`): always this loop (the
 lock per step), with the groups handed to the sink inside ``stream_groups``.
@@ -38,7 +43,9 @@ from typing import Any
 
 from verl.rollout.base import SamplingParams, validate_prompts
 from verl.rollout.continuous import GroupSink, current_group_sink
+from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.serving import Sample, token_prompts
+from verl.rollout.vllm_partial import MidCallWeights
 from verl.rollout.vllm_rollout import group_samples
 
 logger = logging.getLogger(__name__)
@@ -67,6 +74,11 @@ def generate_streaming(
     engine = llm.llm_engine
     requests = [{"prompt_token_ids": ids} for ids in token_prompts(input_ids, attention_mask)]
     sampling = rollout._sampling_params(params, rollout.stop_ids(params))
+    mailbox = current_weight_mailbox()
+    partial = None
+    if mailbox is not None:  # new weights between two steps (verl.rollout.vllm_partial)
+        lengths = [len(r["prompt_token_ids"]) for r in requests]
+        partial = MidCallWeights(rollout, mailbox, params.n, params.max_new_tokens, lengths)
     start = time.perf_counter()
     with lock:
         if engine.has_unfinished_requests():
@@ -74,7 +86,10 @@ def generate_streaming(
                 "the vLLM engine has unfinished requests of another call; a streaming "
                 "generation drives the engine alone"
             )
-        internal = llm.enqueue(requests, sampling, use_tqdm=False)
+        if partial is None:
+            internal = llm.enqueue(requests, sampling, use_tqdm=False)
+        else:  # cumulative outputs: each step's new tokens get the version in force
+            internal = partial.enqueue(llm, requests, sampling)
     # vLLM reports a request under the id it was given (``RequestOutput.request_id``), which
     # also names its n samples' child requests; the ids enqueue returns carry a random
     # suffix of the engine's (``<id>-<8 chars>``)
@@ -84,6 +99,8 @@ def generate_streaming(
     done = 0
     try:
         while done < len(requests):
+            if partial is not None:
+                partial.poll()  # the lock is taken by the push itself
             with lock:  # one step: a push into another engine of the process waits for it
                 if not engine.has_unfinished_requests():
                     raise RuntimeError(
@@ -91,10 +108,11 @@ def generate_streaming(
                         f"{len(requests)} requests unreported"
                     )
                 outputs = engine.step()
-            for out in outputs:
-                if not out.finished:
-                    continue
-                prompt = index[out.request_id]
+            if partial is None:
+                ended = [(index[o.request_id], o) for o in outputs if o.finished]
+            else:
+                ended = [(p, partial.request_output(p)) for p in partial.collect(outputs, index)]
+            for prompt, out in ended:
                 samples[prompt] = group_samples(out, params.n)
                 done += 1
                 if sink is None:
@@ -106,16 +124,28 @@ def generate_streaming(
                     position_ids=position_ids[prompt : prompt + 1],
                     seconds=time.perf_counter() - start,
                 )
-                sink(prompt, group, params)
+                sink(prompt, _tagged(group, partial, range(prompt, prompt + 1), samples), params)
     except BaseException:
         left = [rid for rid, got in zip(external, samples) if got is None]
         if left:  # by the given ids: a request and its n samples
             with lock:
                 engine.abort_request(left, internal=False)
         raise
+    finally:
+        if partial is not None:
+            partial.close()
     seconds = time.perf_counter() - start
     flat = [s for group in samples for s in group]  # prompt order, n per prompt
-    return rollout.build_output(prompts, params, flat, position_ids=position_ids, seconds=seconds)
+    out = rollout.build_output(prompts, params, flat, position_ids=position_ids, seconds=seconds)
+    return _tagged(out, partial, range(len(requests)), samples)
+
+
+def _tagged(out: Any, partial: MidCallWeights | None, prompts: range, samples: list[Any]) -> Any:
+    """``out`` (the rows of ``prompts``) with ``rollout_token_versions`` under a mailbox."""
+    if partial is None:
+        return out
+    versions = partial.versions(prompts, [samples[p] for p in prompts])
+    return tag_token_versions(out, versions, out.batch["response_mask"], partial.mailbox)
 
 
 def copy_generate(rollout: Any) -> Callable[[Any, SamplingParams], Any]:
