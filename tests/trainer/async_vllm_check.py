@@ -7,7 +7,9 @@ builds a torch.distributed group in the process that starts it):
 
 ``MODE``: ``one_step_off`` (``max_staleness=1``), ``streaming`` (``max_staleness=1``),
 ``streaming0`` (``max_staleness=0``), ``streaming_ray`` (``max_staleness=1``, the copy in a
-Ray actor) or ``sync`` (``trainer.async_rollout=false``). A tiny
+Ray actor), ``streaming_partial`` (``max_staleness=1``, ``trainer.partial_rollout=continue``,
+the copy's engine steps slowed by ``PARTIAL_STEP_DELAY_S``) or ``sync``
+(``trainer.async_rollout=false``). A tiny
 Qwen2 (head size 64: vLLM's CPU attention has no kernel for the smaller default tiny model),
 fp32 on both sides (the log-prob gap is then the engine's fidelity). The JSON holds each
 step's metrics and the responses each update trained on.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +31,7 @@ from verl.config import load_config
 from verl.controller import ensure_ray, shutdown_ray
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
+from verl.rollout.partial import TOKEN_VERSIONS
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.trainer import RLTrainer
 
@@ -44,6 +48,14 @@ MODES = {
         "trainer.max_staleness=0",
     ],
     "sync": [],
+    # new weights between two engine steps of the call in flight (engine steps slowed down,
+    # so that the second call is still decoding when the first update's weights are posted)
+    "streaming_partial": [
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.max_staleness=1",
+        "trainer.partial_rollout=continue",
+    ],
     # the rollout copy in a Ray actor of its own (its calls return whole: no streaming)
     "streaming_ray": [
         "trainer.async_rollout=true",
@@ -64,7 +76,11 @@ KEYS = (
     "timing_s/async_weight_sync",
     "stream/dropped_groups",
     "response_length/mean",
+    "stream/midcall_weight_swaps_total",
+    "timing_s/async_midcall_weight_load_total",
 )
+#: seconds each engine step of the copy is held back in ``streaming_partial``
+PARTIAL_STEP_DELAY_S = 0.5
 
 
 def main(mode: str, out_dir: Path) -> None:
@@ -97,18 +113,27 @@ def main(mode: str, out_dir: Path) -> None:
     if mode.endswith("_ray"):
         ensure_ray(num_cpus=2)
     try:
-        result = _fit(cfg, model_dir)
+        result = _fit(cfg, model_dir, PARTIAL_STEP_DELAY_S if mode.endswith("_partial") else 0.0)
     finally:
         if mode.endswith("_ray"):
             shutdown_ray()
     print(json.dumps({"mode": mode, **result}))
 
 
-def _fit(cfg, model_dir: Path) -> dict:
+def _fit(cfg, model_dir: Path, step_delay_s: float) -> dict:
     streamed = []  # (call, prompt index) of each group the copy's vLLM engine streamed
     streaming_generate = vllm_stream.generate_streaming
 
     def counting(rollout, prompts, params, sink):
+        engine = rollout.llm.llm_engine
+        if step_delay_s and not hasattr(engine, "verl_plain_step"):
+            engine.verl_plain_step = engine.step
+
+            def slow_step():
+                time.sleep(step_delay_s)
+                return engine.verl_plain_step()
+
+            engine.step = slow_step
         if sink is None:  # one-step-off: the same step loop, no groups handed over
             return streaming_generate(rollout, prompts, params, None)
         call = len({c for c, _ in streamed})
@@ -143,14 +168,25 @@ def _fit(cfg, model_dir: Path) -> dict:
                 b["position_ids"],
                 response_len=b["responses"].shape[1],
             )
-        gap = ((log_probs - b["rollout_log_probs"]) * b["response_mask"]).abs().max()
-        trained.append(
-            {
-                "responses": b["responses"].tolist(),
-                "versions": versions,
-                "gap_to_recorded_version": float(gap),
-            }
-        )
+        # the tokens of the recorded (oldest) version: with partial rollouts the later ones
+        # were sampled by newer weights over a cache partly written by older ones
+        mask = b["response_mask"].bool()
+        tokens = b.get(TOKEN_VERSIONS, None)
+        if tokens is not None and versions:
+            mask &= tokens == torch.tensor(versions).unsqueeze(1)
+        gap = ((log_probs - b["rollout_log_probs"]) * mask).abs().max()
+        record = {
+            "responses": b["responses"].tolist(),
+            "versions": versions,
+            "gap_to_recorded_version": float(gap),
+        }
+        if tokens is not None:
+            valid = tokens[b["response_mask"].bool()]
+            record["token_versions"] = sorted(set(valid.tolist()))
+            record["mixed_rows"] = sum(
+                len(set(row[row >= 0].tolist())) > 1 for row in tokens.unbind(0)
+            )
+        trained.append(record)
         return update(gen)
 
     trainer.update_policy = recording_update

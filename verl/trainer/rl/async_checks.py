@@ -148,9 +148,12 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
 
 def _check_partial_rollout(c: Any, cfg: Any) -> None:
     """``trainer.partial_rollout``: the streaming pipeline, the native engine's continuous
-    loop, and a rollout copy in the driver process (the mailbox is shared memory). The
-    multi-turn agent loop (``verl.rollout.agent_turns``) and agent programs (the endpoint's
-    records, ``verl.rollout.agent_trajectory``) keep each token's version."""
+    loop or the rollout copy's vLLM engine (stepped by hand: weights pushed between two
+    engine steps, ``verl.rollout.vllm_partial``; without LoRA, whose adapters only the
+    push between calls folds in), and a rollout copy in the driver process (the mailbox is
+    shared memory). The multi-turn agent loop (``verl.rollout.agent_turns``) and agent
+    programs (the endpoint's records, ``verl.rollout.agent_trajectory``) keep each token's
+    version."""
     t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
     mode = t.partial_rollout
     if mode == "off":
@@ -163,20 +166,25 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
             "rollout: set trainer.async_rollout=true trainer.rollout_mode=streaming, or "
             f"{key}=off",
         )
-    if rollout.name != "native" or not rollout.continuous_batching or rollout.compile_decode:
-        why = (
-            " (vLLM's engine takes weights only between generation calls: a push while its "
-            "requests decode would change their policy mid-sample without the per-token "
-            "versions a partial rollout records)"
-            if rollout.name == "vllm"
-            else ""
+    lora_rank = cfg.actor_rollout_ref.model.lora_rank
+    if rollout.name == "vllm" and lora_rank:
+        c.error(
+            (key, "actor_rollout_ref.model.lora_rank"),
+            f"{key}={mode} with rollout.name=vllm pushes the copy's module into the engine "
+            "between two engine steps as it is, while LoRA adapters are folded in by the "
+            f"push between calls only (actor_rollout_ref.model.lora_rank={lora_rank}); use "
+            f"rollout.name=native or set {key}=off",
         )
+    elif rollout.name != "vllm" and (
+        rollout.name != "native" or not rollout.continuous_batching or rollout.compile_decode
+    ):
         c.error(
             (key, "actor_rollout_ref.rollout.name"),
             f"{key}={mode} needs the native engine's continuous loop (rollout.name=native, "
-            f"continuous_batching=true, compile_decode=false; this run has name="
-            f"{rollout.name}, continuous_batching={rollout.continuous_batching}, "
-            f"compile_decode={rollout.compile_decode}){why}; change them or set {key}=off",
+            "continuous_batching=true, compile_decode=false) or the vLLM engine "
+            f"(rollout.name=vllm); this run has name={rollout.name}, continuous_batching="
+            f"{rollout.continuous_batching}, compile_decode={rollout.compile_decode}; change "
+            f"them or set {key}=off",
         )
     if cfg.worker_backend != "local":
         c.error(
