@@ -14,7 +14,10 @@ hybrid worker's), and each load pushes the new weights on into it at once (its b
 whole load. Its ``generate`` drives vLLM one engine step at a time under the process-wide
 vLLM lock (the actor's engine in this process takes pushes between two steps) and hands each
 prompt's group over as vLLM finishes its request when a streaming sink is installed
-(:func:`verl.rollout.vllm_stream.copy_generate`).
+(:func:`verl.rollout.vllm_stream.copy_generate`). A native engine may keep the rows of a
+batch it started for the next call in flight between two calls (continuous batching across
+calls, ``verl/rollout/continuous.py``); a weight load drops them, so no row ever mixes the
+weights of two loads.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         Must not run while this worker generates (the trainer calls it between two
         generations, on the rollout's own thread). Returns the push's seconds and size.
         """
+        drop = getattr(self.rollout, "drop_session", None)
+        if drop is not None:  # rows a native loop kept for a later call: old weights
+            drop()
         module = self.engine.module
         targets = module.state_dict()
         missing = sorted(set(targets) - set(state))

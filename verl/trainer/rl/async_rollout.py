@@ -28,6 +28,12 @@ generate), so the copy's weights never change during a generation; the trainer o
 it a snapshot (``state_dict_for_save``, CPU copies) taken at the step boundary, and the
 actor's optimizer never touches the copy.
 
+Continuous batching across calls (streaming, native engine with ``decode_slots``): a call
+takes the next queued batches into its free decode slots when the copy holds their weights
+(:mod:`verl.trainer.rl.rollout_feed`); such a batch's own task then loads nothing and its
+call continues the engine's loop. A batch queued with newer weights waits for its load,
+between two calls, as before.
+
 Sampling is seeded per generation batch (``trainer.seed`` and the batch's index), so a
 batch's responses depend only on the prompts and the weights, not on the thread's timing.
 
@@ -73,6 +79,7 @@ from verl.trainer.rl.inflight_files import (
     encode_batches,
     read_inflight,
 )
+from verl.trainer.rl.rollout_feed import QueueFeed
 from verl.utils.atomic_io import atomic_path, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -91,10 +98,15 @@ class _InFlight:
     index: int  # generation batch number (seeds the sampling)
     result: Future | None = None
     gen: DataProto | None = None  # the finished generation (a loaded checkpoint's)
+    load: dict[str, torch.Tensor] | None = None  # weights the copy loads before it
+    # taken into the running call's free slots (a :class:`_Feed`): its own call continues
+    # it, with the weights that call holds (no load)
+    claimed: bool = False
     # streamed groups (``stream_groups``): (prompt index, its n rows) reported by the engine
     # and not yet taken by :meth:`AsyncRollout.take_groups`; the prompts already taken
     ready: list[tuple[int, DataProto]] = field(default_factory=list)
     taken: set[int] = field(default_factory=set)
+    reported: set[int] = field(default_factory=set)  # prompts the sink has had
 
 
 class AsyncRollout:
@@ -147,10 +159,12 @@ class AsyncRollout:
         #: a streaming source's buffer, saved and restored with the in-flight batches
         #: (``state_dict`` / ``load_state_dict`` / ``save_files`` / ``load_files``)
         self.stream: Any = None
-        #: report each prompt's group as the engine finishes it (:meth:`take_groups`)
+        #: report each prompt's group as the engine finishes it (:meth:`take_groups`), and
+        #: let a call take the next queued batches into its free slots (``rollout_feed``)
         self.stream_groups = False
         self._progress = threading.Condition()  # a group streamed or a batch finished
         self.mailbox = mailbox
+        self._epoch = 0  # dropped queues so far: a fed batch's call key includes it
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -171,8 +185,8 @@ class AsyncRollout:
             )
             item = _InFlight(prompts, version, self._launched)
             self._launched += 1
-            weights = None if self.mailbox is not None else self._weights_for(version)
-            item.result = self._executor.submit(self._run, item, weights)
+            item.load = None if self.mailbox is not None else self._weights_for(version)
+            item.result = self._executor.submit(self._run, item)
             item.result.add_done_callback(lambda _: self._notify())
             self._queue.append(item)
 
@@ -196,47 +210,68 @@ class AsyncRollout:
         if box is not None and (box.posted_version is None or version > box.posted_version):
             box.post(self._weights(), version)
 
-    def _run(self, item: _InFlight, weights: dict[str, torch.Tensor] | None) -> DataProto:
-        """On the rollout thread: load ``weights`` (if any; with a mailbox, its newest
-        post), then generate ``item``."""
+    def _run(self, item: _InFlight) -> DataProto:
+        """On the rollout thread: load ``item.load`` (if any; with a mailbox, its newest
+        post), then generate ``item``; a claimed item's call continues the loop that took
+        it, with the weights it holds."""
         sync_s = 0.0
-        version = item.version
-        if self.mailbox is not None:
+        weights, version = item.load, item.version
+        item.load = None  # the snapshot is not kept with the queue
+        if item.claimed:
+            weights = None
+        elif self.mailbox is not None:
             pending = self.mailbox.take()
             weights, version = pending if pending is not None else (None, version)
         if weights is not None:
             sync_s = self.group.load_policy_weights(weights, version)[0][
                 "async/weight_sync_seconds"
             ]
-        if self.mailbox is not None:
+        if self.mailbox is not None and not item.claimed:
             if weights is not None or self.mailbox.held is None:
                 self.mailbox.held = version
             item.version = max(item.version, self.mailbox.held)  # before any group is out
         start = time.perf_counter()
-        prompts = DataProto.from_dict(
+        prompts = self._call_prompts(item)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._mailbox_in_force())
+            if self.stream_groups:
+                from verl.rollout.continuous import feed_prompts, stream_groups
+
+                stack.enter_context(stream_groups(self._sink_for(item, prompts)))
+                # the next queued batches into this call's free slots (native engine)
+                stack.enter_context(feed_prompts(QueueFeed(self, item)))
+            gen = self._generate(self.group, prompts)
+        gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
+        gen.meta_info["async_weight_sync_seconds"] = sync_s
+        return gen
+
+    def _call_prompts(self, item: _InFlight) -> DataProto:
+        """The prompts ``item``'s generation call gets: its own, seeded for its index."""
+        return DataProto.from_dict(
             tensors=dict(item.prompts.batch),
             non_tensors=dict(item.prompts.non_tensor_batch),
             meta_info={**item.prompts.meta_info, "seed": self.seed_for(item.index)},
         )
-        if self.stream_groups:
-            from verl.rollout.continuous import stream_groups
 
-            def sink(prompt: int, group: DataProto, params: Any) -> None:
-                group = _join_prompt_fields(group.to("cpu"), prompts[prompt : prompt + 1])
-                # what the worker adds to a whole call's output (run_generation)
-                group.meta_info["temperature"] = params.logprob_temperature
-                with self._progress:
-                    item.ready.append((prompt, group))
-                    self._progress.notify_all()
+    def _sink_for(self, item: _InFlight, prompts: DataProto) -> Callable[..., None]:
+        """The group sink of ``item``'s call (``prompts``: as that call gets them); a prompt
+        reported twice (a fed batch generated afresh) is kept once."""
 
-            with stream_groups(sink), self._mailbox_in_force():
-                gen = self._generate(self.group, prompts)
-        else:
-            with self._mailbox_in_force():
-                gen = self._generate(self.group, prompts)
-        gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
-        gen.meta_info["async_weight_sync_seconds"] = sync_s
-        return gen
+        def sink(prompt: int, group: DataProto, params: Any) -> None:
+            group = _join_prompt_fields(group.to("cpu"), prompts[prompt : prompt + 1])
+            # what the worker adds to a whole call's output (run_generation)
+            group.meta_info["temperature"] = params.logprob_temperature
+            with self._progress:
+                if prompt in item.reported:
+                    return
+                item.reported.add(prompt)
+                item.ready.append((prompt, group))
+                self._progress.notify_all()
+
+        return sink
+
+    def _call_key(self, item: _InFlight) -> tuple[int, int, int]:
+        return (id(self), self._epoch, item.index)
 
     def _mailbox_in_force(self) -> contextlib.AbstractContextManager:
         return (
@@ -405,6 +440,7 @@ class AsyncRollout:
             self.stream.load_files(directory)
 
     def _drop_queue(self) -> None:
+        self._epoch += 1  # a loop waiting for a dropped batch's call is never continued
         for item in self._queue:
             if item.result is not None:
                 item.result.cancel()

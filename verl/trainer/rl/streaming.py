@@ -40,6 +40,14 @@ per call, ``rollout.decode_slots`` null) a call's groups arrive together, as bef
 vLLM engine reports each group as vLLM finishes its request (``verl.rollout.vllm_stream``).
 Other engines, and a copy in a Ray actor, hand the groups over when the call ends.
 
+**The next batch in the tail's free slots.** With the native engine's continuous batching
+(``rollout.decode_slots`` set) a call whose prompts all have a slot takes the next queued
+batch into the slots its finished rows left, when the copy holds that batch's weights
+(queued with the same version, or always with partial rollouts); the batch's own call then
+continues the engine's loop (:mod:`verl.trainer.rl.rollout_feed`). A batch queued with
+newer weights waits for its load between two calls. The samples do not change (per-sample
+seeding), and every batch still returns whole when its last group stops.
+
 **Dynamic sampling** (``algorithm.filter_groups``): a step takes ``data.train_batch_size``
 groups, scores them and keeps those whose metric differs within the group, and takes more
 (each take a "generation batch" of DAPO's metrics and of ``max_num_gen_batches``) until it
@@ -151,6 +159,7 @@ class StreamingSource:
         self.groups: deque[tuple[DataProto, int, tuple[int, int]]] = deque()
         self.dropped_total = 0
         pipeline.stream = self  # saved and restored with the pipeline's checkpoint files
+        # groups out mid-call, and the next queued batches fed into a call's free slots
         pipeline.stream_groups = stream_groups
 
     def next(self, draw: Draw) -> Scored:
