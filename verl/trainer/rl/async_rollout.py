@@ -99,7 +99,7 @@ class _InFlight:
     result: Future | None = None
     gen: DataProto | None = None  # the finished generation (a loaded checkpoint's)
     load: dict[str, torch.Tensor] | None = None  # weights the copy loads before it
-    # taken into the running call's free slots (a :class:`_Feed`): its own call continues
+    # taken into the running call's free slots (a ``QueueFeed``): its own call continues
     # it, with the weights that call holds (no load)
     claimed: bool = False
     # streamed groups (``stream_groups``): (prompt index, its n rows) reported by the engine
