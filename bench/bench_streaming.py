@@ -4,12 +4,14 @@ side in one run.
 Workload: the W2 tiny Qwen2 (random init, hidden 256, 4 layers; ``bench_async.py``'s),
 ``--prompts`` prompts x 4 samples per step, at most ``--max-response-length`` (256) new
 tokens, fp32, GRPO, one update per batch, the native rollout with ``decode_slots``
-(``--slots``, so the rollout runs with continuous batching in every configuration). A
-scripted stop (a logits processor installed in the child process on every native engine:
-the stop token forced at each sample's target length, forbidden before) gives
-``--long-fraction`` (15%) of the samples a length in [128, 256] and the rest one in [4, 32];
-the target is a hash of the prompt's tokens and the sample's index, so every configuration
-generates the same lengths for the same prompts whatever the weights.
+(``--slots``, so the rollout runs with continuous batching in every configuration, and the
+streaming rollouter's calls take the next queued batch into their free slots when its
+weights allow, ``verl/trainer/rl/rollout_feed.py``). A scripted stop (installed in the
+child process where every native engine draws a sample: the stop token forced at the
+sample's target length, forbidden before) gives ``--long-fraction`` (15%) of the samples a
+length in [128, 256] and the rest one in [4, 32]; the target is a hash of the prompt's
+tokens and the sample's index, so every configuration generates the same lengths for the
+same prompts whatever the weights, a batch fed into another call's slots included.
 
 Configurations, each in a fresh process, ``--steps`` steps, alternating over ``--repeats``:
 
@@ -37,8 +39,10 @@ per second of training-loop wall time, the generating engine's busy and idle tim
 window (idle: the engine was not inside ``generate``), the trainer's wait for samples per
 step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
 stale, the ratios to sync, and for partial rollouts the mid-call weight swaps, the tokens
-prefilled again (resume) per generated token, and the mean staleness of the trained samples
-(by their oldest token).
+prefilled again (resume) per generated token, the mean staleness of the trained samples
+(by their oldest token), and the batches fed into a running call (``fed``). The output
+starts with the command, the machine (``nproc``, CPU model) and the load average before and
+after, and ends with the samples/s ratios to sync.
 
 ``--threads`` sets the training thread's torch (OpenMP) intra-op threads (and sync's
 generation's); ``--rollout-threads`` the rollout copy's thread in the asynchronous modes
@@ -50,6 +54,8 @@ accuracy (``reward/acc``, else ``critic/score/mean``) against wall time since th
 the first step (the random-init model scores ~0: the samples panel is the one to read).
 
     python bench/bench_streaming.py --threads 2      # ~5 minutes on 2 idle cores
+    python bench/bench_streaming.py --steps 4 --prompts 8 --slots 16 --threads 1 \
+        --rollout-threads 1 --configs sync,one_step_off,streaming,streaming_continue
     python bench/bench_streaming.py --steps 4 --repeats 1
     python bench/bench_streaming.py --threads 1 --rollout-threads 1 --plot stream.png
 """
@@ -69,6 +75,7 @@ from pathlib import Path
 
 from _common import grpo_run_overrides, w2_model_dir
 
+SAMPLES = 4  # rollout.n of grpo_run_overrides
 ASYNC = ["trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"]
 CONFIGS = {
     "sync": [],
@@ -92,41 +99,61 @@ def _install_scripted_stop(
 ) -> None:
     """Every native engine of this process: the long-tail scripted stop, the wall
     intervals of its ``generate`` calls recorded in ``intervals`` and its generated and
-    re-prefilled tokens summed in ``counts``."""
+    re-prefilled tokens (and the batches fed into its calls' free slots) summed in
+    ``counts``.
+
+    The stop is applied where each sample is drawn (``NativeRollout._sample``), with the
+    lengths of the batch the sample belongs to: a call's own (registered by ``generate``
+    under its seed) or a queued batch fed into a running call (registered when the
+    rollouter's feed hands it over, ``QueueFeed.next_batch``)."""
     import torch
 
     from verl.rollout.native import NativeRollout
+    from verl.trainer.rl.rollout_feed import QueueFeed
 
-    original = NativeRollout.generate
+    targets: dict[int | None, torch.Tensor] = {}  # call seed -> per-row scripted length
 
-    def generate(self, prompts, params):
+    def register(prompts, n: int, max_new: int, seed: int | None) -> None:
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
-        targets = []
+        lengths = []
         for row in range(ids.shape[0]):
             key = ids[row][mask[row]].numpy().tobytes()
-            for sample in range(params.n):
-                length = _target_length(key, sample, args.long_fraction)
-                targets.append(min(length, params.max_new_tokens))
-        target = torch.tensor(targets)
-        stops = params.stop_token_ids if params.stop_token_ids else self.eos_token_ids
-        stop = int(stops[0])
+            for sample in range(n):
+                lengths.append(min(_target_length(key, sample, args.long_fraction), max_new))
+        targets[seed] = torch.tensor(lengths)
 
-        def scripted_stop(logits, rows, steps):
-            logits = logits.clone()
-            at_end = steps + 1 >= target.to(rows.device)[rows]
-            logits[:, stop] = torch.where(at_end, 1e4, -1e4)
-            return logits
+    original = NativeRollout.generate
+    original_sample = NativeRollout._sample
+    original_feed = QueueFeed.next_batch
 
-        self.logits_processor = scripted_stop
+    def generate(self, prompts, params):
+        register(prompts, params.n, params.max_new_tokens, params.seed)
         start = time.perf_counter()
         try:
             return original(self, prompts, params)
         finally:
             intervals.append((start, time.perf_counter()))
-            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps"):
+            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps", "fed_batches"):
                 counts[key] = counts.get(key, 0.0) + self.last_stats.get(key, 0.0)
 
+    def sample(self, logits, rows, steps, params, seed):
+        if not isinstance(steps, torch.Tensor):
+            steps = torch.full_like(rows, steps)
+        stops = params.stop_token_ids if params.stop_token_ids else self.eos_token_ids
+        at_end = steps + 1 >= targets[params.seed].to(rows.device)[rows]
+        logits = logits.clone()
+        logits[:, int(stops[0])] = torch.where(at_end, 1e4, -1e4)
+        return original_sample(self, logits, rows, steps, params, seed)
+
+    def next_batch(self, accept):
+        fed = original_feed(self, accept)
+        if fed is not None:
+            register(fed.prompts, SAMPLES, args.max_response_length, fed.prompts.meta_info["seed"])
+        return fed
+
     NativeRollout.generate = generate
+    NativeRollout._sample = sample
+    QueueFeed.next_batch = next_batch
 
 
 def _target_length(key: bytes, sample: int, long_fraction: float) -> int:
@@ -249,6 +276,8 @@ def _child(args) -> dict:
         "dropped_groups": float(trainer.history[-1].get("stream/dropped_groups_total", 0.0)),
         "staleness_mean": statistics.mean(row.get("async/staleness_mean", 0.0) for row in history),
         "midcall_swaps": counts.get("weight_swaps", 0.0),
+        # batches a running call took into its free slots (continuous batching across calls)
+        "fed_batches": counts.get("fed_batches", 0.0),
         "reprefill_per_token": counts.get("reprefill_tokens", 0.0)
         / max(counts.get("generated_tokens", 0.0), 1.0),
         "mean_response_length": statistics.mean(
@@ -314,7 +343,7 @@ def main() -> None:
     if unknown or "sync" not in chosen:
         raise SystemExit(f"--configs: unknown {unknown} or no sync; choose from {list(CONFIGS)}")
     results: dict[str, list[dict]] = {name: [] for name in chosen}
-    load_before = os.getloadavg()[0]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = w2_model_dir(Path(tmp))
         names = chosen
@@ -348,14 +377,20 @@ def main() -> None:
         for name, runs in results.items()
     }
     sync = summary["sync"]
+    load_after = os.getloadavg()
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"machine: nproc {os.cpu_count()}, {_cpu_model()}")
     print(
-        f"engine {args.engine}, nproc {os.cpu_count()}, "
-        f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}, "
+        "load average (1/5/15 min): "
+        + " -> ".join("/".join(f"{x:.1f}" for x in load) for load in (load_before, load_after))
+    )
+    print(
+        f"engine {args.engine}, "
         f"{args.prompts} prompts x 4 samples, slots {args.slots}, threads {args.threads}, "
         f"rollout threads {args.rollout_threads or args.threads}"
     )
     header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
-    header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill")
+    header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill", "fed")
     print(f"{'config':<13}" + "".join(f"{h:>12}" for h in header))
     for name, row in summary.items():
         cells = (
@@ -370,9 +405,37 @@ def main() -> None:
             f"{row['staleness_mean']:12.2f}",
             f"{row['midcall_swaps']:12.0f}",
             f"{row['reprefill_per_token']:12.2f}",
+            f"{row['fed_batches']:12.0f}",
         )
         print(f"{name:<13}" + "".join(cells))
-    print(json.dumps({"args": vars(args), "nproc": os.cpu_count(), "summary": summary}))
+    ratios = ", ".join(
+        f"{name} {row['samples_per_s'] / sync['samples_per_s']:.2f}x"
+        for name, row in summary.items()
+        if name != "sync"
+    )
+    print(f"samples/s vs sync: {ratios}")
+    print(
+        json.dumps(
+            {
+                "args": vars(args),
+                "nproc": os.cpu_count(),
+                "cpu": _cpu_model(),
+                "load_before": load_before,
+                "load_after": load_after,
+                "summary": summary,
+            }
+        )
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 if __name__ == "__main__":
