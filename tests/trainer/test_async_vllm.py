@@ -50,14 +50,12 @@ def test_vllm_is_accepted_by_the_async_pipeline(mode):
     assert not [p for p in problems if "async_rollout" in p], problems
 
 
-def test_a_backend_without_a_rollout_copy_is_refused_with_the_reason():
-    problems = _problems("actor_rollout_ref.rollout.name=sglang", *ASYNC)
-    (msg,) = [p for p in problems if p.startswith("trainer.async_rollout=true: rollout.name")]
-    assert msg == (
-        "trainer.async_rollout=true: rollout.name=sglang is not supported with it (the "
-        "rollout copy, a second engine that takes the actor's weights between generations, "
-        "is built for native, hf, vllm only); use one of them"
-    )
+@pytest.mark.parametrize("mode", [ASYNC, STREAMING], ids=["one_step_off", "streaming"])
+def test_sglang_is_accepted_by_the_async_pipeline(mode):
+    """Every serving engine gets a rollout copy with an engine of its own (trained through
+    the fake SGLang engine in tests/trainer/test_async_sglang.py)."""
+    problems = _problems("actor_rollout_ref.rollout.name=sglang", *mode)
+    assert not [p for p in problems if "async_rollout" in p], problems
 
 
 @pytest.mark.parametrize("mode", ["continue", "resume"])

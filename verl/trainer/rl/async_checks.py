@@ -23,10 +23,6 @@ __all__ = ["DEFAULT_IS_THRESHOLD", "check_async_rollout", "resolve_async_rollout
 
 logger = logging.getLogger(__name__)
 
-#: rollout backends the rollout copy is built for: native / hf sample from the copy's module,
-#: vllm from an engine of the copy's own that each weight load pushes into
-#: (``verl.workers.rollout_copy``); another engine's copy (sglang's server) is not built
-_BACKENDS = ("native", "hf", "vllm")
 DEFAULT_IS_THRESHOLD = 2.0  # the truncation C of docs/algorithms/rollout_is.md's example
 
 
@@ -109,13 +105,6 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
             "use trainer.backend=ray for several",
         )
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name not in _BACKENDS:
-        c.error(
-            (key, "actor_rollout_ref.rollout.name"),
-            f"{key}=true: rollout.name={rollout.name} is not supported with it (the rollout "
-            f"copy, a second engine that takes the actor's weights between generations, is "
-            f"built for {', '.join(_BACKENDS)} only); use one of them",
-        )
     if rollout.multi_turn.enable and t.rollout_mode != "streaming":
         c.error(
             (key, "actor_rollout_ref.rollout.multi_turn.enable"),
