@@ -79,9 +79,7 @@ class MidCallWeights:
         """``LLM.enqueue(requests, sampling)`` with cumulative outputs every step: the same
         requests through ``LLMEngine.add_request`` (``LLM`` forces final-only outputs);
         returns the engine's request ids. A failure aborts the requests already added."""
-        from vllm.sampling_params import RequestOutputKind
-
-        sampling.output_kind = RequestOutputKind.CUMULATIVE
+        sampling.output_kind = type(sampling.output_kind).CUMULATIVE  # vLLM's RequestOutputKind
         engine, added = llm.llm_engine, []
         try:
             for request in requests:
@@ -170,6 +168,8 @@ class MidCallWeights:
         """After the call (its requests ended or aborted): the prefix-cache reset the
         mid-call pushes deferred (``continue``), so no later call reuses old keys / values."""
         rollout = self.rollout
+        if getattr(rollout, "_broken", None) is not None:  # a failed push: refused from now on
+            return
         with rollout.engine_lock:
             if getattr(rollout, "prefix_cache_stale", False):
                 rollout._after_load()
