@@ -5,7 +5,8 @@ once, in this process, from a directory holding only the module's config and tok
 (``load_format="dummy"``: no weights are written to disk), and then receives the module's
 weights through :meth:`VLLMRollout.update_weights` (``collective_rpc("reload_weights")`` fed
 bucket by bucket with a timeout, see ``verl.rollout.weight_sync``, then
-``reset_prefix_cache``). The hybrid worker calls it before the first generation and after
+``reset_prefix_cache``; deferred to the end of the call when the push lands between two
+engine steps of one, ``verl.rollout.vllm_partial``). The hybrid worker calls it before the first generation and after
 every actor update or checkpoint load, so sampling always uses the trained weights.
 
 Requests are token-id prompts (left padding removed), ``n`` samples each, with the sampled
