@@ -16,11 +16,10 @@ the reward (verl's arithmetic scorer: verl's side by data source, TRL's side the
 executed by path, ``_arithmetic_scorer.py``), prompts per step, group size
 (``rollout.n``), learning rate (constant on both sides), temperature, response length, and
 no KL term. Everything else is each side's recommended fast setting: verl the preset's (DAPO
-dynamic sampling, clip-higher, precision ``auto``, its micro-batches); TRL 1.16 its defaults
+dynamic sampling, precision ``auto``, its micro-batches); TRL 1.16 its defaults
 on CPU, as ``bench_vs_trl.py --settings defaults`` (``bf16=True``, gradient checkpointing,
 micro-batch 8 with accumulation to one optimizer step per generated batch, ``loss_type
-="dapo"``, clip 0.2, no weight decay). ``--trl-arg KEY=VALUE`` sets other ``GRPOConfig`` keys
-(``--trl-arg epsilon_high=0.28`` gives TRL the preset's clip-higher).
+="dapo"``, clip 0.2, no weight decay). ``--trl-arg KEY=VALUE`` sets other ``GRPOConfig`` keys.
 
 The clock (``_budget_clock.py``): each side counts training time from its first step (the
 process start, imports, model load and trainer construction are reported as ``setup s``,

@@ -30,7 +30,6 @@ exec "$python" -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_device=64 \
     actor_rollout_ref.actor.ppo_mini_batch_size=8 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_device=16 \
-    actor_rollout_ref.actor.clip_ratio_high=0.28 \
     actor_rollout_ref.actor.optim.lr=2e-5 \
     trainer.mixed_precision=auto \
     trainer.total_training_steps=48 \

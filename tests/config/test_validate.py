@@ -451,3 +451,30 @@ def test_max_update_tokens_counts_what_a_micro_batch_computes():
     # 16 rows of groups of 8 sharing a prompt: at most 3 prompts (2 groups, or parts of 3)
     assert actor.max_update_tokens(64, 16, 8) == 16 * 16 + 3 * 64
     assert actor.max_update_tokens(64, 16, 32) == 16 * 16 + 2 * 64
+
+
+def test_ratio_terms_a_single_update_cannot_use_are_named():
+    """One optimizer step per batch: the update's ratio to the old policy is 1, so clip
+    epsilons and KL-Cov's penalty do nothing (a warning); a second step per batch uses them."""
+    one = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    cfg = load_config(overrides=[*one, "actor_rollout_ref.actor.clip_ratio_high=0.28"])
+    inert = [w for w in cfg.validate() if "has no effect" in w]
+    assert inert == [
+        "actor_rollout_ref.actor.clip_ratio_high=0.28 has no effect in this run: each batch "
+        "makes one optimizer step (actor_rollout_ref.actor.ppo_epochs=1, ppo_mini_batch_size=8 "
+        ">= data.train_batch_size=8), where the ratio to the old policy is 1, so nothing is "
+        "clipped or penalised; it acts from a batch's second step on (a smaller "
+        "ppo_mini_batch_size, or ppo_epochs > 1)"
+    ]
+    cfg = load_config(overrides=[*one, "actor_rollout_ref.actor.policy_loss=kl_cov"])
+    assert ["policy_loss=kl_cov has no effect" in w for w in cfg.validate()].count(True) == 1
+    for two_steps in (
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ):
+        cfg = load_config(
+            overrides=[*one, "actor_rollout_ref.actor.clip_ratio_high=0.28", two_steps]
+        )
+        assert not [w for w in cfg.validate() if "has no effect" in w], two_steps
+    # the default epsilons say nothing
+    assert not [w for w in load_config(overrides=one).validate() if "has no effect" in w]

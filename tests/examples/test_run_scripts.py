@@ -126,7 +126,9 @@ def test_main_job_is_the_harder_task_with_per_op_validation(tmp_path):
     assert (a.digit_range, sorted(a.ops), a.balance_digits) == ((1, 2), ["*", "+", "-"], True)
     assert cfg.trainer.val_group_by == ["op"]
     assert cfg.algorithm.filter_groups.enable
-    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
+    # one optimizer step per batch: no clip epsilons, which would do nothing (and warn)
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high is None
+    assert not [w for w in cfg.validate() if "has no effect" in w]
     assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq) == (48, 12)
     _, (val_file,) = prepare_data_files(cfg, tmp_path)
     val = [r.data["extra_info"] for r in read_records(val_file).records]

@@ -320,6 +320,8 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
         key = f"{p}.clip_ratio_low" if a.clip_ratio_low is not None else f"{p}.clip_ratio"
         c.error(key, f"{key}={show(low)}: the lower clip epsilon must be in (0, 1)")
 
+    _check_inert_ratio_terms(c, cfg)
+
     r, p = arr.rollout, "actor_rollout_ref.rollout"
     _check_sampling(c, p, r)
     _check_sampling(c, f"{p}.val_kwargs", r.val_kwargs)
@@ -339,6 +341,31 @@ def _check_actor_rollout_ref(c: Checks, cfg: TrainerConfig) -> None:
     _check_shared_engine_multi_turn(c, cfg)
     if device == "cpu" and "fp16" in (arr.model.dtype, cfg.critic.model.dtype):
         c.warn("fp16 on trainer.device=cpu is slow and numerically fragile; prefer bf16 or fp32")
+
+
+def _check_inert_ratio_terms(c: Checks, cfg: TrainerConfig) -> None:
+    """A warning for the ratio terms a run cannot use: with one optimizer step per batch the
+    update's ratio to the old policy is exactly 1 (the old log-probs are that step's own,
+    detached), so clipping (clip-higher included) never acts and KL-Cov's ``|log r|`` has no
+    gradient."""
+    a, p, batch = cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor", cfg.data.train_batch_size
+    if a.ppo_epochs != 1 or a.ppo_mini_batch_size < batch:
+        return
+    inert = [
+        f"{p}.{k}={show(v)}"
+        for k in ("clip_ratio_low", "clip_ratio_high")
+        if (v := getattr(a, k)) is not None
+    ]
+    if a.policy_loss == "kl_cov":
+        inert.append(f"{p}.policy_loss=kl_cov")
+    if inert:
+        c.warn(
+            f"{', '.join(inert)} has no effect in this run: each batch makes one optimizer step "
+            f"({p}.ppo_epochs=1, ppo_mini_batch_size={a.ppo_mini_batch_size} >= "
+            f"data.train_batch_size={batch}), where the ratio to the old policy is 1, so "
+            "nothing is clipped or penalised; it acts from a batch's second step on (a smaller "
+            "ppo_mini_batch_size, or ppo_epochs > 1)"
+        )
 
 
 def _check_shared_engine_multi_turn(c: Checks, cfg: TrainerConfig) -> None:
