@@ -199,7 +199,12 @@ def _close(got, want, what: str, kind: str, tol: float = TOL) -> float:
     return diff
 
 
+# The two spawned runs (``results``) are made once for both tests: one xdist worker runs them.
+SHARED_RUNS = pytest.mark.xdist_group("engine_tensor_parallel_results")
+
+
 @pytest.mark.slow
+@SHARED_RUNS
 def test_tensor_parallel_engine_equals_one_process(results, reference):
     ranks, _ = results
     want = reference
@@ -228,6 +233,7 @@ def test_tensor_parallel_engine_equals_one_process(results, reference):
 
 
 @pytest.mark.slow
+@SHARED_RUNS
 def test_tensor_parallel_checkpoint_resumes_in_one_process(results, reference):
     ranks, resumed = results
     assert resumed["global_step"] == 1

@@ -29,7 +29,8 @@ ROWS, VOCAB = 9, 40
 PROMPT_LEN, RESPONSE_LEN = 6, 5
 TOL = 1e-5
 MEASURED: dict[str, float] = {}
-pytestmark = pytest.mark.slow  # a 2-rank spawned run
+# a 2-rank spawned run, made once (``results``) for both tests: one xdist worker runs them
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vocab_parallel_results")]
 
 
 def _logits() -> tuple[torch.Tensor, torch.Tensor]:

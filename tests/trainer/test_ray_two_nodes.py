@@ -27,7 +27,8 @@ from verl.utils.lifetime import processes_with_env
 
 from .ray_nodes import TwoNodes, two_ray_nodes
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs both tests, in file order: they share the cluster
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_two_nodes")]
 
 MARK = "VERL_RAY_TWO_NODES_TEST"
 # Documented in docs/reliability.md (Ray, two nodes): the driver's error after the raylet
