@@ -7,8 +7,9 @@ tests that do not ask for it never start Ray. Tests must shut down the worker gr
 create (``wg.shutdown()`` or ``with RayWorkerGroup(...) as wg``) so later tests find free
 bundles.
 
-The pytest process runs torch on one intra-op thread (``_one_torch_thread``): the suite's
-models are tiny, and two OpenMP threads on a 2-core machine stall whenever anything else runs.
+The pytest process runs torch on one intra-op thread (``_one_torch_thread``, set again after
+any test that changed it): the suite's models are tiny, and two OpenMP threads on a 2-core
+machine stall whenever anything else runs.
 
 The suite leaves no process behind: every process it starts inherits the environment
 variable ``VERL_TEST_SESSION`` set here, and when the session ends any process (other than
@@ -164,6 +165,17 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_after_each_test(_one_torch_thread: None) -> Iterator[None]:
+    """A test that raises the count (``trainer.num_threads``, an example's ``--threads``)
+    hands the next test of its worker one thread again, not its own count."""
+    import torch
+
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 class ProcessGroupLeft(UserWarning):
