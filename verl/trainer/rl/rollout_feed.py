@@ -54,8 +54,8 @@ class QueueFeed:
             return None
         # batches an earlier call of the same loop took are held already
         item = next((i for i in queue[at + 1 :] if not i.claimed), None)
-        if item is None or item.gen is not None or item.result is None:
-            return None
+        if item is None or item.gen is not None or item.result is None or item.result.done():
+            return None  # none, a checkpoint's, or cancelled with the queue
         if pipe.mailbox is None and item.load is not None:
             return None  # newer weights: loaded between two calls only
         if not same_sampling(item.prompts, self.last.prompts):
