@@ -6,12 +6,15 @@ a worker call (``RayPending.wait``) and, at the n-th call of the chosen method, 
 SIGKILLs itself (the driver) or SIGKILLs rank 1's actor process and then waits (a worker).
 Either way the call's work is under way on the ranks when the kill lands.
 
-After a driver kill, nothing the run started (its local Ray cluster: GCS, raylet, workers,
-the watchdog; its reward workers) is alive within the documented time; after a worker kill
-the driver fails with ``WorkerDiedError`` naming role and rank within the documented time.
-After every kill every published checkpoint verifies. At the end the final checkpoint
-equals an uninterrupted two-rank run bit for bit and ``metrics.jsonl`` holds one row per
-step with the uninterrupted run's values.
+One run directory takes every kill (``chaos_run``, once for the module): rank 1 killed in
+step 2, then the driver killed three times, each run resuming after the last, then a run to
+the end. After the worker kill the driver fails with ``WorkerDiedError`` naming role and
+rank within the documented time; after a driver kill nothing the run started (its local Ray
+cluster: GCS, raylet, workers, the watchdog; its reward workers) is alive within the
+documented time. After every kill every published checkpoint verifies. At the end the final
+checkpoint equals an uninterrupted two-rank run bit for bit and ``metrics.jsonl`` holds one
+row per step with the uninterrupted run's values. The two tests assert on that one sequence
+(the worker kill's phase, the driver kills' phases; both the end).
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ import signal
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from verl.config import to_yaml
+from verl.config import load_config, to_yaml
 from verl.testing import assert_bitwise, assert_same_metrics, checkpoint_tensors
 from verl.trainer.lifecycle.checkpoint import complete_checkpoints, read_manifest
 from verl.trainer.rl.trainer import RLTrainer
 from verl.utils.lifetime import kill_processes_with_env, processes_with_env
 
+from .conftest import BASE_OVERRIDES
 from .prewarmed import Prewarmed
 
 pytestmark = pytest.mark.slow
@@ -114,19 +119,36 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-_STRAIGHT: dict[str, tuple[list[dict], Path]] = {}
+@pytest.fixture(scope="module")
+def rl_config_module(tiny_model_dir):
+    """``make(tmp_path)``: the ``rl_config`` fixture's factory for a directory of the module's
+    (the chaos sequence outlives each test's ``tmp_path``)."""
+
+    def make(tmp_path: Path):
+        def config(*extra: str):
+            return load_config(
+                overrides=[
+                    f"actor_rollout_ref.model.path={tiny_model_dir}",
+                    *BASE_OVERRIDES,
+                    f"trainer.default_local_dir={tmp_path}",
+                    f"trainer.log_dir={tmp_path}",
+                    *extra,
+                ]
+            )
+
+        return config
+
+    return make
 
 
-@pytest.fixture
-def straight_run(rl_config, tmp_path_factory, ray_session) -> tuple[list[dict], Path]:
+@pytest.fixture(scope="module")
+def straight_run(rl_config_module, tmp_path_factory, ray_session) -> tuple[list[dict], Path]:
     """The uninterrupted two-rank run (on the session's cluster, once per module): its
     history and directory."""
-    if "run" not in _STRAIGHT:
-        tmp = tmp_path_factory.mktemp("straight")
-        trainer = RLTrainer(_config(rl_config, tmp, tmp / "run"))
-        trainer.fit()
-        _STRAIGHT["run"] = (trainer.history, tmp / "run")
-    return _STRAIGHT["run"]
+    tmp = tmp_path_factory.mktemp("straight")
+    trainer = RLTrainer(_config(rl_config_module(tmp), tmp, tmp / "run"))
+    trainer.fit()
+    return trainer.history, tmp / "run"
 
 
 class _Chaos:
@@ -193,62 +215,105 @@ class _Chaos:
         assert_same_metrics(got, history)
 
 
-# (method waited on, its n-th call in that driver): mid-rollout of step 2, mid-update of
-# the resumed step 2, mid-save of the resumed step 3 (each run resumes after the last).
+@dataclass
+class _Phase:
+    """One child driver of the chaos sequence, as the tests read it afterwards."""
+
+    point: str
+    child: subprocess.CompletedProcess
+    ended: float  # time.time() when the child had exited
+    left_alive: dict[int, str]  # what the run started, still alive after the grace time
+    gone: float  # time.time() when nothing the run started was alive (or the grace ended)
+    checkpoints: list[str]  # the complete checkpoints after it, each verified
+    damaged: str | None  # the first checkpoint that did not verify, with the error
+
+
+# (method waited on, its n-th call in that driver), each run resuming after the last: rank 1
+# killed mid-update of step 2 (the step-1 checkpoint stays the newest); then the driver
+# killed mid-rollout of step 3 (the resumed run's second rollout), mid-update of the resumed
+# step 3 and mid-save of step 4 (the resumed run's second save); a last run trains step 4.
+WORKER_KILL = ("update_actor", 2)
 DRIVER_KILLS = (("generate_sequences", 2), ("update_actor", 1), ("save_checkpoint", 2))
 
 
-def test_driver_killed_three_times_on_two_ranks_resumes_bit_identical(
-    rl_config, tmp_path, straight_run
-):
-    chaos = _Chaos(rl_config, tmp_path)
-    try:
-        for method, nth in DRIVER_KILLS:
-            child, _ = chaos.run(method, nth, "driver")
-            point = f"driver killed in {method} call {nth}"
-            assert child.returncode == -signal.SIGKILL, f"{point}: {child.stderr[-3000:]}"
-            alive = chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
-            assert not alive, f"{point}: left alive {alive}"
-            # the run ends when the last process it started is gone
-            gone = time.time() - float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
-            assert gone < GONE_AFTER_DRIVER_KILL_S, f"{point}: {gone:.1f}s"
-            print(f"{point}: everything gone {gone:.2f}s after the kill")
-            chaos.check_checkpoints()
-        child, _ = chaos.run("none", 0, "none")
-        assert child.returncode == 0, child.stderr[-3000:]
-        assert not chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
-        chaos.check_checkpoints()
-    finally:
-        chaos.kill_all()
-    chaos.check_final(straight_run)
+@pytest.fixture(scope="module")
+def chaos_run(rl_config_module, tmp_path_factory, straight_run) -> dict:
+    """The whole chaos sequence in one run directory: ``{"worker": _Phase, "drivers":
+    [_Phase, ...], "final": _Phase, "final_error": str | None}``; ``final_error`` says how the
+    final checkpoint or metrics differ from the uninterrupted run's (None: they equal)."""
+    tmp_path = tmp_path_factory.mktemp("chaos")
+    chaos = _Chaos(rl_config_module(tmp_path), tmp_path)
 
-
-def test_killed_rank_fails_the_driver_with_role_and_rank_then_resume_matches(
-    rl_config, tmp_path, straight_run
-):
-    chaos = _Chaos(rl_config, tmp_path)
-    try:
-        child, _ = chaos.run("update_actor", 2, "worker")
-        assert child.returncode not in (0, -signal.SIGKILL), child.stderr[-3000:]
+    def phase(method: str, nth: int, victim: str) -> _Phase:
+        child, _ = chaos.run(method, nth, victim)
         ended = time.time()
-        killed_at = float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
-        failed_at = float(re.search(r"FAILED ([0-9.]+)", child.stderr).group(1))
-        assert "WorkerDiedError" in child.stderr, child.stderr[-3000:]
-        died = re.search(
-            r"WorkerDiedError: worker actor_rollout_ref .*? rank 1 died during '(\w+)'",
-            child.stderr,
-        )
-        assert died and died.group(1) == "update_actor", child.stderr[-3000:]
-        # fit() has raised and released the workers; the driver's exit then stops its cluster
-        reported, gone = failed_at - killed_at, ended - killed_at
-        print(f"rank 1 killed: fit() raised {reported:.1f}s later, driver gone {gone:.1f}s")
-        assert reported < WORKER_DEATH_REPORTED_S, f"{reported:.1f}s"
-        assert not chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
-        chaos.check_checkpoints()
-        assert [p.name for _, p in complete_checkpoints(chaos.run_dir)] == ["global_step_1"]
-        child, _ = chaos.run("none", 0, "none")
-        assert child.returncode == 0, child.stderr[-3000:]
-        assert not chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
+        alive = chaos.left_alive_after(GONE_AFTER_DRIVER_KILL_S)
+        gone = time.time()
+        damaged = None
+        try:
+            chaos.check_checkpoints()
+        except Exception as err:  # read_manifest(verify=True) names the damaged file
+            damaged = f"{type(err).__name__}: {err}"
+        names = [p.name for _, p in complete_checkpoints(chaos.run_dir)]
+        point = f"{victim} killed in {method} call {nth}" if victim != "none" else "last run"
+        return _Phase(point, child, ended, alive, gone, names, damaged)
+
+    result: dict = {}
+    try:
+        result["worker"] = phase(*WORKER_KILL, "worker")
+        result["drivers"] = [phase(method, nth, "driver") for method, nth in DRIVER_KILLS]
+        result["final"] = phase("none", 0, "none")
     finally:
         chaos.kill_all()
-    chaos.check_final(straight_run)
+    try:
+        chaos.check_final(straight_run)
+        result["final_error"] = None
+    except Exception as err:  # a differing tensor or row, or a file the runs did not write
+        result["final_error"] = f"{type(err).__name__}: {err}"
+    return result
+
+
+def _assert_the_end(chaos_run: dict) -> None:
+    final = chaos_run["final"]
+    assert final.child.returncode == 0, final.child.stderr[-3000:]
+    assert not final.left_alive, f"{final.point}: left alive {final.left_alive}"
+    assert final.damaged is None, final.damaged
+    assert chaos_run["final_error"] is None, chaos_run["final_error"]
+
+
+def test_driver_killed_three_times_on_two_ranks_resumes_bit_identical(chaos_run):
+    assert len(chaos_run["drivers"]) == len(DRIVER_KILLS)
+    for phase in chaos_run["drivers"]:
+        child, point = phase.child, phase.point
+        assert child.returncode == -signal.SIGKILL, f"{point}: {child.stderr[-3000:]}"
+        assert not phase.left_alive, f"{point}: left alive {phase.left_alive}"
+        # the run ends when the last process it started is gone
+        killed_at = float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
+        gone = phase.gone - killed_at
+        assert gone < GONE_AFTER_DRIVER_KILL_S, f"{point}: {gone:.1f}s"
+        print(f"{point}: everything gone {gone:.2f}s after the kill")
+        assert phase.damaged is None, f"{point}: {phase.damaged}"
+    _assert_the_end(chaos_run)
+
+
+def test_killed_rank_fails_the_driver_with_role_and_rank_then_resume_matches(chaos_run):
+    phase = chaos_run["worker"]
+    child = phase.child
+    assert child.returncode not in (0, -signal.SIGKILL), child.stderr[-3000:]
+    killed_at = float(re.search(r"KILLED ([0-9.]+)", child.stderr).group(1))
+    failed_at = float(re.search(r"FAILED ([0-9.]+)", child.stderr).group(1))
+    assert "WorkerDiedError" in child.stderr, child.stderr[-3000:]
+    died = re.search(
+        r"WorkerDiedError: worker actor_rollout_ref .*? rank 1 died during '(\w+)'",
+        child.stderr,
+    )
+    assert died and died.group(1) == "update_actor", child.stderr[-3000:]
+    # fit() has raised and released the workers; the driver's exit then stops its cluster
+    reported, gone = failed_at - killed_at, phase.ended - killed_at
+    print(f"rank 1 killed: fit() raised {reported:.1f}s later, driver gone {gone:.1f}s")
+    assert reported < WORKER_DEATH_REPORTED_S, f"{reported:.1f}s"
+    assert not phase.left_alive, f"{phase.point}: left alive {phase.left_alive}"
+    assert phase.damaged is None, phase.damaged
+    assert phase.checkpoints == ["global_step_1"]
+    # the runs after it resumed from that checkpoint and ended bit-identical
+    _assert_the_end(chaos_run)
