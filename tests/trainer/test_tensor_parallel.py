@@ -11,6 +11,9 @@ file (``data.rollout_files``, as the Ulysses test), so every run trains on the s
 whatever its ranks; the second generates its own (the tensor group samples its joined
 prompts together from its weight shards). Runs must agree within 1e-5 (fp32): the step
 metrics and the exported weights.
+
+The stored rollouts and the PPO run at ``tensor=2`` are made once for the module (the two PPO
+tests assert on the same run): the tests run on the session's Ray cluster, in one worker.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import torch
 from safetensors.torch import load_file
 
 from verl import cli
+from verl.config import load_config
 from verl.data.arithmetic import write_arithmetic_dataset
 from verl.trainer.rl.trainer import RLTrainer
+
+from .conftest import BASE_OVERRIDES
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +58,11 @@ COMMON = (
 COMPARED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
 
 
-@pytest.fixture
-def rollout_file(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def rollout_file(tiny_model_dir, tmp_path_factory):
     """``verl generate``: 8 arithmetic prompts x 2 sampled responses of <= 6 tokens, scored
     1 and 0 (GRPO then has an advantage to follow)."""
+    tmp_path = tmp_path_factory.mktemp("rollouts")
     train, _ = write_arithmetic_dataset(tmp_path / "data", 8, 2, 1, ["+"], 0, "parquet", "chat")
     out = tmp_path / "gens.parquet"
     args = ["generate", "--model", str(tiny_model_dir), "--data", str(train), "--n", "2"]
@@ -117,9 +124,34 @@ def _gae_overrides(rollout_file) -> tuple[str, ...]:
     )
 
 
-def _resumed_on_other_layouts(rl_config, tmp_path, *overrides):
-    """The step-1 checkpoint under ``tmp_path / 'tp'`` resumed at data=2 (2 ranks, whole
-    layers) and in one process, each run to step 2: ``(layout, history, result)`` each."""
+GAE_TP = ("trainer.n_gpus_per_node=2", TP, "critic.tensor_parallel_size=2")
+
+
+@pytest.fixture(scope="module")
+def gae_tp_run(tiny_model_dir, tmp_path_factory, rollout_file, ray_session):
+    """PPO with actor and critic at ``tensor=2``, saved at steps 1 and 2: ``(run_dir,
+    history, result)``; the two PPO tests below assert on this one run."""
+    tmp = tmp_path_factory.mktemp("gae_tp")
+
+    def module_config(*extra: str):
+        return load_config(
+            overrides=[
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                *BASE_OVERRIDES,
+                f"trainer.default_local_dir={tmp}",
+                f"trainer.log_dir={tmp}",
+                *extra,
+            ]
+        )
+
+    _, history, result = _fit(module_config, tmp / "tp", *_gae_overrides(rollout_file), *GAE_TP)
+    return tmp / "tp", history, result
+
+
+def _resumed_on_other_layouts(rl_config, tmp_path, source_dir, *overrides):
+    """The step-1 checkpoint under ``source_dir`` resumed at data=2 (2 ranks, whole layers)
+    and in one process, each run to step 2 under ``tmp_path``: ``(layout, history, result)``
+    each."""
     for layout, ranks in (("dp2", 2), ("one_resumed", 1)):
         trainer, resumed, result = _fit(
             rl_config,
@@ -127,7 +159,7 @@ def _resumed_on_other_layouts(rl_config, tmp_path, *overrides):
             *overrides,
             f"trainer.n_gpus_per_node={ranks}",
             "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={tmp_path / 'tp' / 'global_step_1'}",
+            f"trainer.resume_from_path={source_dir / 'global_step_1'}",
         )
         assert trainer.global_step == 2, layout
         yield layout, resumed, result
@@ -164,7 +196,8 @@ def test_grpo_with_tensor_parallelism_equals_one_process_and_resumes_on_other_la
 
     # the tensor-parallel step-1 checkpoint resumed at data=2 (2 ranks, whole layers) and in
     # one process: each one's step 2 is the one-process run's step 2
-    for _layout, resumed, result in _resumed_on_other_layouts(rl_config, tmp_path, *data):
+    layouts = _resumed_on_other_layouts(rl_config, tmp_path, tmp_path / "tp", *data)
+    for _layout, resumed, result in layouts:
         _assert_steps_equal(resumed[-1:], want[-1:])
         _assert_weights_equal(_weights(result), _weights(want_result), start)
 
@@ -207,24 +240,15 @@ def test_grpo_generating_from_tensor_parallel_shards_equals_one_process(
 
 
 def test_gae_with_a_tensor_parallel_critic_equals_one_process(
-    rl_config, ray_session, rollout_file, tmp_path
+    rl_config, ray_session, rollout_file, gae_tp_run, tmp_path
 ):
     """PPO with a critic: the actor and the value model (body split, value head replicated)
     both at ``tensor=2``; the values, value losses and the actor's update are the one
     process's."""
     gae = _gae_overrides(rollout_file)
     _, want, _ = _fit(rl_config, tmp_path / "one", *gae, "trainer.n_gpus_per_node=1")
-    _, got, _ = _fit(
-        rl_config,
-        tmp_path / "tp",
-        *gae,
-        "trainer.n_gpus_per_node=2",
-        TP,
-        "critic.tensor_parallel_size=2",
-    )
-    state = json.loads(
-        (tmp_path / "tp" / "global_step_1" / "critic" / "engine_state.json").read_text()
-    )
+    tp_dir, got, _ = gae_tp_run
+    state = json.loads((tp_dir / "global_step_1" / "critic" / "engine_state.json").read_text())
     assert state["world_size"] == 2 and state["tensor_parallel_size"] == 2
     critic = ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm")
     _assert_steps_equal(got, want, keys=(*COMPARED, *critic))
@@ -243,22 +267,21 @@ def _critic_weights(run_dir, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_gae_tensor_parallel_checkpoint_resumes_on_other_layouts(
-    rl_config, ray_session, rollout_file, tiny_model_dir, tmp_path
+    rl_config, ray_session, rollout_file, gae_tp_run, tiny_model_dir, tmp_path
 ):
     """Actor and critic at ``tensor=2`` saved at step 1, resumed at ``data=2`` and in one
     process: step 2's value loss, values and gradient norms, the actor's exported weights and
     the critic's checkpointed weights equal the uninterrupted ``tensor=2`` run's."""
     gae = _gae_overrides(rollout_file)
-    tp = ("trainer.n_gpus_per_node=2", TP, "critic.tensor_parallel_size=2")
-    _, want, want_result = _fit(rl_config, tmp_path / "tp", *gae, *tp)
-    critic_start = _critic_weights(tmp_path / "tp", 1)
-    critic_want = _critic_weights(tmp_path / "tp", 2)
+    tp_dir, want, want_result = gae_tp_run
+    critic_start = _critic_weights(tp_dir, 1)
+    critic_want = _critic_weights(tp_dir, 2)
     assert any(not torch.equal(critic_want[n], critic_start[n]) for n in critic_want)
     critic = ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm")
     start = load_file(f"{tiny_model_dir}/model.safetensors")
     # the model's own tensors (a multi-rank export may also write the tied lm_head)
     actor_want = {n: t for n, t in _weights(want_result).items() if n in start}
-    for layout, resumed, result in _resumed_on_other_layouts(rl_config, tmp_path, *gae):
+    for layout, resumed, result in _resumed_on_other_layouts(rl_config, tmp_path, tp_dir, *gae):
         _assert_steps_equal(resumed[-1:], want[-1:], keys=(*COMPARED, *critic))
         actor_diff = _assert_weights_equal(_weights(result), actor_want, start)
         got = _critic_weights(tmp_path / layout, 2)
