@@ -5,7 +5,9 @@ auto-resume in this process: every logged metric, every weight and optimizer ten
 final checkpoint and the exported model equal bit for bit. The same on two FSDP2 ranks (Ray
 actors, gloo): both ranks SIGKILLed in step 3, a new group resumes, bit for bit. Also: KTO
 after an in-process crash, the refusals (another trainer's checkpoint, changed data),
-``resume_path`` and retention.
+``resume_path`` and retention. The uninterrupted two-rank run of each trainer is trained
+once for the module (``two_rank_straight``): the two-rank tests share the session's Ray
+cluster, so they run in one worker.
 """
 
 from __future__ import annotations
@@ -339,13 +341,29 @@ def sharded_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
     return model | optim
 
 
+@pytest.fixture(scope="module")
+def two_rank_straight(tiny_model_dir, tmp_path_factory, ray_session):
+    """``straight(kind)``: the uninterrupted two-rank run of ``kind`` (``train_on_ranks``'s
+    result, its run directory), trained on the first call and kept for the module."""
+    runs: dict[str, tuple[dict[str, Any], Path]] = {}
+
+    def straight(kind: str) -> tuple[dict[str, Any], Path]:
+        if kind not in runs:
+            run_dir = tmp_path_factory.mktemp(f"straight_{kind}")
+            cfg = make_config(kind, tiny_model_dir, run_dir, *TWO_RANKS)
+            runs[kind] = train_on_ranks(kind, cfg), run_dir
+        return runs[kind]
+
+    return straight
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sft", "dpo"])
 def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
-    kind, ray_session, tiny_model_dir, tmp_path
+    kind, ray_session, two_rank_straight, tiny_model_dir, tmp_path
 ):
-    straight_dir, run_dir = tmp_path / "straight", tmp_path / "run"
-    straight = train_on_ranks(kind, make_config(kind, tiny_model_dir, straight_dir, *TWO_RANKS))
+    straight, straight_dir = two_rank_straight(kind)
+    run_dir = tmp_path / "run"
     manifest = read_manifest(straight_dir / "global_step_4", verify=True)
     assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
     assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
@@ -497,11 +515,9 @@ class StopWaitingWorker(OfflineTrainWorker):
 
 @pytest.mark.slow
 def test_two_ranks_stop_on_the_drivers_sigterm_after_the_step_and_resume(
-    ray_session, tiny_model_dir, tmp_path
+    ray_session, two_rank_straight, tiny_model_dir, tmp_path
 ):
-    straight = train_on_ranks(
-        "sft", make_config("sft", tiny_model_dir, tmp_path / "straight", *TWO_RANKS)
-    )
+    straight, straight_dir = two_rank_straight("sft")
     run_dir = tmp_path / "run"
     cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS, "trainer.save_freq=4")
     handler_before = signal.getsignal(signal.SIGTERM)
@@ -531,5 +547,5 @@ def test_two_ranks_stop_on_the_drivers_sigterm_after_the_step_and_resume(
     assert_same_metrics(logged_steps(run_dir)[:3] + resumed["history"], straight["history"])
     assert_bitwise(
         load_file(run_dir / "huggingface" / "model.safetensors"),
-        load_file(tmp_path / "straight" / "huggingface" / "model.safetensors"),
+        load_file(straight_dir / "huggingface" / "model.safetensors"),
     )
