@@ -233,3 +233,45 @@ def test_partial_rollouts_feed_batches_of_any_version(tiny):
             assert versions.unique().tolist() == [0]
     finally:
         pipe.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partial", ["off", "continue"])
+def test_a_streaming_run_continues_fed_batches_through_the_worker(
+    rl_config, monkeypatch, caplog, partial
+):
+    """Through ``fit`` and the real rollout copy worker: the batches the initial fill queues
+    together join the first call, and their own calls (the worker builds their sampling from
+    the batch's seed) continue the loop instead of generating afresh."""
+    import logging
+
+    from verl.trainer.lifecycle.tracking import Tracker
+    from verl.trainer.rl.trainer import RLTrainer
+
+    calls: list[dict[str, float]] = []
+    original = NativeRollout.generate
+
+    def recording(self, prompts, params):
+        out = original(self, prompts, params)
+        calls.append(dict(self.last_stats))
+        return out
+
+    monkeypatch.setattr(NativeRollout, "generate", recording)
+    config = rl_config(
+        # 4 prompts x 2 samples, 6 slots: the 4th prompt runs alone, 4 slots free
+        "actor_rollout_ref.rollout.decode_slots=6",
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.max_staleness=1",
+        f"trainer.partial_rollout={partial}",
+        "actor_rollout_ref.actor.rollout_is_threshold=2.0",
+        "trainer.total_training_steps=3",
+    )
+    with caplog.at_level(logging.WARNING):
+        trainer = RLTrainer(config, tracker=Tracker([]))
+        trainer.fit()
+    assert len(trainer.history) == 3
+    assert "does not bring the prompts" not in caplog.text
+    fed = sum(c.get("fed_batches", 0.0) for c in calls)
+    resumed = sum(c.get("resumed", 0.0) for c in calls)
+    assert fed >= 1 and resumed >= 1, calls
