@@ -52,6 +52,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # the controller's (the environment they started with), so no scan finds its own runner.
     os.environ[SESSION_MARK] = f"{inherited}.{worker}" if worker and inherited else uuid.uuid4().hex
     config.stash[_worker_reports] = []
+    if worker:
+        config.pluginmanager.register(_XdistGroupIds(), "verl-xdist-group-ids")
+
+
+class _XdistGroupIds:
+    """Makes ``--dist loadgroup`` group again under pytest >= 9.2.
+
+    pytest-xdist names a test's group by setting ``item._nodeid`` to ``<nodeid>@<group>`` in
+    its worker's ``pytest_collection_modifyitems``; the ids the worker then reports to the
+    scheduler are ``item.nodeid``. Since pytest 9.2 ``item.nodeid`` is built from ``item._id``
+    and ignores ``_nodeid``, so the scheduler saw no group: the Ray tests ran on both workers
+    (a cluster each) and a module fixture shared by a group's tests was made by both. This
+    hook, after xdist's, gives ``item._id`` the grouped id when the two differ.
+    """
+
+    @pytest.hookimpl(trylast=True)  # after xdist's worker hook has set item._nodeid
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        try:
+            from _pytest.nodeid import NodeId
+        except ImportError:  # pytest < 9.2: item.nodeid is item._nodeid
+            return
+        for item in items:
+            grouped = getattr(item, "_nodeid", None)
+            if isinstance(grouped, str) and "@" in grouped and grouped != item.nodeid:
+                item._id = NodeId.parse(grouped)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -125,10 +150,33 @@ def _kill_left_behind(mark: str | None) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests on the session's Ray cluster run in one xdist worker (``--dist loadgroup``):
-    one cluster for the run, not one per worker."""
+    one cluster for the run, not one per worker. So do the tests of a module that share a
+    module-scoped fixture of that module (a spawned multi-rank run, a training run several
+    tests assert on): ``--dist loadgroup`` hands ungrouped tests out one by one, and a
+    module fixture is made once per worker that runs one of its tests. An explicit
+    ``xdist_group`` mark wins."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray_session"))
+        elif item.get_closest_marker("xdist_group") is None:
+            group = _module_fixture_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _module_fixture_group(item: pytest.Item) -> str | None:
+    """``<module>::<fixture>`` for a test that uses a module-scoped fixture defined in its own
+    module (the first such fixture by name), else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module = item.nodeid.split("::", 1)[0]
+    shared = sorted(
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope == "module" and defs[-1].baseid == module
+    )
+    return f"{module}::{shared[0]}" if shared else None
 
 
 @pytest.fixture(scope="session")
