@@ -230,6 +230,9 @@ def _run(script: Path, env: dict[str, str], out: Path, *args: str, timeout: floa
         "PYTHONPATH": str(ROOT),
         "OUT": str(out),
         "NAME": script.stem,
+        # one OpenMP thread per run, as in the pytest process (tests/conftest.py): two stall
+        # on two cores shared with the other xdist worker
+        "OMP_NUM_THREADS": "1",
     }
     return subprocess.run(
         ["bash", str(script), *args],

@@ -56,7 +56,10 @@ OFFLINE_SHORT = (
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **extra}
+    # one OpenMP thread per run, as in the pytest process (tests/conftest.py): two stall on
+    # two cores shared with the other xdist worker
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return {**env, **extra}
 
 
 def _run(script: Path, *args: str, cwd: Path, timeout: float = 120, **env: str):

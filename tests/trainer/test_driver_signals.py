@@ -31,6 +31,9 @@ from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wai
 pytestmark = pytest.mark.slow
 
 MARK = "VERL_DRIVER_SIGNAL_TEST"
+# One OpenMP thread per child driver, as in the pytest process (tests/conftest.py): two stall
+# on two cores shared with the other xdist worker.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 REWARD = """
 import os, time
@@ -60,7 +63,7 @@ def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, st
     config_file = tmp_path / "run.yaml"
     config_file.write_text(to_yaml(cfg))
     mark = uuid.uuid4().hex
-    env = {**os.environ, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
+    env = {**os.environ, **ONE_THREAD, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
     child = subprocess.Popen(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
         env=env,
@@ -182,7 +185,7 @@ def test_sigterm_during_validation_before_training_stops_with_nothing_trained(rl
     config_file = tmp_path / "run.yaml"
     config_file.write_text(to_yaml(cfg))
     mark = uuid.uuid4().hex
-    env = {**os.environ, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
+    env = {**os.environ, **ONE_THREAD, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
     child = subprocess.Popen(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
         env=env,
@@ -239,7 +242,7 @@ def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path
     mark = uuid.uuid4().hex
     child = subprocess.Popen(
         [sys.executable, "-m", "verl.trainer.main_sft", "--config", str(config_file)],
-        env={**os.environ, MARK: mark},
+        env={**os.environ, **ONE_THREAD, MARK: mark},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         cwd=tmp_path,
@@ -290,7 +293,7 @@ def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tm
         torchrun += [f"--log-dir={run_dir}-torchrun-logs"]
         return subprocess.Popen(
             [*torchrun, "-m", "verl.trainer.fsdp_sft_trainer", *args],
-            env={**os.environ, MARK: mark, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, **ONE_THREAD, MARK: mark},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=tmp_path,
