@@ -76,6 +76,7 @@ class MethodDispatch:
     reads: tuple[str, ...] | None = None
     optional: tuple[str, ...] = ()
     meta: tuple[str, ...] = ()
+    beside: bool = False
 
 
 def _key_tuple(name: str, keys: Iterable[str]) -> tuple[str, ...]:
@@ -95,6 +96,7 @@ def register(
     reads: Iterable[str] | None = None,
     optional: Iterable[str] = (),
     meta: Iterable[str] = (),
+    beside: bool = False,
 ) -> Callable[[F], F]:
     """Mark a worker method as callable through a worker group with ``dispatch_mode``.
 
@@ -106,6 +108,11 @@ def register(
     keys sent when the batch has them (the method checks). ``meta``: ``meta_info`` keys sent
     when present; other ``meta_info`` stays on the driver. ``optional`` and ``meta`` need
     ``reads``.
+
+    ``beside``: on a remote backend the call runs on a second thread of each worker's
+    process, beside a call in progress (for a quick method that only reads state the
+    running call hands over under a lock); other calls on one group run one after another.
+    In-process backends run it on the calling thread, as any call.
     """
     if not isinstance(dispatch_mode, Dispatch):
         raise TypeError(
@@ -123,7 +130,9 @@ def register(
     both = set(optional_keys) & set(read_keys or ())
     if both:
         raise ValueError(f"register: key(s) {sorted(both)} are in both reads and optional")
-    spec = MethodDispatch(dispatch_mode, rank_zero_result, read_keys, optional_keys, meta_keys)
+    spec = MethodDispatch(
+        dispatch_mode, rank_zero_result, read_keys, optional_keys, meta_keys, bool(beside)
+    )
 
     def decorate(fn: F) -> F:
         setattr(fn, _DISPATCH_ATTR, spec)

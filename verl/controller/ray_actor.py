@@ -7,7 +7,9 @@ sets up the process (environment, threads, logging, the process group when
 ``world_size > 1``) and then builds the worker, returning ``(pid, node)``; ``execute``
 calls a worker method (of a colocated role when given). ``heartbeat`` and ``request_stop``
 run on a thread of their own (``HEARTBEAT_GROUP``), so they are answered while ``execute``
-runs; ``close_worker`` calls ``Worker.close``. The actor never restarts and never retries
+runs; ``execute_beside`` calls a worker method on a thread of its own too
+(``BESIDE_GROUP``: ``register(..., beside=True)`` methods, answered while ``execute`` runs);
+``close_worker`` calls ``Worker.close``. The actor never restarts and never retries
 a task: a dead rank is reported, not replaced.
 
 This module imports Ray.
@@ -26,11 +28,19 @@ from verl.controller.ray_cluster import LOOPBACK
 from verl.controller.ray_heartbeat import HEARTBEAT_GROUP
 from verl.controller.worker import DistInfo, Worker, instantiate_worker
 
-__all__ = ["_WorkerHost"]
+__all__ = ["BESIDE_GROUP", "_WorkerHost"]
+
+# the actor's concurrency group of ``register(..., beside=True)`` methods: one thread beside
+# the default group's worker calls (which stay one after another)
+BESIDE_GROUP = "beside"
 
 
 # The class keeps its underscore name: Ray shows it in actor listings and death messages.
-@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={HEARTBEAT_GROUP: 1})
+@ray.remote(
+    max_restarts=0,
+    max_task_retries=0,
+    concurrency_groups={HEARTBEAT_GROUP: 1, BESIDE_GROUP: 1},
+)
 class _WorkerHost:
     """The Ray actor of one rank: sets up the process, then holds and calls the worker."""
 
@@ -128,6 +138,11 @@ class _WorkerHost:
         """``Worker.close`` before the actor is killed (releases engines, temporary files)."""
         if self._worker is not None:
             self._worker.close()
+
+    @ray.method(concurrency_group=BESIDE_GROUP)
+    def execute_beside(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
+        """``execute`` on the ``BESIDE_GROUP`` thread, while a call of the default group runs."""
+        return self.execute(target, *args, **kwargs)
 
     def execute(self, target: tuple[str | None, str], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` (of colocated ``role``, when given) with the resolved arguments."""

@@ -279,11 +279,14 @@ class RayWorkerGroup(WorkerGroup):
             kwargs = {k: ray.put(v) if isinstance(v, DataProto) else v for k, v in kwargs.items()}
             calls = [(args, kwargs)] * len(calls)
         target = (self._role, method_name)
+        spec = self._methods.get(method_name)
+        beside = spec is not None and spec.beside  # on the actor's second thread
         refs = [
-            handle.execute.remote(target, *args, **kwargs)
+            (handle.execute_beside if beside else handle.execute).remote(target, *args, **kwargs)
             for handle, (args, kwargs) in zip(self._actors.handles, calls, strict=True)
         ]
-        self._actors.started(refs)
+        if not beside:  # a quick read beside a call does not make the worker busy
+            self._actors.started(refs)
         return RayPending(self._actors, self._label, method_name, refs)
 
     def _execute(self, method_name: str, calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:

@@ -18,20 +18,37 @@ prompt's group over as vLLM finishes its request when a streaming sink is instal
 batch it started for the next call in flight between two calls (continuous batching across
 calls, ``verl/rollout/continuous.py``); a weight load drops them, so no row ever mixes the
 weights of two loads.
+
+Groups out of a copy in another process (the Ray backend): a ``generate_sequences`` call
+whose ``meta_info`` carries :data:`STREAM_TOKEN` (any string naming the call) installs a
+sink of its own that keeps each finished group (CPU copies) under a lock, and
+:meth:`RolloutCopyWorker.take_streamed_groups` (``register(..., beside=True)``: answered on
+a second thread of the actor while the call runs) hands over those of that call. The call's
+whole output still holds every group; the driver keeps each once.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
 from verl.controller import Dispatch, register
+from verl.controller.dispatch import get_method_dispatch
+from verl.protocol import DataProto
 from verl.rollout.weight_sync import push_weights
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.specs import ActorRolloutRefSpec
 
-__all__ = ["RolloutCopyWorker"]
+__all__ = ["STREAM_TOKEN", "RolloutCopyWorker"]
+
+#: ``meta_info`` key of a ``generate_sequences`` call whose groups the driver takes with
+#: :meth:`RolloutCopyWorker.take_streamed_groups` while it runs (module docstring)
+STREAM_TOKEN = "stream_token"
+
+_GENERATE = get_method_dispatch(ActorRolloutRefWorker.generate_sequences)
+assert _GENERATE is not None and _GENERATE.reads is not None
 
 
 class RolloutCopyWorker(ActorRolloutRefWorker):
@@ -64,6 +81,10 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
             )
         super().__init__(spec, module=module, tokenizer=tokenizer, **worker_kwargs)
         self.policy_version: int | None = None  # the actor update the weights come from
+        # (call token, prompt index, group on CPU, log-prob temperature) of the groups the
+        # running call finished and the driver has not taken
+        self._streamed: list[tuple[str, int, DataProto, float]] = []
+        self._streamed_lock = threading.Lock()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -75,6 +96,41 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
             from verl.rollout.vllm_stream import copy_generate
 
             self.rollout.generate = copy_generate(self.rollout)
+
+    @register(
+        dispatch_mode=_GENERATE.mode,
+        reads=_GENERATE.reads,
+        optional=_GENERATE.optional,
+        meta=(*_GENERATE.meta, STREAM_TOKEN),
+    )
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """The hybrid worker's ``generate_sequences``; with ``meta_info[STREAM_TOKEN]`` each
+        prompt's group is also kept for :meth:`take_streamed_groups` as the engine finishes
+        it (the samples do not change)."""
+        token = prompts.meta_info.pop(STREAM_TOKEN, None)
+        if token is None:
+            return super().generate_sequences(prompts)
+        from verl.rollout.continuous import stream_groups
+
+        def keep(prompt: int, group: DataProto, params: Any) -> None:
+            # a copy of its own: a slice would carry its whole batch's storage across
+            group = group.clone().to("cpu")
+            with self._streamed_lock:
+                self._streamed.append((token, prompt, group, params.logprob_temperature))
+
+        with self._streamed_lock:
+            self._streamed.clear()  # an earlier call's groups: its whole output has them
+        with stream_groups(keep):
+            return super().generate_sequences(prompts)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
+    def take_streamed_groups(self, token: str) -> list[tuple[int, DataProto, float]]:
+        """The groups the call of ``token`` has finished since the last take, as ``[(prompt
+        index, its n rows, log-prob temperature), ...]``; another call's are dropped.
+        Answered beside a running call on the Ray backend."""
+        with self._streamed_lock:
+            taken, self._streamed = self._streamed, []
+        return [(prompt, group, temp) for t, prompt, group, temp in taken if t == token]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:

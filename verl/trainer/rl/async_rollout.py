@@ -20,7 +20,8 @@ of updates between the policy that sampled it and the policy that trains on it, 
 
 Where the copy runs: in the driver process on the local backend; on the Ray backend, in a
 Ray actor of its own (a resource pool of one process beside the device map's), the thread
-here then only waits on its calls. Weights reach it through the same bucketed push the
+here then only waits on its calls (streaming: and polls it for the groups its call has
+finished, :meth:`AsyncRollout._polling`). Weights reach it through the same bucketed push the
 vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
 
 Correctness of the weights: the rollout thread runs one task after another (load weights,
@@ -61,7 +62,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,19 @@ from verl.utils.atomic_io import atomic_path, write_json_atomic
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncRollout", "StalenessError"]
+
+
+# How often the driver asks a rollout copy in a Ray actor for the groups its running call has
+# finished: one small actor call each time (an empty list mostly), on a thread of its own; a
+# group then waits at most this long before the trainer can take it.
+_POLL_INTERVAL_S = 0.05
+
+
+class _Temperature:
+    """The ``params`` a group sink reads (``logprob_temperature``) of a polled group."""
+
+    def __init__(self, logprob_temperature: float) -> None:
+        self.logprob_temperature = logprob_temperature
 
 
 class StalenessError(RuntimeError):
@@ -234,7 +248,14 @@ class AsyncRollout:
         prompts = self._call_prompts(item)
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._mailbox_in_force())
-            if self.stream_groups:
+            if self.stream_groups and self._copy_in_other_process():
+                from verl.workers.rollout_copy import STREAM_TOKEN
+
+                # the copy's own sink keeps the groups; polled while the call runs
+                token = f"{self._epoch}-{item.index}"
+                prompts.meta_info[STREAM_TOKEN] = token
+                stack.enter_context(self._polling(token, self._sink_for(item, prompts)))
+            elif self.stream_groups:
                 from verl.rollout.continuous import feed_prompts, stream_groups
 
                 stack.enter_context(stream_groups(self._sink_for(item, prompts)))
@@ -270,6 +291,41 @@ class AsyncRollout:
 
         return sink
 
+    def _copy_in_other_process(self) -> bool:
+        """Whether the copy runs in a process of its own (a Ray actor), out of reach of
+        this process's group sink: its groups are then polled (:meth:`_polling`)."""
+        from verl.controller.local import LocalWorkerGroup
+
+        return hasattr(self.group, "take_streamed_groups") and not isinstance(
+            self.group, LocalWorkerGroup
+        )
+
+    @contextlib.contextmanager
+    def _polling(self, token: str, sink: Callable[..., None]) -> Iterator[None]:
+        """While the block runs (the copy's call of ``token``), a thread takes the groups
+        the copy has finished every :data:`_POLL_INTERVAL_S` and hands them to ``sink``;
+        it has stopped when the block ends, so no group arrives after its call's output. A
+        failed poll stops the polling: the call's whole output still holds every group."""
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(_POLL_INTERVAL_S):
+                try:
+                    groups = self.group.take_streamed_groups(token)
+                except Exception as e:  # the call itself reports a dead copy
+                    logger.warning("polling the rollout copy's streamed groups failed: %s", e)
+                    return
+                for prompt, group, temperature in groups:
+                    sink(prompt, group, _Temperature(temperature))
+
+        poller = threading.Thread(target=poll, name="verl-rollout-poll", daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+
     def _call_key(self, item: _InFlight) -> tuple[int, int, int]:
         return (id(self), self._epoch, item.index)
 
@@ -282,8 +338,8 @@ class AsyncRollout:
         """The groups finished since the last call, oldest batch first: ``[(the n responses
         of one prompt, the version that generated them, (batch index, prompt index)), ...]``,
         and the async timing metrics of the batches that ended. A batch leaves the queue
-        once it has ended; the groups its engine did not stream (the hf engine, a Ray copy)
-        come from its whole output then."""
+        once it has ended; the groups its engine did not stream (the hf engine) or that were
+        not polled yet (a copy in a Ray actor) come from its whole output then."""
         out: list[tuple[DataProto, int, tuple[int, int]]] = []
         metrics = {"timing_s/async_gen": 0.0, "timing_s/async_weight_sync": 0.0}
         for item in list(self._queue):
