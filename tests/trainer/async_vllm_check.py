@@ -33,6 +33,7 @@ from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import VLLM_TINY_SHAPE, save_tiny_model_dir
 from verl.rollout.partial import TOKEN_VERSIONS
 from verl.trainer.lifecycle.tracking import Tracker
+from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.trainer import RLTrainer
 
 MODES = {
@@ -56,7 +57,7 @@ MODES = {
         "trainer.max_staleness=1",
         "trainer.partial_rollout=continue",
     ],
-    # the rollout copy in a Ray actor of its own (its calls return whole: no streaming)
+    # the rollout copy in a Ray actor of its own (the driver polls it for finished groups)
     "streaming_ray": [
         "trainer.async_rollout=true",
         "trainer.rollout_mode=streaming",
@@ -145,6 +146,21 @@ def _fit(cfg, model_dir: Path, step_delay_s: float) -> dict:
         return streaming_generate(rollout, prompts, params, counted)
 
     vllm_stream.generate_streaming = counting
+    # (batch, prompt index) of each group that reached the driver's buffer during its call:
+    # in this process's sink, or polled from a copy in a Ray actor
+    arrived = []
+    plain_sink_for = AsyncRollout._sink_for
+
+    def recording_sink_for(self, item, prompts):
+        sink = plain_sink_for(self, item, prompts)
+
+        def recorded(prompt, group, params):
+            arrived.append((item.index, prompt))
+            sink(prompt, group, params)
+
+        return recorded
+
+    AsyncRollout._sink_for = recording_sink_for
     trainer = RLTrainer(cfg, tracker=Tracker([]))
     trained = []
     update = trainer.update_policy
@@ -193,7 +209,13 @@ def _fit(cfg, model_dir: Path, step_delay_s: float) -> dict:
     trainer.fit()
     steps = [{k: m.get(k) for k in KEYS} for m in trainer.history]
     threads = [t.name for t in threading.enumerate() if t.name.startswith("verl-rollout")]
-    return {"steps": steps, "trained": trained, "streamed": streamed, "threads": threads}
+    return {
+        "steps": steps,
+        "trained": trained,
+        "streamed": streamed,
+        "arrived": arrived,
+        "threads": threads,
+    }
 
 
 if __name__ == "__main__":
