@@ -5,7 +5,8 @@ driver polls ``take_streamed_groups`` while the call runs (``AsyncRollout._polli
 groups reach the driver's buffer before the call that generated them has returned. Through
 ``fit`` (slow, Ray): a copy whose decode steps are slowed (a call outlasts many polls)
 hands groups over mid-call, and with ``max_staleness=0`` the run trains on the synchronous
-local run's samples with its losses and gradient norms. The poll itself: a stale call's groups are
+local run's samples with its losses and gradient norms; saved after step 2 and resumed, it
+trains step 3 on the uninterrupted run's samples. The poll itself: a stale call's groups are
 never handed over, and a failed poll leaves the groups to the call's whole output.
 """
 
@@ -189,3 +190,40 @@ def test_polled_groups_are_taken_once(monkeypatch, fail_polls, caplog):
     assert len(early) + len(rest) == 3
     assert groups == {(0, 0): [10, 10], (0, 1): [20, 20], (0, 2): [30, 30]}
     assert not [t for t in threading.enumerate() if t.name == "verl-rollout-poll"]
+
+
+@pytest.mark.slow
+def test_streaming_on_ray_resumes_with_each_group_once(
+    rl_config, ray_session, monkeypatch, tmp_path
+):
+    """max_staleness=0 on Ray with the slowed copy: a run saved after step 2 and resumed
+    trains step 3 on the uninterrupted run's samples (no group lost or repeated)."""
+    import verl.workers.rollout_copy as rollout_copy
+
+    monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
+    ray_stream = (
+        *SEEDED,
+        "trainer.backend=ray",
+        "trainer.async_rollout=true",
+        "trainer.rollout_mode=streaming",
+        "trainer.max_staleness=0",
+        "trainer.val_before_train=false",
+    )
+    _, straight = _fit(rl_config(*ray_stream, f"trainer.default_local_dir={tmp_path / 'straight'}"))
+    run_dir = tmp_path / "resumed"
+    _, before = _fit(
+        rl_config(
+            *ray_stream,
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={run_dir}",
+        )
+    )
+    assert (run_dir / "global_step_2").is_dir()
+    resumed, after = _fit(
+        rl_config(*ray_stream, "trainer.resume_mode=auto", f"trainer.default_local_dir={run_dir}")
+    )
+    assert len(straight) == 3 and len(before) == 2 and len(after) == 1
+    for got, want in zip(before + after, straight, strict=True):
+        assert torch.equal(got, want)
+    assert [m["stream/dropped_groups"] for m in resumed.history] == [0]
