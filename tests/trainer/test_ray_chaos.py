@@ -147,7 +147,10 @@ def straight_run(rl_config_module, tmp_path_factory, ray_session) -> tuple[list[
     history and directory."""
     tmp = tmp_path_factory.mktemp("straight")
     trainer = RLTrainer(_config(rl_config_module(tmp), tmp, tmp / "run"))
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()  # its reward workers (children of this process) too
     return trainer.history, tmp / "run"
 
 
