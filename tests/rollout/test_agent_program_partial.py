@@ -14,11 +14,9 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import pytest
 import torch
 from openai import OpenAI
 
-from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.agent_program import AgentProgramRollout
@@ -29,26 +27,6 @@ QUESTIONS = ["1+2=", "what is 3*4?"]
 PARAMS = SamplingParams(n=2, max_new_tokens=48, seed=5, temperature=1.0, stop_token_ids=[])
 TURN_TOKENS = 8
 SWAP_AT = 3  # v2 is posted when a row sampling under v1 reaches its 4th token
-
-
-@pytest.fixture(scope="module")
-def tokenizer(pytestconfig):
-    cache = getattr(pytestconfig, "cache", None)
-    tok = build_tiny_tokenizer(cache_dir=cache.mkdir("tiny_tokenizer") if cache else None)
-    tok.padding_side = "left"
-    return tok
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    """Larger weights than the default init: peaked, varied distributions."""
-    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-    return model.eval()
 
 
 def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:

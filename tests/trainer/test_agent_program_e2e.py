@@ -11,20 +11,25 @@ import pytest
 
 from verl.trainer.rl.trainer import RLTrainer
 
+from .taken_batches import assert_token_versions, fit_recording_batches
+
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "calculator_agent.py"
+OVERRIDES = (
+    f"actor_rollout_ref.rollout.agent.program={AGENT}:calculator_agent",
+    "actor_rollout_ref.rollout.agent.concurrency=8",
+    "actor_rollout_ref.rollout.agent.timeout_s=120",
+    "reward_model.reward_manager=agent",
+    "data.max_prompt_length=256",
+    "data.max_response_length=160",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+)
 
 
 @pytest.mark.slow
 def test_grpo_trains_the_calculator_agent(rl_config):
     cfg = rl_config(
-        f"actor_rollout_ref.rollout.agent.program={AGENT}:calculator_agent",
-        "actor_rollout_ref.rollout.agent.concurrency=8",
-        "actor_rollout_ref.rollout.agent.timeout_s=120",
-        "reward_model.reward_manager=agent",
-        "data.max_prompt_length=256",
-        "data.max_response_length=160",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
+        *OVERRIDES,
     )
     trainer = RLTrainer(cfg)
     try:
@@ -57,47 +62,17 @@ def test_streaming_partial_rollouts_train_the_calculator_agent(rl_config):
     """The same agent in the streaming pipeline with ``partial_rollout=continue``: every
     trained model token carries the policy version that sampled it (the endpoint's records
     keep them), a sample's version is its oldest token's, and 2 steps train."""
-    import numpy as np
-
-    from verl.rollout.partial import TOKEN_VERSIONS
-
     cfg = rl_config(
-        f"actor_rollout_ref.rollout.agent.program={AGENT}:calculator_agent",
-        "actor_rollout_ref.rollout.agent.concurrency=8",
-        "actor_rollout_ref.rollout.agent.timeout_s=120",
-        "reward_model.reward_manager=agent",
-        "data.max_prompt_length=256",
-        "data.max_response_length=160",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
+        *OVERRIDES,
         "trainer.async_rollout=true",
         "trainer.rollout_mode=streaming",
         "trainer.partial_rollout=continue",
         "trainer.max_staleness=1",
     )
     trainer = RLTrainer(cfg)
-    taken = []
-    real_next = trainer.batch_source.next
-
-    def next_batch(draw):
-        gen, metrics = real_next(draw)
-        taken.append(gen)
-        return gen, metrics
-
-    trainer.batch_source.next = next_batch
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    taken = fit_recording_batches(trainer)
     assert trainer.global_step == 2 and len(taken) == 2
     for step, (gen, metrics) in enumerate(zip(taken, trainer.history)):
         assert metrics["agent/errors"] == 0 and math.isfinite(metrics["actor/pg_loss"])
-        versions = gen.batch[TOKEN_VERSIONS]
-        mask = gen.batch["response_mask"].bool()
-        assert (versions[~mask] == -1).all() and (versions[mask] >= 0).all()
-        oldest = versions.masked_fill(~mask, 10**9).min(-1).values.numpy()
-        sample_versions = gen.non_tensor_batch["rollout_policy_version"]
-        has_tokens = mask.any(-1).numpy()
-        assert np.array_equal(sample_versions[has_tokens], oldest[has_tokens])
-        assert (sample_versions <= step).all() and (sample_versions >= step - 1).all()
+        assert_token_versions(gen, step)
     assert not [t for t in threading.enumerate() if t.name.startswith("verl-openai")]

@@ -16,7 +16,6 @@ import copy
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -28,6 +27,8 @@ from verl.rollout.agent_loop import AgentLoop
 from verl.rollout.agent_turns import EngineTurnGenerator
 from verl.rollout.native import NativeRollout
 from verl.rollout.partial import TOKEN_VERSIONS, WeightMailbox, weight_mailbox
+
+from .taken_batches import assert_token_versions, fit_recording_batches
 
 TEXTS = ["1+2=", "the cat has 5 apples and"]
 PARAMS = SamplingParams(n=2, max_new_tokens=40, seed=11, temperature=1.0, stop_token_ids=[])
@@ -217,31 +218,11 @@ def test_streaming_multi_turn_with_partial_rollouts_trains(rl_config, tool_model
         "trainer.total_training_steps=2",
     )
     trainer = RLTrainer(cfg)
-    taken = []
-    real_next = trainer.batch_source.next
-
-    def next_batch(draw):
-        gen, metrics = real_next(draw)
-        taken.append(gen)
-        return gen, metrics
-
-    trainer.batch_source.next = next_batch
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    taken = fit_recording_batches(trainer)
     assert trainer.global_step == 2 and len(taken) == 2
     assert any(m["actor/grad_norm"] > 0 for m in trainer.history)
     for step, (gen, metrics) in enumerate(zip(taken, trainer.history)):
         assert math.isfinite(metrics["actor/pg_loss"])
         assert max(gen.non_tensor_batch["num_turns"]) >= 2
-        versions = gen.batch[TOKEN_VERSIONS]
-        mask = gen.batch["response_mask"].bool()
-        assert (versions[~mask] == -1).all() and (versions[mask] >= 0).all()
-        # a sample's version is its oldest model token's
-        oldest = versions.masked_fill(~mask, 10**9).min(-1).values.numpy()
-        sample_versions = gen.non_tensor_batch["rollout_policy_version"]
-        has_tokens = mask.any(-1).numpy()
-        assert np.array_equal(sample_versions[has_tokens], oldest[has_tokens])
-        assert (sample_versions <= step).all() and (sample_versions >= step - 1).all()
+        assert_token_versions(gen, step)
         assert metrics["stream/dropped_groups"] == 0

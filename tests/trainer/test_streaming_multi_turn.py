@@ -15,6 +15,7 @@ import pytest
 
 from verl.trainer.rl.trainer import RLTrainer
 
+from .taken_batches import fit_recording_batches
 from .tool_model import calculator_run_overrides
 
 
@@ -28,19 +29,7 @@ def test_streaming_multi_turn_two_steps(rl_config, tool_model_dir, tmp_path):
         "trainer.total_training_steps=2",
     )
     trainer = RLTrainer(cfg)
-    taken = []
-    real_next = trainer.batch_source.next
-
-    def next_batch(draw):
-        gen, metrics = real_next(draw)
-        taken.append(gen)
-        return gen, metrics
-
-    trainer.batch_source.next = next_batch
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    taken = fit_recording_batches(trainer)
     assert trainer.global_step == 2
     assert len(taken) == 2
     # a step whose groups all scored alike has zero advantages; the run must train on some
