@@ -12,11 +12,13 @@ version column, as before.
 from __future__ import annotations
 
 import copy
+import threading
 
 import numpy as np
 import torch
 from openai import OpenAI
 
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.agent_program import AgentProgramRollout
@@ -58,12 +60,17 @@ def _prompts(tokenizer) -> DataProto:
 
 
 def _two_turn_agent(mailbox: WeightMailbox | None, weights: dict[int, dict]):
+    # every agent has its first reply before any posts v1: all first turns are v0, however
+    # the endpoint batched the first requests
+    first_replies = threading.Barrier(len(QUESTIONS) * PARAMS.n, timeout=30)
+
     def agent(base_url, api_key, task):
         client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         messages = list(task["messages"])
         first = client.chat.completions.create(
             model="policy", messages=messages, max_tokens=TURN_TOKENS
         )
+        first_replies.wait()
         if mailbox is not None:
             mailbox.post(weights[1], 1)  # a trainer step between the agent's two requests
         messages += [
@@ -101,20 +108,18 @@ def _rollout(model, tokenizer, mailbox: WeightMailbox | None):
 
 
 def _recomputed(module, out: DataProto) -> torch.Tensor:
-    """(rows, R) log-probs of each response token by a no-cache forward of the row's own
-    prompt + response with ``module`` (0 past the response)."""
-    width = out.batch["responses"].shape[1]
-    rows = []
-    for r in range(len(out)):
-        prompt_mask = out.batch["attention_mask"][r, :-width].bool()
-        prompt = out.batch["prompts"][r][prompt_mask]
-        length = int(out.batch["attention_mask"][r, -width:].sum())
-        resp = out.batch["responses"][r, :length]
-        with torch.no_grad():
-            logits = module(input_ids=torch.cat([prompt, resp]).unsqueeze(0)).logits[0].float()
-        lp = logits[len(prompt) - 1 : -1].log_softmax(-1).gather(-1, resp.unsqueeze(-1))
-        rows.append(torch.nn.functional.pad(lp.squeeze(-1), (0, width - length)))
-    return torch.stack(rows)
+    """(rows, R) log-probs of each response token (inserted tokens included) by a no-cache
+    forward of the output's prompt + response with ``module``."""
+    b = out.batch
+    with torch.no_grad():
+        (log_probs, *_) = compute_response_log_probs(
+            module,
+            b["input_ids"],
+            b["attention_mask"],
+            b["position_ids"],
+            response_len=b["responses"].shape[1],
+        )
+    return log_probs.float()
 
 
 def test_agent_turns_straddling_weight_swaps_record_each_tokens_version(model, tokenizer):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from verl.algorithms.rollout_correction import compute_rollout_is_weights
+from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
@@ -115,25 +116,23 @@ def _straddling_rollout(model, tokenizer):
     return out, prompts, weights, mailbox
 
 
-def _recomputed(module, prompts: DataProto, out: DataProto) -> torch.Tensor:
-    """(rows, R) log-probs of each response token (tool tokens included) by a no-cache
-    forward of prompt + response with ``module`` (0 past the response)."""
-    rows = []
-    width = out.batch["responses"].shape[1]
-    for r in range(len(out)):
-        source = r // PARAMS.n
-        prompt = prompts.batch["input_ids"][source][prompts.batch["attention_mask"][source].bool()]
-        length = int(out.batch["attention_mask"][r, -width:].sum())
-        resp = out.batch["responses"][r, :length]
-        with torch.no_grad():
-            logits = module(input_ids=torch.cat([prompt, resp]).unsqueeze(0)).logits[0].float()
-        lp = logits[len(prompt) - 1 : -1].log_softmax(-1).gather(-1, resp.unsqueeze(-1))
-        rows.append(torch.nn.functional.pad(lp.squeeze(-1), (0, width - length)))
-    return torch.stack(rows)
+def _recomputed(module, out: DataProto) -> torch.Tensor:
+    """(rows, R) log-probs of each response token (inserted tokens included) by a no-cache
+    forward of the output's prompt + response with ``module``."""
+    b = out.batch
+    with torch.no_grad():
+        (log_probs, *_) = compute_response_log_probs(
+            module,
+            b["input_ids"],
+            b["attention_mask"],
+            b["position_ids"],
+            response_len=b["responses"].shape[1],
+        )
+    return log_probs.float()
 
 
 def test_turns_straddling_weight_swaps_record_each_tokens_version(model, tokenizer):
-    out, prompts, weights, mailbox = _straddling_rollout(model, tokenizer)
+    out, _, weights, mailbox = _straddling_rollout(model, tokenizer)
     assert mailbox.stats["swaps"] == 2 and mailbox.held == 2
     versions = out.batch[TOKEN_VERSIONS]
     mask = out.batch["response_mask"].bool()
@@ -161,7 +160,7 @@ def test_turns_straddling_weight_swaps_record_each_tokens_version(model, tokeniz
     for version, state in weights.items():
         modules[version] = copy.deepcopy(model)
         modules[version].load_state_dict(state)
-    by_version = {v: _recomputed(m, prompts, out) for v, m in modules.items()}
+    by_version = {v: _recomputed(m, out) for v, m in modules.items()}
     behaviour = torch.zeros_like(by_version[0])
     for version, lps in by_version.items():
         behaviour = torch.where(versions == version, lps, behaviour)
