@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -92,13 +93,6 @@ __all__ = ["AsyncRollout", "StalenessError"]
 # finished: one small actor call each time (an empty list mostly), on a thread of its own; a
 # group then waits at most this long before the trainer can take it.
 _POLL_INTERVAL_S = 0.05
-
-
-class _Temperature:
-    """The ``params`` a group sink reads (``logprob_temperature``) of a polled group."""
-
-    def __init__(self, logprob_temperature: float) -> None:
-        self.logprob_temperature = logprob_temperature
 
 
 class StalenessError(RuntimeError):
@@ -316,7 +310,8 @@ class AsyncRollout:
                     logger.warning("polling the rollout copy's streamed groups failed: %s", e)
                     return
                 for prompt, group, temperature in groups:
-                    sink(prompt, group, _Temperature(temperature))
+                    # the sink reads the call's params for their logprob_temperature only
+                    sink(prompt, group, SimpleNamespace(logprob_temperature=temperature))
 
         poller = threading.Thread(target=poll, name="verl-rollout-poll", daemon=True)
         poller.start()
