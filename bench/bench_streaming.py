@@ -25,7 +25,9 @@ Configurations, each in a fresh process, ``--steps`` steps, alternating over ``-
   each step's weights reach the call in flight between two decode steps; its rows decode
   on over their caches (continue) or are prefilled again under the new weights (resume).
 
-``--configs`` picks a subset (comma-separated).
+``--configs`` picks a subset (comma-separated); ``--max-staleness`` sets
+``trainer.max_staleness`` of the asynchronous configurations, ``--buffer-batches`` the
+streaming buffer (``trainer.stream_buffer_groups``) in batches.
 
 ``--engine vllm`` runs the same configurations with ``rollout.name=vllm`` (partial rollouts
 excluded: they need the native engine): the rollout copy's own vLLM engine, streaming its
@@ -40,7 +42,9 @@ window (idle: the engine was not inside ``generate``), the trainer's wait for sa
 step (``timing_s/gen``: the whole generation in sync), the groups streaming dropped as
 stale, the ratios to sync, and for partial rollouts the mid-call weight swaps, the tokens
 prefilled again (resume) per generated token, the mean staleness of the trained samples
-(by their oldest token), and the batches fed into a running call (``fed``). The output
+(by their oldest token), the batches fed into a running call (``fed``), and over the whole
+run the engine's rows per decode step (``rows/step``: how full the slots were) and generated
+tokens per second inside its calls (``gen tok/s``). The output
 starts with the command, the machine (``nproc``, CPU model) and the load average before and
 after, and ends with the samples/s ratios to sync.
 
@@ -133,7 +137,14 @@ def _install_scripted_stop(
             return original(self, prompts, params)
         finally:
             intervals.append((start, time.perf_counter()))
-            for key in ("generated_tokens", "reprefill_tokens", "weight_swaps", "fed_batches"):
+            for key in (
+                "generated_tokens",
+                "reprefill_tokens",
+                "weight_swaps",
+                "fed_batches",
+                "decode_steps",
+                "decode_row_steps",
+            ):
                 counts[key] = counts.get(key, 0.0) + self.last_stats.get(key, 0.0)
 
     def sample(self, logits, rows, steps, params, seed):
@@ -221,6 +232,10 @@ def _child(args) -> dict:
     torch.set_num_threads(args.threads)
     rollout_threads = args.rollout_threads or args.threads
     extra = [f"trainer.rollout_num_threads={rollout_threads}"] if CONFIGS[args.config] else []
+    if args.max_staleness is not None and CONFIGS[args.config]:
+        extra.append(f"trainer.max_staleness={args.max_staleness}")
+    if args.buffer_batches and args.config.startswith("streaming"):
+        extra.append(f"trainer.stream_buffer_groups={args.buffer_batches * args.prompts}")
     intervals: list[tuple[float, float]] = []
     counts: dict[str, float] = {}
     if args.engine == "vllm":
@@ -280,6 +295,13 @@ def _child(args) -> dict:
         "fed_batches": counts.get("fed_batches", 0.0),
         "reprefill_per_token": counts.get("reprefill_tokens", 0.0)
         / max(counts.get("generated_tokens", 0.0), 1.0),
+        # the engine's efficiency over the whole run (first step included): rows decoded per
+        # forward (slots a compaction dropped not counted) and generated tokens per second
+        # inside the engine's calls
+        "rows_per_decode_step": counts.get("decode_row_steps", 0.0)
+        / max(counts.get("decode_steps", 0.0), 1.0),
+        "tokens_per_gen_s": counts.get("generated_tokens", 0.0)
+        / max(sum(b - a for a, b in intervals), 1e-9),
         "mean_response_length": statistics.mean(
             row.get("response_length/mean", float("nan")) for row in history
         ),
@@ -327,6 +349,15 @@ def main() -> None:
     parser.add_argument("--max-response-length", type=int, default=256)
     parser.add_argument("--long-fraction", type=float, default=0.15)
     parser.add_argument("--configs", default=None, help="default: all (vllm: no partial)")
+    parser.add_argument(
+        "--max-staleness", type=int, default=None, help="asynchronous configurations (default 1)"
+    )
+    parser.add_argument(
+        "--buffer-batches",
+        type=int,
+        default=None,
+        help="streaming: trainer.stream_buffer_groups in batches (default: max_staleness + 1)",
+    )
     parser.add_argument("--engine", choices=("native", "vllm"), default="native")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="sync", help=argparse.SUPPRESS)
@@ -355,6 +386,10 @@ def main() -> None:
                 cmd += ["--slots", str(args.slots), "--long-fraction", str(args.long_fraction)]
                 cmd += ["--max-response-length", str(args.max_response_length)]
                 cmd += ["--engine", args.engine]
+                if args.buffer_batches:
+                    cmd += ["--buffer-batches", str(args.buffer_batches)]
+                if args.max_staleness is not None:
+                    cmd += ["--max-staleness", str(args.max_staleness)]
                 if args.rollout_threads:
                     cmd += ["--rollout-threads", str(args.rollout_threads)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
@@ -391,6 +426,7 @@ def main() -> None:
     )
     header = ("samples/s", "vs sync", "wall s/step", "gen busy s", "gen idle s", "idle %")
     header += ("wait s/step", "dropped", "staleness", "swaps", "reprefill", "fed")
+    header += ("rows/step", "gen tok/s")
     print(f"{'config':<13}" + "".join(f"{h:>12}" for h in header))
     for name, row in summary.items():
         cells = (
@@ -406,6 +442,8 @@ def main() -> None:
             f"{row['midcall_swaps']:12.0f}",
             f"{row['reprefill_per_token']:12.2f}",
             f"{row['fed_batches']:12.0f}",
+            f"{row.get('rows_per_decode_step', float('nan')):12.1f}",
+            f"{row.get('tokens_per_gen_s', float('nan')):12.0f}",
         )
         print(f"{name:<13}" + "".join(cells))
     ratios = ", ".join(
