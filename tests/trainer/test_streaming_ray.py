@@ -1,7 +1,7 @@
 """Streaming rollout with the rollout copy in a Ray actor (``trainer.backend=ray``).
 
 The copy's ``generate_sequences`` keeps each group as its native engine finishes it and the
-driver polls ``take_streamed_groups`` while the call runs (``AsyncRollout._polling``), so
+driver polls ``take_streamed_groups`` while the call runs (``ray_copy_link.polling``), so
 groups reach the driver's buffer before the call that generated them has returned. Through
 ``fit`` (slow, Ray): a copy whose decode steps are slowed (a call outlasts many polls)
 hands groups over mid-call, and with ``max_staleness=0`` the run trains on the synchronous

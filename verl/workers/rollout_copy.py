@@ -25,11 +25,25 @@ sink of its own that keeps each finished group (CPU copies) under a lock, and
 :meth:`RolloutCopyWorker.take_streamed_groups` (``register(..., beside=True)``: answered on
 a second thread of the actor while the call runs) hands over those of that call. The call's
 whole output still holds every group; the driver keeps each once.
+
+Partial rollouts in a copy in another process (``trainer.partial_rollout`` on the Ray
+backend): the copy owns a :class:`~verl.rollout.partial.WeightMailbox` in its own process.
+:meth:`RolloutCopyWorker.post_policy_weights` (beside a running call) posts a version's full
+state dict into it; a ``generate_sequences`` call whose ``meta_info`` carries
+:data:`WEIGHT_MAILBOX` first loads the newest post (between two calls, as
+:meth:`RolloutCopyWorker.load_policy_weights`), then runs under
+:func:`~verl.rollout.partial.weight_mailbox`, so the native continuous loop and the vLLM
+stepping loop take a post made meanwhile between two decode steps, exactly as a copy in the
+driver process does. Its output's ``meta_info[WEIGHT_MAILBOX]`` tells the driver the version
+the call started with, the one it ended with, the seconds of the load at its start and the
+mailbox's counters (``swaps``, ``load_s``, ...).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from typing import Any
 
 import torch
@@ -37,15 +51,20 @@ import torch
 from verl.controller import Dispatch, register
 from verl.controller.dispatch import get_method_dispatch
 from verl.protocol import DataProto
+from verl.rollout.partial import WeightMailbox, weight_mailbox
 from verl.rollout.weight_sync import push_weights
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.specs import ActorRolloutRefSpec
 
-__all__ = ["STREAM_TOKEN", "RolloutCopyWorker"]
+__all__ = ["STREAM_TOKEN", "WEIGHT_MAILBOX", "RolloutCopyWorker"]
 
 #: ``meta_info`` key of a ``generate_sequences`` call whose groups the driver takes with
 #: :meth:`RolloutCopyWorker.take_streamed_groups` while it runs (module docstring)
 STREAM_TOKEN = "stream_token"
+#: ``meta_info`` key of a ``generate_sequences`` call under the copy's own weight mailbox:
+#: ``{"mode": "continue" | "resume", "version": the driver's version of the batch}``; the
+#: output's ``meta_info`` carries ``{"start", "held", "load_s", "stats"}`` under it
+WEIGHT_MAILBOX = "weight_mailbox"
 
 _GENERATE = get_method_dispatch(ActorRolloutRefWorker.generate_sequences)
 assert _GENERATE is not None and _GENERATE.reads is not None
@@ -85,6 +104,10 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         # running call finished and the driver has not taken
         self._streamed: list[tuple[str, int, DataProto, float]] = []
         self._streamed_lock = threading.Lock()
+        # partial rollouts: the mailbox the driver posts into (created by the first post or
+        # call, under the lock: a post arrives on the actor's second thread)
+        self.weight_box: WeightMailbox | None = None
+        self._box_lock = threading.Lock()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -101,15 +124,35 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         dispatch_mode=_GENERATE.mode,
         reads=_GENERATE.reads,
         optional=_GENERATE.optional,
-        meta=(*_GENERATE.meta, STREAM_TOKEN),
+        meta=(*_GENERATE.meta, STREAM_TOKEN, WEIGHT_MAILBOX),
     )
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """The hybrid worker's ``generate_sequences``; with ``meta_info[STREAM_TOKEN]`` each
         prompt's group is also kept for :meth:`take_streamed_groups` as the engine finishes
-        it (the samples do not change)."""
+        it (the samples do not change); with ``meta_info[WEIGHT_MAILBOX]`` the call runs
+        under this copy's weight mailbox (module docstring)."""
         token = prompts.meta_info.pop(STREAM_TOKEN, None)
-        if token is None:
-            return super().generate_sequences(prompts)
+        partial = prompts.meta_info.pop(WEIGHT_MAILBOX, None)
+        with contextlib.ExitStack() as stack:
+            if partial is not None:
+                box, start, load_s = self._start_with_mailbox(partial["mode"], partial["version"])
+                stack.enter_context(weight_mailbox(box))
+            if token is not None:
+                stack.enter_context(self._keeping_groups(token))
+            out = super().generate_sequences(prompts)
+        if partial is not None:
+            out.meta_info[WEIGHT_MAILBOX] = {
+                "start": start,
+                "held": int(box.held),
+                "load_s": load_s,
+                "stats": dict(box.stats),
+            }
+        return out
+
+    @contextlib.contextmanager
+    def _keeping_groups(self, token: str):
+        """Within the block, each finished group is kept (a CPU copy) for
+        :meth:`take_streamed_groups` under ``token``."""
         from verl.rollout.continuous import stream_groups
 
         def keep(prompt: int, group: DataProto, params: Any) -> None:
@@ -121,7 +164,66 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         with self._streamed_lock:
             self._streamed.clear()  # an earlier call's groups: its whole output has them
         with stream_groups(keep):
-            return super().generate_sequences(prompts)
+            yield
+
+    def _mailbox(self, mode: str) -> WeightMailbox:
+        with self._box_lock:
+            if self.weight_box is None:
+                self.weight_box = WeightMailbox(mode)
+            elif self.weight_box.mode != mode:
+                raise ValueError(
+                    f"trainer.partial_rollout={mode}: the rollout copy's mailbox runs "
+                    f"{self.weight_box.mode}; one run takes one mode"
+                )
+            return self.weight_box
+
+    def _start_with_mailbox(self, mode: str, version: int) -> tuple[WeightMailbox, int, float]:
+        """Before a call under the mailbox: load its newest post (between two calls, as
+        :meth:`load_policy_weights`: a native loop's kept rows are dropped, a vLLM engine
+        takes the weights); without one, the module keeps what it holds (``version`` when
+        nothing was ever loaded through the mailbox). Returns the mailbox, the version the
+        call starts with and the load's seconds."""
+        box = self._mailbox(mode)
+        pending = box.take()
+        load_s = 0.0
+        if pending is not None:
+            start = time.perf_counter()
+            self.load_policy_weights(*pending)
+            load_s = time.perf_counter() - start
+            box.held = pending[1]
+        elif box.held is None:
+            box.held = int(version)
+        return box, int(box.held), load_s
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
+    def post_policy_weights(
+        self, state: dict[str, torch.Tensor], version: int, mode: str
+    ) -> int | None:
+        """Partial rollouts: post ``state`` (the actor's full state dict, CPU) as the weights
+        of ``version`` into this copy's mailbox (``mode``: ``trainer.partial_rollout``), for
+        the running call's next decode step or the next call's start; an older post never
+        replaces a newer one. Answered beside a running call on the Ray backend. Returns the
+        newest version posted."""
+        box = self._mailbox(mode)
+        box.post(state, int(version))
+        return box.posted_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
+    def weight_mailbox_state(self) -> dict[str, Any] | None:
+        """The mailbox's ``held`` version and counters now (None before the first post or
+        call); answered beside a running call: its mid-call swaps reach the driver's
+        metrics before the call returns."""
+        box = self.weight_box
+        if box is None or box.held is None:
+            return None
+        return {"held": int(box.held), "stats": dict(box.stats)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
+    def reset_weight_mailbox(self) -> None:
+        """Forget what was posted and held (a checkpoint loaded: the next step posts again)."""
+        with self._box_lock:
+            if self.weight_box is not None:
+                self.weight_box.reset()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
     def take_streamed_groups(self, token: str) -> list[tuple[int, DataProto, float]]:

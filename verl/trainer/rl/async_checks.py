@@ -139,8 +139,9 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
     """``trainer.partial_rollout``: the streaming pipeline, the native engine's continuous
     loop or the rollout copy's vLLM engine (stepped by hand: weights pushed between two
     engine steps, ``verl.rollout.vllm_partial``; without LoRA, whose adapters only the
-    push between calls folds in), and a rollout copy in the driver process (the mailbox is
-    shared memory). The multi-turn agent loop (``verl.rollout.agent_turns``) and agent
+    push between calls folds in). A copy in the driver process shares the trainer's mailbox;
+    a copy in a Ray actor owns one in its own process, posted into beside its running call
+    (``verl.trainer.rl.ray_copy_link``). The multi-turn agent loop (``verl.rollout.agent_turns``) and agent
     programs (the endpoint's records, ``verl.rollout.agent_trajectory``) keep each token's
     version."""
     t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
@@ -174,11 +175,4 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
             f"(rollout.name=vllm); this run has name={rollout.name}, continuous_batching="
             f"{rollout.continuous_batching}, compile_decode={rollout.compile_decode}; change "
             f"them or set {key}=off",
-        )
-    if cfg.worker_backend != "local":
-        c.error(
-            (key, "trainer.backend"),
-            f"{key}={mode}: the weight mailbox reaches a rollout copy in the driver process "
-            "only (trainer.backend=local); a copy in a Ray actor loads weights between "
-            f"calls: set {key}=off",
         )

@@ -21,8 +21,8 @@ of updates between the policy that sampled it and the policy that trains on it, 
 Where the copy runs: in the driver process on the local backend; on the Ray backend, in a
 Ray actor of its own (a resource pool of one process beside the device map's), the thread
 here then only waits on its calls (streaming: and polls it for the groups its call has
-finished, :meth:`AsyncRollout._polling`). Weights reach it through the same bucketed push the
-vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
+finished, :mod:`verl.trainer.rl.ray_copy_link`). Weights reach it through the same bucketed
+push the vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
 
 Correctness of the weights: the rollout thread runs one task after another (load weights,
 generate), so the copy's weights never change during a generation; the trainer only hands
@@ -51,7 +51,9 @@ Partial rollouts (``trainer.partial_rollout``, streaming only): with a ``mailbox
 (:meth:`AsyncRollout.post_weights`) instead of queueing them with a batch; a generation
 takes the newest posted weights before it starts and, on the native engine's continuous
 loop, between two decode steps. Each token then records the version that sampled it
-(``rollout_token_versions``) and a group's version is its oldest token's.
+(``rollout_token_versions``) and a group's version is its oldest token's. A copy in a Ray
+actor owns a mailbox of its own, in its process: the posts go there, and each call reports
+the version it started with (:mod:`verl.trainer.rl.ray_copy_link`).
 """
 
 from __future__ import annotations
@@ -62,11 +64,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,7 @@ import torch
 from verl.protocol import DataProto
 from verl.rollout.partial import WeightMailbox, oldest_token_version, weight_mailbox
 from verl.trainer.lifecycle.checkpoint import CheckpointError
+from verl.trainer.rl import ray_copy_link as link
 from verl.trainer.rl.inflight_files import (
     INFLIGHT_JSON,
     INFLIGHT_TENSORS,
@@ -87,12 +89,6 @@ from verl.utils.atomic_io import atomic_path, write_json_atomic
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncRollout", "StalenessError"]
-
-
-# How often the driver asks a rollout copy in a Ray actor for the groups its running call has
-# finished: one small actor call each time (an empty list mostly), on a thread of its own; a
-# group then waits at most this long before the trainer can take it.
-_POLL_INTERVAL_S = 0.05
 
 
 class StalenessError(RuntimeError):
@@ -216,7 +212,10 @@ class AsyncRollout:
         nothing when it has them already, or without a mailbox."""
         box = self.mailbox
         if box is not None and (box.posted_version is None or version > box.posted_version):
-            box.post(self._weights(), version)
+            if self._copy_in_other_process():  # into the copy's own mailbox, in its process
+                link.post_to_copy(self.group, box, self._weights(), version)
+            else:
+                box.post(self._weights(), version)
 
     def _run(self, item: _InFlight) -> DataProto:
         """On the rollout thread: load ``item.load`` (if any; with a mailbox, its newest
@@ -225,7 +224,8 @@ class AsyncRollout:
         sync_s = 0.0
         weights, version = item.load, item.version
         item.load = None  # the snapshot is not kept with the queue
-        if item.claimed:
+        remote_box = self.mailbox is not None and self._copy_in_other_process()
+        if item.claimed or remote_box:  # a remote copy takes its mailbox's post itself
             weights = None
         elif self.mailbox is not None:
             pending = self.mailbox.take()
@@ -234,21 +234,28 @@ class AsyncRollout:
             sync_s = self.group.load_policy_weights(weights, version)[0][
                 "async/weight_sync_seconds"
             ]
-        if self.mailbox is not None and not item.claimed:
+        if self.mailbox is not None and not item.claimed and not remote_box:
             if weights is not None or self.mailbox.held is None:
                 self.mailbox.held = version
             item.version = max(item.version, self.mailbox.held)  # before any group is out
         start = time.perf_counter()
         prompts = self._call_prompts(item)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self._mailbox_in_force())
+            if remote_box:
+                from verl.workers.rollout_copy import WEIGHT_MAILBOX
+
+                prompts.meta_info[WEIGHT_MAILBOX] = link.mailbox_meta(self.mailbox, version)
+            else:
+                stack.enter_context(self._mailbox_in_force())
             if self.stream_groups and self._copy_in_other_process():
                 from verl.workers.rollout_copy import STREAM_TOKEN
 
                 # the copy's own sink keeps the groups; polled while the call runs
                 token = f"{self._epoch}-{item.index}"
                 prompts.meta_info[STREAM_TOKEN] = token
-                stack.enter_context(self._polling(token, self._sink_for(item, prompts)))
+                sink = self._sink_for(item, prompts)
+                box = self.mailbox if remote_box else None
+                stack.enter_context(link.polling(self.group, token, sink, box))
             elif self.stream_groups:
                 from verl.rollout.continuous import feed_prompts, stream_groups
 
@@ -256,6 +263,9 @@ class AsyncRollout:
                 # the next queued batches into this call's free slots (native engine)
                 stack.enter_context(feed_prompts(QueueFeed(self, item)))
             gen = self._generate(self.group, prompts)
+        if remote_box:  # the version the copy started the call with, what it loaded then
+            start_version, sync_s = link.absorb_call_output(self.mailbox, gen)
+            item.version = max(item.version, start_version)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s
         return gen
@@ -287,39 +297,8 @@ class AsyncRollout:
 
     def _copy_in_other_process(self) -> bool:
         """Whether the copy runs in a process of its own (a Ray actor), out of reach of
-        this process's group sink: its groups are then polled (:meth:`_polling`)."""
-        from verl.controller.local import LocalWorkerGroup
-
-        return hasattr(self.group, "take_streamed_groups") and not isinstance(
-            self.group, LocalWorkerGroup
-        )
-
-    @contextlib.contextmanager
-    def _polling(self, token: str, sink: Callable[..., None]) -> Iterator[None]:
-        """While the block runs (the copy's call of ``token``), a thread takes the groups
-        the copy has finished every :data:`_POLL_INTERVAL_S` and hands them to ``sink``;
-        it has stopped when the block ends, so no group arrives after its call's output. A
-        failed poll stops the polling: the call's whole output still holds every group."""
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.wait(_POLL_INTERVAL_S):
-                try:
-                    groups = self.group.take_streamed_groups(token)
-                except Exception as e:  # the call itself reports a dead copy
-                    logger.warning("polling the rollout copy's streamed groups failed: %s", e)
-                    return
-                for prompt, group, temperature in groups:
-                    # the sink reads the call's params for their logprob_temperature only
-                    sink(prompt, group, SimpleNamespace(logprob_temperature=temperature))
-
-        poller = threading.Thread(target=poll, name="verl-rollout-poll", daemon=True)
-        poller.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            poller.join()
+        this process's group sink and mailbox (:mod:`verl.trainer.rl.ray_copy_link`)."""
+        return link.copy_in_other_process(self.group)
 
     def _call_key(self, item: _InFlight) -> tuple[int, int, int]:
         return (id(self), self._epoch, item.index)
@@ -445,6 +424,8 @@ class AsyncRollout:
         self._copy_version = None  # the copy's weights are pushed again before use
         if self.mailbox is not None:
             self.mailbox.reset()
+            if self._copy_in_other_process():
+                link.reset_copy_mailbox(self.group)
         self._pending_meta = list(state["inflight"])
         if self.stream is not None:
             # a checkpoint of one-step-off mode resumed streaming: an empty buffer

@@ -1,0 +1,134 @@
+"""The driver's side of a rollout copy in another process (a Ray actor, ``trainer.backend=ray``).
+
+A copy in the driver process shares its memory with the pipeline
+(:class:`~verl.trainer.rl.async_rollout.AsyncRollout`): its engine hands finished groups to
+the pipeline's sink and polls the pipeline's :class:`~verl.rollout.partial.WeightMailbox`.
+A copy in an actor does both in its own process
+(:class:`~verl.workers.rollout_copy.RolloutCopyWorker`), and the driver reaches them
+through methods answered beside the running call (``register(..., beside=True)``):
+
+- streamed groups: :func:`polling` takes the groups the running call has finished every
+  :data:`POLL_INTERVAL_S` (``take_streamed_groups``) and hands them to the pipeline's sink;
+- partial rollouts: :func:`post_to_copy` sends a version's weights (the actor's full CPU
+  state dict, one post per step, never an older one after a newer) into the copy's own
+  mailbox (``post_policy_weights``), where the copy's next decode step or next call takes
+  them; the driver's mailbox then keeps the version posted, not the weights. Each call
+  carries :func:`mailbox_meta` and its output tells which version it started and ended
+  with and the copy's swap counters (:func:`absorb_call_output`), from which the driver's
+  mailbox mirrors ``held`` and ``stats``; while a streaming call runs, each poll mirrors
+  them too (``weight_mailbox_state``), so a mid-call swap reaches the step's metrics
+  before its call returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.rollout.partial import WeightMailbox
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "POLL_INTERVAL_S",
+    "absorb_call_output",
+    "copy_in_other_process",
+    "mailbox_meta",
+    "polling",
+    "post_to_copy",
+    "reset_copy_mailbox",
+]
+
+# How often the driver asks a rollout copy in a Ray actor for the groups its running call has
+# finished: one small actor call each time (an empty list mostly), on a thread of its own; a
+# group then waits at most this long before the trainer can take it.
+POLL_INTERVAL_S = 0.05
+
+
+def copy_in_other_process(group: Any) -> bool:
+    """Whether the copy ``group`` runs in a process of its own (a Ray actor), out of reach
+    of this process's group sink and mailbox."""
+    from verl.controller.local import LocalWorkerGroup
+
+    return hasattr(group, "take_streamed_groups") and not isinstance(group, LocalWorkerGroup)
+
+
+@contextlib.contextmanager
+def polling(
+    group: Any, token: str, sink: Callable[..., None], mailbox: WeightMailbox | None = None
+) -> Iterator[None]:
+    """While the block runs (the copy's call of ``token``), a thread takes the groups the
+    copy has finished every :data:`POLL_INTERVAL_S` and hands them to ``sink`` (with a
+    ``mailbox``: and mirrors the copy's ``held`` and swap counters into it); it has stopped
+    when the block ends, so no group arrives after its call's output. A failed poll stops
+    the polling: the call's whole output still holds every group."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(POLL_INTERVAL_S):
+            try:
+                groups = group.take_streamed_groups(token)
+                state = group.weight_mailbox_state() if mailbox is not None else None
+            except Exception as e:  # the call itself reports a dead copy
+                logger.warning("polling the rollout copy's streamed groups failed: %s", e)
+                return
+            if state is not None:  # before the groups: it counts every swap they saw
+                _mirror(mailbox, state)
+            for prompt, rows, temperature in groups:
+                # the sink reads the call's params for their logprob_temperature only
+                sink(prompt, rows, SimpleNamespace(logprob_temperature=temperature))
+
+    poller = threading.Thread(target=poll, name="verl-rollout-poll", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
+
+
+def post_to_copy(
+    group: Any, mailbox: WeightMailbox, state: dict[str, torch.Tensor], version: int
+) -> None:
+    """Post ``state`` (full state dict, CPU) as the weights of ``version`` into the copy's
+    own mailbox (answered beside its running call), and record the version in the driver's
+    ``mailbox`` without keeping the weights here."""
+    group.post_policy_weights(state, version, mailbox.mode)
+    mailbox.post({}, version)  # the version only: the weights live in the copy's mailbox
+    mailbox.take()
+
+
+def reset_copy_mailbox(group: Any) -> None:
+    """After a checkpoint load: the copy forgets what was posted and held, as the driver's
+    mailbox does (no call runs then: the pipeline waited for its queue)."""
+    group.reset_weight_mailbox()
+
+
+def mailbox_meta(mailbox: WeightMailbox, version: int) -> dict[str, Any]:
+    """The ``meta_info`` entry that runs a call under the copy's mailbox (``version``: the
+    batch's, what the copy holds when nothing was ever loaded through its mailbox)."""
+    return {"mode": mailbox.mode, "version": int(version)}
+
+
+def absorb_call_output(mailbox: WeightMailbox, gen: DataProto) -> tuple[int, float]:
+    """From a call's output (its ``meta_info`` entry, removed): mirror the copy's ``held``
+    and counters into the driver's ``mailbox``; returns the version the call started with
+    and the seconds of the load at its start."""
+    from verl.workers.rollout_copy import WEIGHT_MAILBOX
+
+    info = gen.meta_info.pop(WEIGHT_MAILBOX)
+    _mirror(mailbox, info)
+    return int(info["start"]), float(info["load_s"])
+
+
+def _mirror(mailbox: WeightMailbox, state: dict[str, Any]) -> None:
+    """The copy's ``held`` and counters (``state``) into the driver's ``mailbox``."""
+    mailbox.held = int(state["held"])
+    mailbox.stats.update({k: float(v) for k, v in state["stats"].items()})
