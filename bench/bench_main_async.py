@@ -48,13 +48,17 @@ minus one validation's standard error (``sqrt(p (1 - p) / N)`` of sync's accurac
 before and after, and ends with one JSON line; ``--plot PATH`` draws accuracy against
 training minutes for every configuration and repeat (error bars: one standard error).
 
-On 2 cores the asynchronous configurations gain only when the two sides are each other's
-idle time: with 1 + 1 threads each side runs at about half sync's speed, so overlap pays
-only where a side alone leaves a core idle (short matmuls, Python overheads), and the
-rollout thread held during validation costs nothing either way.
+What to expect: overlap needs a free core. On 2 cores the two sides of an asynchronous
+configuration get one core each where sync's one thread of work gets both, so they gain
+only the part of the cores sync leaves idle (single-threaded Python between kernels,
+matmuls too small to use two threads), less what the stale samples cost in accuracy per
+step. The table says how large that part is on a given machine.
 
-The full measurement (on idle cores; about 70 minutes on 2 cores: ~8 min per run of 24
-steps and 5 validations, 3 configurations x 2 repeats, plus the tables)::
+The full measurement, on idle cores (about 50 minutes on 2 cores: 3 configurations x 2
+repeats, each run ~8 minutes: ~30 s of setup, 24 steps of ~14 s, five validations of 192
+problems of ~15-25 s). On cores other jobs share, a process with 2 OpenMP threads stalls
+whenever one of them is descheduled (the tiny W2 model's sync step took 24 s against
+streaming's 0.7 s at a load average of 8 on 2 cores): measure on a quiet machine::
 
     python bench/bench_main_async.py --repeats 2 --plot main_async.png --json-out main_async.json
 
