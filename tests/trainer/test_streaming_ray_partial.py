@@ -12,7 +12,8 @@ the later ones decode over the old weights' cache by design). A control whose co
 its old weights while its versions advance fails that comparison. Against a fake copy in
 another process (fast): the posts go to the copy, not the driver's mailbox, once per version
 and never older; a call carries the mailbox's mode and returns the version it started with;
-a checkpoint load resets the copy's mailbox.
+a checkpoint load resets the copy's mailbox. A run saved after a mid-call swap and resumed
+(slow) posts its step's version once into the fresh copy and trains on versions 1-2.
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ class UndeliveredCopy(WaitingCopy):
         return super().post_policy_weights(own, version, mode)
 
 
-def _partial_run(rl_config, monkeypatch, copy_cls, mode):
-    """A 3-step streaming GRPO run on Ray with ``copy_cls`` as the rollout copy: the trained
-    batches, the weights posted per version (as the driver sent them), the metrics."""
+def _partial_run(rl_config, monkeypatch, copy_cls, mode, *extra):
+    """A 3-step streaming GRPO run on Ray with ``copy_cls`` as the rollout copy (``extra``:
+    more overrides): the trained batches, the weights posted per version (as the driver
+    sent them), the metrics."""
     import verl.workers.rollout_copy as rollout_copy
 
     monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", copy_cls)
@@ -96,6 +98,7 @@ def _partial_run(rl_config, monkeypatch, copy_cls, mode):
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "trainer.val_before_train=false",
         "trainer.total_training_steps=3",  # step 3 trains a call started with version 1
+        *extra,
     )
     trainer = RLTrainer(config, tracker=Tracker([]))
     group = trainer.async_rollout.group
@@ -267,3 +270,30 @@ def test_config_takes_partial_rollouts_on_the_ray_backend(rl_config, mode):
         f"trainer.partial_rollout={mode}",
     )
     assert cfg.trainer.partial_rollout == mode and cfg.worker_backend == "ray"
+
+
+@pytest.mark.slow
+def test_a_resumed_ray_run_posts_again_into_a_fresh_copy(
+    rl_config, ray_session, monkeypatch, tmp_path
+):
+    """Saved after step 2 (a swap made mid-call) and resumed: the new copy's mailbox starts
+    empty, the resumed step posts its version once and trains on groups of versions 1-2."""
+    run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
+    before, posted, history = _partial_run(
+        rl_config,
+        monkeypatch,
+        WaitingCopy,
+        "resume",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        run_dir,
+    )
+    assert len(before) == 2 and history[1]["stream/midcall_weight_swaps_total"] >= 1
+    assert (tmp_path / "run" / "global_step_2").is_dir()
+    after, posted, history = _partial_run(
+        rl_config, monkeypatch, RolloutCopyWorker, "resume", "trainer.resume_mode=auto", run_dir
+    )
+    assert len(after) == 1 and sorted(posted) == [2]  # the resumed step's post, once
+    assert_token_versions(after[0], 2)
+    gaps = _gaps(after, posted, rl_config().actor_rollout_ref.model.path, "resume")
+    assert all(gap < LOGPROB_BOUND for gap in gaps.values()), gaps
