@@ -87,6 +87,36 @@ def test_run_plan_rotates_the_order_each_repeat(bench):
     assert [r for r, _ in plan] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+def test_validation_holds_the_rollout_thread_and_its_generation_is_not_counted(bench, monkeypatch):
+    import threading
+    import time
+
+    from verl.rollout.native import NativeRollout
+
+    forwards: list[str] = []
+    monkeypatch.setattr(NativeRollout, "_forward", lambda self, tag: forwards.append(tag) or tag)
+    monkeypatch.setattr(NativeRollout, "generate", lambda self, prompts, params: prompts)
+    gate, calls, blocked = threading.Event(), [], []
+    gate.set()
+    with bench._instrumented(gate, calls, blocked):
+        gate.clear()  # a validation runs
+        rollout = threading.Thread(target=lambda: NativeRollout._forward(None, "rollout"))
+        rollout.start()
+        time.sleep(0.3)
+        assert NativeRollout._forward(None, "validation") == "validation"  # main: not held
+        assert forwards == ["validation"]  # the rollout thread's pass waits
+        NativeRollout.generate(None, [1, 2, 3], None)  # the validation's generation
+        gate.set()
+        rollout.join(5)
+        NativeRollout.generate(None, [1, 2], None)  # training's
+    assert forwards == ["validation", "rollout"]
+    assert len(blocked) == 1 and blocked[0] >= 0.25
+    assert [(c["rows"], c["val"]) for c in calls] == [(3, True), (2, False)]
+    assert all(c["end"] >= c["start"] for c in calls)
+    assert NativeRollout._forward(None, "after") == "after"  # restored: not gated
+    assert len(blocked) == 1
+
+
 # --------------------------------------------------------------------------- measured runs
 
 
