@@ -11,6 +11,17 @@ The pytest process runs torch on one intra-op thread (``_one_torch_thread``, set
 any test that changed it): the suite's models are tiny, and two OpenMP threads on a 2-core
 machine stall whenever anything else runs.
 
+Under pytest-xdist the tests on the session's Ray cluster run in two xdist groups
+(``ray_session`` and ``ray_session_b``, a cluster each, whole modules split by their count of
+slow tests), so that neither worker waits for the other's Ray tests at the end; and each
+worker's collection lists the longest work units first (the Ray groups, then the units with
+the most slow tests, then the fast tests in collection order), which ``scripts/test.sh``
+keeps (``--no-loadscope-reorder``): the fast tests fill in at the end, when one worker
+would otherwise idle behind a long test handed out last.
+
+vLLM's ZeroMQ sockets (``VLLM_RPC_BASE_PATH``) go in a directory of the run, removed when it
+ends, not into ``/tmp`` where vLLM leaves one empty socket file per engine.
+
 The suite leaves no process behind: every process it starts inherits the environment
 variable ``VERL_TEST_SESSION`` set here, and when the session ends any process (other than
 pytest itself) still carrying this session's value is reported, killed, and fails the run,
@@ -24,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 import warnings
@@ -37,12 +50,16 @@ import pytest
 from verl.utils.lifetime import processes_with_env
 
 RAY_TEST_CPUS = 4
+RAY_GROUPS = ("ray_session", "ray_session_b")  # one cluster each, on different workers
+SLOW_WEIGHT = 25  # a slow test against a fast one when ordering and splitting work units
 SESSION_MARK = "VERL_TEST_SESSION"
 LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
+VLLM_RPC_VAR = "VLLM_RPC_BASE_PATH"
 
 
 LEFT_BEHIND_KEY = "verl_left_behind"  # an xdist worker's report to the controller
 _worker_reports = pytest.StashKey[list]()
+_vllm_rpc_dir = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +71,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_worker_reports] = []
     if worker:
         config.pluginmanager.register(_XdistGroupIds(), "verl-xdist-group-ids")
+    if VLLM_RPC_VAR not in os.environ:  # xdist workers inherit the controller's directory
+        os.environ[VLLM_RPC_VAR] = tempfile.mkdtemp(prefix="verl-vllm-rpc-")
+        config.stash[_vllm_rpc_dir] = os.environ[VLLM_RPC_VAR]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_vllm_rpc_dir, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(VLLM_RPC_VAR, None)
 
 
 class _XdistGroupIds:
@@ -149,19 +176,66 @@ def _kill_left_behind(mark: str | None) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests on the session's Ray cluster run in one xdist worker (``--dist loadgroup``):
-    one cluster for the run, not one per worker. So do the tests of a module that share a
-    module-scoped fixture of that module (a spawned multi-rank run, a training run several
-    tests assert on): ``--dist loadgroup`` hands ungrouped tests out one by one, and a
-    module fixture is made once per worker that runs one of its tests. An explicit
-    ``xdist_group`` mark wins."""
+    """The tests on the session's Ray cluster run in the xdist groups ``RAY_GROUPS``
+    (``--dist loadgroup``), whole modules each: one cluster per group, not one per test
+    module or per worker. So do the tests of a module that share a module-scoped fixture of
+    that module (a spawned multi-rank run, a training run several tests assert on):
+    ``--dist loadgroup`` hands ungrouped tests out one by one, and a module fixture is made
+    once per worker that runs one of its tests. An explicit ``xdist_group`` mark wins.
+
+    On an xdist worker the items are then ordered longest work unit first (see
+    :func:`_longest_units_first`); both workers order the same collection the same way."""
+    ray_items = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
+    ray_group = _split_ray_modules(ray_items)
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray_session"))
+            item.add_marker(pytest.mark.xdist_group(ray_group[_module_of(item)]))
         elif item.get_closest_marker("xdist_group") is None:
             group = _module_fixture_group(item)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config, "workerinput", None) is not None:
+        items[:] = _longest_units_first(items)
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _weight(item: pytest.Item) -> int:
+    """A test's expected share of the run: ``SLOW_WEIGHT`` for a slow test, else 1."""
+    return SLOW_WEIGHT if item.get_closest_marker("slow") is not None else 1
+
+
+def _split_ray_modules(items: list[pytest.Item]) -> dict[str, str]:
+    """``{module: group}`` over ``RAY_GROUPS``: the heaviest module (by :func:`_weight`) to the
+    lightest group so far, so each group holds about half of the Ray tests' time."""
+    weights: dict[str, int] = {}
+    for item in items:
+        weights[_module_of(item)] = weights.get(_module_of(item), 0) + _weight(item)
+    load = dict.fromkeys(RAY_GROUPS, 0)
+    groups: dict[str, str] = {}
+    for module, weight in sorted(weights.items(), key=lambda mw: (-mw[1], mw[0])):
+        lightest = min(RAY_GROUPS, key=lambda g: (load[g], RAY_GROUPS.index(g)))
+        groups[module] = lightest
+        load[lightest] += weight
+    return groups
+
+
+def _longest_units_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with each xdist work unit's (an ``xdist_group``, else a single test)
+    together, heaviest unit (sum of :func:`_weight`) first, ties in collection order.
+
+    ``--dist loadgroup --no-loadscope-reorder`` hands the units out in this order as the
+    workers free up: the two Ray groups start at once on the two workers, the long tests
+    follow, and the fast ones balance the end."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        name = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
+        units.setdefault(f"@{name}" if name else item.nodeid, []).append(item)
+    ordered = sorted(units.values(), key=lambda unit: -sum(_weight(i) for i in unit))
+    return [item for unit in ordered for item in unit]
 
 
 def _module_fixture_group(item: pytest.Item) -> str | None:
