@@ -394,6 +394,9 @@ class RunConfig(ClusterRunConfig):
         "oversubscribe the same cores); null = the count torch gives a new thread",
         ge=1,
     )
+    rollout_copies: int = entry(
+        1, "async_rollout, Ray backend: rollout copy processes splitting each batch", ge=1
+    )
     profile_steps: list[int] = entry(
         [],
         "training steps (1-based) to record with the torch profiler; each writes a "

@@ -37,6 +37,15 @@ stepping loop take a post made meanwhile between two decode steps, exactly as a 
 driver process does. Its output's ``meta_info[WEIGHT_MAILBOX]`` tells the driver the version
 the call started with, the one it ended with, the seconds of the load at its start and the
 mailbox's counters (``swaps``, ``load_s``, ...).
+
+A pool of copies (``trainer.rollout_copies`` > 1, the Ray backend): the group has one rank
+per copy, each a whole copy on the single engine; ``generate_sequences`` splits a batch's
+prompts into equal shares by rank (data-parallel dispatch, whole prompts: a prompt's ``n``
+samples stay on one copy) and concatenates the outputs in rank order, i.e. in prompt order.
+Each rank counts its share's rows and prompts as the whole batch's: its native engine
+draws a sample's uniforms by its row in the batch, so the pool samples what one copy
+samples with the same seed, and its streamed groups carry the batch's prompt indices
+(:meth:`RolloutCopyWorker.take_pool_groups` hands over every rank's).
 """
 
 from __future__ import annotations
@@ -133,12 +142,16 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         under this copy's weight mailbox (module docstring)."""
         token = prompts.meta_info.pop(STREAM_TOKEN, None)
         partial = prompts.meta_info.pop(WEIGHT_MAILBOX, None)
+        # a pool of copies: this rank's share starts at prompt rank * share of the batch
+        first = self.rank * len(prompts)
         with contextlib.ExitStack() as stack:
+            if first:
+                stack.enter_context(self._sampling_as_rows_of_batch(first))
             if partial is not None:
                 box, start, load_s = self._start_with_mailbox(partial["mode"], partial["version"])
                 stack.enter_context(weight_mailbox(box))
             if token is not None:
-                stack.enter_context(self._keeping_groups(token))
+                stack.enter_context(self._keeping_groups(token, first))
             out = super().generate_sequences(prompts)
         if partial is not None:
             out.meta_info[WEIGHT_MAILBOX] = {
@@ -150,16 +163,38 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         return out
 
     @contextlib.contextmanager
-    def _keeping_groups(self, token: str):
+    def _sampling_as_rows_of_batch(self, first: int):
+        """Within the block, the native engine draws each sample's uniforms as the row it
+        has in the whole batch (this rank's share starts at prompt ``first``), so a pool of
+        copies samples what one copy would (``verl.rollout.sampling.row_uniforms``: a
+        sample's draws depend on the seed, its row and its token index). Other engines
+        sample by their own seeding: the same distribution, other draws per pool size."""
+        plain = getattr(self.rollout, "_sample", None)
+        if plain is None:
+            yield
+            return
+
+        def shifted(logits, rows, steps, params, seed):
+            return plain(logits, rows + first * params.n, steps, params, seed)
+
+        self.rollout._sample = shifted
+        try:
+            yield
+        finally:
+            self.rollout._sample = plain
+
+    @contextlib.contextmanager
+    def _keeping_groups(self, token: str, first: int = 0):
         """Within the block, each finished group is kept (a CPU copy) for
-        :meth:`take_streamed_groups` under ``token``."""
+        :meth:`take_streamed_groups` under ``token``, its prompt index counted in the whole
+        batch (this rank's share starts at prompt ``first``)."""
         from verl.rollout.continuous import stream_groups
 
         def keep(prompt: int, group: DataProto, params: Any) -> None:
             # a copy of its own: a slice would carry its whole batch's storage across
             group = group.clone().to("cpu")
             with self._streamed_lock:
-                self._streamed.append((token, prompt, group, params.logprob_temperature))
+                self._streamed.append((token, first + prompt, group, params.logprob_temperature))
 
         with self._streamed_lock:
             self._streamed.clear()  # an earlier call's groups: its whole output has them
@@ -233,6 +268,12 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         with self._streamed_lock:
             taken, self._streamed = self._streamed, []
         return [(prompt, group, temp) for t, prompt, group, temp in taken if t == token]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
+    def take_pool_groups(self, token: str) -> list[tuple[int, DataProto, float]]:
+        """:meth:`take_streamed_groups` of every rank of a pool of copies (the driver gets
+        one list per rank; prompt indices are the whole batch's)."""
+        return self.take_streamed_groups(token)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:

@@ -84,6 +84,7 @@ def check_async_rollout(c: Any, cfg: Any) -> None:
             "trainer.async_rollout=true, or leave it null",
         )
     _check_partial_rollout(c, cfg)
+    _check_rollout_copies(c, cfg)
     if not t.async_rollout:
         return
     key = "trainer.async_rollout"
@@ -175,4 +176,56 @@ def _check_partial_rollout(c: Any, cfg: Any) -> None:
             f"(rollout.name=vllm); this run has name={rollout.name}, continuous_batching="
             f"{rollout.continuous_batching}, compile_decode={rollout.compile_decode}; change "
             f"them or set {key}=off",
+        )
+
+
+def _check_rollout_copies(c: Any, cfg: Any) -> None:
+    """``trainer.rollout_copies`` > 1: a pool of rollout copies, one Ray actor each, each
+    generation batch's prompts split across them (``verl.trainer.rl.ray_copy_link``).
+    Refused where the pool cannot be: without the asynchronous pipeline, on the local backend
+    (one process), with a batch that does not split into whole, equal shares of prompts, with
+    the vLLM or SGLang engine (the copies would share one engine in lock step, not one
+    engine each) and with partial rollouts (each copy's mailbox would swap on its own)."""
+    t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
+    k = t.rollout_copies
+    if not isinstance(k, int) or k <= 1:  # below 1: the key's own range check reports it
+        return
+    key = "trainer.rollout_copies"
+    if not t.async_rollout:
+        c.error(
+            (key, "trainer.async_rollout"),
+            f"{key}={k} splits the generation of the asynchronous rollout: set "
+            f"trainer.async_rollout=true, or {key}=1",
+        )
+        return
+    try:
+        backend = cfg.worker_backend
+    except Exception:  # a bad device map is reported by its own check
+        return
+    if backend != "ray":
+        c.error(
+            (key, "trainer.backend"),
+            f"{key}={k} starts one process per copy; the {backend} backend runs one process: "
+            f"set trainer.backend=ray, or {key}=1",
+        )
+    size = cfg.data.train_batch_size
+    if isinstance(size, int) and size % k:
+        c.error(
+            (key, "data.train_batch_size"),
+            f"{key}={k}: each copy generates an equal share of whole prompts (a GRPO group "
+            f"never straddles two copies), so it must divide data.train_batch_size={size}",
+        )
+    if rollout.name in ("vllm", "sglang"):
+        c.error(
+            (key, "actor_rollout_ref.rollout.name"),
+            f"{key}={k} with rollout.name={rollout.name} would serve every copy from one "
+            f"{rollout.name} engine in lock step (the several-rank serving-engine path), not "
+            f"one engine per copy; use rollout.name=native, or {key}=1",
+        )
+    if t.partial_rollout != "off":
+        c.error(
+            (key, "trainer.partial_rollout"),
+            f"{key}={k} with trainer.partial_rollout={t.partial_rollout}: the copies' "
+            "mailboxes would swap weights independently of each other, which the driver's "
+            f"version bookkeeping does not follow; set trainer.partial_rollout=off or {key}=1",
         )

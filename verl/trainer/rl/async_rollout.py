@@ -19,7 +19,8 @@ of updates between the policy that sampled it and the policy that trains on it, 
 ``max_staleness`` is an error, never trained on.
 
 Where the copy runs: in the driver process on the local backend; on the Ray backend, in a
-Ray actor of its own (a resource pool of one process beside the device map's), the thread
+Ray actor of its own (a resource pool of one process beside the device map's; with
+``trainer.rollout_copies`` > 1 a pool of copies splitting each batch's prompts), the thread
 here then only waits on its calls (streaming: and polls it for the groups its call has
 finished, :mod:`verl.trainer.rl.ray_copy_link`). Weights reach it through the same bucketed
 push the vLLM backend takes them with (:func:`verl.rollout.weight_sync.push_weights`).
@@ -529,7 +530,8 @@ def build_async_rollout(
 
     The copy is a worker group of one :class:`~verl.workers.rollout_copy.RolloutCopyWorker`
     on a resource pool of its own (``async_rollout``): in the driver process on the local
-    backend, one more Ray actor on the Ray backend. Its model is loaded like the actor's, or
+    backend, one more Ray actor on the Ray backend (``trainer.rollout_copies`` actors: a
+    pool, each batch's prompts split across them, :mod:`verl.trainer.rl.ray_copy_link`). Its model is loaded like the actor's, or
     is ``module`` (a copy of the actor's initial module). It joins ``placement``'s pools, so
     it is shut down with the roles.
     """
@@ -540,7 +542,8 @@ def build_async_rollout(
     from verl.workers.specs import rollout_copy_spec
 
     device_type = resolve_device(cfg.trainer.device).type
-    pool = ResourcePool([1], use_gpu=device_type == "cuda", name="async_rollout")
+    copies = getattr(cfg.trainer, "rollout_copies", 1)  # a pool: one Ray actor per copy
+    pool = ResourcePool([copies], use_gpu=device_type == "cuda", name="async_rollout")
     options = None
     if cfg.worker_backend == "ray":
         from verl.controller.ray_backend import RayOptions

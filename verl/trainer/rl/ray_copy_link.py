@@ -18,6 +18,10 @@ through methods answered beside the running call (``register(..., beside=True)``
   mailbox mirrors ``held`` and ``stats``; while a streaming call runs, each poll mirrors
   them too (``weight_mailbox_state``), so a mid-call swap reaches the step's metrics
   before its call returns.
+
+A pool of copies (``trainer.rollout_copies`` > 1) is one worker group of several ranks:
+each call splits its prompts across them, each weight load goes to every rank (a
+``ONE_TO_ALL`` method), and each poll takes every rank's groups (:func:`take_groups`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ __all__ = [
     "polling",
     "post_to_copy",
     "reset_copy_mailbox",
+    "take_groups",
 ]
 
 # How often the driver asks a rollout copy in a Ray actor for the groups its running call has
@@ -74,7 +79,7 @@ def polling(
     def poll() -> None:
         while not stop.wait(POLL_INTERVAL_S):
             try:
-                groups = group.take_streamed_groups(token)
+                groups = take_groups(group, token)
                 state = group.weight_mailbox_state() if mailbox is not None else None
             except Exception as e:  # the call itself reports a dead copy
                 logger.warning("polling the rollout copy's streamed groups failed: %s", e)
@@ -92,6 +97,15 @@ def polling(
     finally:
         stop.set()
         poller.join()
+
+
+def take_groups(group: Any, token: str) -> list[tuple[int, DataProto, float]]:
+    """The groups the call of ``token`` has finished since the last take, from every copy of
+    a pool (``trainer.rollout_copies`` > 1: each rank's prompt indices are the batch's
+    already, ``RolloutCopyWorker.take_pool_groups``), else from the one copy."""
+    if getattr(group, "world_size", 1) > 1:
+        return [g for rank in group.take_pool_groups(token) for g in rank]
+    return group.take_streamed_groups(token)
 
 
 def post_to_copy(
