@@ -22,11 +22,12 @@ import torch
 
 from verl.config import ConfigError
 from verl.controller import Dispatch, register
-from verl.rewards.placement import place_on_last_token
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.trainer import RLTrainer
 from verl.workers.rollout_copy import RolloutCopyWorker
+
+from .varied_reward import assert_updates_moved, even_token_reward
 
 ASYNC = ("trainer.async_rollout=true", "trainer.backend=ray")
 SLOW_STEP_S = 0.1
@@ -61,14 +62,6 @@ class CountingCopy(RolloutCopyWorker):
 
 class SlowCountingCopy(CountingCopy):
     slow = True
-
-
-def even_token_reward(batch):
-    """Score = fraction of even token ids among the valid response tokens (rewards that
-    differ within a group: the updates have a gradient to compare)."""
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"]
-    score = ((responses % 2 == 0) & mask.bool()).sum(-1).float() / mask.sum(-1).clamp(min=1)
-    return place_on_last_token(score, mask), {}, {}
 
 
 def _fit(config, on_trainer=None):
@@ -193,7 +186,7 @@ def test_streaming_with_two_copies_trains_the_synchronous_samples(
     assert len(samples) == len(sync_samples) == 2
     for got, want in zip(samples, sync_samples):
         assert torch.equal(got, want)
-    assert all(m["actor/grad_norm"] > 0 for m in sync.history)
+    assert_updates_moved(sync.history)
     for got, want in zip(streaming.history, sync.history, strict=True):  # the same updates
         for key in ("actor/pg_loss", "actor/grad_norm"):
             assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), key

@@ -23,6 +23,8 @@ from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource, _group_prompts
 from verl.trainer.rl.trainer import RLTrainer
 
+from .varied_reward import assert_updates_moved, even_token_reward
+
 N = 2  # responses per prompt
 GROUPS = 2  # prompts per batch = groups per training batch
 
@@ -369,7 +371,9 @@ SEEDED = ("actor_rollout_ref.rollout.seed=11", "trainer.total_training_steps=3")
 
 
 def _recorded_fit(config):
-    trainer = RLTrainer(config, tracker=Tracker([]))
+    """``(trainer, responses trained per step, final weights)`` of a run scored by a reward
+    that varies within groups (its updates move the weights)."""
+    trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
     trained = []
     update = trainer.update_policy
 
@@ -394,7 +398,8 @@ SLOTS = "actor_rollout_ref.rollout.decode_slots=3"
     ids=["whole_calls", "groups_streamed", "remax"],
 )
 def test_streaming_with_max_staleness_zero_equals_sync(rl_config, extra):
-    _, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED, *extra))
+    sync, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED, *extra))
+    assert_updates_moved(sync.history)
     streaming, samples, weights = _recorded_fit(
         rl_config(
             *SEEDED,

@@ -23,6 +23,7 @@ from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource
 
 from .test_streaming import GROUPS, SEEDED, SLOTS, N, _draws, _FakeCopy, _recorded_fit
+from .varied_reward import assert_updates_moved
 
 R = 4  # tokens per response
 
@@ -173,7 +174,8 @@ STREAM = ("trainer.async_rollout=true", "trainer.rollout_mode=streaming")
 @pytest.mark.slow
 def test_partial_rollout_with_max_staleness_zero_equals_sync(rl_config):
     """Nothing is generated ahead, so no post lands mid-call: the synchronous samples."""
-    _, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED, SLOTS))
+    sync, sync_samples, sync_weights = _recorded_fit(rl_config(*SEEDED, SLOTS))
+    assert_updates_moved(sync.history)
     trainer, samples, weights = _recorded_fit(
         rl_config(
             *SEEDED, SLOTS, *STREAM, "trainer.max_staleness=0", "trainer.partial_rollout=resume"

@@ -25,6 +25,8 @@ from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.trainer import RLTrainer
 from verl.workers.rollout_copy import RolloutCopyWorker
 
+from .varied_reward import assert_updates_moved, even_token_reward
+
 SLOW_STEP_S = 0.1  # each sampling step of the slowed copy (max_response_length 6, 3 slots)
 
 
@@ -45,7 +47,7 @@ class SlowCopy(RolloutCopyWorker):
 
 
 def _fit(config, on_trainer=None):
-    trainer = RLTrainer(config, tracker=Tracker([]))
+    trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
     if on_trainer is not None:
         on_trainer(trainer)
     trained = []
@@ -73,6 +75,7 @@ def test_groups_stream_out_of_the_ray_actor_mid_call(rl_config, ray_session, mon
     import verl.workers.rollout_copy as rollout_copy
 
     sync, sync_samples = _fit(rl_config(*SEEDED))
+    assert_updates_moved(sync.history)
 
     monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
     arrivals: list[tuple[int, int, bool]] = []  # (batch, prompt, its call had returned)
