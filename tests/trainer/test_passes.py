@@ -10,6 +10,8 @@ from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl.passes import old_log_prob_pass
 from verl.trainer.rl.trainer import RLTrainer
 
+from .varied_reward import assert_updates_moved, even_token_reward
+
 ONE_STEP = ("actor_rollout_ref.actor.ppo_mini_batch_size=4",)  # = data.train_batch_size
 A = "actor_rollout_ref.actor"
 
@@ -42,7 +44,9 @@ def test_forcing_the_skip_where_it_is_wrong_names_the_reason(rl_config):
 
 
 def _train(cfg) -> tuple[RLTrainer, list[dict], dict[str, torch.Tensor]]:
-    trainer = RLTrainer(cfg, tracker=Tracker([]))
+    # a reward that differs within groups: the default one is 0 on the random model, and
+    # two runs of zero updates would agree whatever the pass did
+    trainer = RLTrainer(cfg, reward_fn=even_token_reward, tracker=Tracker([]))
     try:
         trainer.fit()
         module = trainer.actor_rollout_wg.workers[0].engine.module
@@ -61,6 +65,7 @@ def test_a_run_without_the_pass_trains_like_one_with_it(rl_config):
     assert with_pass.old_log_prob_pass and not without.old_log_prob_pass
     assert "timing_s/old_log_prob" in history_with[0]
     assert "timing_s/old_log_prob" not in history_without[0]
+    assert_updates_moved(history_with)
     for row_with, row_without in zip(history_with, history_without, strict=True):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
             assert row_without[key] == pytest.approx(row_with[key], abs=1e-5), key
