@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.trainer.varied_reward import assert_updates_moved, even_token_reward
 from verl.config import load_config
 from verl.data.vision import process_prompt, read_vision_rows
 from verl.models.vision_processor import load_vision_processor
@@ -55,13 +56,16 @@ def _config(vl, out: Path):
 
 def test_image_run_resumes_bit_for_bit_and_exports_its_processor(vl, tmp_path):
     straight_dir = tmp_path / "straight"
-    straight = RLTrainer(_config(vl, straight_dir))
+    straight = RLTrainer(_config(vl, straight_dir), reward_fn=even_token_reward)
     assert straight.config.actor_rollout_ref.rollout.name == "native"  # images on native
     assert straight.config.actor_rollout_ref.actor.pack_sequences
     straight.fit()
+    # the default reward is 0 on the random model: without a reward that differs within
+    # groups every update is a no-op and the resumed run would match whatever it restored
+    assert_updates_moved(straight.history)
 
     run_dir = tmp_path / "resumed"
-    first = RLTrainer(_config(vl, run_dir))
+    first = RLTrainer(_config(vl, run_dir), reward_fn=even_token_reward)
     real = first.train_step
 
     def train_step(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -73,7 +77,7 @@ def test_image_run_resumes_bit_for_bit_and_exports_its_processor(vl, tmp_path):
     with pytest.raises(_Crash):
         first.fit()
     assert [p.name for _, p in complete_checkpoints(run_dir)] == ["global_step_1"]
-    second = RLTrainer(_config(vl, run_dir))
+    second = RLTrainer(_config(vl, run_dir), reward_fn=even_token_reward)
     second.fit()
     assert second.resumed_from == run_dir / "global_step_1"
 
