@@ -63,6 +63,17 @@ def test_two_workers_give_the_batches_of_the_in_process_loader(tokenizer, prompt
     assert multiprocessing.active_children() == []  # non-persistent workers are gone
 
 
+def test_an_epoch_with_workers_leaves_the_global_generator_alone(tokenizer, prompt_files):
+    """torch's DataLoader draws its workers' base seed at each epoch's start, from the global
+    generator unless it has one: the rollout's unseeded sampling would then differ with and
+    without loader workers."""
+    loader = _loader(LazyRLHFDataset(prompt_files[0], tokenizer), num_workers=2)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    assert len(list(loader)) == 5
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_resume_mid_epoch_with_workers_equals_without(tokenizer, prompt_files, persistent):
     path = prompt_files[0]

@@ -33,17 +33,9 @@ def _run(rl_config, *extra):
     [
         # rollout.seed fixed: the sampler is seeded per call, the runs agree step for step
         ("actor_rollout_ref.rollout.seed=5",),
-        # rollout.seed null (the default): the sampler draws from torch's global generator
-        pytest.param(
-            (),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="with rollout.seed null the loader workers move torch's global "
-                "generator (the DataLoader draws its workers' base seed from it), so step 1 "
-                "already samples other responses: critic/score/mean 0.5625 with workers vs "
-                "0.4375 in process, same prompts",
-            ),
-        ),
+        # rollout.seed null (the default): the sampler draws from torch's global generator,
+        # which the loader's workers must not move (their base seed has a generator of its own)
+        (),
     ],
     ids=["seeded", "global-rng"],
 )

@@ -290,6 +290,10 @@ class PromptDataLoader:
                 num_workers=self.num_workers,
                 persistent_workers=self.persistent_workers,
                 prefetch_factor=self.prefetch_factor,
+                # the workers' base seed comes from this generator: without one, torch draws
+                # it from the global generator at every epoch's start, and a run with loader
+                # workers would sample other responses than one without (rollout.seed null)
+                generator=torch.Generator().manual_seed(self.sampler.seed),
             )
         return self._torch_loader
 
