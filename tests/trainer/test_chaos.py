@@ -284,6 +284,9 @@ def _tool_config(rl_config, model_dir: Path, tmp_path: Path, run_dir: Path):
         "actor_rollout_ref.rollout.multi_turn.tools=[{path: builtin, name: calculator}]",
         "actor_rollout_ref.rollout.multi_turn.max_turns=3",
         "actor_rollout_ref.rollout.temperature=0.7",
+        # the tool reward can be equal within every group of a step (grad_norm 0.0 at step 2
+        # without it): the entropy bonus gives every step an update to compare
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
         f"custom_reward_function.path={tmp_path / 'tool_reward.py'}",
         "custom_reward_function.name=score",
         f"trainer.total_training_steps={TOOL_STEPS}",
@@ -304,6 +307,7 @@ def test_multi_turn_run_with_tools_killed_and_resumed_ends_bit_identical(
     straight.fit()
     # the run really goes through tool calls, whose results are in the context
     assert all(m["multi_turn/tool_calls"] > 0 for m in straight.history)
+    assert all(m["actor/grad_norm"] > 0 for m in straight.history), straight.history
 
     run_dir = tmp_path / "chaos"
     config = _tool_config(rl_config, tool_model_dir, tmp_path, run_dir)
