@@ -19,6 +19,8 @@ from verl.rollout.registry import ROLLOUT_BACKENDS
 from verl.trainer.rl.trainer import RLTrainer
 from verl.workers.specs import actor_rollout_ref_spec
 
+from .varied_reward import assert_updates_moved, even_token_reward
+
 EVENTS: list[str] = []
 ENGINES: list[OwnCopyRollout] = []
 
@@ -66,9 +68,13 @@ def test_weights_are_pushed_before_the_generation_after_every_update(rl_config, 
         "trainer.val_before_train=false",
         "trainer.logger=[]",
     )
-    trainer = RLTrainer(cfg)
+    # the default reward is 0 on the random model: the updates would move the weights by
+    # weight decay alone (lr x 0.01 a step), which a missed push would barely show in the
+    # log-prob gap below
+    trainer = RLTrainer(cfg, reward_fn=even_token_reward)
     trainer.fit()
     assert trainer.global_step == 2
+    assert_updates_moved(trainer.history)
     (engine,) = ENGINES
     # One push per update, lazily: right before the next generation, inside its wake/sleep
     # (the last generation is the validation after training).
@@ -100,10 +106,16 @@ def test_resumed_run_pushes_the_loaded_weights_before_sampling(rl_config, own_co
         "trainer.logger=[]",
         "trainer.save_freq=1",
     )
-    RLTrainer(rl_config(*common, "trainer.total_training_steps=1")).fit()
+    first = RLTrainer(
+        rl_config(*common, "trainer.total_training_steps=1"), reward_fn=even_token_reward
+    )
+    first.fit()
+    assert_updates_moved(first.history)  # the checkpoint's weights are not the initial ones
     EVENTS.clear()
     ENGINES.clear()
-    trainer = RLTrainer(rl_config(*common, "trainer.total_training_steps=2"))
+    trainer = RLTrainer(
+        rl_config(*common, "trainer.total_training_steps=2"), reward_fn=even_token_reward
+    )
     trainer.fit()
     assert trainer.global_step == 2
     # The checkpoint's weights reach the engine before its first generation.
