@@ -320,6 +320,30 @@ def test_the_python_tool_is_killed_at_the_call_deadline(tokenizer):
     assert len(_tool_threads()) == before
 
 
+def test_a_call_that_returns_at_its_deadline_is_a_timeout(tokenizer):
+    """A tool that bounds itself by the deadline (the Python sandbox, killed at
+    ``time_left()``) returns when the deadline is reached, racing the round's wait: it
+    counts as a timeout whichever side wins (here the tool's return, made deterministic by a
+    deadline already past when the call ends)."""
+    from verl.rollout.tool_calls import ToolCall
+    from verl.tools.base import call_deadline
+
+    def answer() -> str:
+        return "42"
+
+    def fail() -> str:
+        raise TimeoutError("the sandbox's limit")
+
+    loop = AgentLoop(ScriptedGenerator(tokenizer, [], []), tokenizer, [_tool(answer), _tool(fail)])
+    with call_deadline(time.monotonic() + 60):
+        assert loop._call(ToolCall("answer")).text == "42"
+    for name in ("answer", "fail"):
+        with call_deadline(time.monotonic() - 0.01):
+            result = loop._call(ToolCall(name))
+        assert result.timed_out and result.error, name
+        assert result.text == f"Error: tool {name!r} timed out after {loop.tool_timeout:g} s"
+
+
 # ------------------------------------------------------------------ exits (item 11)
 
 

@@ -46,7 +46,8 @@ starts. A thread cannot be killed: a timed-out Python tool keeps its thread unti
 returns, and such threads count against ``max_parallel_tool_calls`` (when all are held,
 later calls fail at once), so the loop never holds more tool threads than that. Tools that
 may hang should stop by ``verl.tools.base.time_left()``; the built-in ``python`` tool
-kills its sandbox at the call's deadline.
+kills its sandbox at the call's deadline. A call that returns or fails at or after its
+deadline is a timeout too (such a tool's return races the round's wait).
 
 **Bounded results.** A tool result is cut to ``max_tool_response_tokens`` *
 :data:`BYTES_PER_TOKEN` bytes of UTF-8 before it is tokenized (a 50 MB result costs a
@@ -86,7 +87,7 @@ from verl.rollout.agent_turns import (
 from verl.rollout.base import SamplingParams, assemble_rollout_output, validate_prompts
 from verl.rollout.partial import TOKEN_VERSIONS
 from verl.rollout.tool_calls import ChatDeltaRenderer, ToolCall, parse_tool_calls
-from verl.tools.base import call_deadline
+from verl.tools.base import call_deadline, time_left
 from verl.tools.call_context import row_context
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,12 @@ BYTES_PER_TOKEN = 16
 DEFAULT_MAX_PARALLEL_TOOL_CALLS = 8
 # Per-prompt columns of the prompts' non_tensor_batch an interaction receives.
 CONTEXT_KEYS = ("data_source", "ground_truth", "extra_info")
+
+
+def _past_deadline() -> bool:
+    """Whether the deadline of the tool call running in this thread has passed."""
+    left = time_left()
+    return left is not None and left <= 0
 
 
 @dataclass
@@ -392,13 +399,26 @@ class AgentLoop:
         except BaseException as exc:  # the tool's failure is the model's information
             # SystemExit / KeyboardInterrupt here were raised by the tool in its own thread
             # (a real Ctrl-C reaches the main thread, waiting in _run_tools, and stops the run)
+            if _past_deadline():
+                return self._timed_out(call)
             return _ToolResult(f"Error: {type(exc).__name__}: {exc}"[:2000], error=True)
+        if _past_deadline():
+            # a tool that bounds itself by the deadline (time_left: the Python sandbox) returns
+            # when it is reached, racing the round's wait: it timed out either way
+            return self._timed_out(call)
         if not isinstance(value, str):
             return _ToolResult(
                 f"Error: tool {call.name!r} returned {type(value).__name__}, not text",
                 error=True,
             )
         return _ToolResult(value)
+
+    def _timed_out(self, call: ToolCall) -> _ToolResult:
+        return _ToolResult(
+            f"Error: tool {call.name!r} timed out after {self.tool_timeout:g} s",
+            error=True,
+            timed_out=True,
+        )
 
     def _run_tools(
         self, calls: list[ToolCall], rows: list[dict[str, Any]] | None = None
@@ -463,11 +483,7 @@ class AgentLoop:
                     timed_out=True,
                 )
             elif result is None:
-                result = _ToolResult(
-                    f"Error: tool {call.name!r} timed out after {self.tool_timeout:g} s",
-                    error=True,
-                    timed_out=True,
-                )
+                result = self._timed_out(call)
             out.append(result)
         return out
 
