@@ -43,12 +43,19 @@ def _same(a, b):
         assert list(a.non_tensor_batch[key]) == list(b.non_tensor_batch[key]), key
 
 
+def _children() -> set:
+    """This process's live children (an earlier test of the same pytest worker may have left
+    daemon processes of its own, e.g. reward workers, which are not these tests' to count)."""
+    return set(multiprocessing.active_children())
+
+
 def _loader(dataset, **kwargs):
     return PromptDataLoader(dataset, batch_size=4, shuffle=True, seed=3, **kwargs)
 
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_two_workers_give_the_batches_of_the_in_process_loader(tokenizer, prompt_files, which):
+    before = _children()
     path = prompt_files[which]
     eager = _loader(RLHFDataset(path, tokenizer, max_prompt_length=64))
     lazy_ds = LazyRLHFDataset(path, tokenizer, max_prompt_length=64)
@@ -60,7 +67,7 @@ def test_two_workers_give_the_batches_of_the_in_process_loader(tokenizer, prompt
         for a, b in zip(expected, got):
             _same(a, b)
     assert lazy.sampler.state_dict() == eager.sampler.state_dict()
-    assert multiprocessing.active_children() == []  # non-persistent workers are gone
+    assert _children() - before == set()  # non-persistent workers are gone
 
 
 def test_an_epoch_with_workers_leaves_the_global_generator_alone(tokenizer, prompt_files):
@@ -76,6 +83,7 @@ def test_an_epoch_with_workers_leaves_the_global_generator_alone(tokenizer, prom
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_resume_mid_epoch_with_workers_equals_without(tokenizer, prompt_files, persistent):
+    before = _children()
     path = prompt_files[0]
     eager = _loader(RLHFDataset(path, tokenizer))
     reference = list(eager) + list(eager)  # two epochs
@@ -98,7 +106,7 @@ def test_resume_mid_epoch_with_workers_equals_without(tokenizer, prompt_files, p
     for a, b in zip(reference, taken):
         _same(a, b)
     resumed.close()
-    assert multiprocessing.active_children() == []
+    assert _children() - before == set()
 
 
 def test_a_bad_row_is_named_from_inside_the_worker(tokenizer, tmp_path, make_row):
