@@ -25,6 +25,19 @@ MiB = 1024 * 1024
 # --------------------------------------------------------------------------- helpers
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``platform.processor()`` without one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE

@@ -88,7 +88,7 @@ import time
 from pathlib import Path
 
 from _budget_clock import BudgetClock
-from _common import w2_model_dir
+from _common import cpu_model, w2_model_dir
 from bench_convergence_vs_trl import _matplotlib, time_to_threshold, value_at
 
 START = time.perf_counter()
@@ -515,16 +515,6 @@ def plot(record: dict, path: Path) -> Path:
     return path
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -605,7 +595,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "command": " ".join([sys.executable, __file__, *argv]),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "nproc": os.cpu_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "load": [load_before, os.getloadavg()],
         "threads": {
             "sync": args.sync_threads,

@@ -77,7 +77,7 @@ import time
 import zlib
 from pathlib import Path
 
-from _common import grpo_run_overrides, w2_model_dir
+from _common import cpu_model, grpo_run_overrides, w2_model_dir
 
 SAMPLES = 4  # rollout.n of grpo_run_overrides
 ASYNC = ["trainer.async_rollout=true", "actor_rollout_ref.actor.rollout_is_threshold=2.0"]
@@ -414,7 +414,7 @@ def main() -> None:
     sync = summary["sync"]
     load_after = os.getloadavg()
     print(f"command: {' '.join(sys.argv)}")
-    print(f"machine: nproc {os.cpu_count()}, {_cpu_model()}")
+    print(f"machine: nproc {os.cpu_count()}, {cpu_model()}")
     print(
         "load average (1/5/15 min): "
         + " -> ".join("/".join(f"{x:.1f}" for x in load) for load in (load_before, load_after))
@@ -457,23 +457,13 @@ def main() -> None:
             {
                 "args": vars(args),
                 "nproc": os.cpu_count(),
-                "cpu": _cpu_model(),
+                "cpu": cpu_model(),
                 "load_before": load_before,
                 "load_after": load_after,
                 "summary": summary,
             }
         )
     )
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from _common import W2_MODEL_KWARGS, MiB, TreePeaks, run_tree_measured
+from _common import W2_MODEL_KWARGS, MiB, TreePeaks, cpu_model, run_tree_measured
 
 BENCH_DIR = Path(__file__).resolve().parent
 REWARD_FILE = BENCH_DIR / "_addition_reward.py"
@@ -586,24 +586,13 @@ def machine_record() -> dict:
     return {
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "avx512_bf16": _has_cpu_flag("avx512_bf16"),
             "python": platform.python_version(),
         },
         "versions": {"torch": _version("torch"), "transformers": _version("transformers")},
         "trl_version": TRL_VERSION,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _has_cpu_flag(flag: str) -> bool:
