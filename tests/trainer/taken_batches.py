@@ -41,3 +41,39 @@ def assert_token_versions(gen: Any, step: int) -> None:
     has_tokens = mask.any(-1).numpy()
     assert np.array_equal(sample_versions[has_tokens], oldest[has_tokens])
     assert (sample_versions <= step).all() and (sample_versions >= step - 1).all()
+
+
+def record_group_arrivals(monkeypatch: Any) -> tuple[list[tuple[int, int, bool]], Any]:
+    """Record each group the pipeline's sink receives as ``(batch, prompt, whether that
+    batch's copy call had returned)``; returns the list and an ``on_trainer(trainer)`` hook
+    that wraps the copy group's ``generate_sequences`` to note each call's return."""
+    from verl.trainer.rl.async_rollout import AsyncRollout
+
+    arrivals: list[tuple[int, int, bool]] = []
+    returned: set[int] = set()  # batches whose copy call has returned
+    plain_sink_for = AsyncRollout._sink_for
+
+    def recording_sink_for(self, item, prompts):
+        sink = plain_sink_for(self, item, prompts)
+
+        def recorded(prompt, group, params):
+            arrivals.append((item.index, prompt, item.index in returned))
+            sink(prompt, group, params)
+
+        return recorded
+
+    monkeypatch.setattr(AsyncRollout, "_sink_for", recording_sink_for)
+
+    def watch_calls(trainer: Any) -> None:
+        group = trainer.async_rollout.group
+        plain = group.generate_sequences
+
+        def timed(prompts):
+            index = int(prompts.meta_info["stream_token"].split("-")[1])
+            out = plain(prompts)
+            returned.add(index)
+            return out
+
+        group.generate_sequences = timed
+
+    return arrivals, watch_calls

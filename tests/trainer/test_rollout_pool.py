@@ -23,10 +23,10 @@ import torch
 from verl.config import ConfigError
 from verl.controller import Dispatch, register
 from verl.trainer.lifecycle.tracking import Tracker
-from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.trainer import RLTrainer
 from verl.workers.rollout_copy import RolloutCopyWorker
 
+from .taken_batches import record_group_arrivals
 from .varied_reward import assert_updates_moved, even_token_reward
 
 ASYNC = ("trainer.async_rollout=true", "trainer.backend=ray")
@@ -141,32 +141,7 @@ def test_streaming_with_two_copies_trains_the_synchronous_samples(
     sync, sync_samples, _ = _fit(rl_config(*SEEDED))
 
     monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCountingCopy)
-    arrivals: list[tuple[int, int, bool]] = []  # (batch, prompt, its call had returned)
-    returned: set[int] = set()
-    plain_sink_for = AsyncRollout._sink_for
-
-    def recording_sink_for(self, item, prompts):
-        sink = plain_sink_for(self, item, prompts)
-
-        def recorded(prompt, group, params):
-            arrivals.append((item.index, prompt, item.index in returned))
-            sink(prompt, group, params)
-
-        return recorded
-
-    monkeypatch.setattr(AsyncRollout, "_sink_for", recording_sink_for)
-
-    def watch_calls(trainer):
-        group = trainer.async_rollout.group
-        plain = group.generate_sequences
-
-        def timed(prompts):
-            index = int(prompts.meta_info["stream_token"].split("-")[1])
-            out = plain(prompts)
-            returned.add(index)
-            return out
-
-        group.generate_sequences = timed
+    arrivals, watch_calls = record_group_arrivals(monkeypatch)
 
     streaming, samples, rows = _fit(
         rl_config(

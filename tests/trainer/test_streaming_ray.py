@@ -25,6 +25,7 @@ from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.trainer import RLTrainer
 from verl.workers.rollout_copy import RolloutCopyWorker
 
+from .taken_batches import record_group_arrivals
 from .varied_reward import assert_updates_moved, even_token_reward
 
 SLOW_STEP_S = 0.1  # each sampling step of the slowed copy (max_response_length 6, 3 slots)
@@ -78,33 +79,11 @@ def test_groups_stream_out_of_the_ray_actor_mid_call(rl_config, ray_session, mon
     assert_updates_moved(sync.history)
 
     monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
-    arrivals: list[tuple[int, int, bool]] = []  # (batch, prompt, its call had returned)
-    returned: set[int] = set()  # batches whose actor call has returned
-    plain_sink_for = AsyncRollout._sink_for
+    arrivals, watch_calls = record_group_arrivals(monkeypatch)
 
-    def recording_sink_for(self, item, prompts):
-        sink = plain_sink_for(self, item, prompts)
-
-        def recorded(prompt, group, params):
-            arrivals.append((item.index, prompt, item.index in returned))
-            sink(prompt, group, params)
-
-        return recorded
-
-    monkeypatch.setattr(AsyncRollout, "_sink_for", recording_sink_for)
-
-    def watch_calls(trainer):
-        group = trainer.async_rollout.group
-        assert type(group).__name__ == "RayWorkerGroup"
-        plain = group.generate_sequences
-
-        def timed(prompts):
-            index = int(prompts.meta_info["stream_token"].split("-")[1])
-            out = plain(prompts)
-            returned.add(index)
-            return out
-
-        group.generate_sequences = timed
+    def on_trainer(trainer):
+        assert type(trainer.async_rollout.group).__name__ == "RayWorkerGroup"
+        watch_calls(trainer)
 
     streaming, samples = _fit(
         rl_config(
@@ -114,7 +93,7 @@ def test_groups_stream_out_of_the_ray_actor_mid_call(rl_config, ray_session, mon
             "trainer.rollout_mode=streaming",
             "trainer.max_staleness=0",
         ),
-        watch_calls,
+        on_trainer,
     )
     # groups reached the driver's buffer while the actor's call still ran
     mid_call = [(b, p) for b, p, done in arrivals if not done]
