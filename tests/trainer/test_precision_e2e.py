@@ -113,11 +113,17 @@ def test_packed_bf16_rollout_weights_follow_every_update(
         "trainer.mixed_precision=bf16",
         *(extra if lora else []),
     )
+    from verl.rollout import native
+
+    lean_calls = []  # the lean forward packs its own weights (full fine-tuning)
+    real_lean = native.LeanForward
+    monkeypatch.setattr(native, "LeanForward", lambda *a: lean_calls.append(1) or real_lean(*a))
     packed = RLTrainer(rl_config(*overrides, f"trainer.default_local_dir={tmp_path / 'a'}"))
     packed.fit()
-    assert len(packed_calls) >= 3 and all(packed_calls), (
+    assert len(packed_calls) + len(lean_calls) >= 3 and all(packed_calls), (
         "the packed path did not run for every generation"
     )
+    assert bool(lean_calls) != lora  # LoRA layers take the HF forward
     real_init = NativeRollout.__init__
 
     def unpacked(self, *args, **kwargs):

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["available", "packed_linears"]
+__all__ = ["available", "pack", "packed_linear", "packed_linears"]
 
 
 def available(device: torch.device) -> bool:
@@ -65,6 +65,30 @@ def _packed_forward(layer: torch.nn.Linear, weight: torch.Tensor, bias: torch.Te
         return linear(x.to(torch.bfloat16), weight, bias, "none", [], "")
 
     return forward
+
+
+def pack(weights: list[torch.Tensor], batch_hint: int = 1) -> torch.Tensor:
+    """One oneDNN-packed bf16 weight for the ``(out_i, in)`` weights stacked along their
+    output dim (a fused projection: q/k/v, gate/up), made from their current values: each is
+    converted into its rows of one bf16 buffer, which is reordered once. Conditions as for
+    :func:`packed_linears`."""
+    if len(weights) == 1:
+        return torch.ops.mkldnn._reorder_linear_weight(
+            weights[0].detach().to(torch.bfloat16), max(1, batch_hint)
+        )
+    rows = sum(w.shape[0] for w in weights)
+    buffer = torch.empty(rows, weights[0].shape[1], dtype=torch.bfloat16)
+    start = 0
+    for w in weights:
+        buffer[start : start + w.shape[0]].copy_(w.detach())
+        start += w.shape[0]
+    return torch.ops.mkldnn._reorder_linear_weight(buffer, max(1, batch_hint))
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x (..., in) @ weight.T + bias`` in bf16 over a weight from :func:`pack` (``bias``
+    bf16 or None); the output is bf16, fp32 accumulation (what autocast computes)."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight, bias, "none", [], "")
 
 
 @contextlib.contextmanager

