@@ -9,7 +9,8 @@ row in the whole batch, so the pool samples what one copy would.
 Slow (Ray): one-step-off with 2 copies trains 2 steps, each copy sampling its own half of
 the rows (rows 0-3 and 4-7 of 4 prompts x 2 samples); streaming with ``max_staleness=0``
 and 2 slowed copies trains on the synchronous local run's samples with its losses, groups of
-both halves reaching the driver while their call runs. Fast: the config refusals.
+both halves reaching the driver while their call runs. Fast: the config refusals, and
+partial rollouts taken (``test_rollout_pool_partial.py``).
 """
 
 from __future__ import annotations
@@ -93,17 +94,20 @@ def test_rollout_copies_refusals(rl_config):
         (*ASYNC, "data.train_batch_size=3"): r"must divide data\.train_batch_size=3",
         (*ASYNC, "actor_rollout_ref.rollout.name=vllm"): "one vllm engine in lock step",
         (*ASYNC, "actor_rollout_ref.rollout.name=sglang"): "one sglang engine in lock step",
-        (
-            *ASYNC,
-            "trainer.rollout_mode=streaming",
-            "trainer.partial_rollout=continue",
-        ): "mailboxes would swap weights independently",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=rf"trainer\.rollout_copies=2.*{message}"):
             rl_config(*overrides, "trainer.rollout_copies=2")
     with pytest.raises(ConfigError, match="rollout_copies"):
         rl_config(*ASYNC, "trainer.rollout_copies=0")
+    for mode in ("continue", "resume"):  # each copy owns its mailbox (test_rollout_pool_partial)
+        pooled = rl_config(
+            *ASYNC,
+            "trainer.rollout_mode=streaming",
+            f"trainer.partial_rollout={mode}",
+            "trainer.rollout_copies=2",
+        )
+        assert pooled.trainer.partial_rollout == mode and pooled.trainer.rollout_copies == 2
 
 
 @pytest.mark.slow

@@ -117,6 +117,9 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         # call, under the lock: a post arrives on the actor's second thread)
         self.weight_box: WeightMailbox | None = None
         self._box_lock = threading.Lock()
+        # the WEIGHT_MAILBOX entry of this copy's last call: a pool's output carries rank
+        # 0's, every rank's reaches the driver through weight_mailbox_state
+        self.call_mailbox: dict[str, Any] | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -154,7 +157,7 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
                 stack.enter_context(self._keeping_groups(token, first))
             out = super().generate_sequences(prompts)
         if partial is not None:
-            out.meta_info[WEIGHT_MAILBOX] = {
+            out.meta_info[WEIGHT_MAILBOX] = self.call_mailbox = {
                 "start": start,
                 "held": int(box.held),
                 "load_s": load_s,
@@ -243,15 +246,17 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         box.post(state, int(version))
         return box.posted_version
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
     def weight_mailbox_state(self) -> dict[str, Any] | None:
-        """The mailbox's ``held`` version and counters now (None before the first post or
-        call); answered beside a running call: its mid-call swaps reach the driver's
-        metrics before the call returns."""
+        """The mailbox's ``held`` version and counters now, and under ``call`` the
+        ``meta_info[WEIGHT_MAILBOX]`` entry of the last call (None before the first post or
+        call); the driver gets one per rank (a pool: each copy's own mailbox). Answered
+        beside a running call: its mid-call swaps reach the driver's metrics before the call
+        returns."""
         box = self.weight_box
         if box is None or box.held is None:
             return None
-        return {"held": int(box.held), "stats": dict(box.stats)}
+        return {"held": int(box.held), "stats": dict(box.stats), "call": self.call_mailbox}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
     def reset_weight_mailbox(self) -> None:

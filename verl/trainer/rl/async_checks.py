@@ -185,7 +185,9 @@ def _check_rollout_copies(c: Any, cfg: Any) -> None:
     Refused where the pool cannot be: without the asynchronous pipeline, on the local backend
     (one process), with a batch that does not split into whole, equal shares of prompts, with
     the vLLM or SGLang engine (the copies would share one engine in lock step, not one
-    engine each) and with partial rollouts (each copy's mailbox would swap on its own)."""
+    engine each). Partial rollouts are taken: each copy owns its mailbox, every post goes
+    to every copy and each swaps at its own decode step, its tokens recording the version
+    that sampled them; the driver mirrors the oldest version held and the summed counters."""
     t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
     k = t.rollout_copies
     if not isinstance(k, int) or k <= 1:  # below 1: the key's own range check reports it
@@ -221,11 +223,4 @@ def _check_rollout_copies(c: Any, cfg: Any) -> None:
             f"{key}={k} with rollout.name={rollout.name} would serve every copy from one "
             f"{rollout.name} engine in lock step (the several-rank serving-engine path), not "
             f"one engine per copy; use rollout.name=native, or {key}=1",
-        )
-    if t.partial_rollout != "off":
-        c.error(
-            (key, "trainer.partial_rollout"),
-            f"{key}={k} with trainer.partial_rollout={t.partial_rollout}: the copies' "
-            "mailboxes would swap weights independently of each other, which the driver's "
-            f"version bookkeeping does not follow; set trainer.partial_rollout=off or {key}=1",
         )

@@ -265,7 +265,7 @@ class AsyncRollout:
                 stack.enter_context(feed_prompts(QueueFeed(self, item)))
             gen = self._generate(self.group, prompts)
         if remote_box:  # the version the copy started the call with, what it loaded then
-            start_version, sync_s = link.absorb_call_output(self.mailbox, gen)
+            start_version, sync_s = link.absorb_call_output(self.mailbox, gen, self.group)
             item.version = max(item.version, start_version)
         gen.meta_info["async_gen_seconds"] = time.perf_counter() - start
         gen.meta_info["async_weight_sync_seconds"] = sync_s

@@ -22,6 +22,12 @@ through methods answered beside the running call (``register(..., beside=True)``
 A pool of copies (``trainer.rollout_copies`` > 1) is one worker group of several ranks:
 each call splits its prompts across them, each weight load goes to every rank (a
 ``ONE_TO_ALL`` method), and each poll takes every rank's groups (:func:`take_groups`).
+With partial rollouts each copy owns its mailbox: every post goes to every copy, and each
+copy swaps at its own decode step, its tokens recording the version that sampled them. The
+driver's mailbox then mirrors the pool (:func:`absorb_call_output`, each poll): ``held`` is
+the oldest version a copy holds, the counters are the copies' sums, and a call started with
+the oldest version a copy started its share with. A call's output carries rank 0's
+``meta_info`` only, so every rank's entry comes from ``weight_mailbox_state`` (one per rank).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ __all__ = [
     "mailbox_meta",
     "polling",
     "post_to_copy",
+    "rank_states",
     "reset_copy_mailbox",
     "take_groups",
 ]
@@ -80,12 +87,12 @@ def polling(
         while not stop.wait(POLL_INTERVAL_S):
             try:
                 groups = take_groups(group, token)
-                state = group.weight_mailbox_state() if mailbox is not None else None
+                states = rank_states(group) if mailbox is not None else []
             except Exception as e:  # the call itself reports a dead copy
                 logger.warning("polling the rollout copy's streamed groups failed: %s", e)
                 return
-            if state is not None:  # before the groups: it counts every swap they saw
-                _mirror(mailbox, state)
+            if states:  # before the groups: it counts every swap they saw
+                _mirror(mailbox, states)
             for prompt, rows, temperature in groups:
                 # the sink reads the call's params for their logprob_temperature only
                 sink(prompt, rows, SimpleNamespace(logprob_temperature=temperature))
@@ -131,18 +138,44 @@ def mailbox_meta(mailbox: WeightMailbox, version: int) -> dict[str, Any]:
     return {"mode": mailbox.mode, "version": int(version)}
 
 
-def absorb_call_output(mailbox: WeightMailbox, gen: DataProto) -> tuple[int, float]:
+def absorb_call_output(
+    mailbox: WeightMailbox, gen: DataProto, group: Any = None
+) -> tuple[int, float]:
     """From a call's output (its ``meta_info`` entry, removed): mirror the copy's ``held``
     and counters into the driver's ``mailbox``; returns the version the call started with
-    and the seconds of the load at its start."""
+    and the seconds of the load at its start. A pool (``group`` of several ranks): the
+    entry is rank 0's, so every rank's is read from the copies (``weight_mailbox_state``,
+    its ``call``); the call started with the oldest of their versions, its load took the
+    longest of their loads (they run side by side) and the mailbox mirrors them all."""
     from verl.workers.rollout_copy import WEIGHT_MAILBOX
 
-    info = gen.meta_info.pop(WEIGHT_MAILBOX)
-    _mirror(mailbox, info)
-    return int(info["start"]), float(info["load_s"])
+    entries = [gen.meta_info.pop(WEIGHT_MAILBOX)]
+    if getattr(group, "world_size", 1) > 1:
+        entries = [state["call"] for state in rank_states(group)]
+        if len(entries) != group.world_size or any(e is None for e in entries):
+            raise RuntimeError(
+                f"the pool of {group.world_size} rollout copies reported {len(entries)} "
+                "mailbox states after a call under its mailboxes, each must report its call"
+            )
+    _mirror(mailbox, entries)
+    return min(int(e["start"]) for e in entries), max(float(e["load_s"]) for e in entries)
 
 
-def _mirror(mailbox: WeightMailbox, state: dict[str, Any]) -> None:
-    """The copy's ``held`` and counters (``state``) into the driver's ``mailbox``."""
-    mailbox.held = int(state["held"])
-    mailbox.stats.update({k: float(v) for k, v in state["stats"].items()})
+def rank_states(group: Any) -> list[dict[str, Any]]:
+    """Every copy's ``weight_mailbox_state`` (one per rank of a pool), those holding none
+    left out."""
+    states = group.weight_mailbox_state()
+    if not isinstance(states, list):  # a copy group answering with one rank's
+        states = [states]
+    return [state for state in states if state is not None]
+
+
+def _mirror(mailbox: WeightMailbox, states: list[dict[str, Any]]) -> None:
+    """The copies' ``held`` (the oldest of them) and counters (summed over the copies;
+    ``states``: one per copy, at least one) into the driver's ``mailbox``."""
+    mailbox.held = min(int(state["held"]) for state in states)
+    totals: dict[str, float] = {}
+    for state in states:
+        for key, value in state["stats"].items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    mailbox.stats.update(totals)
