@@ -38,6 +38,15 @@ driver process does. Its output's ``meta_info[WEIGHT_MAILBOX]`` tells the driver
 the call started with, the one it ended with, the seconds of the load at its start and the
 mailbox's counters (``swaps``, ``load_s``, ...).
 
+Continuous batching across calls in a copy in another process: the driver offers the
+queued batches that may join the running call with :meth:`RolloutCopyWorker.offer_batch`
+(beside the call); a ``generate_sequences`` call whose ``meta_info`` carries
+:data:`FEED_KEY` takes them into its native loop's free decode slots, keeps their groups
+under their own stream tokens (:meth:`RolloutCopyWorker.take_streamed_groups` drops them
+only once their batch's call has ended), and continues the loop when its own batch was
+taken, loading no mailbox post first (``verl/workers/copy_feed.py``);
+:meth:`RolloutCopyWorker.load_policy_weights` forgets the taken batches with the rows.
+
 A pool of copies (``trainer.rollout_copies`` > 1, the Ray backend): the group has one rank
 per copy, each a whole copy on the single engine; ``generate_sequences`` splits a batch's
 prompts into equal shares by rank (data-parallel dispatch, whole prompts: a prompt's ``n``
@@ -63,9 +72,11 @@ from verl.protocol import DataProto
 from verl.rollout.partial import WeightMailbox, weight_mailbox
 from verl.rollout.weight_sync import push_weights
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.common import to_device
+from verl.workers.copy_feed import CopyFeed, Offer
 from verl.workers.specs import ActorRolloutRefSpec
 
-__all__ = ["STREAM_TOKEN", "WEIGHT_MAILBOX", "RolloutCopyWorker"]
+__all__ = ["FEED_KEY", "STREAM_TOKEN", "WEIGHT_MAILBOX", "RolloutCopyWorker"]
 
 #: ``meta_info`` key of a ``generate_sequences`` call whose groups the driver takes with
 #: :meth:`RolloutCopyWorker.take_streamed_groups` while it runs (module docstring)
@@ -74,6 +85,10 @@ STREAM_TOKEN = "stream_token"
 #: ``{"mode": "continue" | "resume", "version": the driver's version of the batch}``; the
 #: output's ``meta_info`` carries ``{"start", "held", "load_s", "stats"}`` under it
 WEIGHT_MAILBOX = "weight_mailbox"
+#: ``meta_info`` key of a ``generate_sequences`` call of the rollouter's queue: its batch's
+#: ``(dropped queues, batch index)``; the call takes offered batches into its free decode
+#: slots and continues the loop that took its own batch (``verl/workers/copy_feed.py``)
+FEED_KEY = "feed_key"
 
 _GENERATE = get_method_dispatch(ActorRolloutRefWorker.generate_sequences)
 assert _GENERATE is not None and _GENERATE.reads is not None
@@ -120,6 +135,8 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         # the WEIGHT_MAILBOX entry of this copy's last call: a pool's output carries rank
         # 0's, every rank's reaches the driver through weight_mailbox_state
         self.call_mailbox: dict[str, Any] | None = None
+        # continuous batching across calls: the batches the driver offered (copy_feed.py)
+        self.feed = CopyFeed()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -136,26 +153,42 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         dispatch_mode=_GENERATE.mode,
         reads=_GENERATE.reads,
         optional=_GENERATE.optional,
-        meta=(*_GENERATE.meta, STREAM_TOKEN, WEIGHT_MAILBOX),
+        meta=(*_GENERATE.meta, STREAM_TOKEN, WEIGHT_MAILBOX, FEED_KEY),
     )
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """The hybrid worker's ``generate_sequences``; with ``meta_info[STREAM_TOKEN]`` each
         prompt's group is also kept for :meth:`take_streamed_groups` as the engine finishes
         it (the samples do not change); with ``meta_info[WEIGHT_MAILBOX]`` the call runs
-        under this copy's weight mailbox (module docstring)."""
+        under this copy's weight mailbox; with ``meta_info[FEED_KEY]`` it takes offered
+        batches into its free decode slots, or continues the loop that took its own batch
+        (module docstring)."""
         token = prompts.meta_info.pop(STREAM_TOKEN, None)
         partial = prompts.meta_info.pop(WEIGHT_MAILBOX, None)
+        key = prompts.meta_info.pop(FEED_KEY, None)
         # a pool of copies: this rank's share starts at prompt rank * share of the batch
         first = self.rank * len(prompts)
-        with contextlib.ExitStack() as stack:
-            if first:
-                stack.enter_context(self._sampling_as_rows_of_batch(first))
-            if partial is not None:
-                box, start, load_s = self._start_with_mailbox(partial["mode"], partial["version"])
-                stack.enter_context(weight_mailbox(box))
-            if token is not None:
-                stack.enter_context(self._keeping_groups(token, first))
-            out = super().generate_sequences(prompts)
+        taken = self.feed.start_call(key) if key is not None else None
+        try:
+            with contextlib.ExitStack() as stack:
+                if first:
+                    stack.enter_context(self._sampling_as_rows_of_batch(first))
+                box = None
+                if partial is not None:
+                    box, start, load_s = self._start_with_mailbox(
+                        partial["mode"], partial["version"], taken
+                    )
+                    stack.enter_context(weight_mailbox(box))
+                if token is not None:
+                    stack.enter_context(self._keeping_groups(token, first))
+                if key is not None:
+                    stack.enter_context(self._feeding(key, prompts, first, box))
+                out = super().generate_sequences(prompts)
+        finally:
+            if key is not None:
+                self.feed.end_call(key)
+        if key is not None:
+            stats = getattr(self.rollout, "last_stats", None) or {}
+            self.feed.stats["fed_batches"] += float(stats.get("fed_batches", 0.0))
         if partial is not None:
             out.meta_info[WEIGHT_MAILBOX] = self.call_mailbox = {
                 "start": start,
@@ -164,6 +197,19 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
                 "stats": dict(box.stats),
             }
         return out
+
+    def _feeding(self, key: Any, prompts: DataProto, first: int, box: WeightMailbox | None):
+        """The call's prompt feed (``verl/workers/copy_feed.py``): a taken batch's groups are
+        kept under its own stream token, its prompt indices counted in its whole batch."""
+        from verl.rollout.continuous import feed_prompts
+
+        def sink_for(offer: Offer) -> Any:
+            return self._group_keeper(offer.token, first)
+
+        def held() -> int | None:
+            return None if box is None else int(box.held)
+
+        return feed_prompts(self.feed.prompt_feed(key, prompts, sink_for, held, first > 0))
 
     @contextlib.contextmanager
     def _sampling_as_rows_of_batch(self, first: int):
@@ -193,16 +239,24 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         batch (this rank's share starts at prompt ``first``)."""
         from verl.rollout.continuous import stream_groups
 
+        # an earlier call's groups: its whole output has them; a batch taken into the loop
+        # (this call's own, continued, or a later one) keeps its groups for its token
+        live = self.feed.live_tokens()
+        with self._streamed_lock:
+            self._streamed = [g for g in self._streamed if g[0] in live]
+        with stream_groups(self._group_keeper(token, first)):
+            yield
+
+    def _group_keeper(self, token: str, first: int) -> Any:
+        """The group sink that keeps each group under ``token`` (module docstring)."""
+
         def keep(prompt: int, group: DataProto, params: Any) -> None:
             # a copy of its own: a slice would carry its whole batch's storage across
             group = group.clone().to("cpu")
             with self._streamed_lock:
                 self._streamed.append((token, first + prompt, group, params.logprob_temperature))
 
-        with self._streamed_lock:
-            self._streamed.clear()  # an earlier call's groups: its whole output has them
-        with stream_groups(keep):
-            yield
+        return keep
 
     def _mailbox(self, mode: str) -> WeightMailbox:
         with self._box_lock:
@@ -215,13 +269,19 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
                 )
             return self.weight_box
 
-    def _start_with_mailbox(self, mode: str, version: int) -> tuple[WeightMailbox, int, float]:
+    def _start_with_mailbox(
+        self, mode: str, version: int, taken: Offer | None = None
+    ) -> tuple[WeightMailbox, int, float]:
         """Before a call under the mailbox: load its newest post (between two calls, as
         :meth:`load_policy_weights`: a native loop's kept rows are dropped, a vLLM engine
         takes the weights); without one, the module keeps what it holds (``version`` when
-        nothing was ever loaded through the mailbox). Returns the mailbox, the version the
-        call starts with and the load's seconds."""
+        nothing was ever loaded through the mailbox). A call whose batch a loop ``taken``
+        loads nothing: it continues that loop, which takes a post between two decode
+        steps, and starts with the version the loop held when it took the batch. Returns
+        the mailbox, the version the call starts with and the load's seconds."""
         box = self._mailbox(mode)
+        if taken is not None and taken.version is not None:
+            return box, int(taken.version), 0.0
         pending = box.take()
         load_s = 0.0
         if pending is not None:
@@ -268,17 +328,47 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
     def take_streamed_groups(self, token: str) -> list[tuple[int, DataProto, float]]:
         """The groups the call of ``token`` has finished since the last take, as ``[(prompt
-        index, its n rows, log-prob temperature), ...]``; another call's are dropped.
+        index, its n rows, log-prob temperature), ...]``; another call's are dropped, but
+        for those of batches taken into the running loop (kept for their own token).
         Answered beside a running call on the Ray backend."""
+        live = self.feed.live_tokens() - {token}  # batches taken into the running loop
         with self._streamed_lock:
-            taken, self._streamed = self._streamed, []
-        return [(prompt, group, temp) for t, prompt, group, temp in taken if t == token]
+            taken = [g for g in self._streamed if g[0] == token]
+            self._streamed = [g for g in self._streamed if g[0] in live]
+        return [(prompt, group, temp) for _, prompt, group, temp in taken]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
     def take_pool_groups(self, token: str) -> list[tuple[int, DataProto, float]]:
         """:meth:`take_streamed_groups` of every rank of a pool of copies (the driver gets
         one list per rank; prompt indices are the whole batch's)."""
         return self.take_streamed_groups(token)
+
+    @register(
+        dispatch_mode=Dispatch.DP_COMPUTE,
+        reads=_GENERATE.reads,
+        optional=_GENERATE.optional,
+        meta=_GENERATE.meta,
+        beside=True,
+    )
+    def offer_batch(self, prompts: DataProto, key: Any, token: str) -> dict[str, bool]:
+        """Offer a queued batch (``prompts`` as its own ``generate_sequences`` call will get
+        them, ``key`` that call's ``meta_info[FEED_KEY]``, ``token`` its stream token) to the
+        running or a later call's loop (``verl/workers/copy_feed.py``). Answered beside a
+        running call. Returns ``{"feeds": whether this copy's engine can take it}`` (a
+        native engine with ``decode_slots`` and continuous batching)."""
+        rollout = self.rollout
+        feeds = bool(
+            getattr(rollout, "max_num_seqs", None) and getattr(rollout, "continuous_batching", 0)
+        )
+        if feeds:  # on the engine's device, as run_generation hands the call's prompts over
+            self.feed.offer(to_device(prompts, self.device), key, token)
+        return {"feeds": feeds}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
+    def feed_stats(self) -> dict[str, float]:
+        """Counters of continuous batching across calls: batches ``offered``, ``taken`` into
+        a running loop, calls ``continued``, and the engine's ``fed_batches`` (joins)."""
+        return {k: float(v) for k, v in self.feed.stats.items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_policy_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
@@ -291,6 +381,7 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
         drop = getattr(self.rollout, "drop_session", None)
         if drop is not None:  # rows a native loop kept for a later call: old weights
             drop()
+        self.feed.drop_taken()  # their calls generate them afresh
         module = self.engine.module
         targets = module.state_dict()
         missing = sorted(set(targets) - set(state))

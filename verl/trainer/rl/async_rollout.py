@@ -32,9 +32,9 @@ actor's optimizer never touches the copy.
 
 Continuous batching across calls (streaming, native engine with ``decode_slots``): a call
 takes the next queued batches into its free decode slots when the copy holds their weights
-(:mod:`verl.trainer.rl.rollout_feed`); such a batch's own task then loads nothing and its
-call continues the engine's loop. A batch queued with newer weights waits for its load,
-between two calls, as before.
+(:mod:`verl.trainer.rl.rollout_feed`; a copy in a Ray actor gets them offered); such a
+batch's own task then loads nothing and its call continues the engine's loop. A batch
+queued with newer weights waits for its load, between two calls, as before.
 
 Sampling is seeded per generation batch (``trainer.seed`` and the batch's index), so a
 batch's responses depend only on the prompts and the weights, not on the thread's timing.
@@ -84,7 +84,7 @@ from verl.trainer.rl.inflight_files import (
     encode_batches,
     read_inflight,
 )
-from verl.trainer.rl.rollout_feed import QueueFeed
+from verl.trainer.rl.rollout_feed import QueueFeed, RayFeed, call_names
 from verl.utils.atomic_io import atomic_path, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -249,14 +249,16 @@ class AsyncRollout:
             else:
                 stack.enter_context(self._mailbox_in_force())
             if self.stream_groups and self._copy_in_other_process():
-                from verl.workers.rollout_copy import STREAM_TOKEN
+                from verl.workers.rollout_copy import FEED_KEY, STREAM_TOKEN
 
-                # the copy's own sink keeps the groups; polled while the call runs
-                token = f"{self._epoch}-{item.index}"
+                # the copy's own sink keeps the groups; polled while the call runs; the
+                # queued batches that may join are offered to its loop (rollout_feed)
+                prompts.meta_info[FEED_KEY], token = call_names(self, item)
                 prompts.meta_info[STREAM_TOKEN] = token
                 sink = self._sink_for(item, prompts)
                 box = self.mailbox if remote_box else None
                 stack.enter_context(link.polling(self.group, token, sink, box))
+                stack.enter_context(RayFeed(self, item).running())
             elif self.stream_groups:
                 from verl.rollout.continuous import feed_prompts, stream_groups
 

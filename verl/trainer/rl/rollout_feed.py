@@ -23,16 +23,33 @@ Which batch may join: the first queued after the ones the running loop holds, wh
 
 Its prompts go to the engine exactly as its call will pass them (seeded for its index), with
 its group sink, so its samples, groups and whole output are those of a call of its own.
+
+A copy in a Ray actor (``trainer.backend=ray``): the engine runs in the actor, the queue
+here. While a streaming call runs, :class:`RayFeed` *offers* the queued batches that may
+join (the same conditions, :func:`next_joining`; the engine's own check happens there) to
+the copy (``offer_batch``, answered beside the call: those queued already before the call
+starts, later ones every ``POLL_INTERVAL_S``), and takes the groups the copy finished of
+the offered batches into their sinks. The copy's loop takes offers in queue order
+(``verl/workers/copy_feed.py``); which it took, only the copy knows: each batch's own call
+names its batch (``meta_info["feed_key"]``, :func:`call_names`) and continues the loop that
+took it, or generates it afresh. An offer never taken is simply never used, so nothing
+offered is lost; a batch's item is never marked ``claimed`` here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from verl.protocol import DataProto
 
-__all__ = ["QueueFeed", "same_sampling"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["QueueFeed", "RayFeed", "call_names", "next_joining", "same_sampling"]
 
 
 class QueueFeed:
@@ -48,17 +65,8 @@ class QueueFeed:
         from verl.rollout.continuous import FedBatch
 
         pipe = self.pipeline
-        queue = list(pipe._queue)  # the trainer's thread appends and pops meanwhile
-        at = next((k for k, i in enumerate(queue) if i is self.last), None)
-        if at is None:
-            return None
-        # batches an earlier call of the same loop took are held already
-        item = next((i for i in queue[at + 1 :] if not i.claimed), None)
-        if item is None or item.gen is not None or item.result is None or item.result.done():
-            return None  # none, a checkpoint's, or cancelled with the queue
-        if pipe.mailbox is None and item.load is not None:
-            return None  # newer weights: loaded between two calls only
-        if not same_sampling(item.prompts, self.last.prompts):
+        item = next_joining(pipe, self.last)
+        if item is None:
             return None
         prompts = pipe._call_prompts(item)
         if not accept(prompts):
@@ -68,6 +76,99 @@ class QueueFeed:
             item.version = max(item.version, int(pipe.mailbox.held))
         self.last = item
         return FedBatch(pipe._call_key(item), prompts, pipe._sink_for(item, prompts))
+
+
+def next_joining(pipe: Any, last: Any) -> Any:
+    """The queued batch after ``last`` (the newest the running loop holds or was offered)
+    when it may join that loop (module docstring), else None."""
+    queue = list(pipe._queue)  # the trainer's thread appends and pops meanwhile
+    at = next((k for k, i in enumerate(queue) if i is last), None)
+    if at is None:
+        return None
+    # batches an earlier call of the same loop took are held already
+    item = next((i for i in queue[at + 1 :] if not i.claimed), None)
+    if item is None or item.gen is not None or item.result is None or item.result.done():
+        return None  # none, a checkpoint's, or cancelled with the queue
+    if pipe.mailbox is None and item.load is not None:
+        return None  # newer weights: loaded between two calls only
+    if not same_sampling(item.prompts, last.prompts):
+        return None
+    return item
+
+
+class RayFeed:
+    """Continuous batching across calls with the copy in a Ray actor (module docstring):
+    while ``pipeline``'s call on ``item`` runs (:meth:`running`), every queued batch that
+    may join is offered to the copy, in queue order, and the groups of the offered
+    batches are taken as the copy finishes them (those a loop took)."""
+
+    def __init__(self, pipeline: Any, item: Any) -> None:
+        self.pipeline = pipeline
+        self.last = item  # the newest batch offered (or the running one)
+        self.offered: list[tuple[str, Callable[..., None]]] = []  # (token, group sink)
+        # the copy's engine takes offers (a native loop with slots; a fake copy has none)
+        self.feeds = hasattr(pipeline.group, "offer_batch")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The block runs the call: the batches queued already are offered before it
+        starts, later ones and the offered batches' groups every ``POLL_INTERVAL_S``; the
+        thread has stopped when the block ends. A failed offer or poll stops it (the
+        offered batches' own calls generate them)."""
+        from verl.trainer.rl.ray_copy_link import POLL_INTERVAL_S
+
+        self.offer_ready()
+        if not self.feeds:
+            yield
+            return
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(POLL_INTERVAL_S):
+                try:
+                    self.offer_ready()
+                    self.take_offered_groups()
+                except Exception as e:  # the call itself reports a dead copy
+                    logger.warning("offering queued batches to the rollout copy failed: %s", e)
+                    return
+
+        thread = threading.Thread(target=run, name="verl-rollout-offers", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def offer_ready(self) -> None:
+        """Offer every queued batch after the last offered that may join, in order."""
+        pipe = self.pipeline
+        while self.feeds:
+            item = next_joining(pipe, self.last)
+            if item is None:
+                return
+            prompts = pipe._call_prompts(item)
+            key, token = call_names(pipe, item)
+            answer = pipe.group.offer_batch(prompts, key, token)
+            self.feeds = bool(answer["feeds"])
+            self.offered.append((token, pipe._sink_for(item, prompts)))
+            self.last = item
+
+    def take_offered_groups(self) -> None:
+        """Hand the groups the copy finished of the offered batches to their sinks."""
+        from verl.trainer.rl.ray_copy_link import take_groups
+
+        for token, sink in self.offered:
+            for prompt, rows, temperature in take_groups(self.pipeline.group, token):
+                # the sink reads the call's params for their logprob_temperature only
+                sink(prompt, rows, SimpleNamespace(logprob_temperature=temperature))
+
+
+def call_names(pipe: Any, item: Any) -> tuple[list[int], str]:
+    """The ``meta_info`` key and the stream token of ``item``'s call on a copy in a Ray
+    actor: ``[dropped queues, batch index]`` and ``"<dropped queues>-<batch index>"``."""
+    _, epoch, index = pipe._call_key(item)
+    return [epoch, index], f"{epoch}-{index}"
 
 
 def same_sampling(a: DataProto, b: DataProto) -> bool:
