@@ -10,6 +10,8 @@ recorded log-prob equals a no-cache recomputation under the weights of its recor
 (``resume``: every token; ``continue``: the tokens of the version each copy's call started
 with). The driver's counters are the copies' sums: the step-2 metric counts both copies'
 swaps, and after the run the driver's mailbox holds the sum of the copies' final counters.
+Saved after step 2 and resumed (slow), the fresh copies get the resumed step's post once
+and every token of both copies' rows is exact under its version.
 Fast: the driver's bookkeeping for a fake pool of two ranks.
 """
 
@@ -24,7 +26,7 @@ from verl.rollout.partial import TOKEN_VERSIONS, WeightMailbox
 from verl.trainer.lifecycle.tracking import Tracker
 from verl.trainer.rl import ray_copy_link as link
 from verl.trainer.rl.trainer import RLTrainer
-from verl.workers.rollout_copy import WEIGHT_MAILBOX
+from verl.workers.rollout_copy import WEIGHT_MAILBOX, RolloutCopyWorker
 
 from .taken_batches import assert_token_versions, fit_recording_batches
 from .test_streaming_ray_partial import LOGPROB_BOUND, WaitingCopy, _gaps, _straddling_rows
@@ -33,13 +35,14 @@ from .varied_reward import assert_updates_moved, even_token_reward
 PROMPTS_PER_COPY = 2  # data.train_batch_size=4 over 2 copies
 
 
-def _pool_run(rl_config, monkeypatch, mode):
-    """A 3-step streaming GRPO run with 2 waiting copies: the trained batches, the weights
-    posted per version, the metrics, every per-rank mailbox state the driver read (in
-    order) and the driver's mailbox counters after the run."""
+def _pool_run(rl_config, monkeypatch, mode, copy_cls=WaitingCopy, *extra):
+    """A 3-step streaming GRPO run with 2 copies of ``copy_cls`` (``extra``: more
+    overrides): the trained batches, the weights posted per version, the metrics, every
+    per-rank mailbox state the driver read (in order) and the driver's mailbox counters
+    after the run."""
     import verl.workers.rollout_copy as rollout_copy
 
-    monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", WaitingCopy)
+    monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", copy_cls)
     config = rl_config(
         "actor_rollout_ref.rollout.seed=11",
         # 3 slots < 2 prompts x 2 samples per copy: rows start and finish mid-call
@@ -56,6 +59,7 @@ def _pool_run(rl_config, monkeypatch, mode):
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "trainer.val_before_train=false",
         "trainer.total_training_steps=3",
+        *extra,
     )
     trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
     group = trainer.async_rollout.group
@@ -115,6 +119,32 @@ def test_each_copy_of_a_pool_swaps_mid_call_with_exact_log_probs(
     assert history[1]["stream/midcall_weight_swaps_total"] >= 2
     assert driver_stats["swaps"] == sum(s["stats"]["swaps"] for s in last)
     assert history[-1]["stream/midcall_weight_swaps_total"] <= driver_stats["swaps"]
+
+
+@pytest.mark.slow
+def test_a_resumed_pool_posts_again_into_fresh_copies(
+    rl_config, ray_session, monkeypatch, tmp_path
+):
+    """Saved after step 2 (both copies swapped mid-call) and resumed: the fresh copies'
+    mailboxes start empty, the resumed step posts its version once (to both) and trains on
+    both copies' rows of versions 1-2, each token exact under its version."""
+    run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
+    saving = ("trainer.total_training_steps=2", "trainer.save_freq=2", run_dir)
+    before, _, history, _, _ = _pool_run(rl_config, monkeypatch, "resume", WaitingCopy, *saving)
+    assert len(before) == 2 and history[1]["stream/midcall_weight_swaps_total"] >= 2
+    assert (tmp_path / "run" / "global_step_2").is_dir()
+    after, posted, history, _, _ = _pool_run(
+        rl_config, monkeypatch, "resume", RolloutCopyWorker, "trainer.resume_mode=auto", run_dir
+    )
+    assert len(after) == 1 and sorted(posted) == [2]  # the resumed step's post, once
+    assert_updates_moved(history)
+    assert_token_versions(after[0], 2)
+    model = rl_config().actor_rollout_ref.model.path
+    for rank in (0, 1):
+        rows = _rank_rows(after[0], rank)
+        assert len(rows), rank
+        gaps = _gaps([rows], posted, model, "resume")
+        assert all(gap < LOGPROB_BOUND for gap in gaps.values()), (rank, gaps)
 
 
 class _FakePool:
