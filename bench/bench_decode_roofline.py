@@ -35,8 +35,8 @@ an underestimate). Methods:
   time is (generate T tokens - generate 1 token) / (T - 1), so it includes its scheduler.
 
 The main job decodes 64 rows (8 prompts x 8 samples) for up to 16 tokens per generation.
-``--main-job`` also times its generation phase per training step, ``autocast`` against
-``packed`` alternating: ``--calls`` generations (dynamic sampling's 2-3 batches) of 8 prompts
+``--main-job`` also times its generation phase per training step, ``autocast``, ``packed``
+and ``lean`` alternating: ``--calls`` generations (dynamic sampling's 2-3 batches) of 8 prompts
 x 8 samples, 16 tokens, temperature 1.0, stopping at eos, with the weights changed in place
 between steps (as the optimizer does, so the packed engine packs again each step).
 
@@ -163,10 +163,11 @@ def time_main_job(engines: dict, model, tokenizer, steps: int, calls: int, torch
     batch = prompt_batch(tokenizer, 8)
     weight = model.model.layers[0].mlp.down_proj.weight
     per: dict[str, list[float]] = {name: [] for name in engines}
+    names = list(engines)
     for step in range(steps + 1):
         with torch.no_grad():
             weight.mul_(1.0)  # an in-place update: a new version, the same values
-        for name in list(engines)[step % 2 :] + list(engines)[: step % 2]:
+        for name in names[step % len(names) :] + names[: step % len(names)]:
             start = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 for call in range(calls):
@@ -243,11 +244,8 @@ def main() -> None:
             print(f"# {method} rows={rows}: {step_ms:.1f} ms/step", file=sys.stderr, flush=True)
     main_job = None
     if args.main_job:
-        pair = {
-            "autocast": built.get("autocast") or engines["autocast"](),
-            "packed": built.get("packed") or engines["packed"](),
-        }
-        main_job = time_main_job(pair, model, tokenizer, args.steps, args.calls, torch)
+        trio = {m: built.get(m) or engines[m]() for m in ("autocast", "packed", "lean")}
+        main_job = time_main_job(trio, model, tokenizer, args.steps, args.calls, torch)
     rates_after = calibrate()
     best = {
         "mem_gbs": max(rates_before["mem_gbs"], rates_after["mem_gbs"]),
@@ -300,11 +298,16 @@ def main() -> None:
             f"{r['flop_ms']:8.1f} {r['regime']:>6} {r['frac']:6.1%} {r['achieved_gbs']:6.1f} "
             f"{r['achieved_gflops']:8.0f} {r['setup_ms']:8.1f}"
         )
+    steps = {(r["method"], r["rows"]): r["step_ms"] for r in table}
+    for rows in args.batches:
+        if ("packed", rows) in steps and ("lean", rows) in steps:
+            ratio = steps[("lean", rows)] / steps[("packed", rows)]
+            print(f"lean / packed step time at {rows} rows: {ratio:.2f}")
     if main_job:
-        ratio = main_job["packed"] / main_job["autocast"]
         print(
-            f"main job generation per step ({args.calls} calls of 64 rows): autocast "
-            f"{main_job['autocast']:.2f} s, packed {main_job['packed']:.2f} s ({ratio:.2f}x)"
+            f"main job generation per step ({args.calls} calls of 64 rows): "
+            + ", ".join(f"{m} {s:.2f} s" for m, s in main_job.items())
+            + f" (lean / packed {main_job['lean'] / main_job['packed']:.2f})"
         )
     if vllm_error:
         print(f"vllm: not run ({vllm_error})")

@@ -15,7 +15,7 @@ from transformers import LlamaForCausalLM
 
 from verl.models.tiny import build_tiny_model
 from verl.rollout import SamplingParams
-from verl.rollout.lean_forward import unsupported
+from verl.rollout.lean_forward import LeanForward, unsupported
 from verl.rollout.native import NativeRollout
 
 from .conftest import make_batch
@@ -65,15 +65,22 @@ def _assert_same(a, b) -> None:
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("continuous", [False, True], ids=["lockstep", "continuous"])
-def test_lean_equals_the_hf_forward(model, llama, tokenizer, batch, arch, params, continuous):
+def test_lean_equals_the_hf_forward(
+    model, llama, tokenizer, batch, arch, params, continuous, monkeypatch
+):
     """Prompts of different lengths; with 2 * n slots for 4 * n rows the continuous loop
-    decodes rows of two prompts, at different positions, in one step and refills slots."""
+    decodes rows of two prompts, at different positions, in one step and refills slots.
+    Every decode step takes the inlined decode (``LeanForward._decode``)."""
+    inlined = []
+    real = LeanForward._decode
+    monkeypatch.setattr(LeanForward, "_decode", lambda *a: inlined.append(1) or real(*a))
     net = model if arch == "qwen2" else llama
     slots = 2 * params.n if continuous else None
     lean = NativeRollout(net, tokenizer, max_num_seqs=slots)
     hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
     (a, used), (b, hf_used) = _generate(lean, batch, params), _generate(hf, batch, params)
     assert (used, hf_used) == (1.0, 0.0)
+    assert len(inlined) == lean.last_stats["decode_steps"] > 0
     if slots:
         assert lean.last_stats["continuous"] == 1.0 and lean.last_stats["admissions"] > 1
     _assert_same(a, b)

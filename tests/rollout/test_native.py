@@ -505,7 +505,8 @@ def _decode_engines(model, tokenizer, monkeypatch):
     calls: list[int] = []
     real = da.decode_attention
     monkeypatch.setattr(da, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    ours = NativeRollout(model, tokenizer)
+    # the HF forward (the lean one inlines the same decode attention, test_lean_forward.py)
+    ours = NativeRollout(model, tokenizer, lean_forward=False)
     theirs = NativeRollout(model, tokenizer)
     theirs._decode_attention = False
     return ours, theirs, calls

@@ -40,6 +40,7 @@ from torch.nn.modules import module as nn_module
 
 from verl.kernels import packed_linear
 from verl.kernels.decode_attention import DECODE_KWARG
+from verl.rollout.kv_cache import PreallocatedKVCache, SlotKVCache
 
 __all__ = ["LeanForward", "unsupported"]
 
@@ -105,12 +106,37 @@ def _bias(layers: list[torch.nn.Linear]) -> torch.Tensor | None:
     return torch.cat([p.to(torch.bfloat16) for p in parts])
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """HF's Llama / Qwen2 RMSNorm, op for op."""
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None):
+    """HF's Llama / Qwen2 RMSNorm, op for op; ``out``: a bf16 tensor to write the result
+    to (the rounding a bf16 matmul applies to its input, done in the same op)."""
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    if out is None:
+        return norm.weight * h.to(dtype)
+    return torch.mul(norm.weight, h.to(dtype), out=out)
+
+
+def _decode_layers(cache: Any, mask: torch.Tensor, rows: int) -> list | None:
+    """The cache layers :meth:`LeanForward._decode` writes itself (float32 buffers of bf16
+    values, a decode step after the prefill), or None (``cache.update`` then)."""
+    if mask.dtype != torch.bool or mask.shape[:3] != (rows, 1, 1):
+        return None
+    if type(cache) is PreallocatedKVCache and not cache.static:
+        layer = cache.layers[0]
+        if layer.length + 1 > layer.max_len or layer.rows != rows:
+            return None  # overflow: cache.update raises it
+    elif type(cache) is SlotKVCache and cache.columns is not None:
+        layer = cache.layers[0]
+        if cache.round_to is not torch.bfloat16 or mask.shape[3] != cache.width:
+            return None
+    else:
+        return None
+    if not layer.is_initialized or layer.keys.dtype != torch.float32:
+        return None
+    if getattr(layer, "round_to", torch.bfloat16) is not torch.bfloat16:
+        return None
+    return cache.layers
 
 
 class _Layer:
@@ -163,8 +189,14 @@ class LeanForward:
         """The last position's logits (rows, vocab) in bf16 of ``input_ids`` (rows, L) at
         ``position_ids`` (rows, L), attending with ``mask`` (the engine's 4-D mask) over
         ``cache`` (written here). ``decode``: one token per row (verl's decode attention)."""
-        linear = packed_linear.packed_linear
         rows, length = input_ids.shape
+        if decode and length == 1 and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            layers = _decode_layers(cache, mask, rows)
+            if layers is not None:
+                # no autocast op left in it (the attention's matmuls are fp32 on purpose)
+                with torch.autocast("cpu", enabled=False):
+                    return self._decode(input_ids, mask, position_ids, cache, layers)
+        linear = packed_linear.packed_linear
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * dim
         extra = {DECODE_KWARG: True} if decode else {}
@@ -197,3 +229,61 @@ class LeanForward:
             h = h + linear(act, layer.down, layer.down_bias)
         last = _rms_norm(self.norm, h[:, -1])
         return linear(last, self.head, self.head_bias)
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: PreallocatedKVCache | SlotKVCache,
+        cache_layers: list,
+    ) -> torch.Tensor:
+        """A decode step with the cache writes and verl's decode attention
+        (:func:`verl.kernels.decode_attention.decode_attention`, bf16) inlined: the same
+        values in fewer ops. The rotary embedding as ``q * cos + roll(q) * sin'`` with the
+        first half of ``sin'`` negated (``rotate_half(q) * sin`` exactly), the key / value
+        heads of all query heads at once (``bmm`` over (rows * kv_heads, group, dim)), the
+        mask additive (0 / -inf) and built once for every layer."""
+        linear, bf16 = packed_linear.packed_linear, torch.bfloat16
+        rows = input_ids.shape[0]
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        group, half, qk_width = heads // kv_heads, dim // 2, (heads + kv_heads) * dim
+        kv_rows, width = rows * kv_heads, mask.shape[-1]
+        h = self.embed(input_ids)  # (rows, 1, hidden), a new tensor: updated in place
+        cos, sin = self.rotary(h, position_ids)
+        cos = cos.unsqueeze(2)
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(2)
+        additive = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -torch.inf)
+        additive = additive.expand(rows, kv_heads, group, width)
+        slots = type(cache) is SlotKVCache
+        if slots:
+            row_index, columns = torch.arange(rows), cache.columns
+        else:
+            column = cache_layers[0].length
+        normed = torch.empty(rows, 1, h.shape[-1], dtype=bf16)
+        for layer, stored in zip(self.layers, cache_layers):
+            qkv = linear(_rms_norm(layer.norm1, h, normed), layer.qkv, layer.qkv_bias)
+            qk = qkv[..., :qk_width].view(rows, 1, heads + kv_heads, dim)
+            qk = (qk * cos) + (torch.roll(qk, half, dims=-1) * sin)
+            qk = qk.to(bf16)[:, 0]  # (rows, heads + kv_heads, dim), rounded as stored
+            query = qk[:, :heads].float().view(kv_rows, group, dim)
+            key, value = qk[:, heads:], qkv[:, 0, qk_width:].view(rows, kv_heads, dim)
+            if slots:
+                stored.keys[row_index, :, columns] = key.float()
+                stored.values[row_index, :, columns] = value.float()
+            else:
+                stored.keys[:, :, column].copy_(key)
+                stored.values[:, :, column].copy_(value)
+                stored.length = column + 1
+                stored.column.fill_(column + 1)
+            keys = stored.keys[:, :, :width].reshape(kv_rows, width, dim)
+            values = stored.values[:, :, :width].reshape(kv_rows, width, dim)
+            scores = torch.bmm(query, keys.transpose(1, 2)).mul_(layer.attn.scaling)
+            scores.view(rows, kv_heads, group, width).add_(additive)
+            probs = torch.softmax(scores, dim=-1).to(bf16).float()
+            out = torch.bmm(probs, values).to(bf16).view(rows, 1, heads * dim)
+            h.add_(linear(out, layer.o, layer.o_bias))
+            gate_up = linear(_rms_norm(layer.norm2, h, normed), layer.gate_up, layer.gate_up_bias)
+            act = layer.mlp.act_fn(gate_up[..., : layer.inter]) * gate_up[..., layer.inter :]
+            h.add_(linear(act, layer.down, layer.down_bias))
+        return linear(_rms_norm(self.norm, h[:, 0], normed[:, 0]), self.head, self.head_bias)
