@@ -28,12 +28,15 @@ pytest itself) still carrying this session's value is reported, killed, and fail
 after a grace period for processes that are already shutting down (Ray's, say). Under
 pytest-xdist (``scripts/test.sh`` runs two workers) each worker checks the processes of its own
 tests (its value is the controller's plus its id) and hands what it found to the controller,
-which fails the run.
+which fails the run. Sooner than that, a test whose ``multiprocessing`` children outlive it
+fails at its teardown (``_no_child_left``), so the report names the test, not the session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import multiprocessing
 import os
 import shutil
 import signal
@@ -54,6 +57,7 @@ RAY_GROUPS = ("ray_session", "ray_session_b")  # one cluster each, on different 
 SLOW_WEIGHT = 25  # a slow test against a fast one when ordering and splitting work units
 SESSION_MARK = "VERL_TEST_SESSION"
 LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
+CHILD_GRACE_S = float(os.environ.get("VERL_TEST_CHILD_GRACE_S", "5"))
 VLLM_RPC_VAR = "VLLM_RPC_BASE_PATH"
 
 
@@ -298,6 +302,55 @@ def _one_torch_thread_after_each_test(_one_torch_thread: None) -> Iterator[None]
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_child_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test whose ``multiprocessing`` children (a reward pool's ``verl-reward-worker``, a
+    DataLoader's workers, a spawned rank) outlive it fails at teardown, naming them, and they
+    are stopped so that later tests do not inherit them: a garbage collection first (an owner
+    that is garbage stops them its own way), then SIGKILL.
+
+    Only the children this test started count: those alive before it (a module- or
+    session-scoped fixture's, set up before this function-scoped fixture) are left alone;
+    Ray's processes (the session's clusters) are not ``multiprocessing`` children. A child
+    still shutting down gets ``CHILD_GRACE_S`` seconds. The check reads this process's own
+    child list (``multiprocessing.active_children``: a non-blocking ``waitpid`` per child),
+    about a microsecond per test.
+    """
+    before = set(multiprocessing.active_children())
+    yield
+    left = _exiting([p for p in multiprocessing.active_children() if p not in before])
+    if not left:
+        return
+    # what owns them is garbage (a reward pool, a DataLoader iterator in a traceback's cycle):
+    # collecting it lets its owner stop them as it would (torch's loader unregisters its
+    # workers first; killing them under it raises in the next test's SIGCHLD)
+    gc.collect()
+    reclaimed = {p.pid for p in left} - {p.pid for p in _exiting(left)}
+    names = ", ".join(
+        f"{p.name} (pid {p.pid}{', stopped by gc' if p.pid in reclaimed else ''})" for p in left
+    )
+    for process in left:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5.0)
+    pytest.fail(
+        f"{request.node.nodeid} left {len(left)} multiprocessing child process(es) alive "
+        f"{CHILD_GRACE_S:g} s after it ended: {names}. Close what started them (a trainer's "
+        "or reward manager's close(), a RewardWorkerPool's with-block, a loader's close()) "
+        "in the test, or fix the code that does not.",
+        pytrace=False,
+    )
+
+
+def _exiting(processes: list[Any]) -> list[Any]:
+    """Those of ``processes`` still alive after up to ``CHILD_GRACE_S`` seconds."""
+    deadline = time.monotonic() + CHILD_GRACE_S
+    while processes and time.monotonic() < deadline:
+        time.sleep(0.05)
+        processes = [p for p in processes if p.is_alive()]
+    return processes
 
 
 class ProcessGroupLeft(UserWarning):

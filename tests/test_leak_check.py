@@ -1,5 +1,6 @@
 """The suite's end-of-session check (tests/conftest.py) finds, kills and fails on a process
-a test left behind, and stays quiet when nothing is left."""
+a test left behind, and stays quiet when nothing is left; its per-test check fails the test
+that leaves a ``multiprocessing`` child alive."""
 
 from __future__ import annotations
 
@@ -34,6 +35,52 @@ def test_waits_for_its_child():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 """
 
+CHILDREN = """
+import multiprocessing, time
+from pathlib import Path
+
+import pytest
+
+_kept = []
+
+
+def _sleep():
+    time.sleep(300)
+
+
+def _start(name):
+    child = multiprocessing.get_context("fork").Process(target=_sleep, name=name, daemon=True)
+    child.start()
+    return child
+
+
+@pytest.fixture(scope="module")
+def module_child():
+    child = _start("module-child")
+    yield child
+    child.kill()
+    child.join()
+
+
+def test_leaves_a_child():
+    _kept.append(_start("leaky-child"))
+    Path(__file__).with_name("child.pid").write_text(str(_kept[-1].pid))
+
+
+def test_joins_its_child():
+    child = _start("joined-child")
+    child.kill()
+    child.join()
+
+
+def test_a_module_fixtures_child_is_not_the_tests(module_child):
+    assert module_child.is_alive()
+
+
+def test_the_same_child_again(module_child):
+    assert module_child.is_alive()
+"""
+
 
 def _run_inner(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "conftest.py")
@@ -41,6 +88,7 @@ def _run_inner(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["VERL_TEST_LEAK_GRACE_S"] = "1"
+    env["VERL_TEST_CHILD_GRACE_S"] = "0.5"
     return subprocess.run(
         [
             sys.executable,
@@ -101,3 +149,19 @@ def test_tidy_session_under_xdist_passes(tmp_path: Path) -> None:
     result = _run_inner(tmp_path, TIDY + TIDY.replace("test_waits", "test_also_waits"), "-n", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "alive" not in result.stdout
+
+
+def test_a_test_that_leaves_a_multiprocessing_child_fails_at_its_teardown(tmp_path: Path) -> None:
+    """The per-test check names the test (not only the session) and stops the child; a child
+    of a module-scoped fixture is the fixture's, alive across its tests."""
+    result = _run_inner(tmp_path, CHILDREN, "-p", "no:randomly")
+    pid = int((tmp_path / "child.pid").read_text())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "4 passed, 1 error" in result.stdout
+    assert "ERROR at teardown of test_leaves_a_child" in result.stdout
+    assert (
+        f"left 1 multiprocessing child process(es) alive 0.5 s after it ended: leaky-child (pid {pid})"
+        in result.stdout
+    )
+    assert "module-child" not in result.stdout and "joined-child" not in result.stdout
+    assert not _alive(pid)

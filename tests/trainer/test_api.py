@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 
 import pytest
 
@@ -71,16 +72,23 @@ def test_trainer_collect_and_update(tiny_model_dir, tmp_path):
         overrides=_common(tmp_path),
     )
     trainer = Trainer(cfg, reward_fn=digit_fraction)
-    batch = trainer.collect_data(["a", [{"role": "user", "content": "b"}], {"prompt": "c"}, "d"])
-    assert len(batch) == 8  # 4 prompts x n=2
-    for key in ("responses", "old_log_probs", "advantages", "token_level_scores"):
-        assert key in batch.batch
-    # the two responses of one prompt share a uid
-    uids = batch.non_tensor_batch["uid"]
-    assert uids[0] == uids[1] and uids[1] != uids[2]
-    metrics = trainer.update_policy(batch)
-    assert "reward" in metrics and math.isfinite(metrics["reward"])
-    assert math.isfinite(metrics["actor/pg_loss"])
+    try:
+        prompts = ["a", [{"role": "user", "content": "b"}], {"prompt": "c"}, "d"]
+        batch = trainer.collect_data(prompts)
+        assert len(batch) == 8  # 4 prompts x n=2
+        for key in ("responses", "old_log_probs", "advantages", "token_level_scores"):
+            assert key in batch.batch
+        # the two responses of one prompt share a uid
+        uids = batch.non_tensor_batch["uid"]
+        assert uids[0] == uids[1] and uids[1] != uids[2]
+        metrics = trainer.update_policy(batch)
+        assert "reward" in metrics and math.isfinite(metrics["reward"])
+        assert math.isfinite(metrics["actor/pg_loss"])
+        scorers = [p for p in multiprocessing.active_children() if p.name == "verl-reward-worker"]
+        assert scorers  # the scoring function ran in reward worker processes...
+    finally:
+        trainer.close()
+    assert not [p for p in scorers if p.is_alive()]  # ...which close() stopped
 
 
 def test_ppo_trainer_fit_with_custom_reward_and_clipping(tiny_model_dir, tmp_path):
@@ -130,8 +138,11 @@ def test_grpo_learns_dense_reward_on_tiny_model(tmp_path):
     trainer = Trainer(cfg, reward_fn=digit_fraction)
     prompts = [f"Say a number {i}" for i in range(8)]
     rewards = []
-    for _ in range(30):
-        rewards.append(trainer.update_policy(trainer.collect_data(prompts))["reward"])
+    try:
+        for _ in range(30):
+            rewards.append(trainer.update_policy(trainer.collect_data(prompts))["reward"])
+    finally:
+        trainer.close()
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, rewards
 
