@@ -117,8 +117,12 @@ def test_a_bad_row_is_named_from_inside_the_worker(tokenizer, tmp_path, make_row
     loader = PromptDataLoader(
         LazyRLHFDataset(path, tokenizer), batch_size=2, shuffle=False, num_workers=2
     )
+    before = _children()
     with pytest.raises(DatasetValidationError, match=rf"{path} line 6: missing ground truth"):
         list(loader)
+    # the error stopped the workers: they do not wait for a garbage collection to find the
+    # torch iterator in the traceback's reference cycle
+    assert not [p for p in _children() - before if p.is_alive()]
     loader.close()
 
 

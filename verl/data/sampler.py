@@ -271,10 +271,17 @@ class PromptDataLoader:
                 yield self.collate_fn([self.dataset[i] for i in indices])
             return
         self._plan.batches = self.sampler.remaining_batches()
-        loader = self._workers()
-        for batch in loader:
-            self.sampler.advance()
-            yield self._received(batch)
+        batches = iter(self._workers())
+        try:
+            for batch in batches:
+                self.sampler.advance()
+                yield self._received(batch)
+        finally:
+            # A worker's error or a loop left early stops this epoch's workers now, not when
+            # a garbage collection finds the iterator (an exception's traceback holds it in
+            # a reference cycle). Persistent workers serve the next epoch: close() stops them.
+            if not self.persistent_workers:
+                _stop_workers(batches)
         self.sampler.finish_epoch()
         if not self.persistent_workers:
             self._torch_loader = None
@@ -308,15 +315,20 @@ class PromptDataLoader:
     def close(self) -> None:
         """Stop the worker processes (persistent ones live until then, or until exit)."""
         loader, self._torch_loader = self._torch_loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        _stop_workers(getattr(loader, "_iterator", None))
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+
+
+def _stop_workers(iterator: Any) -> None:
+    """Stop a torch DataLoader iterator's worker processes (idempotent; None: nothing)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 class _EpochPlan:
