@@ -114,8 +114,7 @@ class CopyFeed:
 
     def _take(self, offer: Offer, version: int | None) -> None:
         with self._lock:
-            if self._offers and self._offers[0] is offer:
-                self._offers.pop(0)
+            self._offers = [o for o in self._offers if o is not offer]
             offer.version = version
             self._taken[offer.key] = offer
             self.stats["taken"] += 1
