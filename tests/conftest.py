@@ -63,6 +63,7 @@ VLLM_RPC_VAR = "VLLM_RPC_BASE_PATH"
 
 LEFT_BEHIND_KEY = "verl_left_behind"  # an xdist worker's report to the controller
 _worker_reports = pytest.StashKey[list]()
+_ray_unmarked = pytest.StashKey[set]()  # Ray tests without the slow mark
 _vllm_rpc_dir = pytest.StashKey[str]()
 
 
@@ -188,8 +189,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     once per worker that runs one of its tests. An explicit ``xdist_group`` mark wins.
 
     On an xdist worker the items are then ordered longest work unit first (see
-    :func:`_longest_units_first`); both workers order the same collection the same way."""
+    :func:`_longest_units_first`); both workers order the same collection the same way.
+
+    A test on the session's Ray cluster without ``@pytest.mark.slow`` is noted, and fails
+    at its setup (:func:`pytest_runtest_setup`) before it starts Ray: Ray tests are slow
+    tests, so that ``-m "not slow"`` never starts a cluster."""
     ray_items = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
+    config.stash[_ray_unmarked] = {
+        item for item in ray_items if item.get_closest_marker("slow") is None
+    }
     ray_group = _split_ray_modules(ray_items)
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
@@ -200,6 +208,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group(group))
     if getattr(config, "workerinput", None) is not None:
         items[:] = _longest_units_first(items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' setup, which would start Ray
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item in item.config.stash.get(_ray_unmarked, ()):
+        pytest.fail(
+            f"{item.nodeid} runs on the session's Ray cluster (fixture ray_session) without "
+            "@pytest.mark.slow: a Ray test is a slow test; mark it",
+            pytrace=False,
+        )
 
 
 def _module_of(item: pytest.Item) -> str:

@@ -1,9 +1,9 @@
 """bench/bench_main_async.py cheaply: its configurations' overrides against the preset's
-schema, the rotation of the run order, two configurations measured in this process on the
-tiny W2 model (2 steps, 8 held-out problems, 8 tokens) with the clock, samples and rollout
-idle time checked against what the run recorded, the table and the PNG built from those
-records, and the summary's interpolation and verdicts on made-up curves. The whole command
-(three configurations, each in its own process) is the slow test."""
+schema, the rotation of the run order, and the summary's interpolation and verdicts on
+made-up curves. Slow tests: two configurations measured in this process on the tiny W2
+model (2 steps, 8 held-out problems, 8 tokens: two training runs) with the clock, samples
+and rollout idle time checked against what the run recorded and the table and the PNG built
+from those records; and the whole command (three configurations, each in its own process)."""
 
 from __future__ import annotations
 
@@ -133,6 +133,7 @@ def measured(bench, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_measured_runs_clock_samples_and_idle_time(measured):
     runs = measured
     for run in runs:
@@ -162,6 +163,7 @@ def test_measured_runs_clock_samples_and_idle_time(measured):
     assert "trainer.rollout_num_threads=1" in stream["overrides"]
 
 
+@pytest.mark.slow
 def test_report_and_plot_carry_the_measured_numbers(bench, measured, tmp_path):
     runs = measured
     summary = bench.summarize(runs, 2)

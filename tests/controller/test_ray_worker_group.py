@@ -4,7 +4,8 @@ turning into ``WorkerDiedError`` instead of a hang.
 
 Actor start costs ~1-2 s here, so the tests share one 2-rank group (``pair``) and create few
 others; the session's Ray cluster has 4 single-CPU bundles (``tests/conftest.py``), so every
-extra group is shut down before the next one starts.
+extra group is shut down before the next one starts. The tests on Ray are slow tests (like
+every test on the session's cluster); the two that do not start Ray are fast.
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def test_import_does_not_load_ray():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [4, 5, 1])
 def test_dp_compute_matches_local_backend(pair, n):
     local = LocalWorkerGroup(ToyWorker, ResourcePool([2]), scale=3.0)
@@ -227,6 +229,7 @@ def test_dp_compute_matches_local_backend(pair, n):
     assert torch.equal(got.batch["y"], want.batch["y"])
 
 
+@pytest.mark.slow
 def test_one_to_all_matches_local_backend(pair):
     local = LocalWorkerGroup(ToyWorker, ResourcePool([2]), scale=3.0)
     assert pair.describe("hi") == local.describe("hi") == [("hi", 0, 2, 0), ("hi", 1, 2, 1)]
@@ -236,6 +239,7 @@ def test_one_to_all_matches_local_backend(pair):
     assert pair.total_rows(data=batch(3)) == [3, 3]
 
 
+@pytest.mark.slow
 def test_each_actor_knows_its_rank_rendezvous_and_threads(pair):
     procs = pair.process()
     assert [p["info"].rank for p in procs] == [0, 1]
@@ -264,12 +268,14 @@ def test_each_actor_knows_its_rank_rendezvous_and_threads(pair):
     assert len({p["placement_group"] for p in procs}) == 1
 
 
+@pytest.mark.slow
 def test_ranks_all_reduce_over_gloo(pair):
     # rank r contributes value + r
     assert pair.all_reduce_sum(1.0) == [3.0, 3.0]
     assert pair.all_reduce_sum(10.0) == [21.0, 21.0]
 
 
+@pytest.mark.slow
 def test_worker_exception_is_reraised_with_role_and_rank(pair):
     with pytest.raises(ValueError, match="bad rank 1") as err:
         pair.fail_on(1)
@@ -280,6 +286,7 @@ def test_worker_exception_is_reraised_with_role_and_rank(pair):
     assert pair.fail_on(5) == [0, 1]
 
 
+@pytest.mark.slow
 def test_submit_overlaps_calls_on_different_pools(pair):
     seconds = 1.5
     with RayWorkerGroup(ToyWorker, ResourcePool([1], name="solo")) as solo:
@@ -297,6 +304,7 @@ def test_submit_overlaps_calls_on_different_pools(pair):
     assert max(s for s, _ in spans) < min(e for _, e in spans)
 
 
+@pytest.mark.slow
 def test_result_timeout_leaves_the_call_running(pair):
     future = pair.submit("sleep_span", 1.0)
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] still running"):
@@ -304,6 +312,7 @@ def test_result_timeout_leaves_the_call_running(pair):
     assert len(future.result(timeout=30)) == 2
 
 
+@pytest.mark.slow
 def test_a_stop_request_reaches_the_ranks_while_a_call_runs(pair):
     future = pair.submit("wait_for_stop", 60.0)
     with pytest.raises(TimeoutError):
@@ -320,6 +329,7 @@ def test_submit_with_local_backend_returns_completed_future():
     assert future.result() == [("x", 0, 2, 0), ("x", 1, 2, 1)]
 
 
+@pytest.mark.slow
 def test_colocated_roles_share_processes_and_pools_share_placement(pair):
     pool = ResourcePool([2], name="colocated")
     cls = create_colocated_worker_cls(
@@ -364,6 +374,7 @@ def test_colocated_roles_share_processes_and_pools_share_placement(pair):
     wg.shutdown()  # idempotent
 
 
+@pytest.mark.slow
 def test_shutdown_closes_idle_workers_and_kills_busy_ones_at_once(ray_session, tmp_path):
     idle_dir, busy_dir = tmp_path / "idle", tmp_path / "busy"
     idle_dir.mkdir()
@@ -381,6 +392,7 @@ def test_shutdown_closes_idle_workers_and_kills_busy_ones_at_once(ray_session, t
     assert os.listdir(busy_dir) == []
 
 
+@pytest.mark.slow
 def test_worker_that_fails_to_start_names_rank_and_frees_the_pool(ray_session):
     pool = ResourcePool([1], name="broken")
     with pytest.raises(ValueError, match="cannot load the model on rank 0"):
@@ -388,6 +400,7 @@ def test_worker_that_fails_to_start_names_rank_and_frees_the_pool(ray_session):
     assert pool.backend_state == {}
 
 
+@pytest.mark.slow
 def test_pool_asking_for_missing_gpus_fails_before_starting_actors(ray_session):
     with pytest.raises(ValueError, match=r"needs 1 GPU but the Ray cluster has 0.*use_gpu=False"):
         RayWorkerGroup(ToyWorker, ResourcePool([1], use_gpu=True, name="gpus"))
@@ -397,6 +410,7 @@ def test_pool_asking_for_missing_gpus_fails_before_starting_actors(ray_session):
         RayOptions(num_cpus_per_worker=0)
 
 
+@pytest.mark.slow
 def test_killed_worker_raises_worker_died_error_while_peer_is_in_a_collective(pair):
     wg = RayWorkerGroup(
         ToyWorker,
@@ -431,6 +445,7 @@ def test_killed_worker_raises_worker_died_error_while_peer_is_in_a_collective(pa
         wg.shutdown()
 
 
+@pytest.mark.slow
 def test_peer_error_caused_by_a_death_is_reported_as_the_death(ray_session):
     # rank 0's ordinary error reaches the driver first; rank 1 dies 0.5 s later, as a rank
     # in a collective with a dead one would fail: the death is the cause worth naming

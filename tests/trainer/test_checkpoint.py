@@ -220,6 +220,7 @@ def _jsonl_steps(path: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.slow  # three training runs, one in a child process killed mid-save
 def test_kill_during_save_resumes_from_last_complete_checkpoint(rl_config, tmp_path):
     threads = f"trainer.num_threads={torch.get_num_threads()}"  # same float reductions
     straight_history, straight_dir = _straight_run(rl_config, tmp_path, threads)

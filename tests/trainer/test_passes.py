@@ -56,6 +56,7 @@ def _train(cfg) -> tuple[RLTrainer, list[dict], dict[str, torch.Tensor]]:
     return trainer, trainer.history, weights
 
 
+@pytest.mark.slow  # two training runs
 def test_a_run_without_the_pass_trains_like_one_with_it(rl_config):
     common = (*ONE_STEP, "trainer.val_before_train=false", "trainer.test_freq=-1")
     with_pass, history_with, weights_with = _train(
