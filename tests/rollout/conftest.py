@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from verl.protocol import DataProto
+
+from .token_versions import tiny_tokenizer, varied_tiny_model
 
 PROMPTS = [
     "1+2=",
@@ -28,27 +29,14 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def tokenizer(pytestconfig):
-    # pytest's cache dir keeps the trained tokenizer across runs (absent with -p no:cacheprovider)
-    cache = getattr(pytestconfig, "cache", None)
-    tok = build_tiny_tokenizer(cache_dir=cache.mkdir("tiny_tokenizer") if cache else None)
-    tok.padding_side = "left"
-    return tok
+    return tiny_tokenizer(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def model(tokenizer):
-    """hidden 64, 2 layers, eos = <|im_end|> (id 2), pad id 0.
-
-    transformers' default init (std 0.02) gives near-uniform logits and greedy outputs that
-    repeat one token; larger weights give varied, peaked distributions, a sharper test.
-    """
-    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-    return model.eval()
+    """hidden 64, 2 layers, eos = <|im_end|> (id 2), pad id 0, varied weights
+    (:func:`tests.rollout.token_versions.varied`)."""
+    return varied_tiny_model(tokenizer)
 
 
 def make_batch(tokenizer, texts: list[str], **non_tensors) -> DataProto:

@@ -18,25 +18,18 @@ import numpy as np
 import torch
 from openai import OpenAI
 
-from verl.kernels.torch_functional import compute_response_log_probs
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.agent_program import AgentProgramRollout
 from verl.rollout.native import NativeRollout
 from verl.rollout.partial import TOKEN_VERSIONS, WeightMailbox, weight_mailbox
 
+from .token_versions import behaviour, by_version, perturbed
+
 QUESTIONS = ["1+2=", "what is 3*4?"]
 PARAMS = SamplingParams(n=2, max_new_tokens=48, seed=5, temperature=1.0, stop_token_ids=[])
 TURN_TOKENS = 8
 SWAP_AT = 3  # v2 is posted when a row sampling under v1 reaches its 4th token
-
-
-def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        k: v + 0.2 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v.clone()
-        for k, v in model.state_dict().items()
-    }
 
 
 def _prompts(tokenizer) -> DataProto:
@@ -84,7 +77,7 @@ def _two_turn_agent(mailbox: WeightMailbox | None, weights: dict[int, dict]):
 
 
 def _rollout(model, tokenizer, mailbox: WeightMailbox | None):
-    weights = {1: _perturbed(model, 9), 2: _perturbed(model, 10)}
+    weights = {1: perturbed(model, 9), 2: perturbed(model, 10)}
 
     def scripted_trainer(logits, rows, steps):
         if mailbox is not None and mailbox.held == 1 and int(steps.max()) >= SWAP_AT:
@@ -105,21 +98,6 @@ def _rollout(model, tokenizer, mailbox: WeightMailbox | None):
     finally:
         rollout.close()
     return out, prompts, weights
-
-
-def _recomputed(module, out: DataProto) -> torch.Tensor:
-    """(rows, R) log-probs of each response token (inserted tokens included) by a no-cache
-    forward of the output's prompt + response with ``module``."""
-    b = out.batch
-    with torch.no_grad():
-        (log_probs, *_) = compute_response_log_probs(
-            module,
-            b["input_ids"],
-            b["attention_mask"],
-            b["position_ids"],
-            response_len=b["responses"].shape[1],
-        )
-    return log_probs.float()
 
 
 def test_agent_turns_straddling_weight_swaps_record_each_tokens_version(model, tokenizer):
@@ -145,17 +123,11 @@ def test_agent_turns_straddling_weight_swaps_record_each_tokens_version(model, t
     assert any(len(set(versions[r][mask[r]].tolist())) >= 2 for r in range(len(out)))
 
     # resume mode: every model token's log-prob is its version's no-cache recomputation
-    modules = {0: model}
-    for version, state in weights.items():
-        modules[version] = copy.deepcopy(model)
-        modules[version].load_state_dict(state)
-    behaviour = torch.zeros(versions.shape, dtype=torch.float32)
-    for version, module in modules.items():
-        behaviour = torch.where(versions == version, _recomputed(module, out), behaviour)
-    gap = (out.batch["rollout_log_probs"] - behaviour).abs().masked_fill(~mask, 0)
-    assert float(gap.max()) < 1e-4
+    log_probs = by_version(model, weights, out)
+    gap = (out.batch["rollout_log_probs"] - behaviour(log_probs, versions)).abs()
+    assert float(gap.masked_fill(~mask, 0).max()) < 1e-4
     # and the versions differ where it matters: v0's weights do not explain the v2 tokens
-    v0 = _recomputed(model, out)
+    v0 = log_probs[0]
     assert float((out.batch["rollout_log_probs"] - v0).abs()[versions == 2].max()) > 1e-2
 
 

@@ -19,6 +19,7 @@ from verl.rollout.lean_forward import LeanForward, unsupported
 from verl.rollout.native import NativeRollout
 
 from .conftest import make_batch
+from .token_versions import varied
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
@@ -33,19 +34,9 @@ GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
 SEEDED = SamplingParams(n=3, temperature=1.0, seed=11, max_new_tokens=12, stop_token_ids=[])
 
 
-def _varied(model):
-    """Larger random weights (as the rollout conftest's model): peaked, varied outputs."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def llama(tokenizer):
-    return _varied(build_tiny_model("llama", tokenizer=tokenizer, hidden_size=64, num_layers=2))
+    return varied(build_tiny_model("llama", tokenizer=tokenizer, hidden_size=64, num_layers=2))
 
 
 def _generate(engine, batch, params):

@@ -19,9 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.rollout.token_versions import (
+    behaviour,
+    by_version,
+    perturbed,
+    tiny_tokenizer,
+    varied_tiny_model,
+)
 from verl.algorithms.rollout_correction import compute_rollout_is_weights
-from verl.kernels.torch_functional import compute_response_log_probs
-from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.agent_loop import AgentLoop
@@ -41,30 +46,12 @@ AGENT = Path(__file__).resolve().parents[2] / "examples/agents/calculator_agent.
 
 @pytest.fixture(scope="module")
 def tokenizer(pytestconfig):
-    cache = getattr(pytestconfig, "cache", None)
-    tok = build_tiny_tokenizer(cache_dir=cache.mkdir("tiny_tokenizer") if cache else None)
-    tok.padding_side = "left"
-    return tok
+    return tiny_tokenizer(pytestconfig)
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    """Larger weights than the default init: peaked, varied distributions."""
-    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-    return model.eval()
-
-
-def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        k: v + 0.2 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v.clone()
-        for k, v in model.state_dict().items()
-    }
+    return varied_tiny_model(tokenizer)
 
 
 class _CutTurns(EngineTurnGenerator):
@@ -92,7 +79,7 @@ def _prompts(tokenizer) -> DataProto:
 def _straddling_rollout(model, tokenizer):
     """Two turns per trajectory under a resume-mode mailbox: v0 for the first turn, v1
     posted by the interaction between the turns, v2 posted mid-way through the second."""
-    weights = {1: _perturbed(model, 9), 2: _perturbed(model, 10)}
+    weights = {1: perturbed(model, 9), 2: perturbed(model, 10)}
     mailbox = WeightMailbox("resume")
     mailbox.held = 0
 
@@ -114,21 +101,6 @@ def _straddling_rollout(model, tokenizer):
     with weight_mailbox(mailbox):
         out = loop.run(prompts, PARAMS)
     return out, prompts, weights, mailbox
-
-
-def _recomputed(module, out: DataProto) -> torch.Tensor:
-    """(rows, R) log-probs of each response token (inserted tokens included) by a no-cache
-    forward of the output's prompt + response with ``module``."""
-    b = out.batch
-    with torch.no_grad():
-        (log_probs, *_) = compute_response_log_probs(
-            module,
-            b["input_ids"],
-            b["attention_mask"],
-            b["position_ids"],
-            response_len=b["responses"].shape[1],
-        )
-    return log_probs.float()
 
 
 def test_turns_straddling_weight_swaps_record_each_tokens_version(model, tokenizer):
@@ -156,26 +128,20 @@ def test_turns_straddling_weight_swaps_record_each_tokens_version(model, tokeniz
     assert spans, "the v2 swap must land in the middle of some second turn"
 
     # resume mode: every model token's log-prob is its version's no-cache recomputation
-    modules = {0: model}
-    for version, state in weights.items():
-        modules[version] = copy.deepcopy(model)
-        modules[version].load_state_dict(state)
-    by_version = {v: _recomputed(m, out) for v, m in modules.items()}
-    behaviour = torch.zeros_like(by_version[0])
-    for version, lps in by_version.items():
-        behaviour = torch.where(versions == version, lps, behaviour)
+    log_probs = by_version(model, weights, out)
+    sampled_by = behaviour(log_probs, versions)
     rollout_lp = out.batch["rollout_log_probs"]
-    assert float((rollout_lp - behaviour).abs().masked_fill(~mask, 0).max()) < 1e-4
+    assert float((rollout_lp - sampled_by).abs().masked_fill(~mask, 0).max()) < 1e-4
 
     # the truncated IS weights against the trainer's current policy (v2), by hand: per model
     # token min(exp(log pi_v2 - log pi_version), C); 0 on tool / interaction tokens
-    old = by_version[2]
+    old = log_probs[2]
     got, metrics = compute_rollout_is_weights(old, rollout_lp, mask.long(), threshold=THRESHOLD)
     by_hand = torch.zeros_like(old)
     for r in range(len(out)):
         for t in range(width):
             if mask[r, t]:
-                ratio = math.exp(float(old[r, t]) - float(behaviour[r, t]))
+                ratio = math.exp(float(old[r, t]) - float(sampled_by[r, t]))
                 by_hand[r, t] = min(ratio, THRESHOLD)
     assert torch.allclose(got, by_hand, rtol=1e-3, atol=1e-5)
     assert bool((by_hand[versions == 2] - 1).abs().max() < 1e-3)  # fresh tokens: weight 1

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from tests.rollout.token_versions import tiny_tokenizer, varied_tiny_model
 from verl.protocol import DataProto
 from verl.rollout import SamplingParams
 from verl.rollout.native import NativeRollout
@@ -34,16 +34,9 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.padding_side = "left"
-    model = build_tiny_model(tokenizer=tokenizer, hidden_size=64, num_layers=2, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-    return model.eval(), tokenizer
+def tiny(pytestconfig):
+    tokenizer = tiny_tokenizer(pytestconfig)
+    return varied_tiny_model(tokenizer), tokenizer
 
 
 class _Scripted(NativeRollout):
