@@ -141,6 +141,19 @@ def test_ray_feed_equals_separate_calls(
         "trainer.backend=ray",
         f"trainer.rollout_copies={copies}",
     )
+    streamed: list[tuple[int, int]] = []  # (batch, prompt) of each group the sink had
+    plain_sink_for = AsyncRollout._sink_for
+
+    def recording_sink_for(self, item, prompts):
+        sink = plain_sink_for(self, item, prompts)
+
+        def recorded(prompt, rows, params):
+            streamed.append((item.index, prompt))
+            sink(prompt, rows, params)
+
+        return recorded
+
+    monkeypatch.setattr(AsyncRollout, "_sink_for", recording_sink_for)
     pipe, group = _pipeline(ray_config, tokenizer, weights)
     try:
         assert type(group).__name__ == "RayWorkerGroup"
@@ -150,6 +163,10 @@ def test_ray_feed_equals_separate_calls(
     finally:
         pipe.close()
         group.shutdown()
+    # groups came out of the copy through the polls (the running call's and the offered
+    # batches'), a fed batch's too; those finished in a call's last poll interval come
+    # with its whole output
+    assert len(set(streamed)) >= 6 and 1 in {b for b, _ in streamed}, streamed
     assert FEED_WARNING not in caplog.text
     # batch 0's call took batch 1 into its tail, batch 1's (continued) took batch 2
     assert stats["fed_batches"] >= 1 and stats["taken"] >= 1, stats

@@ -42,8 +42,8 @@ Continuous batching across calls in a copy in another process: the driver offers
 queued batches that may join the running call with :meth:`RolloutCopyWorker.offer_batch`
 (beside the call); a ``generate_sequences`` call whose ``meta_info`` carries
 :data:`FEED_KEY` takes them into its native loop's free decode slots, keeps their groups
-under their own stream tokens (:meth:`RolloutCopyWorker.take_streamed_groups` drops them
-only once their batch's call has ended), and continues the loop when its own batch was
+under their own stream tokens (polled by the driver; a call's start drops only the groups
+of batches no loop holds), and continues the loop when its own batch was
 taken, loading no mailbox post first (``verl/workers/copy_feed.py``);
 :meth:`RolloutCopyWorker.load_policy_weights` forgets the taken batches with the rows.
 
@@ -328,13 +328,12 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, rank_zero_result=True, beside=True)
     def take_streamed_groups(self, token: str) -> list[tuple[int, DataProto, float]]:
         """The groups the call of ``token`` has finished since the last take, as ``[(prompt
-        index, its n rows, log-prob temperature), ...]``; another call's are dropped, but
-        for those of batches taken into the running loop (kept for their own token).
+        index, its n rows, log-prob temperature), ...]``; other tokens' stay (the running
+        call's, a batch's taken into its loop); a call's start drops those of earlier calls.
         Answered beside a running call on the Ray backend."""
-        live = self.feed.live_tokens() - {token}  # batches taken into the running loop
-        with self._streamed_lock:
+        with self._streamed_lock:  # the running call's and taken batches' stay
             taken = [g for g in self._streamed if g[0] == token]
-            self._streamed = [g for g in self._streamed if g[0] in live]
+            self._streamed = [g for g in self._streamed if g[0] != token]
         return [(prompt, group, temp) for _, prompt, group, temp in taken]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
