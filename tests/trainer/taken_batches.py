@@ -1,5 +1,6 @@
 """Test helpers for the batches an asynchronous run trains on: record them as the batch
-source hands them to the step, and check their per-token policy versions."""
+source hands them to the step (or the responses each update trains on), and check their
+per-token policy versions."""
 
 from __future__ import annotations
 
@@ -27,6 +28,31 @@ def fit_recording_batches(trainer: Any) -> list[Any]:
     finally:
         trainer.close()
     return taken
+
+
+def fit_recording_updates(config: Any, on_trainer: Any = None) -> tuple[Any, list[Any]]:
+    """``(trainer, the responses each update trained on)`` of an RLTrainer run on ``config``
+    scored by ``even_token_reward`` (it varies within groups, so updates move the weights);
+    ``on_trainer(trainer)`` runs before the fit. ``fit`` closes the trainer (on Ray its
+    worker groups are shut down)."""
+    from verl.trainer.lifecycle.tracking import Tracker
+    from verl.trainer.rl.trainer import RLTrainer
+
+    from .varied_reward import even_token_reward
+
+    trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
+    if on_trainer is not None:
+        on_trainer(trainer)
+    trained: list[Any] = []
+    update = trainer.update_policy
+
+    def recording_update(gen):
+        trained.append(gen.batch["responses"].clone())
+        return update(gen)
+
+    trainer.update_policy = recording_update
+    trainer.fit()
+    return trainer, trained
 
 
 def assert_token_versions(gen: Any, step: int) -> None:

@@ -23,7 +23,8 @@ from verl.trainer.rl.async_rollout import AsyncRollout
 from verl.trainer.rl.streaming import STREAM_FILES, StreamingSource, _group_prompts
 from verl.trainer.rl.trainer import RLTrainer
 
-from .varied_reward import assert_updates_moved, even_token_reward
+from .taken_batches import fit_recording_updates
+from .varied_reward import assert_updates_moved
 
 N = 2  # responses per prompt
 GROUPS = 2  # prompts per batch = groups per training batch
@@ -373,18 +374,8 @@ SEEDED = ("actor_rollout_ref.rollout.seed=11", "trainer.total_training_steps=3")
 def _recorded_fit(config):
     """``(trainer, responses trained per step, final weights)`` of a run scored by a reward
     that varies within groups (its updates move the weights)."""
-    trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
-    trained = []
-    update = trainer.update_policy
-
-    def recording_update(gen):
-        trained.append(gen.batch["responses"].clone())
-        return update(gen)
-
-    trainer.update_policy = recording_update
-    trainer.fit()
-    weights = trainer.actor_rollout_wg.state_dict_for_save()[0]
-    return trainer, trained, weights
+    trainer, trained = fit_recording_updates(config)
+    return trainer, trained, trainer.actor_rollout_wg.state_dict_for_save()[0]
 
 
 # decode_slots=3 < 4 prompts x 2 samples: continuous batching, groups streamed mid-call
