@@ -339,3 +339,74 @@ def test_partial_rollouts_feed_batches_on_ray(rl_config, ray_session, monkeypatc
     for step, gen in enumerate(taken):
         assert_token_versions(gen, step)
     assert_updates_moved(trainer.history)
+
+
+class _FeedingCopy:
+    """A copy group in another process, as the pipeline sees it: call 0 "takes" the offered
+    batch 1 into its loop (a group of batch 1 kept under batch 1's token mid-call), later
+    calls run their own batches; ``feeds``: what ``offer_batch`` answers."""
+
+    def __init__(self, feeds: bool) -> None:
+        self.feeds = feeds
+        self.offers: list[tuple[list[int], str, int]] = []
+        self.calls: list[tuple[str, list[int]]] = []
+        self.kept: list[tuple[str, int, DataProto, float]] = []
+        self.lock = threading.Lock()
+
+    def load_policy_weights(self, state, version):
+        return [{"async/weight_sync_seconds": 0.0}]
+
+    def offer_batch(self, prompts, key, token):
+        self.offers.append((key, token, int(prompts.meta_info["seed"])))
+        return {"feeds": self.feeds}
+
+    def take_streamed_groups(self, token):
+        with self.lock:
+            taken = [g for g in self.kept if g[0] == token]
+            self.kept = [g for g in self.kept if g[0] != token]
+        return [(p, g, t) for _, p, g, t in taken]
+
+    def generate(self, _group, prompts: DataProto) -> DataProto:
+        token, key = prompts.meta_info["stream_token"], prompts.meta_info["feed_key"]
+        self.calls.append((token, key))
+        rows = prompts.batch["x"].repeat_interleave(2)
+        if token == "0-0":
+            time.sleep(0.3)  # the offers arrive
+            fed = DataProto.from_dict({"x": torch.tensor([10, 10]) + 100})
+            with self.lock:
+                self.kept.append(("0-1", 0, fed, 1.0))
+            time.sleep(0.3)  # several polls
+        return DataProto.from_dict({"x": rows})
+
+
+@pytest.mark.parametrize("feeds", [True, False], ids=["feeding", "not_feeding"])
+def test_queued_batches_are_offered_once_in_order(monkeypatch, feeds):
+    """The driver's side against a fake copy: every queued batch that may join is offered
+    with its call's key, stream token and seed, in queue order, once; a fed batch's group
+    kept during an earlier call reaches its sink once (not again from its own output); a
+    copy that takes no offers is offered nothing more."""
+    monkeypatch.setattr(AsyncRollout, "_copy_in_other_process", lambda self: True)
+    copy_group = _FeedingCopy(feeds)
+    pipe = AsyncRollout(copy_group, copy_group.generate, lambda: {}, max_staleness=2, seed=0)
+    pipe.stream_groups = True
+    values = iter([torch.tensor([10, 20]), torch.tensor([30, 40]), torch.tensor([50, 60])])
+    try:
+        pipe.fill(lambda: DataProto.from_dict({"x": next(values)}), 0, limit=3)
+        groups = []
+        deadline = time.monotonic() + 30
+        while pipe._queue and time.monotonic() < deadline:
+            pipe.wait_progress(0.05)
+            groups += pipe.take_groups()[0]
+    finally:
+        pipe.close()
+    assert [c[0] for c in copy_group.calls] == ["0-0", "0-1", "0-2"]
+    assert [c[1] for c in copy_group.calls] == [[0, 0], [0, 1], [0, 2]]
+    if feeds:
+        assert copy_group.offers == [([0, 1], "0-1", pipe.seed_for(1)), ([0, 2], "0-2", 2)]
+    else:
+        assert len(copy_group.offers) == 1  # the first answer stops the offers
+    where = sorted(w for _, _, w in groups)
+    assert where == [(b, p) for b in range(3) for p in range(2)]  # each group once
+    fed = next(g for g, _, w in groups if w == (1, 0))
+    assert fed.batch["x"].tolist() == ([110, 110] if feeds else [30, 30])
+    assert not [t for t in threading.enumerate() if t.name.startswith("verl-rollout-")]

@@ -107,6 +107,7 @@ class _InFlight:
     # taken into the running call's free slots (a ``QueueFeed``): its own call continues
     # it, with the weights that call holds (no load)
     claimed: bool = False
+    offered: bool = False  # offered to a copy in a Ray actor (``rollout_feed.RayFeed``)
     # streamed groups (``stream_groups``): (prompt index, its n rows) reported by the engine
     # and not yet taken by :meth:`AsyncRollout.take_groups`; the prompts already taken
     ready: list[tuple[int, DataProto]] = field(default_factory=list)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -96,6 +97,10 @@ def next_joining(pipe: Any, last: Any) -> Any:
     return item
 
 
+# copy groups whose engine takes no offered batch (vLLM, no decode_slots)
+_NOT_FEEDING: weakref.WeakSet = weakref.WeakSet()
+
+
 class RayFeed:
     """Continuous batching across calls with the copy in a Ray actor (module docstring):
     while ``pipeline``'s call on ``item`` runs (:meth:`running`), every queued batch that
@@ -107,7 +112,8 @@ class RayFeed:
         self.last = item  # the newest batch offered (or the running one)
         self.offered: list[tuple[str, Callable[..., None]]] = []  # (token, group sink)
         # the copy's engine takes offers (a native loop with slots; a fake copy has none)
-        self.feeds = hasattr(pipeline.group, "offer_batch")
+        group = pipeline.group
+        self.feeds = hasattr(group, "offer_batch") and group not in _NOT_FEEDING
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -117,20 +123,23 @@ class RayFeed:
         offered batches' own calls generate them)."""
         from verl.trainer.rl.ray_copy_link import POLL_INTERVAL_S
 
-        self.offer_ready()
-        if not self.feeds:
+        def tick() -> bool:
+            try:
+                self.offer_ready()
+                self.take_offered_groups()
+            except Exception as e:  # the call itself reports a dead copy
+                logger.warning("offering queued batches to the rollout copy failed: %s", e)
+                return False
+            return self.feeds
+
+        if not tick():
             yield
             return
         stop = threading.Event()
 
         def run() -> None:
-            while not stop.wait(POLL_INTERVAL_S):
-                try:
-                    self.offer_ready()
-                    self.take_offered_groups()
-                except Exception as e:  # the call itself reports a dead copy
-                    logger.warning("offering queued batches to the rollout copy failed: %s", e)
-                    return
+            while not stop.wait(POLL_INTERVAL_S) and tick():
+                pass
 
         thread = threading.Thread(target=run, name="verl-rollout-offers", daemon=True)
         thread.start()
@@ -149,8 +158,12 @@ class RayFeed:
                 return
             prompts = pipe._call_prompts(item)
             key, token = call_names(pipe, item)
-            answer = pipe.group.offer_batch(prompts, key, token)
-            self.feeds = bool(answer["feeds"])
+            if not item.offered:  # an earlier call's feed may have offered it already
+                answer = pipe.group.offer_batch(prompts, key, token)
+                item.offered = True
+                self.feeds = bool(answer["feeds"])
+                if not self.feeds:  # its engine never takes one: no more offers to it
+                    _NOT_FEEDING.add(pipe.group)
             self.offered.append((token, pipe._sink_for(item, prompts)))
             self.last = item
 
