@@ -6,15 +6,22 @@ copy's native loop takes it into the free decode slots of the call's tail, keeps
 under its own stream token, and the batch's own call continues that loop. Against a copy
 whose sampling steps are slowed (a call outlasts many polls; the samples do not change):
 
-- an :class:`AsyncRollout` over the Ray copy (greedy and seeded) returns, batch by batch
-  and group by group, the samples of separate calls on a copy in the driver process, and
-  the copy's engine really took offered batches (its ``fed_batches`` > 0, each taken batch's
-  call continued its loop);
+- an :class:`AsyncRollout` over the Ray copy (greedy, seeded, a pool of two copies; slow)
+  returns, batch by batch and group by group, the samples of separate calls on a copy in
+  the driver process (tokens equal, log-probs within 1e-5), and the copy's engine really
+  took offered batches (its ``fed_batches`` > 0, each taken batch's call continued its
+  loop);
 - through ``fit`` with ``max_staleness=0`` (slow): the synchronous run's samples, losses and
   gradient norms (``even_token_reward``: real gradients);
 - through ``fit`` with ``max_staleness=1``, where batches join (slow): a run saved after
-  step 2 and resumed trains each group at most once, on the samples of the uninterrupted
-  run (the policy's weights fixed, ``lr=0``, so a group's samples depend on its batch only).
+  step 2 and resumed trains each group once, on the samples of the uninterrupted run (the
+  policy's weights fixed, ``lr=0``, so a group's samples depend on its batch only); with
+  partial rollouts (``continue``) batches join too and every sample's version is its
+  oldest token's, within the bound.
+
+Against a fake copy (fast): each queued batch is offered once, in queue order, with its
+call's key, stream token and seed; a fed batch's group kept during an earlier call reaches
+its sink once; a copy whose engine takes no offers is offered nothing more.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ the offered batches into their sinks. The copy's loop takes offers in queue orde
 (``verl/workers/copy_feed.py``); which it took, only the copy knows: each batch's own call
 names its batch (``meta_info["feed_key"]``, :func:`call_names`) and continues the loop that
 took it, or generates it afresh. An offer never taken is simply never used, so nothing
-offered is lost; a batch's item is never marked ``claimed`` here.
+offered is lost; a batch's item is marked ``offered`` (offered once), never ``claimed``.
 """
 
 from __future__ import annotations
