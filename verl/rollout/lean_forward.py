@@ -156,6 +156,13 @@ class _Layer:
         self.down = packed_linear.pack([mlp.down_proj.weight], hint)
         self.down_bias = _bias([mlp.down_proj])
         self.inter = mlp.gate_proj.out_features
+        # transformers' SiLU module computes F.silu: called directly, without a module call
+        kind = type(mlp.act_fn)
+        plain_silu = kind is torch.nn.SiLU or (
+            kind.__name__ == "SiLUActivation" and kind.__module__ == "transformers.activations"
+        )
+        self.act = torch.nn.functional.silu if plain_silu else mlp.act_fn
+        self.scaling = attn.scaling
 
 
 class LeanForward:
@@ -278,12 +285,12 @@ class LeanForward:
                 stored.column.fill_(column + 1)
             keys = stored.keys[:, :, :width].reshape(kv_rows, width, dim)
             values = stored.values[:, :, :width].reshape(kv_rows, width, dim)
-            scores = torch.bmm(query, keys.transpose(1, 2)).mul_(layer.attn.scaling)
+            scores = torch.bmm(query, keys.transpose(1, 2)).mul_(layer.scaling)
             scores.view(rows, kv_heads, group, width).add_(additive)
             probs = torch.softmax(scores, dim=-1).to(bf16).float()
             out = torch.bmm(probs, values).to(bf16).view(rows, 1, heads * dim)
             h.add_(linear(out, layer.o, layer.o_bias))
             gate_up = linear(_rms_norm(layer.norm2, h, normed), layer.gate_up, layer.gate_up_bias)
-            act = layer.mlp.act_fn(gate_up[..., : layer.inter]) * gate_up[..., layer.inter :]
+            act = layer.act(gate_up[..., : layer.inter]) * gate_up[..., layer.inter :]
             h.add_(linear(act, layer.down, layer.down_bias))
         return linear(_rms_norm(self.norm, h[:, 0], normed[:, 0]), self.head, self.head_bias)

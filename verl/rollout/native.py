@@ -11,7 +11,8 @@ It reads the training module's weights in place (no copy) and runs this loop:
    a view of a preallocated (rows, max_len) boolean mask (no mask rebuilt by transformers)
    and explicit position ids (left padding makes them differ per row). The last token is
    sampled without a forward behind it, so ``R`` new tokens cost one prefill + ``R - 1``
-   decode forwards.
+   decode forwards. Under CPU bf16 autocast a plain Llama / Qwen2 runs both without its HF
+   modules (:class:`~verl.rollout.lean_forward.LeanForward`; the HF forward otherwise).
 3. **Compaction.** Rows that hit a stop token / stop string are dropped from the batch and
    the cache once they make up ``compaction_threshold`` of the running rows, so late steps
    only compute unfinished rows. Each sample draws its uniforms from a hash of (seed, its
