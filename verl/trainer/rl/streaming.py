@@ -38,7 +38,9 @@ Which groups a step takes with ``max_staleness >= 1`` then depends on timing (th
 themselves do not: per-sample seeding); without continuous batching (one lock-step batch
 per call, ``rollout.decode_slots`` null) a call's groups arrive together, as before. The
 vLLM engine reports each group as vLLM finishes its request (``verl.rollout.vllm_stream``).
-Other engines, and a copy in a Ray actor, hand the groups over when the call ends.
+Other engines hand the groups over when the call ends. A copy in a Ray actor keeps them
+in its own process and the driver polls them while the call runs
+(:mod:`verl.trainer.rl.ray_copy_link`).
 
 **The next batch in the tail's free slots.** With the native engine's continuous batching
 (``rollout.decode_slots`` set) a call whose prompts all have a slot takes the next queued
