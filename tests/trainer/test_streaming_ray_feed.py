@@ -417,3 +417,35 @@ def test_queued_batches_are_offered_once_in_order(monkeypatch, feeds):
     fed = next(g for g, _, w in groups if w == (1, 0))
     assert fed.batch["x"].tolist() == ([110, 110] if feeds else [30, 30])
     assert not [t for t in threading.enumerate() if t.name.startswith("verl-rollout-")]
+
+
+def test_no_offer_under_a_dropped_queues_key(monkeypatch):
+    """A queue drop (a checkpoint load, ``close``) counts the dropped queues up before it
+    cancels the queued batches: an offer made between the two must not name a queued batch
+    of the old queue with the new queue's key (a new batch of that index would be deduped
+    away by the copy and get the old prompts' groups under its token). The running call's
+    feed offers under its own queue's key, and nothing once the queue is being dropped."""
+    from concurrent.futures import Future
+
+    from verl.trainer.rl.async_rollout import _InFlight
+    from verl.trainer.rl.rollout_feed import RayFeed
+
+    monkeypatch.setattr(AsyncRollout, "_copy_in_other_process", lambda self: True)
+    copy_group = _FeedingCopy(feeds=True)
+    pipe = AsyncRollout(copy_group, copy_group.generate, lambda: {}, max_staleness=2, seed=0)
+    try:
+        for index in range(3):
+            item = _InFlight(DataProto.from_dict({"x": torch.tensor([index])}), 0, index)
+            item.result = Future() if index < 2 else None  # batch 2: not queued yet
+            pipe._queue.append(item)
+        feed = RayFeed(pipe, pipe._queue[0])
+        feed.offer_ready()
+        assert [o[0] for o in copy_group.offers] == [[0, 1]]
+        pipe._queue[2].result = Future()
+        pipe._epoch += 1  # a drop has begun; its cancels have not reached the queue yet
+        feed.offer_ready()
+        assert [o[0] for o in copy_group.offers] == [[0, 1]]  # none with the new key
+        assert [token for token, _ in feed.offered] == ["0-1"]
+    finally:
+        pipe._queue.clear()
+        pipe.close()

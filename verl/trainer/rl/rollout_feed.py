@@ -110,6 +110,11 @@ class RayFeed:
     def __init__(self, pipeline: Any, item: Any) -> None:
         self.pipeline = pipeline
         self.last = item  # the newest batch offered (or the running one)
+        # the running call's queue (dropped queues so far): a drop counts it up before it
+        # cancels the queued batches, and an offer then would name an old batch with the
+        # new queue's key (the copy keeps a key once: a new batch of that index would get
+        # the old prompts' groups)
+        self.epoch = call_names(pipeline, item)[0][0]
         self.offered: list[tuple[str, Callable[..., None]]] = []  # (token, group sink)
         # the copy's engine takes offers (a native loop with slots; a fake copy has none)
         group = pipeline.group
@@ -150,14 +155,17 @@ class RayFeed:
             thread.join()
 
     def offer_ready(self) -> None:
-        """Offer every queued batch after the last offered that may join, in order."""
+        """Offer every queued batch after the last offered that may join, in order; none
+        once the running call's queue is being dropped."""
         pipe = self.pipeline
         while self.feeds:
             item = next_joining(pipe, self.last)
             if item is None:
                 return
-            prompts = pipe._call_prompts(item)
             key, token = call_names(pipe, item)
+            if key[0] != self.epoch:
+                return  # the queue is being dropped: its batches are cancelled
+            prompts = pipe._call_prompts(item)
             if not item.offered:  # an earlier call's feed may have offered it already
                 answer = pipe.group.offer_batch(prompts, key, token)
                 item.offered = True
