@@ -185,3 +185,30 @@ def test_a_pool_missing_a_ranks_call_is_an_error():
     gen.meta_info[WEIGHT_MAILBOX] = {"start": 3, "held": 4, "load_s": 0.5, "stats": {}}
     with pytest.raises(RuntimeError, match="pool of 2 rollout copies reported 1 mailbox"):
         link.absorb_call_output(WeightMailbox("resume"), gen, Silent())
+
+
+def test_a_rank_loading_its_first_post_keeps_its_counters_in_the_sums():
+    """After a checkpoint load the copies' mailboxes hold no version until each call's
+    start loads the new post; a poll meanwhile (one rank loaded, the other still loading)
+    still counts the slow rank's swaps: the driver's ``..._total`` counters never go back."""
+    from types import SimpleNamespace
+
+    boxes = [WeightMailbox("continue"), WeightMailbox("continue")]
+    for box, swaps in zip(boxes, (2.0, 3.0)):
+        box.held, box.stats["swaps"] = 1, swaps
+    copies = [SimpleNamespace(weight_box=box, call_mailbox=None) for box in boxes]
+
+    class Pool:
+        world_size = 2
+
+        def weight_mailbox_state(self):
+            return [RolloutCopyWorker.weight_mailbox_state(c) for c in copies]
+
+    driver = WeightMailbox("continue")
+    link._mirror(driver, link.rank_states(Pool()))
+    assert driver.held == 1 and driver.stats["swaps"] == 5.0
+    for box in boxes:
+        box.reset()  # a checkpoint loaded
+    boxes[0].held = 2  # rank 0 loaded the new post; rank 1 still loads it
+    link._mirror(driver, link.rank_states(Pool()))
+    assert driver.held == 2 and driver.stats["swaps"] == 5.0

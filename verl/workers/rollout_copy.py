@@ -308,15 +308,21 @@ class RolloutCopyWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
     def weight_mailbox_state(self) -> dict[str, Any] | None:
-        """The mailbox's ``held`` version and counters now, and under ``call`` the
-        ``meta_info[WEIGHT_MAILBOX]`` entry of the last call (None before the first post or
-        call); the driver gets one per rank (a pool: each copy's own mailbox). Answered
-        beside a running call: its mid-call swaps reach the driver's metrics before the call
-        returns."""
+        """The mailbox's ``held`` version (None while it holds none: before its first load,
+        or after a checkpoint's reset until the next call's start loads) and counters now,
+        and under ``call`` the ``meta_info[WEIGHT_MAILBOX]`` entry of the last call (None
+        before the first post or call); the driver gets one per rank (a pool: each copy's
+        own mailbox). Answered beside a running call: its mid-call swaps reach the driver's
+        metrics before the call returns."""
         box = self.weight_box
-        if box is None or box.held is None:
+        if box is None:
             return None
-        return {"held": int(box.held), "stats": dict(box.stats), "call": self.call_mailbox}
+        held = box.held
+        return {
+            "held": None if held is None else int(held),
+            "stats": dict(box.stats),
+            "call": self.call_mailbox,
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, beside=True)
     def reset_weight_mailbox(self) -> None:

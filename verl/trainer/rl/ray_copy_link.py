@@ -162,8 +162,8 @@ def absorb_call_output(
 
 
 def rank_states(group: Any) -> list[dict[str, Any]]:
-    """Every copy's ``weight_mailbox_state`` (one per rank of a pool), those holding none
-    left out."""
+    """Every copy's ``weight_mailbox_state`` (one per rank of a pool), those without a
+    mailbox left out."""
     states = group.weight_mailbox_state()
     if not isinstance(states, list):  # a copy group answering with one rank's
         states = [states]
@@ -171,9 +171,12 @@ def rank_states(group: Any) -> list[dict[str, Any]]:
 
 
 def _mirror(mailbox: WeightMailbox, states: list[dict[str, Any]]) -> None:
-    """The copies' ``held`` (the oldest of them) and counters (summed over the copies;
+    """The copies' ``held`` (the oldest of those holding one) and counters (summed over
+    every copy, a copy still loading its first post included: the totals never go back;
     ``states``: one per copy, at least one) into the driver's ``mailbox``."""
-    mailbox.held = min(int(state["held"]) for state in states)
+    held = [int(state["held"]) for state in states if state["held"] is not None]
+    if held:
+        mailbox.held = min(held)
     totals: dict[str, float] = {}
     for state in states:
         for key, value in state["stats"].items():
