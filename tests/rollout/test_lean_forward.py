@@ -79,6 +79,23 @@ def test_lean_equals_the_hf_forward(
     _assert_same(a, _generate(NativeRollout(net, tokenizer, pack_weights=False), batch, params)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_biases_head_dim_and_bf16_weights(llama, tokenizer, batch, dtype):
+    """Biased q/k/v/o and MLP projections, head_dim != hidden / heads (32 vs 16), and bf16
+    master weights (bf16 residual stream): still the HF forward's outputs."""
+    config = type(llama.config).from_dict(llama.config.to_dict())
+    config.attention_bias, config.mlp_bias, config.head_dim = True, True, 32
+    torch.manual_seed(0)
+    net = varied(LlamaForCausalLM(config)).to(dtype)
+    assert net.model.layers[0].self_attn.q_proj.out_features == 4 * 32
+    for slots in (None, 4):
+        lean = NativeRollout(net, tokenizer, max_num_seqs=slots)
+        hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
+        (a, used), (b, _) = _generate(lean, batch, GREEDY), _generate(hf, batch, GREEDY)
+        assert used == 1.0
+        _assert_same(a, b)
+
+
 def test_stop_tokens_end_rows_alike(model, tokenizer, batch):
     """A stop token that greedy decoding hits mid-response ends the same rows at the same
     step on both paths."""
