@@ -16,10 +16,8 @@ import threading
 import pytest
 import torch
 
-from verl.trainer.lifecycle.tracking import Tracker
-from verl.trainer.rl.trainer import RLTrainer
-
-from .varied_reward import assert_updates_moved, even_token_reward
+from .taken_batches import fit_recording_updates
+from .varied_reward import assert_updates_moved
 
 POOL = (
     "actor_rollout_ref.rollout.seed=11",
@@ -35,33 +33,17 @@ POOL = (
 )
 
 
-def _fit(config) -> tuple[RLTrainer, list[torch.Tensor]]:
-    """``(trainer, the responses each step trained on)``; the trainer's Ray groups are shut
-    down at the end of ``fit``."""
-    trainer = RLTrainer(config, reward_fn=even_token_reward, tracker=Tracker([]))
-    trained: list[torch.Tensor] = []
-    update = trainer.update_policy
-
-    def recording_update(gen):
-        trained.append(gen.batch["responses"].clone())
-        return update(gen)
-
-    trainer.update_policy = recording_update
-    trainer.fit()
-    return trainer, trained
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", [1, 0])
 def test_a_resumed_pool_trains_the_straight_runs_steps(rl_config, ray_session, tmp_path, staleness):
     pool = (*POOL, f"trainer.max_staleness={staleness}")
     if staleness:  # trains on samples of the previous version: corrected against them
         pool = (*pool, "actor_rollout_ref.actor.rollout_is_threshold=2.0")
-    straight, straight_trained = _fit(
+    straight, straight_trained = fit_recording_updates(
         rl_config(*pool, f"trainer.default_local_dir={tmp_path / 'straight'}")
     )
     run_dir = tmp_path / "resumed"
-    _, before = _fit(
+    _, before = fit_recording_updates(
         rl_config(
             *pool,
             "trainer.total_training_steps=2",
@@ -70,7 +52,7 @@ def test_a_resumed_pool_trains_the_straight_runs_steps(rl_config, ray_session, t
         )
     )
     assert (run_dir / "global_step_2").is_dir()
-    resumed, after = _fit(
+    resumed, after = fit_recording_updates(
         rl_config(*pool, "trainer.resume_mode=auto", f"trainer.default_local_dir={run_dir}")
     )
     assert straight.async_rollout.group.world_size == resumed.async_rollout.group.world_size == 2
