@@ -13,16 +13,17 @@ the same computation as a loop over the layers on the model's own parameters:
   ``generate`` call from the weights as they are then (nothing kept across calls, see
   :mod:`verl.kernels.packed_linear`);
 - the rotary embedding applied to the queries and keys of a layer in one pass;
-- the engine's KV cache (``cache.update``) and the attention function the HF layer would
-  call (transformers' ``"sdpa"`` entry, which verl's wrapper routes to
-  :mod:`verl.kernels.decode_attention` on decode steps), with the engine's 4-D mask;
+- the engine's KV cache and 4-D mask: a prefill calls ``cache.update`` and the attention
+  function the HF layer would call (transformers' ``"sdpa"`` entry); a decode step
+  (:meth:`LeanForward._decode`) writes the cache's float32 buffers itself and computes
+  :func:`verl.kernels.decode_attention.decode_attention`'s bf16 path op for op inline;
 - RMSNorm, residuals and the MLP activation exactly as the HF modules compute them, in the
   same dtypes (fp32 residual stream of fp32 master weights, bf16 matmul outputs).
 
 So it computes what the HF forward under :func:`~verl.kernels.packed_linear.packed_linears`
-computes; the fused matmuls differ from three separate ones at most in the last bits of a
-bf16 output (``tests/rollout/test_lean_forward.py``: greedy tokens identical, log-probs
-within 2e-3 on the tiny models, bit for bit where oneDNN blocks both alike).
+computes; a fused matmul may differ from three separate ones in the last bit of a bf16
+output (``tests/rollout/test_lean_forward.py`` asserts greedy tokens identical and log-probs
+within 2e-3; they were bit for bit on the tiny Qwen2 / Llama and on SmolLM2).
 
 :func:`unsupported` says why a module is not covered; the engine then runs the HF forward:
 any other model class (or a subclass), a LoRA or other wrapper layer, a non-``sdpa``
