@@ -150,6 +150,20 @@ def test_the_hf_forward_for_what_it_does_not_cover(model, tokenizer, batch):
         _assert_same(a, _generate(plain, batch, GREEDY)[0])
     finally:
         handle.remove()
+    mlp = model.model.layers[0].mlp
+    mlp.forward = lambda x: type(mlp).forward(mlp, x) * 0.5  # patched on the instance
+    try:
+        assert "forward set on the instance model.layers.0.mlp" in unsupported(model)
+        assert _generate(NativeRollout(model, tokenizer), batch, GREEDY)[1] == 0.0
+    finally:
+        del mlp.forward
+    real = type(mlp).forward
+    try:
+        type(mlp).forward = lambda self, x: real(self, x)  # patched on the class
+        assert "forward replaced by" in unsupported(model)
+    finally:
+        type(mlp).forward = real
+    assert unsupported(model) is None
     sub = build_tiny_model("llama", tokenizer=tokenizer, hidden_size=64, num_layers=1)
     sub.__class__ = _Subclass
     assert "_Subclass" in unsupported(sub)

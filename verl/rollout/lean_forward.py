@@ -27,8 +27,8 @@ within 2e-3; they were bit for bit on the tiny Qwen2 / Llama and on SmolLM2).
 
 :func:`unsupported` says why a module is not covered; the engine then runs the HF forward:
 any other model class (or a subclass), a LoRA or other wrapper layer, a non-``sdpa``
-attention, sliding-window or per-layer attention types, forward hooks, a weight that is not
-a plain CPU fp32 / bf16 tensor. Prefill and decode both go through it (one packing per
+attention, sliding-window or per-layer attention types, forward hooks, a ``forward``
+patched on a module or its class, a weight that is not a plain CPU fp32 / bf16 tensor. Prefill and decode both go through it (one packing per
 call); image prompts take the HF path.
 """
 
@@ -75,6 +75,8 @@ def unsupported(module: torch.nn.Module) -> str | None:
     for name, sub in module.named_modules():
         if sub._forward_hooks or sub._forward_pre_hooks:
             return f"forward hooks on {name or 'the model'}"
+        if "forward" in sub.__dict__:
+            return f"a forward set on the instance {name or 'the model'}"
         if name.endswith(".act_fn") and not list(sub.parameters()):
             continue  # called as the HF MLP calls it
         kind = type(sub)
@@ -82,6 +84,8 @@ def unsupported(module: torch.nn.Module) -> str | None:
             kind.__name__ not in allowed or not kind.__module__.startswith("transformers.models.")
         ):
             return f"module {name} of type {kind.__module__}.{kind.__name__}"
+        if kind not in _PLAIN and getattr(kind.forward, "__module__", None) != kind.__module__:
+            return f"{kind.__name__}.forward replaced by {kind.forward.__module__}"
         if getattr(sub, "sliding_window", None) is not None:
             return f"sliding window on {name}"
     for name, p in module.named_parameters():
