@@ -131,6 +131,8 @@ def _decode_layers(cache: Any, mask: torch.Tensor, rows: int) -> list | None:
         layer = cache.layers[0]
         if layer.length + 1 > layer.max_len or layer.rows != rows:
             return None  # overflow: cache.update raises it
+        if mask.shape[3] != layer.length + 1:
+            return None
     elif type(cache) is SlotKVCache and cache.columns is not None:
         layer = cache.layers[0]
         if cache.round_to is not torch.bfloat16 or mask.shape[3] != cache.width:
