@@ -54,6 +54,7 @@ __all__ = [
     "polling",
     "post_to_copy",
     "rank_states",
+    "repeating",
     "reset_copy_mailbox",
     "take_groups",
 ]
@@ -81,29 +82,43 @@ def polling(
     ``mailbox``: and mirrors the copy's ``held`` and swap counters into it); it has stopped
     when the block ends, so no group arrives after its call's output. A failed poll stops
     the polling: the call's whole output still holds every group."""
+
+    def poll() -> bool:
+        try:
+            groups = take_groups(group, token)
+            states = rank_states(group) if mailbox is not None else []
+        except Exception as e:  # the call itself reports a dead copy
+            logger.warning("polling the rollout copy's streamed groups failed: %s", e)
+            return False
+        if states:  # before the groups: it counts every swap they saw
+            _mirror(mailbox, states)
+        for prompt, rows, temperature in groups:
+            # the sink reads the call's params for their logprob_temperature only
+            sink(prompt, rows, SimpleNamespace(logprob_temperature=temperature))
+        return True
+
+    with repeating(poll, "verl-rollout-poll"):
+        yield
+
+
+@contextlib.contextmanager
+def repeating(step: Callable[[], bool], name: str) -> Iterator[None]:
+    """While the block runs, a thread (``name``) calls ``step`` every
+    :data:`POLL_INTERVAL_S` until it returns False; the thread has stopped when the block
+    ends."""
     stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.wait(POLL_INTERVAL_S):
-            try:
-                groups = take_groups(group, token)
-                states = rank_states(group) if mailbox is not None else []
-            except Exception as e:  # the call itself reports a dead copy
-                logger.warning("polling the rollout copy's streamed groups failed: %s", e)
-                return
-            if states:  # before the groups: it counts every swap they saw
-                _mirror(mailbox, states)
-            for prompt, rows, temperature in groups:
-                # the sink reads the call's params for their logprob_temperature only
-                sink(prompt, rows, SimpleNamespace(logprob_temperature=temperature))
+    def run() -> None:
+        while not stop.wait(POLL_INTERVAL_S) and step():
+            pass
 
-    poller = threading.Thread(target=poll, name="verl-rollout-poll", daemon=True)
-    poller.start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
     try:
         yield
     finally:
         stop.set()
-        poller.join()
+        thread.join()
 
 
 def take_groups(group: Any, token: str) -> list[tuple[int, DataProto, float]]:

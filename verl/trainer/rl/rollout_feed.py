@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -126,7 +125,7 @@ class RayFeed:
         starts, later ones and the offered batches' groups every ``POLL_INTERVAL_S``; the
         thread has stopped when the block ends. A failed offer or poll stops it (the
         offered batches' own calls generate them)."""
-        from verl.trainer.rl.ray_copy_link import POLL_INTERVAL_S
+        from verl.trainer.rl.ray_copy_link import repeating
 
         def tick() -> bool:
             try:
@@ -140,19 +139,8 @@ class RayFeed:
         if not tick():
             yield
             return
-        stop = threading.Event()
-
-        def run() -> None:
-            while not stop.wait(POLL_INTERVAL_S) and tick():
-                pass
-
-        thread = threading.Thread(target=run, name="verl-rollout-offers", daemon=True)
-        thread.start()
-        try:
+        with repeating(tick, "verl-rollout-offers"):
             yield
-        finally:
-            stop.set()
-            thread.join()
 
     def offer_ready(self) -> None:
         """Offer every queued batch after the last offered that may join, in order; none
