@@ -395,3 +395,22 @@ def test_fsdp_block_contradicting_an_explicit_none_is_refused():
     cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision = MixedPrecisionConfig("bf16")
     msg = _errors(cfg)
     assert "fsdp_config.mixed_precision.param_dtype=bf16 contradicts actor precision none" in msg
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_half_precision_on_a_cpu_without_its_instructions_warns(monkeypatch, native_bf16):
+    from verl.trainer.rl import precision_checks
+
+    monkeypatch.setattr(precision_checks, "cpu_bf16_is_fast_and_correct", lambda: native_bf16)
+    bf16 = TrainerConfig(mixed_precision="bf16")
+    bf16.trainer.device = "cpu"
+    emulated = [w for w in bf16.validate() if "bf16 on a CPU without native bf16" in w]
+    if native_bf16:
+        assert emulated == []
+    else:  # names the roles and what to use instead
+        assert len(emulated) == 1 and "actor" in emulated[0] and "use none (fp32)" in emulated[0]
+    fp16 = TrainerConfig(mixed_precision="fp16")
+    fp16.trainer.device = "cpu"
+    (warning,) = [w for w in fp16.validate() if w.startswith("fp16 on CPU")]
+    # the way out it names is one this CPU runs fast
+    assert warning.endswith("use bf16 or none" if native_bf16 else "use none (fp32) or auto")

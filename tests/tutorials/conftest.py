@@ -1,4 +1,4 @@
-"""Fixtures of the tutorial tests (``../shared/seeds/000..003``): a tiny local model in
+"""Fixtures of the tutorial tests (the tutorials 000-003, ``docs/tutorials/``): a tiny local model in
 place of the tutorials' 7B/8B checkpoints, the overrides that size a run down to this CPU,
 and a clean ``set_device_map`` state around every test.
 
