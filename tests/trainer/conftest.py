@@ -45,22 +45,35 @@ def tool_model_dir(tmp_path_factory) -> Path:
     return train_tool_model(tmp_path_factory.mktemp("tool_model") / "model")
 
 
+def config_factory(model_dir: Path, out: Path) -> Callable[..., TrainerConfig]:
+    """``make(*overrides)``: the tiny-model RL config of ``model_dir`` writing under ``out``;
+    ``overrides`` come after :data:`BASE_OVERRIDES`, so they win."""
+
+    def make(*extra: str) -> TrainerConfig:
+        return load_config(
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                *BASE_OVERRIDES,
+                f"trainer.default_local_dir={out}",
+                f"trainer.log_dir={out}",
+                *extra,
+            ]
+        )
+
+    return make
+
+
 @pytest.fixture
 def rl_config(tiny_model_dir: Path, tmp_path: Path) -> Callable[..., TrainerConfig]:
     """``rl_config(*overrides)``: the tiny-model RL config writing under ``tmp_path``.
 
     ``overrides`` come after :data:`BASE_OVERRIDES`, so they win.
     """
+    return config_factory(tiny_model_dir, tmp_path)
 
-    def make(*extra: str) -> TrainerConfig:
-        return load_config(
-            overrides=[
-                f"actor_rollout_ref.model.path={tiny_model_dir}",
-                *BASE_OVERRIDES,
-                f"trainer.default_local_dir={tmp_path}",
-                f"trainer.log_dir={tmp_path}",
-                *extra,
-            ]
-        )
 
-    return make
+@pytest.fixture(scope="module")
+def module_rl_config(tiny_model_dir: Path, tmp_path_factory) -> Callable[..., TrainerConfig]:
+    """``rl_config`` for a module-scoped fixture (runs that several tests assert on): the
+    same configs, writing under a directory of the module's."""
+    return config_factory(tiny_model_dir, tmp_path_factory.mktemp("module_runs"))

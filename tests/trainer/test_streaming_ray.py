@@ -5,13 +5,15 @@ driver polls ``take_streamed_groups`` while the call runs (``ray_copy_link.polli
 groups reach the driver's buffer before the call that generated them has returned. Through
 ``fit`` (slow, Ray): a copy whose decode steps are slowed (a call outlasts many polls)
 hands groups over mid-call, and with ``max_staleness=0`` the run trains on the synchronous
-local run's samples with its losses and gradient norms; saved after step 2 and resumed, it
-trains step 3 on the uninterrupted run's samples. The poll itself: a stale call's groups are
-never handed over, and a failed poll leaves the groups to the call's whole output.
+local run's samples with its losses and gradient norms; a run resumed from its step-2
+checkpoint trains step 3 on its samples, loss and gradient norm (the runs are made once for
+both tests). The poll itself: a stale call's groups are never handed over, and a failed poll
+leaves the groups to the call's whole output.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -71,30 +73,55 @@ SEEDED = (
 )
 
 
-@pytest.mark.slow
-def test_groups_stream_out_of_the_ray_actor_mid_call(rl_config, ray_session, monkeypatch):
+RAY_STREAM = (
+    *SEEDED,
+    "trainer.backend=ray",
+    "trainer.async_rollout=true",
+    "trainer.rollout_mode=streaming",
+    "trainer.max_staleness=0",
+    "trainer.save_freq=2",  # the resumed run starts from its step-2 checkpoint
+)
+
+
+@pytest.fixture(scope="module")
+def ray_runs(module_rl_config, ray_session, tmp_path_factory):
+    """The runs both slow tests read, made once: the synchronous local run, the streaming
+    run on Ray with the slowed copy (its group arrivals recorded; saved after steps 2 and
+    3), and a run resumed from a copy of that run's step-2 checkpoint."""
     import verl.workers.rollout_copy as rollout_copy
 
-    sync, sync_samples = _fit(rl_config(*SEEDED))
+    runs = {}
+    runs["sync"] = _fit(module_rl_config(*SEEDED))
+    tmp = tmp_path_factory.mktemp("streaming_ray")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
+        arrivals, watch_calls = record_group_arrivals(mp)
+
+        def on_trainer(trainer):
+            assert type(trainer.async_rollout.group).__name__ == "RayWorkerGroup"
+            watch_calls(trainer)
+
+        straight = tmp / "straight"
+        runs["streaming"] = _fit(
+            module_rl_config(*RAY_STREAM, f"trainer.default_local_dir={straight}"), on_trainer
+        )
+        runs["arrivals"] = list(arrivals)
+        resumed = tmp / "resumed"
+        shutil.copytree(straight / "global_step_2", resumed / "global_step_2")
+        runs["resumed"] = _fit(
+            module_rl_config(
+                *RAY_STREAM, "trainer.resume_mode=auto", f"trainer.default_local_dir={resumed}"
+            )
+        )
+    return runs
+
+
+@pytest.mark.slow
+def test_groups_stream_out_of_the_ray_actor_mid_call(ray_runs):
+    sync, sync_samples = ray_runs["sync"]
     assert_updates_moved(sync.history)
-
-    monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
-    arrivals, watch_calls = record_group_arrivals(monkeypatch)
-
-    def on_trainer(trainer):
-        assert type(trainer.async_rollout.group).__name__ == "RayWorkerGroup"
-        watch_calls(trainer)
-
-    streaming, samples = _fit(
-        rl_config(
-            *SEEDED,
-            "trainer.backend=ray",
-            "trainer.async_rollout=true",
-            "trainer.rollout_mode=streaming",
-            "trainer.max_staleness=0",
-        ),
-        on_trainer,
-    )
+    streaming, samples = ray_runs["streaming"]
+    arrivals = ray_runs["arrivals"]
     # groups reached the driver's buffer while the actor's call still ran
     mid_call = [(b, p) for b, p, done in arrivals if not done]
     assert len(mid_call) >= 3, arrivals
@@ -175,37 +202,16 @@ def test_polled_groups_are_taken_once(monkeypatch, fail_polls, caplog):
 
 
 @pytest.mark.slow
-def test_streaming_on_ray_resumes_with_each_group_once(
-    rl_config, ray_session, monkeypatch, tmp_path
-):
-    """max_staleness=0 on Ray with the slowed copy: a run saved after step 2 and resumed
-    trains step 3 on the uninterrupted run's samples (no group lost or repeated)."""
-    import verl.workers.rollout_copy as rollout_copy
-
-    monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
-    ray_stream = (
-        *SEEDED,
-        "trainer.backend=ray",
-        "trainer.async_rollout=true",
-        "trainer.rollout_mode=streaming",
-        "trainer.max_staleness=0",
-        "trainer.val_before_train=false",
-    )
-    _, straight = _fit(rl_config(*ray_stream, f"trainer.default_local_dir={tmp_path / 'straight'}"))
-    run_dir = tmp_path / "resumed"
-    _, before = _fit(
-        rl_config(
-            *ray_stream,
-            "trainer.total_training_steps=2",
-            "trainer.save_freq=2",
-            f"trainer.default_local_dir={run_dir}",
-        )
-    )
-    assert (run_dir / "global_step_2").is_dir()
-    resumed, after = _fit(
-        rl_config(*ray_stream, "trainer.resume_mode=auto", f"trainer.default_local_dir={run_dir}")
-    )
-    assert len(straight) == 3 and len(before) == 2 and len(after) == 1
-    for got, want in zip(before + after, straight, strict=True):
-        assert torch.equal(got, want)
-    assert [m["stream/dropped_groups"] for m in resumed.history] == [0]
+def test_streaming_on_ray_resumes_with_each_group_once(ray_runs):
+    """max_staleness=0 on Ray with the slowed copy: a run resumed from the streaming run's
+    step-2 checkpoint trains step 3 on the uninterrupted run's samples (no group lost or
+    repeated) with its loss and gradient norm."""
+    straight, straight_samples = ray_runs["streaming"]
+    resumed, after = ray_runs["resumed"]
+    assert len(straight_samples) == 3 and len(after) == 1
+    assert torch.equal(after[0], straight_samples[2])
+    (got,) = resumed.history
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        want = straight.history[2][key]
+        assert abs(got[key] - want) <= 1e-6 * max(1.0, abs(want)), key
+    assert got["stream/dropped_groups"] == 0
