@@ -71,8 +71,11 @@ class _Scripted(NativeRollout):
 def _same(a, b) -> None:
     assert torch.equal(a.batch["responses"], b.batch["responses"])
     assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
+    # fp32 log-probs of rows decoded beside other rows: the matmuls' rounding depends on the
+    # batch's rows and the CPU's kernels (1.1e-5 seen with AVX2 only); a row mixed up with
+    # another would be off by far more
     gap = float((a.batch["rollout_log_probs"] - b.batch["rollout_log_probs"]).abs().max())
-    assert gap < 1e-5, gap
+    assert gap < 1e-4, gap
 
 
 PARAMS = [

