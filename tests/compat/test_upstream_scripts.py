@@ -8,7 +8,10 @@ overlong buffer, ``ray_kwargs.ray_init``, profilers, ...), with only the model p
 data files, the device counts, the batch sizes, the step counts and the logger changed
 (a tiny model, two steps, ``trainer.logger=console``) and the native rollout engine. The
 fast test validates each script's config (``--validate-only``); the slow one trains two
-steps and checks the run's metrics and final model.
+steps and checks the run's metrics and final model. The scripts' ``$PYTHON`` forks each run
+from a parent that imported the trainer once (``tests/prewarmed_python.py``): the scripts,
+their arguments and ``-m verl.trainer.main_ppo`` are the user's, the interpreter's start-up is
+paid once a module.
 """
 
 from __future__ import annotations
@@ -16,15 +19,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.prewarmed_python import prewarmed_python
 from verl.models.tiny import save_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
+# what `python -m verl.trainer.main_ppo` imports before it trains, imported once (the fixture
+# ``python``)
+PREWARM = ("verl.trainer.main_ppo", "verl.trainer.rl.trainer", "verl.workers")
 
 # the keys every upstream RL script of the family passes (sizes already cut down)
 COMMON = """\
@@ -222,18 +230,34 @@ def _script(tmp_path: Path, family: str) -> Path:
     return path
 
 
-def _run(script: Path, env: dict[str, str], out: Path, *args: str, timeout: float = 900):
-    full = {
+def _env(env: dict[str, str]) -> dict[str, str]:
+    return {
         **os.environ,
         **env,
-        "PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
-        "OUT": str(out),
-        "NAME": script.stem,
         # one OpenMP thread per run, as in the pytest process (tests/conftest.py): two stall
         # on two cores shared with the other xdist worker
         "OMP_NUM_THREADS": "1",
     }
+
+
+@pytest.fixture(scope="module")
+def python(upstream_env, tmp_path_factory) -> Iterator[str]:
+    """The scripts' ``$PYTHON``: forked from a parent that imported the trainer once
+    (``tests/prewarmed_python.py``), not a fresh interpreter per run."""
+    with prewarmed_python(PREWARM, _env(upstream_env), tmp_path_factory.mktemp("python")) as exe:
+        yield exe
+
+
+def _run(
+    script: Path,
+    env: dict[str, str],
+    out: Path,
+    *args: str,
+    timeout: float = 900,
+    python: str = sys.executable,
+):
+    full = {**_env(env), "PYTHON": python, "OUT": str(out), "NAME": script.stem}
     return subprocess.run(
         ["bash", str(script), *args],
         capture_output=True,
@@ -245,8 +269,9 @@ def _run(script: Path, env: dict[str, str], out: Path, *args: str, timeout: floa
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_upstream_script_config_loads(family, upstream_env, tmp_path):
-    run = _run(_script(tmp_path, family), upstream_env, tmp_path, "--validate-only", timeout=120)
+def test_upstream_script_config_loads(family, upstream_env, python, tmp_path):
+    script = _script(tmp_path, family)
+    run = _run(script, upstream_env, tmp_path, "--validate-only", timeout=120, python=python)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "config OK" in run.stdout
     # the notes name what each dropped upstream key would have done
@@ -265,8 +290,8 @@ def test_upstream_script_config_loads(family, upstream_env, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_upstream_script_trains_two_steps(family, upstream_env, tmp_path):
-    run = _run(_script(tmp_path, family), upstream_env, tmp_path)
+def test_upstream_script_trains_two_steps(family, upstream_env, python, tmp_path):
+    run = _run(_script(tmp_path, family), upstream_env, tmp_path, python=python)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "wall time" in run.stdout, run.stdout[-2000:]
     assert (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
@@ -321,20 +346,22 @@ def sft_data(upstream_env) -> dict[str, str]:
     return upstream_env
 
 
-def test_upstream_sft_trainer_script_validates(sft_data, tmp_path):
+def test_upstream_sft_trainer_script_validates(sft_data, python, tmp_path):
     script = tmp_path / "run_sft.sh"
     script.write_text(SFT_SCRIPT)
-    run = _run(script, {**sft_data, "WANDB_MODE": "disabled"}, tmp_path, "--validate-only")
+    env = {**sft_data, "WANDB_MODE": "disabled"}
+    run = _run(script, env, tmp_path, "--validate-only", python=python)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "engine.ulysses_sequence_parallel_size=8 is dropped" in run.stderr
 
 
 @pytest.mark.slow
-def test_upstream_sft_trainer_script_trains_on_one_torchrun_rank(sft_data, tmp_path):
+def test_upstream_sft_trainer_script_trains_on_one_torchrun_rank(sft_data, python, tmp_path):
     """engine.strategy=fsdp2 on one torchrun rank trains as one process (with a note)."""
     script = tmp_path / "run_sft.sh"
     script.write_text(SFT_SCRIPT)
-    run = _run(script, {**sft_data, "WANDB_MODE": "disabled"}, tmp_path, timeout=600)
+    env = {**sft_data, "WANDB_MODE": "disabled"}
+    run = _run(script, env, tmp_path, timeout=600, python=python)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "trains as engine.strategy=single" in run.stderr
     assert "(step 2)" in run.stdout and (tmp_path / "ckpt" / "huggingface").is_dir()

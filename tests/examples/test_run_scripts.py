@@ -3,7 +3,9 @@
 Fast tests: each script's config validates as written, the GRPO script is exactly the main
 job's preset, and the GPU script converts GSM8K and explains what is missing. Slow tests: every
 CPU script trains two steps on a tiny model (extra ``key=value`` arguments, which every script
-passes on after its own) and leaves its metrics and its final HuggingFace model behind.
+passes on after its own) and leaves its metrics and its final HuggingFace model behind; their
+``$PYTHON`` forks each run from a parent that imported the trainers once
+(``tests/prewarmed_python.py``).
 """
 
 from __future__ import annotations
@@ -12,13 +14,23 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.prewarmed_python import prewarmed_python
 from verl.models.tiny import save_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
+# what the CPU scripts' trainers import before they train, imported once (fixture ``python``)
+PREWARM = (
+    "verl.trainer.main_ppo",
+    "verl.trainer.main_sft",
+    "verl.trainer.main_dpo",
+    "verl.trainer.rl.trainer",
+    "verl.workers",
+)
 EXAMPLES = ROOT / "examples"
 GRPO = EXAMPLES / "grpo_trainer" / "run_smollm2_arith.sh"
 GAE = EXAMPLES / "ppo_trainer" / "run_smollm2_arith_gae.sh"
@@ -71,6 +83,14 @@ def _run(script: Path, *args: str, cwd: Path, timeout: float = 120, **env: str):
         env=_env(**env),
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> Iterator[str]:
+    """The training runs' ``$PYTHON``: forked from a parent that imported the trainers once
+    (``tests/prewarmed_python.py``), not a fresh interpreter per run."""
+    with prewarmed_python(PREWARM, _env(), tmp_path_factory.mktemp("python")) as exe:
+        yield exe
 
 
 @pytest.fixture(scope="module")
@@ -230,9 +250,9 @@ def _outputs(out: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [GRPO, GAE], ids=lambda p: p.name)
-def test_rl_script_trains_two_steps(script, tiny_model, tmp_path):
+def test_rl_script_trains_two_steps(script, tiny_model, python, tmp_path):
     overrides = [f"actor_rollout_ref.model.path={tiny_model}", *RL_SHORT, *BUILTIN_SMALL]
-    run = _run(script, *overrides, *_outputs(tmp_path), cwd=tmp_path, timeout=900)
+    run = _run(script, *overrides, *_outputs(tmp_path), cwd=tmp_path, timeout=900, PYTHON=python)
     _assert_trained(run, tmp_path)
     if script is GAE:  # the critic trained too
         lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
@@ -241,7 +261,7 @@ def test_rl_script_trains_two_steps(script, tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_calculator_script_writes_its_data_and_trains_two_steps(tiny_model, tmp_path):
+def test_calculator_script_writes_its_data_and_trains_two_steps(tiny_model, python, tmp_path):
     overrides = [
         f"actor_rollout_ref.model.path={tiny_model}",
         *RL_SHORT,
@@ -257,6 +277,7 @@ def test_calculator_script_writes_its_data_and_trains_two_steps(tiny_model, tmp_
         DATA_DIR=str(tmp_path / "calc"),
         TRAIN_SIZE="16",
         VAL_SIZE="4",
+        PYTHON=python,
     )
     assert (tmp_path / "calc" / "train.parquet").is_file()
     _assert_trained(run, tmp_path)
@@ -264,7 +285,7 @@ def test_calculator_script_writes_its_data_and_trains_two_steps(tiny_model, tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [SFT, DPO], ids=lambda p: p.name)
-def test_offline_script_trains_two_steps(script, tiny_model, tmp_path):
+def test_offline_script_trains_two_steps(script, tiny_model, python, tmp_path):
     overrides = [f"model.path={tiny_model}", *OFFLINE_SHORT]
-    run = _run(script, *overrides, *_outputs(tmp_path), cwd=tmp_path, timeout=900)
+    run = _run(script, *overrides, *_outputs(tmp_path), cwd=tmp_path, timeout=900, PYTHON=python)
     _assert_trained(run, tmp_path)
