@@ -10,12 +10,14 @@ recorded log-prob equals a no-cache recomputation under the weights of its recor
 (``resume``: every token; ``continue``: the tokens of the version each copy's call started
 with). The driver's counters are the copies' sums: the step-2 metric counts both copies'
 swaps, and after the run the driver's mailbox holds the sum of the copies' final counters.
-Saved after step 2 and resumed (slow), the fresh copies get the resumed step's post once
-and every token of both copies' rows is exact under its version.
+Resumed from the ``resume``-mode run's step-2 checkpoint (slow), the fresh copies get the
+resumed step's post once and every token of both copies' rows is exact under its version.
 Fast: the driver's bookkeeping for a fake pool of two ranks.
 """
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
@@ -89,12 +91,27 @@ def _rank_rows(gen: DataProto, rank: int) -> DataProto:
     return gen[prompts // PROMPTS_PER_COPY == rank]
 
 
+@pytest.fixture(scope="module")
+def resume_mode_pool_run(module_rl_config, ray_session, tmp_path_factory):
+    """The ``resume``-mode :func:`_pool_run`, saved after step 2 (and 3), made once: the swap
+    test reads it and the resume test resumes from its step-2 checkpoint. Returns what
+    :func:`_pool_run` does, then the run's directory."""
+    run_dir = tmp_path_factory.mktemp("resume_mode_pool_run") / "run"
+    saving = ("trainer.save_freq=2", f"trainer.default_local_dir={run_dir}")
+    with pytest.MonkeyPatch.context() as mp:
+        return (*_pool_run(module_rl_config, mp, "resume", WaitingCopy, *saving), run_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["continue", "resume"])
 def test_each_copy_of_a_pool_swaps_mid_call_with_exact_log_probs(
-    rl_config, ray_session, monkeypatch, mode
+    rl_config, ray_session, monkeypatch, mode, request
 ):
-    taken, posted, history, states, driver_stats = _pool_run(rl_config, monkeypatch, mode)
+    if mode == "resume":  # the run the resume test starts from
+        *run, _ = request.getfixturevalue("resume_mode_pool_run")
+        taken, posted, history, states, driver_stats = run
+    else:
+        taken, posted, history, states, driver_stats = _pool_run(rl_config, monkeypatch, mode)
     assert len(taken) == 3 and sorted(posted) == [0, 1, 2]  # one post per step, to both
     assert_updates_moved(history)
     assert any(not torch.equal(posted[0][k], posted[1][k]) for k in posted[0])
@@ -123,16 +140,16 @@ def test_each_copy_of_a_pool_swaps_mid_call_with_exact_log_probs(
 
 @pytest.mark.slow
 def test_a_resumed_pool_posts_again_into_fresh_copies(
-    rl_config, ray_session, monkeypatch, tmp_path
+    rl_config, ray_session, monkeypatch, tmp_path, resume_mode_pool_run
 ):
-    """Saved after step 2 (both copies swapped mid-call) and resumed: the fresh copies'
-    mailboxes start empty, the resumed step posts its version once (to both) and trains on
-    both copies' rows of versions 1-2, each token exact under its version."""
+    """Resumed from the step-2 checkpoint of the ``resume``-mode pool run (both copies
+    swapped mid-call): the fresh copies' mailboxes start empty, the resumed step posts its
+    version once (to both) and trains on both copies' rows of versions 1-2, each token exact
+    under its version."""
+    *_, history, _, _, saved_dir = resume_mode_pool_run
+    assert history[1]["stream/midcall_weight_swaps_total"] >= 2
+    shutil.copytree(saved_dir / "global_step_2", tmp_path / "run" / "global_step_2")
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
-    saving = ("trainer.total_training_steps=2", "trainer.save_freq=2", run_dir)
-    before, _, history, _, _ = _pool_run(rl_config, monkeypatch, "resume", WaitingCopy, *saving)
-    assert len(before) == 2 and history[1]["stream/midcall_weight_swaps_total"] >= 2
-    assert (tmp_path / "run" / "global_step_2").is_dir()
     after, posted, history, _, _ = _pool_run(
         rl_config, monkeypatch, "resume", RolloutCopyWorker, "trainer.resume_mode=auto", run_dir
     )

@@ -12,12 +12,14 @@ the later ones decode over the old weights' cache by design). A control whose co
 its old weights while its versions advance fails that comparison. Against a fake copy in
 another process (fast): the posts go to the copy, not the driver's mailbox, once per version
 and never older; a call carries the mailbox's mode and returns the version it started with;
-a checkpoint load resets the copy's mailbox. A run saved after a mid-call swap and resumed
-(slow) posts its step's version once into the fresh copy and trains on versions 1-2.
+a checkpoint load resets the copy's mailbox. A run resumed from the ``resume``-mode run's
+step-2 checkpoint, saved after a mid-call swap (slow), posts its step's version once into
+the fresh copy and trains on versions 1-2.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections import defaultdict
@@ -165,10 +167,25 @@ def _straddling_rows(taken) -> int:
     return count
 
 
+@pytest.fixture(scope="module")
+def resume_mode_run(module_rl_config, ray_session, tmp_path_factory):
+    """The ``resume``-mode run of :func:`_partial_run` with the waiting copy, saved after
+    step 2 (and 3), made once: the swap test reads it and the resume test resumes from its
+    step-2 checkpoint. Returns the run's trained batches, posts and metrics, and its
+    directory."""
+    run_dir = tmp_path_factory.mktemp("resume_mode_run") / "run"
+    saving = ("trainer.save_freq=2", f"trainer.default_local_dir={run_dir}")
+    with pytest.MonkeyPatch.context() as mp:
+        return (*_partial_run(module_rl_config, mp, WaitingCopy, "resume", *saving), run_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["continue", "resume"])
-def test_weights_swap_mid_call_in_the_ray_copy(rl_config, ray_session, monkeypatch, mode):
-    taken, posted, history = _partial_run(rl_config, monkeypatch, WaitingCopy, mode)
+def test_weights_swap_mid_call_in_the_ray_copy(rl_config, ray_session, monkeypatch, mode, request):
+    if mode == "resume":  # the run the resume test starts from
+        taken, posted, history, _ = request.getfixturevalue("resume_mode_run")
+    else:
+        taken, posted, history = _partial_run(rl_config, monkeypatch, WaitingCopy, mode)
     assert len(taken) == 3 and sorted(posted) == [0, 1, 2]  # one post per step
     for step, gen in enumerate(taken):
         assert_token_versions(gen, step)
@@ -277,24 +294,22 @@ def test_config_takes_partial_rollouts_on_the_ray_backend(rl_config, mode):
 
 @pytest.mark.slow
 def test_a_resumed_ray_run_posts_again_into_a_fresh_copy(
-    rl_config, ray_session, monkeypatch, tmp_path
+    rl_config, ray_session, monkeypatch, tmp_path, resume_mode_run
 ):
-    """Saved after step 2 (a swap made mid-call) and resumed: the new copy's mailbox starts
-    empty, the resumed step posts its version once and trains on groups of versions 1-2."""
-    run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
-    before, posted, history = _partial_run(
+    """Resumed from the step-2 checkpoint of the ``resume``-mode run (a swap made mid-call):
+    the new copy's mailbox starts empty, the resumed step posts its version once and trains
+    on groups of versions 1-2."""
+    _, _, history, saved_dir = resume_mode_run
+    assert history[1]["stream/midcall_weight_swaps_total"] >= 1
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_dir / "global_step_2", run_dir / "global_step_2")
+    after, posted, history = _partial_run(
         rl_config,
         monkeypatch,
-        WaitingCopy,
+        RolloutCopyWorker,
         "resume",
-        "trainer.total_training_steps=2",
-        "trainer.save_freq=2",
-        run_dir,
-    )
-    assert len(before) == 2 and history[1]["stream/midcall_weight_swaps_total"] >= 1
-    assert (tmp_path / "run" / "global_step_2").is_dir()
-    after, posted, history = _partial_run(
-        rl_config, monkeypatch, RolloutCopyWorker, "resume", "trainer.resume_mode=auto", run_dir
+        "trainer.resume_mode=auto",
+        f"trainer.default_local_dir={run_dir}",
     )
     assert len(after) == 1 and sorted(posted) == [2]  # the resumed step's post, once
     assert_token_versions(after[0], 2)
