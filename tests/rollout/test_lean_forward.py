@@ -1,5 +1,5 @@
 """The native engine's lean forward (``verl.rollout.lean_forward``, the default under CPU bf16
-autocast for plain Llama / Qwen2): the same greedy tokens as the HF forward over packed
+autocast for plain Llama / Qwen2; fp32: ``test_lean_forward_fp32.py``): the same greedy tokens as the HF forward over packed
 weights and log-probs within LOGP_ATOL (bit for bit on these models), lock-step and
 continuous, rows at different positions, prompts of different lengths, stop tokens; seeded
 samples unchanged; the current weights read at every call; the HF forward for what it does
@@ -136,7 +136,8 @@ class _Subclass(LlamaForCausalLM):
 
 def test_the_hf_forward_for_what_it_does_not_cover(model, tokenizer, batch):
     """A forward hook, a subclass, a LoRA layer, eager attention: the HF forward runs (and
-    samples what the hooked model computes); fp32 never takes it."""
+    samples what the hooked model computes); fp32 takes the fp32 lean forward
+    (``test_lean_forward_fp32.py``)."""
     assert unsupported(model) is None
     outputs = []
     handle = model.model.layers[1].mlp.register_forward_hook(
@@ -173,7 +174,7 @@ def test_the_hf_forward_for_what_it_does_not_cover(model, tokenizer, batch):
     assert _generate(NativeRollout(eager, tokenizer), batch, GREEDY)[1] == 0.0
     fp32 = NativeRollout(model, tokenizer)
     fp32.generate(batch, GREEDY)  # no autocast
-    assert fp32.last_stats["lean"] == 0.0
+    assert fp32.last_stats["lean"] == 1.0
     if importlib.util.find_spec("peft") is not None:
         from peft import LoraConfig, get_peft_model
 

@@ -47,7 +47,9 @@ def applies(query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict) -> 
     row (broadcast over heads or one per query head) and no feature it does not implement.
     In fp32 transformers' function keeps the call: stacking measured no faster there (W2's
     fp32 generation 0.66 s either way) and its results differ from transformers' in the last
-    bits, which would change fp32 runs that are compared bit for bit with earlier ones."""
+    bits, which would change fp32 runs that are compared bit for bit with earlier ones (the
+    fp32 lean forward of :mod:`verl.rollout.lean_forward`, the default for a plain Llama /
+    Qwen2, inlines its own fp32 decode attention)."""
     if query.device.type != "cpu" or query.shape[2] != 1:
         return False
     if not torch.is_autocast_enabled("cpu"):

@@ -26,6 +26,10 @@ changed in place while the context is open is not seen, so the native rollout do
 when weights may arrive mid-call (:mod:`verl.rollout.partial`). The swap sets an instance
 attribute ``forward`` on each layer and removes it on exit; no other code may run the
 module meanwhile (the rollout engine owns it for the call).
+
+:func:`pack` and :func:`packed_linear` also take fp32 (:func:`fp32_available`: outside
+autocast): oneDNN's fp32 matmul over a weight reordered once, which the fp32 lean forward
+(:mod:`verl.rollout.lean_forward`) uses for calls of many decode rows.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["available", "pack", "packed_linear", "packed_linears"]
+__all__ = ["available", "fp32_available", "pack", "packed_linear", "packed_linears"]
 
 
 def available(device: torch.device) -> bool:
@@ -53,6 +57,18 @@ def available(device: torch.device) -> bool:
     return bool(ops._is_mkldnn_bf16_supported())
 
 
+def fp32_available(device: torch.device) -> bool:
+    """Whether :func:`pack` / :func:`packed_linear` take fp32 weights here: a CPU module
+    outside autocast, with oneDNN and its packing ops in this torch (its fp32 kernels need
+    no particular CPU)."""
+    if device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn
+    return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+
+
 def _packed_forward(layer: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None):
     linear = torch.ops.mkldnn._linear_pointwise
     plain = torch.nn.Linear.forward.__get__(layer)
@@ -67,17 +83,20 @@ def _packed_forward(layer: torch.nn.Linear, weight: torch.Tensor, bias: torch.Te
     return forward
 
 
-def pack(weights: list[torch.Tensor], batch_hint: int = 1) -> torch.Tensor:
-    """One oneDNN-packed bf16 weight for the ``(out_i, in)`` weights stacked along their
-    output dim (a fused projection: q/k/v, gate/up), made from their current values: each is
-    converted into its rows of one bf16 buffer, which is reordered once. Conditions as for
-    :func:`packed_linears`."""
+def pack(
+    weights: list[torch.Tensor], batch_hint: int = 1, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """One oneDNN-packed weight in ``dtype`` (bf16, or fp32 for an fp32 forward) for the
+    ``(out_i, in)`` weights stacked along their output dim (a fused projection: q/k/v,
+    gate/up), made from their current values: each is converted into its rows of one
+    buffer, which is reordered once (a copy: later writes to the weights are not seen).
+    Conditions as for :func:`packed_linears` (bf16) or :func:`fp32_available`."""
     if len(weights) == 1:
         return torch.ops.mkldnn._reorder_linear_weight(
-            weights[0].detach().to(torch.bfloat16), max(1, batch_hint)
+            weights[0].detach().to(dtype), max(1, batch_hint)
         )
     rows = sum(w.shape[0] for w in weights)
-    buffer = torch.empty(rows, weights[0].shape[1], dtype=torch.bfloat16)
+    buffer = torch.empty(rows, weights[0].shape[1], dtype=dtype)
     start = 0
     for w in weights:
         buffer[start : start + w.shape[0]].copy_(w.detach())
@@ -86,9 +105,11 @@ def pack(weights: list[torch.Tensor], batch_hint: int = 1) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x (..., in) @ weight.T + bias`` in bf16 over a weight from :func:`pack` (``bias``
-    bf16 or None); the output is bf16, fp32 accumulation (what autocast computes)."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight, bias, "none", [], "")
+    """``x (..., in) @ weight.T + bias`` over a weight from :func:`pack`, in its dtype
+    (``x`` converted to it, ``bias`` in it or None). bf16: a bf16 output with fp32
+    accumulation (what autocast computes); fp32: oneDNN's fp32 matmul, which may differ from
+    ``torch.nn.functional.linear``'s (MKL) in the last bits."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
 
 
 @contextlib.contextmanager

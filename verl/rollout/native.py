@@ -11,8 +11,9 @@ It reads the training module's weights in place (no copy) and runs this loop:
    a view of a preallocated (rows, max_len) boolean mask (no mask rebuilt by transformers)
    and explicit position ids (left padding makes them differ per row). The last token is
    sampled without a forward behind it, so ``R`` new tokens cost one prefill + ``R - 1``
-   decode forwards. Under CPU bf16 autocast a plain Llama / Qwen2 runs both without its HF
-   modules (:class:`~verl.rollout.lean_forward.LeanForward`; the HF forward otherwise).
+   decode forwards. Under CPU bf16 autocast or in fp32 a plain Llama / Qwen2 runs both
+   without its HF modules (:class:`~verl.rollout.lean_forward.LeanForward`; the HF forward
+   otherwise).
 3. **Compaction.** Rows that hit a stop token / stop string are dropped from the batch and
    the cache once they make up ``compaction_threshold`` of the running rows, so late steps
    only compute unfinished rows. Each sample draws its uniforms from a hash of (seed, its
@@ -58,7 +59,7 @@ from typing import Any
 
 import torch
 
-from verl.kernels import block_attention, packed_linear
+from verl.kernels import block_attention
 from verl.kernels.decode_attention import DECODE_KWARG
 from verl.rollout.base import (
     RolloutEngine,
@@ -74,7 +75,7 @@ from verl.rollout.continuous import (
 )
 from verl.rollout.images import PromptImages, add_multimodal_positions, native_image_prompts
 from verl.rollout.kv_cache import PreallocatedKVCache
-from verl.rollout.lean_forward import LeanForward, unsupported
+from verl.rollout.lean_forward import LeanForward, for_call
 from verl.rollout.native_lockstep import generate_lockstep
 from verl.rollout.partial import current_weight_mailbox, tag_token_versions
 from verl.rollout.sampling import row_uniforms, sample_next_tokens
@@ -127,7 +128,7 @@ class NativeRollout(RolloutEngine):
             arriving mid-call. A plain Llama / Qwen2 (sdpa) with text prompts then runs
             :class:`~verl.rollout.lean_forward.LeanForward` (no HF module calls, fused
             q/k/v and gate/up matmuls) instead of the HF forward (``last_stats["lean"]``),
-            unless ``lean_forward=False``.
+            unless ``lean_forward=False``; in fp32 (no autocast) too, its matmuls in fp32.
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -326,27 +327,22 @@ class NativeRollout(RolloutEngine):
         )
 
     # ------------------------------------------------------------------ internals
-    def _packed(self, mailbox: Any, rows: int, text: bool) -> contextlib.AbstractContextManager:
-        """The call's packed weights when they apply (``pack_weights``, eager decode, no
-        mid-call weights, CPU bf16 autocast): the lean forward for a model it covers and
-        ``text`` prompts, else :func:`~verl.kernels.packed_linear.packed_linears`."""
-        if not self.pack_weights or self.compile_decode or mailbox is not None:
-            return contextlib.nullcontext()
-        if not packed_linear.available(self._device()):
-            return contextlib.nullcontext()
-        hint = min(rows, self.max_num_seqs or rows)
-        lean = text and self.lean_forward and self._decode_attention
-        if lean and (why := unsupported(self.module)) is None:
-            return self._lean_call(LeanForward(self.module, hint))
-        if lean:
-            logger.debug("native rollout: HF forward, the lean one does not cover %s", why)
-        return packed_linear.packed_linears(self.module, hint)
-
     @contextlib.contextmanager
-    def _lean_call(self, lean: LeanForward) -> Any:
+    def _packed(self, mailbox: Any, rows: int, text: bool) -> Any:
+        """The call's packed weights when they apply (``pack_weights``, eager decode):
+        :func:`verl.rollout.lean_forward.for_call` (bf16 autocast or fp32; ``text``
+        prompts for the lean forward)."""
+        lean, context = None, contextlib.nullcontext()
+        if self.pack_weights and not self.compile_decode:
+            hint = min(rows, self.max_num_seqs or rows)
+            # its mask: the 4-D boolean one of sdpa
+            use = text and self.lean_forward and self._decode_attention
+            use = use and self._mask_mode == "sdpa"
+            lean, context = for_call(self.module, self._device(), hint, use, mailbox)
         self._lean = lean
         try:
-            yield
+            with context:
+                yield
         finally:
             self._lean = None  # frees its packed weights
 
