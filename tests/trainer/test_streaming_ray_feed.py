@@ -27,6 +27,7 @@ its sink once; a copy whose engine takes no offers is offered nothing more.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from types import SimpleNamespace
@@ -269,35 +270,27 @@ def test_fed_batches_on_ray_resume_with_each_group_once(
 ):
     """max_staleness=1 (two batches queued together: the second joins the first's call),
     the weights fixed (lr=0) so a group's samples depend on its batch only: the straight
-    run and a run saved after step 2 and resumed each train every group at most once, and
-    a group both train has the same samples."""
+    run (saved after step 2) and its first two steps followed by a run resumed from that
+    checkpoint each train every group once, and a group both train has the same samples."""
     import verl.workers.rollout_copy as rollout_copy
 
     monkeypatch.setattr(rollout_copy, "RolloutCopyWorker", SlowCopy)
     fixed = (*RAY_STREAM, "trainer.max_staleness=1", "actor_rollout_ref.actor.optim.lr=0")
-    fixed += ("trainer.val_before_train=false",)
+    fixed += ("trainer.val_before_train=false", "trainer.save_freq=2")
     stats: list[dict[str, float]] = []
+    straight_dir, run_dir = tmp_path / "straight", tmp_path / "resumed"
     with caplog.at_level(logging.WARNING):
         _, straight = _fit(
-            rl_config(*fixed, f"trainer.default_local_dir={tmp_path / 'straight'}"),
-            _watch_feed(stats),
+            rl_config(*fixed, f"trainer.default_local_dir={straight_dir}"), _watch_feed(stats)
         )
-        run_dir = tmp_path / "resumed"
-        _, before = _fit(
-            rl_config(
-                *fixed,
-                "trainer.total_training_steps=2",
-                "trainer.save_freq=2",
-                f"trainer.default_local_dir={run_dir}",
-            )
-        )
-        assert (run_dir / "global_step_2").is_dir()
+        shutil.copytree(straight_dir / "global_step_2", run_dir / "global_step_2")
         _, after = _fit(
             rl_config(*fixed, "trainer.resume_mode=auto", f"trainer.default_local_dir={run_dir}")
         )
     assert FEED_WARNING not in caplog.text
     assert stats[-1]["fed_batches"] >= 1 and stats[-1]["continued"] >= 1, stats
-    assert len(straight) == 3 and len(before) == 2 and len(after) == 1
+    before = straight[:2]
+    assert len(straight) == 3 and len(after) == 1
 
     def by_uid(run):
         groups: dict[str, torch.Tensor] = {}
@@ -312,7 +305,8 @@ def test_fed_batches_on_ray_resume_with_each_group_once(
     want, got = by_uid(straight), by_uid(before + after)
     assert len(want) == len(got) == 12
     shared = set(want) & set(got)
-    assert len(shared) >= 8, (sorted(want), sorted(got))
+    # the resumed step's groups are among those compared (the first two steps are shared)
+    assert set(by_uid(after)) & shared, (sorted(want), sorted(got))
     for uid in shared:
         assert torch.equal(got[uid], want[uid]), uid
 
