@@ -16,7 +16,10 @@ and method it reports:
   attention's 4 * heads * head_dim per cached column per layer per row) / the machine's bf16
   matmul rate;
 - ``frac``: max(bw_ms, flop_ms) / step_ms, the fraction of the roofline achieved, and the
-  regime (``bw`` or ``flop``: which bound is the larger).
+  regime (``bw`` or ``flop``: which bound is the larger);
+- ``cpu_s``: this process's CPU seconds for a whole call (prefill, packing, every step;
+  median). With one thread other jobs on the machine inflate it less than the wall time:
+  time spent waiting for a core is not counted (contention for caches and memory is).
 
 The machine's rates come from :func:`verl.utils.calibrate.calibrate`, measured in this
 process with the same threads, before and after the timings (both printed; the bounds use
@@ -36,9 +39,10 @@ an underestimate). Methods:
 
 ``--dtype fp32`` times the same steps without autocast (fp32 weights and matmuls: what
 precision ``auto`` runs on a CPU without bf16 instructions), against fp32 bounds (weights
-read in fp32, the fp32 matmul rate). Methods there: ``hf`` (``lean_forward=False``: the HF
-forward on the plain fp32 weights), ``lean`` (the default engine: the lean forward over
-fp32 weights packed for oneDNN once per call) and ``compiled``.
+read in fp32, the fp32 matmul rate). Methods there: ``hf`` (the HF forward on the plain
+fp32 weights, the default in fp32), ``lean`` (``lean_fp32=True``: the lean forward in fp32,
+its matmuls ``F.linear`` below 32 rows, oneDNN over weights packed once per call from 32 on)
+and ``compiled``.
 
 The main job decodes 64 rows (8 prompts x 8 samples) for up to 16 tokens per generation.
 ``--main-job`` also times its generation phase per training step, ``autocast``, ``packed``
@@ -126,14 +130,15 @@ def _autocast(torch, dtype: str):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
-def _native_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float, float]:
-    """One generation: (seconds per decode step, seconds outside ``_generate``)."""
+def _native_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float, ...]:
+    """One generation: (seconds per decode step, seconds outside ``_generate``, this
+    process's CPU seconds for the whole call)."""
     with _autocast(torch, dtype):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         engine.generate(batch, params)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     stats = engine.last_stats
-    return stats["decode_s"] / stats["decode_steps"], wall - stats["total_s"]
+    return stats["decode_s"] / stats["decode_steps"], wall - stats["total_s"], cpu
 
 
 def _vllm_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float, float]:
@@ -145,7 +150,7 @@ def _vllm_call(engine, batch, params, torch, dtype: str = "bf16") -> tuple[float
         start = time.perf_counter()
         engine.generate(batch, p)
         seconds.append(time.perf_counter() - start)
-    return max(seconds[0] - seconds[1], 1e-9) / (params.max_new_tokens - 1), 0.0
+    return max(seconds[0] - seconds[1], 1e-9) / (params.max_new_tokens - 1), 0.0, 0.0
 
 
 def time_rows(
@@ -170,6 +175,7 @@ def time_rows(
         m: {
             "step_s": statistics.median(r[0] for r in runs[m]),
             "setup_ms": round(statistics.median(r[1] for r in runs[m]) * 1e3, 1),
+            "cpu_call_s": round(statistics.median(r[2] for r in runs[m]), 2),
             "first_call_s": first[m],
             "prompt_len": prompt_len,
         }
@@ -179,20 +185,22 @@ def time_rows(
 
 def time_main_job(
     engines: dict, model, tokenizer, steps: int, calls: int, torch, dtype: str = "bf16"
-) -> dict:
+) -> tuple[dict, dict]:
     """Seconds of one training step's generation phase per engine, medians over ``steps``
-    (after a warm-up step), the engines alternating within each step."""
+    (after a warm-up step), the engines alternating within each step: wall, and this
+    process's CPU seconds (with one thread: the work done, whatever else the machine runs)."""
     from verl.rollout import SamplingParams
 
     batch = prompt_batch(tokenizer, 8)
     weight = model.model.layers[0].mlp.down_proj.weight
     per: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
     names = list(engines)
     for step in range(steps + 1):
         with torch.no_grad():
             weight.mul_(1.0)  # an in-place update: a new version, the same values
         for name in names[step % len(names) :] + names[: step % len(names)]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             with _autocast(torch, dtype):
                 for call in range(calls):
                     params = SamplingParams(
@@ -201,7 +209,8 @@ def time_main_job(
                     engines[name].generate(batch, params)
             if step:
                 per[name].append(time.perf_counter() - start)
-    return {name: round(statistics.median(t), 3) for name, t in per.items()}
+                cpu[name].append(time.process_time() - cpu_start)
+    return tuple({n: round(statistics.median(t), 3) for n, t in d.items()} for d in (per, cpu))
 
 
 def main() -> None:
@@ -241,7 +250,7 @@ def main() -> None:
         "autocast": lambda: NativeRollout(model, tokenizer, pack_weights=False),
         "packed": lambda: NativeRollout(model, tokenizer, lean_forward=False),
         "hf": lambda: NativeRollout(model, tokenizer, lean_forward=False),
-        "lean": lambda: NativeRollout(model, tokenizer),
+        "lean": lambda: NativeRollout(model, tokenizer, lean_fp32=True),
         "compiled": lambda: NativeRollout(model, tokenizer, compile_decode=True),
     }
     built = {m: engines[m]() for m in methods}
@@ -273,10 +282,12 @@ def main() -> None:
             timings[method][rows] = timing
             step_ms = timing["step_s"] * 1e3
             print(f"# {method} rows={rows}: {step_ms:.1f} ms/step", file=sys.stderr, flush=True)
-    main_job = None
+    main_job = main_job_cpu = None
     if args.main_job:
         trio = {m: built.get(m) or engines[m]() for m in MAIN_JOB[dtype]}
-        main_job = time_main_job(trio, model, tokenizer, args.steps, args.calls, torch, dtype)
+        main_job, main_job_cpu = time_main_job(
+            trio, model, tokenizer, args.steps, args.calls, torch, dtype
+        )
     rates_after = calibrate()
     best = {
         "mem_gbs": max(rates_before["mem_gbs"], rates_after["mem_gbs"]),
@@ -293,6 +304,7 @@ def main() -> None:
                     "rows": rows,
                     **roofline(costs, best, rows, mean_len, t["step_s"], dtype),
                     "setup_ms": t["setup_ms"],
+                    "cpu_call_s": t["cpu_call_s"],
                     "first_call_s": t["first_call_s"],
                 }
             )
@@ -312,6 +324,7 @@ def main() -> None:
         "threads_after_vllm_start": torch.get_num_threads(),
         "table": table,
         "main_job_generation_s": main_job,
+        "main_job_generation_cpu_s": main_job_cpu,
     }
     print(json.dumps(summary))
     print()
@@ -323,13 +336,13 @@ def main() -> None:
     )
     print(
         f"{'method':9} {'rows':>4} {'step_ms':>8} {'bw_ms':>7} {'flop_ms':>8} {'regime':>6} "
-        f"{'frac':>6} {'GB/s':>6} {'GFLOP/s':>8} {'setup_ms':>8}"
+        f"{'frac':>6} {'GB/s':>6} {'GFLOP/s':>8} {'setup_ms':>8} {'cpu_s':>6}"
     )
     for r in table:
         print(
             f"{r['method']:9} {r['rows']:4d} {r['step_ms']:8.1f} {r['bw_ms']:7.1f} "
             f"{r['flop_ms']:8.1f} {r['regime']:>6} {r['frac']:6.1%} {r['achieved_gbs']:6.1f} "
-            f"{r['achieved_gflops']:8.0f} {r['setup_ms']:8.1f}"
+            f"{r['achieved_gflops']:8.0f} {r['setup_ms']:8.1f} {r['cpu_call_s']:6.2f}"
         )
     steps = {(r["method"], r["rows"]): r["step_ms"] for r in table}
     base = "hf" if dtype == "fp32" else "packed"
@@ -341,7 +354,9 @@ def main() -> None:
         print(
             f"main job generation per step ({args.calls} calls of 64 rows, {dtype}): "
             + ", ".join(f"{m} {s:.2f} s" for m, s in main_job.items())
-            + f" (lean / {base} {main_job['lean'] / main_job[base]:.2f})"
+            + f" (lean / {base} {main_job['lean'] / main_job[base]:.2f}); CPU: "
+            + ", ".join(f"{m} {s:.2f} s" for m, s in main_job_cpu.items())
+            + f" (lean / {base} {main_job_cpu['lean'] / main_job_cpu[base]:.2f})"
         )
     if vllm_error:
         print(f"vllm: not run ({vllm_error})")

@@ -1,6 +1,6 @@
-"""The native engine's lean forward in fp32 (``verl.rollout.lean_forward``, the default for a
-plain Llama / Qwen2 outside autocast: what precision ``auto`` runs on a CPU without bf16
-instructions): the same greedy and seeded tokens as the HF eager forward and log-probs
+"""The native engine's lean forward in fp32 (``verl.rollout.lean_forward``; for a plain Llama
+/ Qwen2 outside autocast, what precision ``auto`` runs on a CPU without bf16 instructions,
+with ``NativeRollout(lean_fp32=True)``): the same greedy and seeded tokens as the HF eager forward and log-probs
 within LOGP_ATOL, lock-step and continuous (rows at different positions), biases, the
 current weights read at every call and again after a mid-call weight swap; the HF forward
 where it does not apply. Runs on any CPU (oneDNN's fp32 kernels)."""
@@ -72,8 +72,8 @@ def test_fp32_lean_equals_the_hf_forward(
     )
     net = model if arch == "qwen2" else llama
     slots = 2 * params.n if continuous else None
-    lean = NativeRollout(net, tokenizer, max_num_seqs=slots)
-    hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
+    lean = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_fp32=True)
+    hf = NativeRollout(net, tokenizer, max_num_seqs=slots)  # the default: the HF forward
     a, b = lean.generate(batch, params), hf.generate(batch, params)
     assert (lean.last_stats["lean"], hf.last_stats["lean"]) == (1.0, 0.0)
     steps = int(lean.last_stats["decode_steps"])
@@ -83,7 +83,7 @@ def test_fp32_lean_equals_the_hf_forward(
     assert a.batch["rollout_log_probs"].dtype == torch.float32
     _assert_close(a, b)
     # no packing at all: the HF forward too
-    plain = NativeRollout(net, tokenizer, max_num_seqs=slots, pack_weights=False)
+    plain = NativeRollout(net, tokenizer, max_num_seqs=slots, pack_weights=False, lean_fp32=True)
     _assert_close(a, plain.generate(batch, params))
     assert plain.last_stats["lean"] == 0.0
 
@@ -95,7 +95,7 @@ def test_fp32_biases_and_head_dim(llama, tokenizer, batch, kind):
     torch.manual_seed(0)
     net = varied(LlamaForCausalLM(config))
     for slots in (None, 4):
-        lean = NativeRollout(net, tokenizer, max_num_seqs=slots)
+        lean = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_fp32=True)
         a = lean.generate(batch, GREEDY)
         assert lean.last_stats["lean"] == 1.0
         hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
@@ -105,7 +105,7 @@ def test_fp32_biases_and_head_dim(llama, tokenizer, batch, kind):
 def test_fp32_every_call_reads_the_current_weights(model, tokenizer, batch, kind):
     """A weight changed between calls without a version bump (a write through ``.data``)
     is what the next call samples from; the packed weights are dropped after the call."""
-    lean = NativeRollout(model, tokenizer)
+    lean = NativeRollout(model, tokenizer, lean_fp32=True)
     hf = NativeRollout(model, tokenizer, lean_forward=False)
     first = lean.generate(batch, GREEDY)
     weight = model.model.layers[0].mlp.up_proj.weight
@@ -141,7 +141,7 @@ def _swapped_run(model, tokenizer, batch, lean: bool):
         return logits
 
     engine = NativeRollout(
-        module, tokenizer, max_num_seqs=4, logits_processor=trainer, lean_forward=lean
+        module, tokenizer, max_num_seqs=4, logits_processor=trainer, lean_fp32=lean
     )
     with weight_mailbox(mailbox):
         out = engine.generate(batch, GREEDY)
@@ -163,16 +163,22 @@ def test_fp32_a_mid_call_weight_swap_packs_again(model, tokenizer, batch, kind, 
 
 
 def test_fp32_what_it_does_not_cover(model, tokenizer, batch):
-    """bf16 weights outside autocast, eager attention, ``lean_forward=False``: the HF
-    forward."""
+    """The default (``lean_fp32=False``), bf16 weights outside autocast, eager attention,
+    ``lean_forward=False``: the HF forward."""
+    engine = NativeRollout(model, tokenizer)
+    engine.generate(batch, GREEDY)
+    assert engine.last_stats["lean"] == 0.0
+    engine = NativeRollout(model, tokenizer, lean_forward=False, lean_fp32=True)
+    engine.generate(batch, GREEDY)
+    assert engine.last_stats["lean"] == 0.0
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     assert unsupported(bf16) is None  # the bf16 autocast forward would take it
     assert "is torch.bfloat16" in unsupported(bf16, torch.float32)
-    engine = NativeRollout(bf16, tokenizer)
+    engine = NativeRollout(bf16, tokenizer, lean_fp32=True)
     engine.generate(batch, GREEDY)
     assert engine.last_stats["lean"] == 0.0
     eager = build_tiny_model("qwen2", tokenizer=tokenizer, hidden_size=64, num_layers=1)
     eager.config._attn_implementation = "eager"
-    engine = NativeRollout(eager, tokenizer)
+    engine = NativeRollout(eager, tokenizer, lean_fp32=True)
     engine.generate(batch, GREEDY)
     assert engine.last_stats["lean"] == 0.0

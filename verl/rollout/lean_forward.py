@@ -1,5 +1,5 @@
 """The native engine's forward for plain Llama / Qwen2 decoders on a CPU: under bf16
-autocast, or in fp32 (no autocast, fp32 weights).
+autocast, or in fp32 (no autocast, fp32 weights; opt-in, ``NativeRollout(lean_fp32=True)``).
 
 A decode step of a small model on a CPU is a pass over its weights plus a few hundred small
 ops. Through the HF modules each of those ops also pays for the module calls, keyword
@@ -27,10 +27,13 @@ output (``tests/rollout/test_lean_forward.py`` asserts greedy tokens identical a
 within 2e-3; they were bit for bit on the tiny Qwen2 / Llama and on SmolLM2).
 
 In fp32 (what precision ``auto`` runs on a CPU without bf16 instructions) the same loop
-computes in fp32: the fused matmuls are ``F.linear`` over the q/k/v and gate/up weights
-concatenated (the single ones read as they are) when a call decodes fewer than
-:data:`FP32_PACK_ROWS` rows, else oneDNN's fp32 matmul over weights packed once per call
-(faster at many rows, but the packing costs about a pass over the weights); the KV cache
+can compute in fp32. It is not the default there: it measured no faster than the HF
+forward on the 2-core EPYC, where an fp32 step is the matmuls' pass over the weights and
+the per-op overhead it removes is a few percent (docs/rollout.md, "Lean forward in fp32").
+Its fused matmuls are ``F.linear`` over the q/k/v and gate/up weights concatenated (the
+single ones read as they are) when a call decodes fewer than :data:`FP32_PACK_ROWS` rows,
+else oneDNN's fp32 matmul over weights packed once per call (faster at many rows, but the
+packing costs about a pass over the weights); the KV cache
 holds fp32 keys and values and the inlined decode attention drops its bf16 roundings. Its
 results differ from the HF eager forward's in the last bits of fp32 (other matmul kernels,
 attention as bmm instead of SDPA): greedy tokens identical, log-probs within 6.7e-6 on the
@@ -74,7 +77,12 @@ _PLAIN = (torch.nn.Linear, torch.nn.Embedding, torch.nn.ModuleList)
 
 
 def for_call(
-    module: torch.nn.Module, device: torch.device, hint: int, lean: bool, mailbox: Any
+    module: torch.nn.Module,
+    device: torch.device,
+    hint: int,
+    lean: bool,
+    mailbox: Any,
+    fp32: bool = False,
 ) -> tuple[LeanForward | None, contextlib.AbstractContextManager]:
     """The forward of one native ``generate`` call over ``module`` (on ``device``, decode
     rows mostly ``hint``): ``(a LeanForward or None for the HF forward, a context to run
@@ -85,9 +93,10 @@ def for_call(
     - under CPU bf16 autocast on a CPU with oneDNN bf16 (:func:`packed_linear.available`)
       and no mailbox: bf16 over packed weights, the lean forward when it covers the model,
       else the HF forward under :func:`~verl.kernels.packed_linear.packed_linears`;
-    - outside autocast (:func:`packed_linear.fp32_available`) with fp32 weights: the lean
-      forward in fp32 when it covers the model, re-packing after each mid-call swap of
-      ``mailbox``; the HF forward otherwise (fp32 weights are not packed for it);
+    - with ``fp32``, outside autocast (:func:`packed_linear.fp32_available`) with fp32
+      weights: the lean forward in fp32 when it covers the model, re-packing after each
+      mid-call swap of ``mailbox``; the HF forward otherwise (fp32 weights are not packed
+      for it);
     - anything else: the HF forward as it is."""
     none: tuple[None, contextlib.AbstractContextManager] = (None, contextlib.nullcontext())
     if packed_linear.available(device):
@@ -98,7 +107,7 @@ def for_call(
         if lean:
             logger.debug("native rollout: HF forward, the lean one does not cover %s", why)
         return None, packed_linear.packed_linears(module, hint)
-    if not (lean and packed_linear.fp32_available(device)):
+    if not (lean and fp32 and packed_linear.fp32_available(device)):
         return none
     if (why := unsupported(module, torch.float32)) is not None:
         logger.debug("native rollout: HF forward, the fp32 lean one does not cover %s", why)

@@ -11,9 +11,9 @@ It reads the training module's weights in place (no copy) and runs this loop:
    a view of a preallocated (rows, max_len) boolean mask (no mask rebuilt by transformers)
    and explicit position ids (left padding makes them differ per row). The last token is
    sampled without a forward behind it, so ``R`` new tokens cost one prefill + ``R - 1``
-   decode forwards. Under CPU bf16 autocast or in fp32 a plain Llama / Qwen2 runs both
-   without its HF modules (:class:`~verl.rollout.lean_forward.LeanForward`; the HF forward
-   otherwise).
+   decode forwards. Under CPU bf16 autocast (in fp32 with ``lean_fp32``) a plain Llama /
+   Qwen2 runs both without its HF modules (:class:`~verl.rollout.lean_forward.LeanForward`;
+   the HF forward otherwise).
 3. **Compaction.** Rows that hit a stop token / stop string are dropped from the batch and
    the cache once they make up ``compaction_threshold`` of the running rows, so late steps
    only compute unfinished rows. Each sample draws its uniforms from a hash of (seed, its
@@ -128,7 +128,8 @@ class NativeRollout(RolloutEngine):
             arriving mid-call. A plain Llama / Qwen2 (sdpa) with text prompts then runs
             :class:`~verl.rollout.lean_forward.LeanForward` (no HF module calls, fused
             q/k/v and gate/up matmuls) instead of the HF forward (``last_stats["lean"]``),
-            unless ``lean_forward=False``; in fp32 (no autocast) too, its matmuls in fp32.
+            unless ``lean_forward=False``. ``lean_fp32``: in fp32 (no autocast) too, its
+            matmuls in fp32 (off: not measured faster than the HF forward, docs/rollout.md).
 
     After each ``generate``, ``last_stats`` holds timings and token counts.
     """
@@ -151,6 +152,7 @@ class NativeRollout(RolloutEngine):
         | None = None,
         pack_weights: bool = True,
         lean_forward: bool = True,
+        lean_fp32: bool = False,
     ) -> None:
         if not 0 <= compaction_threshold <= 1:
             raise ValueError(f"compaction_threshold={compaction_threshold} must be in [0, 1]")
@@ -179,6 +181,7 @@ class NativeRollout(RolloutEngine):
         self.continuous_batching = continuous_batching
         self.logits_processor = logits_processor
         self.pack_weights, self.lean_forward = pack_weights, lean_forward
+        self.lean_fp32 = lean_fp32
         self.last_stats: dict[str, float] = {}
         self._logged_images = False
         self._lean: LeanForward | None = None  # this call's lean forward (None: the HF one)
@@ -338,7 +341,8 @@ class NativeRollout(RolloutEngine):
             # its mask: the 4-D boolean one of sdpa
             use = text and self.lean_forward and self._decode_attention
             use = use and self._mask_mode == "sdpa"
-            lean, context = for_call(self.module, self._device(), hint, use, mailbox)
+            fp32 = use and self.lean_fp32
+            lean, context = for_call(self.module, self._device(), hint, use, mailbox, fp32)
         self._lean = lean
         try:
             with context:
