@@ -48,8 +48,7 @@ def applies(query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict) -> 
     In fp32 transformers' function keeps the call: stacking measured no faster there (W2's
     fp32 generation 0.66 s either way) and its results differ from transformers' in the last
     bits, which would change fp32 runs that are compared bit for bit with earlier ones (the
-    fp32 lean forward of :mod:`verl.rollout.lean_forward`, the default for a plain Llama /
-    Qwen2, inlines its own fp32 decode attention)."""
+    opt-in fp32 lean forward of :mod:`verl.rollout.lean_forward` inlines its own)."""
     if query.device.type != "cpu" or query.shape[2] != 1:
         return False
     if not torch.is_autocast_enabled("cpu"):
