@@ -33,9 +33,8 @@ the per-op overhead it removes is a few percent (docs/rollout.md, "Lean forward 
 Its fused matmuls are ``F.linear`` over the q/k/v and gate/up weights concatenated (the
 single ones read as they are) when a call decodes fewer than :data:`FP32_PACK_ROWS` rows,
 else oneDNN's fp32 matmul over weights packed once per call (faster at many rows, but the
-packing costs about a pass over the weights); the KV cache
-holds fp32 keys and values and the inlined decode attention drops its bf16 roundings. Its
-results differ from the HF eager forward's in the last bits of fp32 (other matmul kernels,
+packing costs about a pass over the weights); the KV cache holds fp32 keys and values and
+the inlined decode attention drops its bf16 roundings. Its results differ from the HF eager forward's in the last bits of fp32 (other matmul kernels,
 attention as bmm instead of SDPA): greedy tokens identical, log-probs within 6.7e-6 on the
 tiny models (``tests/rollout/test_lean_forward_fp32.py`` asserts 5e-5). With weights
 arriving mid-call (:mod:`verl.rollout.partial`) the fp32 forward packs again after each
