@@ -275,6 +275,27 @@ def _module_fixture_group(item: pytest.Item) -> str | None:
     return f"{module}::{shared[0]}" if shared else None
 
 
+def kill_ray_children(marker: str = "/ray/") -> list[int]:
+    """SIGKILL this process's children whose command line holds ``marker`` (the default:
+    those that run Ray's code, its GCS, raylet, log monitor, dashboard, ...) and return their
+    pids. A local start that timed out leaves some of them running (the log monitor, seen on
+    a loaded machine), which ``ray.shutdown`` does not stop: the session's leak check then
+    failed the run."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or _parent(int(entry.name)) != os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
     """The ``ray`` module, initialised with ``RAY_TEST_CPUS`` logical CPUs. A start that times
@@ -290,6 +311,7 @@ def ray_session() -> Iterator[Any]:
             raise
         warnings.warn(f"Ray did not start, trying once more: {err}", stacklevel=1)
         shutdown_ray()
+        kill_ray_children()  # the timed-out start's processes Ray no longer knows of
         ensure_ray(num_cpus=RAY_TEST_CPUS)
     yield ray
     if started_here:

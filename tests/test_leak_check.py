@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 LEAKY = """
@@ -165,3 +166,33 @@ def test_a_test_that_leaves_a_multiprocessing_child_fails_at_its_teardown(tmp_pa
     )
     assert "module-child" not in result.stdout and "joined-child" not in result.stdout
     assert not _alive(pid)
+
+
+def test_a_timed_out_ray_starts_children_are_killed_before_the_retry(tmp_path: Path) -> None:
+    """``ray_session``'s retry first kills the children running Ray's code that the start
+    which timed out left (tests/conftest.py ``kill_ray_children``); other children live."""
+    from tests.conftest import kill_ray_children
+
+    fake = tmp_path / "ray" / "_private" / "log_monitor.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("import time\ntime.sleep(300)\n")
+    other = tmp_path / "other.py"
+    other.write_text("import time\ntime.sleep(300)\n")
+    ray_like = subprocess.Popen([sys.executable, str(fake)])
+    bystander = subprocess.Popen([sys.executable, str(other)])
+    try:
+        for proc, script in ((ray_like, fake), (bystander, other)):  # both exec'd their script
+            cmdline = Path(f"/proc/{proc.pid}/cmdline")
+            deadline = time.monotonic() + 30
+            while str(script).encode() not in cmdline.read_bytes():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        # the marker of this test's fake, not the default: the session's own Ray cluster,
+        # when this worker started one, is made of children of this process too
+        assert kill_ray_children(f"{tmp_path}/ray/") == [ray_like.pid]
+        assert ray_like.wait(timeout=10) == -9
+        assert bystander.poll() is None
+    finally:
+        for proc in (ray_like, bystander):
+            proc.kill()
+            proc.wait()
