@@ -8,10 +8,11 @@ overlong buffer, ``ray_kwargs.ray_init``, profilers, ...), with only the model p
 data files, the device counts, the batch sizes, the step counts and the logger changed
 (a tiny model, two steps, ``trainer.logger=console``) and the native rollout engine. The
 fast test validates each script's config (``--validate-only``); the slow one trains two
-steps and checks the run's metrics and final model. The scripts' ``$PYTHON`` forks each run
-from a parent that imported the trainer once (``tests/prewarmed_python.py``): the scripts,
-their arguments and ``-m verl.trainer.main_ppo`` are the user's, the interpreter's start-up is
-paid once a module.
+steps and checks the run's metrics and final model. The slow tests' ``$PYTHON`` forks each
+run from a parent that imported the trainer once (``tests/prewarmed_python.py``): the
+scripts, their arguments and ``-m verl.trainer.main_ppo`` are the user's, the interpreter's
+start-up is paid once a module (a validation alone imports little: the fast tests run the
+real interpreter).
 """
 
 from __future__ import annotations
@@ -269,9 +270,8 @@ def _run(
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_upstream_script_config_loads(family, upstream_env, python, tmp_path):
-    script = _script(tmp_path, family)
-    run = _run(script, upstream_env, tmp_path, "--validate-only", timeout=120, python=python)
+def test_upstream_script_config_loads(family, upstream_env, tmp_path):
+    run = _run(_script(tmp_path, family), upstream_env, tmp_path, "--validate-only", timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "config OK" in run.stdout
     # the notes name what each dropped upstream key would have done
@@ -346,11 +346,10 @@ def sft_data(upstream_env) -> dict[str, str]:
     return upstream_env
 
 
-def test_upstream_sft_trainer_script_validates(sft_data, python, tmp_path):
+def test_upstream_sft_trainer_script_validates(sft_data, tmp_path):
     script = tmp_path / "run_sft.sh"
     script.write_text(SFT_SCRIPT)
-    env = {**sft_data, "WANDB_MODE": "disabled"}
-    run = _run(script, env, tmp_path, "--validate-only", python=python)
+    run = _run(script, {**sft_data, "WANDB_MODE": "disabled"}, tmp_path, "--validate-only")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "engine.ulysses_sequence_parallel_size=8 is dropped" in run.stderr
 
