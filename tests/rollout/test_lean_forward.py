@@ -19,6 +19,7 @@ from verl.rollout.lean_forward import LeanForward, unsupported
 from verl.rollout.native import NativeRollout
 
 from .conftest import make_batch
+from .lean_cases import GREEDY, SEEDED, assert_same_rollout
 from .token_versions import varied
 
 pytestmark = pytest.mark.skipif(
@@ -30,9 +31,6 @@ BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
 # fused q/k/v and gate/up matmuls may differ from separate ones in a bf16 output's last bit
 LOGP_ATOL = 2e-3
 
-GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
-SEEDED = SamplingParams(n=3, temperature=1.0, seed=11, max_new_tokens=12, stop_token_ids=[])
-
 
 @pytest.fixture(scope="module")
 def llama(tokenizer):
@@ -43,14 +41,6 @@ def _generate(engine, batch, params):
     with torch.autocast(**BF16):
         out = engine.generate(batch, params)
     return out, engine.last_stats["lean"]
-
-
-def _assert_same(a, b) -> None:
-    assert torch.equal(a.batch["responses"], b.batch["responses"])
-    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
-    torch.testing.assert_close(
-        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=LOGP_ATOL, rtol=0
-    )
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -74,9 +64,11 @@ def test_lean_equals_the_hf_forward(
     assert len(inlined) == lean.last_stats["decode_steps"] > 0
     if slots:
         assert lean.last_stats["continuous"] == 1.0 and lean.last_stats["admissions"] > 1
-    _assert_same(a, b)
+    assert_same_rollout(a, b, LOGP_ATOL)
     # the plain autocast engine (no packing) samples the same
-    _assert_same(a, _generate(NativeRollout(net, tokenizer, pack_weights=False), batch, params)[0])
+    assert_same_rollout(
+        a, _generate(NativeRollout(net, tokenizer, pack_weights=False), batch, params)[0], LOGP_ATOL
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -93,7 +85,7 @@ def test_biases_head_dim_and_bf16_weights(llama, tokenizer, batch, dtype):
         hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
         (a, used), (b, _) = _generate(lean, batch, GREEDY), _generate(hf, batch, GREEDY)
         assert used == 1.0
-        _assert_same(a, b)
+        assert_same_rollout(a, b, LOGP_ATOL)
 
 
 def test_stop_tokens_end_rows_alike(model, tokenizer, batch):
@@ -106,7 +98,7 @@ def test_stop_tokens_end_rows_alike(model, tokenizer, batch):
     a, used = _generate(NativeRollout(model, tokenizer), batch, params)
     b, _ = _generate(hf, batch, params)
     assert used == 1.0
-    _assert_same(a, b)
+    assert_same_rollout(a, b, LOGP_ATOL)
     assert int(a.batch["response_mask"][0].sum()) <= 4
 
 
@@ -122,7 +114,7 @@ def test_every_call_reads_the_current_weights(model, tokenizer, batch):
         with torch.no_grad():
             weight.data.mul_(-1.0)
         a, used = _generate(lean, batch, GREEDY)
-        _assert_same(a, _generate(hf, batch, GREEDY)[0])
+        assert_same_rollout(a, _generate(hf, batch, GREEDY)[0], LOGP_ATOL)
         assert used == 1.0 and not torch.equal(a.batch["responses"], first.batch["responses"])
     finally:
         with torch.no_grad():
@@ -148,7 +140,7 @@ def test_the_hf_forward_for_what_it_does_not_cover(model, tokenizer, batch):
         a, used = _generate(NativeRollout(model, tokenizer), batch, GREEDY)
         assert used == 0.0 and outputs  # the hook ran, it changed the outputs
         plain = NativeRollout(model, tokenizer, pack_weights=False)
-        _assert_same(a, _generate(plain, batch, GREEDY)[0])
+        assert_same_rollout(a, _generate(plain, batch, GREEDY)[0], LOGP_ATOL)
     finally:
         handle.remove()
     mlp = model.model.layers[0].mlp
@@ -212,4 +204,4 @@ def test_lean_equals_the_hf_forward_on_smollm2():
             hf = NativeRollout(model, tok, max_num_seqs=slots, lean_forward=False)
             a, used = _generate(lean, batch, params)
             assert used == 1.0
-            _assert_same(a, _generate(hf, batch, params)[0])
+            assert_same_rollout(a, _generate(hf, batch, params)[0], LOGP_ATOL)

@@ -15,11 +15,12 @@ from transformers import LlamaForCausalLM
 
 from verl.kernels import packed_linear
 from verl.models.tiny import build_tiny_model
-from verl.rollout import SamplingParams, lean_forward
+from verl.rollout import lean_forward
 from verl.rollout.lean_forward import LeanForward, unsupported
 from verl.rollout.native import NativeRollout
 from verl.rollout.partial import WeightMailbox, weight_mailbox
 
+from .lean_cases import GREEDY, SEEDED, assert_same_rollout
 from .token_versions import varied
 
 pytestmark = pytest.mark.skipif(
@@ -31,9 +32,6 @@ pytestmark = pytest.mark.skipif(
 # on these models at most 6.7e-6 with either kind (log-probs of a few nats); the bound
 # leaves room for other CPUs' kernels.
 LOGP_ATOL = 5e-5
-
-GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
-SEEDED = SamplingParams(n=3, temperature=1.0, seed=11, max_new_tokens=12, stop_token_ids=[])
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +45,6 @@ def kind(request, monkeypatch):
     weights packed for oneDNN (from ``FP32_PACK_ROWS`` rows on, here from 1)."""
     monkeypatch.setattr(lean_forward, "FP32_PACK_ROWS", 1 if request.param == "packed" else 10**6)
     return request.param
-
-
-def _assert_close(a, b) -> None:
-    assert torch.equal(a.batch["responses"], b.batch["responses"])
-    assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
-    torch.testing.assert_close(
-        a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=LOGP_ATOL, rtol=0
-    )
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -82,10 +72,10 @@ def test_fp32_lean_equals_the_hf_forward(
     if slots:
         assert lean.last_stats["continuous"] == 1.0 and lean.last_stats["admissions"] > 1
     assert a.batch["rollout_log_probs"].dtype == torch.float32
-    _assert_close(a, b)
+    assert_same_rollout(a, b, LOGP_ATOL)
     # no packing at all: the HF forward too
     plain = NativeRollout(net, tokenizer, max_num_seqs=slots, pack_weights=False, lean_fp32=True)
-    _assert_close(a, plain.generate(batch, params))
+    assert_same_rollout(a, plain.generate(batch, params), LOGP_ATOL)
     assert plain.last_stats["lean"] == 0.0
 
 
@@ -100,7 +90,7 @@ def test_fp32_biases_and_head_dim(llama, tokenizer, batch, kind):
         a = lean.generate(batch, GREEDY)
         assert lean.last_stats["lean"] == 1.0
         hf = NativeRollout(net, tokenizer, max_num_seqs=slots, lean_forward=False)
-        _assert_close(a, hf.generate(batch, GREEDY))
+        assert_same_rollout(a, hf.generate(batch, GREEDY), LOGP_ATOL)
 
 
 def test_fp32_every_call_reads_the_current_weights(model, tokenizer, batch, kind):
@@ -115,7 +105,7 @@ def test_fp32_every_call_reads_the_current_weights(model, tokenizer, batch, kind
         with torch.no_grad():
             weight.data.mul_(-1.0)
         a = lean.generate(batch, GREEDY)
-        _assert_close(a, hf.generate(batch, GREEDY))
+        assert_same_rollout(a, hf.generate(batch, GREEDY), LOGP_ATOL)
         assert lean.last_stats["lean"] == 1.0
         assert not torch.equal(a.batch["responses"], first.batch["responses"])
     finally:
@@ -160,7 +150,7 @@ def test_fp32_a_mid_call_weight_swap_packs_again(model, tokenizer, batch, kind, 
     assert lean.last_stats["lean"] == 1.0 and len(packs) == 2
     b, hf = _swapped_run(model, tokenizer, batch, lean=False)
     assert hf.last_stats["lean"] == 0.0
-    _assert_close(a, b)
+    assert_same_rollout(a, b, LOGP_ATOL)
 
 
 def test_fp32_what_it_does_not_cover(model, tokenizer, batch):
