@@ -2,11 +2,14 @@
 
 The RL tests run ``python -m verl.trainer.main_ppo`` in a child process with a custom
 reward (so scoring runs in forked reward workers) that announces itself and then dawdles,
-so the signal lands in the middle of step 2's scoring; the last runs ``main_sft`` on two
+so the signal lands in the middle of step 2's scoring; each driver is forked from one parent
+that imported the trainer for the module (``tests/trainer/prewarmed.py``: the signals land on
+the driver's own process, as on a fresh interpreter's, without its seconds of imports); the last runs ``main_sft`` on two
 FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group; another runs
 upstream's ``torchrun -m verl.trainer.fsdp_sft_trainer`` on two ranks and stops it with
 SIGTERM. Every process the child starts inherits an environment variable unique to the
-test, which finds them even after they have been re-parented.
+test (the module's, for the forked drivers: the parent carries it too and is left out),
+which finds them even after they have been re-parented.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from verl.config import to_yaml
 from verl.utils.distributed import find_free_port
 from verl.utils.lifetime import kill_processes_with_env, processes_with_env, wait_until_gone
 
+from .prewarmed import Child, Prewarmed
+
 pytestmark = pytest.mark.slow
 
 MARK = "VERL_DRIVER_SIGNAL_TEST"
 # One OpenMP thread per child driver, as in the pytest process (tests/conftest.py): two stall
 # on two cores shared with the other xdist worker.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+PREWARM = ("verl.trainer.main_ppo", "verl.trainer.rl.trainer", "verl.workers")
 
 REWARD = """
 import os, time
@@ -48,7 +54,40 @@ def slow(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
+class Drivers:
+    """The module's prewarmed parent: ``start`` forks a ``main_ppo`` driver; every process a
+    driver starts carries ``mark``, as the parent (``pid``) does."""
+
+    def __init__(self, parent: Prewarmed, mark: str, env: dict[str, str]) -> None:
+        self.parent, self.pid, self.mark, self.env = parent, parent.pid, mark, env
+
+    def start(self, cfg, tmp_path: Path, calls: Path) -> Child:
+        config_file = tmp_path / "run.yaml"
+        config_file.write_text(to_yaml(cfg))
+        return self.parent.start(
+            ["-m", "verl.trainer.main_ppo", "--config", config_file],
+            cwd=tmp_path,
+            stderr=tmp_path / "driver.err",
+            env={**self.env, "REWARD_CALLS_DIR": str(calls)},
+        )
+
+
+@pytest.fixture(scope="module")
+def drivers(tmp_path_factory) -> Iterator[Drivers]:
+    mark = uuid.uuid4().hex
+    env = {**os.environ, **ONE_THREAD, MARK: mark}
+    cwd = tmp_path_factory.mktemp("drivers")
+    with Prewarmed(PREWARM, env, cwd) as parent:
+        yield Drivers(parent, mark, env)
+
+
+def _stderr(child) -> str:
+    if isinstance(child, Child):
+        return child.stderr_bytes().decode()
+    return child.stderr.read().decode()
+
+
+def _start(drivers: Drivers, rl_config, tmp_path: Path, *extra: str) -> tuple[Child, Path]:
     (tmp_path / "reward.py").write_text(REWARD)
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -60,35 +99,35 @@ def _start(rl_config, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, st
         "trainer.val_before_train=false",
         *extra,
     )
-    config_file = tmp_path / "run.yaml"
-    config_file.write_text(to_yaml(cfg))
-    mark = uuid.uuid4().hex
-    env = {**os.environ, **ONE_THREAD, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-    )
+    child = drivers.start(cfg, tmp_path, calls)
     deadline = time.monotonic() + 180
     while len(list(calls.iterdir())) <= 9:  # inside step 2's scoring
         if child.poll() is not None:
-            pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+            pytest.fail(f"the run ended early: {_stderr(child)[-3000:]}")
         assert time.monotonic() < deadline, "the run never reached step 2"
         time.sleep(0.1)
-    return child, mark, calls
+    return child, calls
 
 
 @contextlib.contextmanager
-def _reaped(child: subprocess.Popen, mark: str) -> Iterator[None]:
-    """Whatever the test asserts, the child and every process it started end with it."""
+def _reaped(child: subprocess.Popen | Child, mark: str, keep: int = 0) -> Iterator[None]:
+    """Whatever the test asserts, the child and every process it started end with it (all
+    that carry ``mark`` but the prewarmed parent ``keep``)."""
     try:
         yield
     finally:
         child.kill()
         child.wait()
-        kill_processes_with_env(MARK, mark)
+        if keep:
+            for pid in _marked(mark, keep):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        else:
+            kill_processes_with_env(MARK, mark)
+
+
+def _marked(mark: str, keep: int) -> dict[int, str]:
+    return {pid: cmd for pid, cmd in processes_with_env(MARK, mark).items() if pid != keep}
 
 
 def _wait_for_step_2(child: subprocess.Popen, metrics: Path, timeout_s: float) -> None:
@@ -96,31 +135,38 @@ def _wait_for_step_2(child: subprocess.Popen, metrics: Path, timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         if child.poll() is not None:
-            pytest.fail(f"the run ended early: {child.stderr.read().decode()[-3000:]}")
+            pytest.fail(f"the run ended early: {_stderr(child)[-3000:]}")
         assert time.monotonic() < deadline, "the run never logged step 2"
         time.sleep(0.1)
 
 
-def _assert_all_gone(mark: str, after: str) -> None:
-    left = wait_until_gone(MARK, mark, 10.0)
+def _assert_all_gone(mark: str, after: str, keep: int = 0) -> None:
+    if keep:
+        deadline = time.monotonic() + 10.0
+        while (left := _marked(mark, keep)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    else:
+        left = wait_until_gone(MARK, mark, 10.0)
     assert not left, f"still alive 10 s after {after}: {left}"
 
 
-def test_sigkill_of_the_driver_takes_its_reward_workers_along(rl_config, tmp_path):
-    child, mark, _ = _start(rl_config, tmp_path)
-    with _reaped(child, mark):
-        started = processes_with_env(MARK, mark)
+def test_sigkill_of_the_driver_takes_its_reward_workers_along(drivers, rl_config, tmp_path):
+    child, _ = _start(drivers, rl_config, tmp_path)
+    with _reaped(child, drivers.mark, drivers.pid):
+        started = _marked(drivers.mark, drivers.pid)
         workers = [pid for pid in started if pid != child.pid]
         assert workers, f"expected reward worker processes beside the driver: {started}"
         os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        _assert_all_gone(mark, "the driver's SIGKILL")
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        _assert_all_gone(drivers.mark, "the driver's SIGKILL", drivers.pid)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp_path, sig):
-    child, mark, _ = _start(rl_config, tmp_path, "trainer.save_freq=100")
-    with _reaped(child, mark):
+def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(
+    drivers, rl_config, tmp_path, sig
+):
+    child, _ = _start(drivers, rl_config, tmp_path, "trainer.save_freq=100")
+    with _reaped(child, drivers.mark, drivers.pid):
         os.kill(child.pid, sig)
         _, stderr = child.communicate(timeout=120)
         stderr = stderr.decode()
@@ -129,27 +175,28 @@ def test_sigterm_or_sigint_stops_after_the_step_with_a_checkpoint(rl_config, tmp
         # save_freq=100 would not have saved at step 2: this is the stop's own checkpoint.
         assert (tmp_path / "global_step_2" / "checkpoint.json").is_file()
         assert not (tmp_path / "huggingface").exists()  # no export of a stopped run
-        _assert_all_gone(mark, "the run stopped")
+        _assert_all_gone(drivers.mark, "the run stopped", drivers.pid)
 
 
 def test_sigterm_during_validation_stops_before_the_next_step_with_a_checkpoint(
-    rl_config, tmp_path
+    drivers, rl_config, tmp_path
 ):
     """Validation after step 2 (4 batches of one prompt, each scored for >= 0.5 s): SIGTERM
     in its second batch ends the run at the next batch, with step 2's checkpoint and no
     step 3 (it used to finish the validation and train one more step first)."""
-    child, mark, calls = _start(
+    child, calls = _start(
+        drivers,
         rl_config,
         tmp_path,
         "trainer.save_freq=100",
         "trainer.test_freq=2",
         "data.val_batch_size=1",
     )
-    with _reaped(child, mark):
+    with _reaped(child, drivers.mark, drivers.pid):
         # steps 1 and 2 make 16 scoring calls, validation one per batch
         deadline = time.monotonic() + 120
         while len(list(calls.iterdir())) < 18:  # validation's second batch is scoring
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert child.poll() is None, _stderr(child)[-3000:]
             assert time.monotonic() < deadline, "the run never reached validation"
             time.sleep(0.05)
         sent = time.monotonic()
@@ -167,10 +214,12 @@ def test_sigterm_during_validation_stops_before_the_next_step_with_a_checkpoint(
         assert len(rows) == 2 and not any('"val/' in row for row in rows)
         assert not (tmp_path / "huggingface").exists()
         assert stopped_in < 60, stopped_in
-        _assert_all_gone(mark, "the run stopped")
+        _assert_all_gone(drivers.mark, "the run stopped", drivers.pid)
 
 
-def test_sigterm_during_validation_before_training_stops_with_nothing_trained(rl_config, tmp_path):
+def test_sigterm_during_validation_before_training_stops_with_nothing_trained(
+    drivers, rl_config, tmp_path
+):
     """val_before_train: SIGTERM in its second batch ends the run before step 1."""
     (tmp_path / "reward.py").write_text(REWARD.replace("> 8", "> 0"))  # every call dawdles
     calls = tmp_path / "calls"
@@ -182,21 +231,11 @@ def test_sigterm_during_validation_before_training_stops_with_nothing_trained(rl
         "data.val_batch_size=1",
         "trainer.save_freq=1",
     )
-    config_file = tmp_path / "run.yaml"
-    config_file.write_text(to_yaml(cfg))
-    mark = uuid.uuid4().hex
-    env = {**os.environ, **ONE_THREAD, MARK: mark, "REWARD_CALLS_DIR": str(calls)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config", str(config_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-    )
-    with _reaped(child, mark):
+    child = drivers.start(cfg, tmp_path, calls)
+    with _reaped(child, drivers.mark, drivers.pid):
         deadline = time.monotonic() + 120
         while len(list(calls.iterdir())) < 2:
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert child.poll() is None, _stderr(child)[-3000:]
             assert time.monotonic() < deadline, "the run never reached validation"
             time.sleep(0.05)
         os.kill(child.pid, signal.SIGTERM)
@@ -210,7 +249,7 @@ def test_sigterm_during_validation_before_training_stops_with_nothing_trained(rl
             not (tmp_path / "metrics.jsonl").exists()
             or not (tmp_path / "metrics.jsonl").read_text().strip()
         )
-        _assert_all_gone(mark, "the run stopped")
+        _assert_all_gone(drivers.mark, "the run stopped", drivers.pid)
 
 
 def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path):

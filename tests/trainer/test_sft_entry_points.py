@@ -1,19 +1,27 @@
 """Every module a user runs with ``python -m`` (or ``torchrun -m``) runs: upstream verl's
 SFT entry point ``verl.trainer.sft_trainer`` trains with its engine-based trainer's keys,
 and no module with a ``main()`` lacks its ``__main__`` guard (which would exit 0 having
-done nothing)."""
+done nothing).
+
+The ``python -m verl.trainer.sft_trainer`` runs use a ``python`` forked from one parent that
+imported the trainer for the module (``tests/prewarmed_python.py``): the module runs as
+``__main__`` with the command line's ``sys.argv``, its exit status and streams are the
+command's, without each run's seconds of imports. ``torchrun -m`` of upstream's SFT entry
+point starts real interpreters (``tests/trainer/test_driver_signals.py``)."""
 
 from __future__ import annotations
 
 import ast
 import json
 import logging
+import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.prewarmed_python import prewarmed_python
 from verl.config import ConfigError, load_sft_config
 from verl.data.io import write_records
 from verl.models.tiny import build_tiny_tokenizer, save_tiny_model_dir
@@ -55,6 +63,17 @@ UPSTREAM_SFT = [
 ]
 
 
+PREWARM = ("verl.trainer.sft_trainer", "verl.trainer.offline.sft", "verl.trainer.offline.launch")
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> Iterator[str]:
+    """The module's prewarmed ``python`` (see the module's docstring)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with prewarmed_python(PREWARM, env, tmp_path_factory.mktemp("python")) as exe:
+        yield exe
+
+
 def _has_main_guard(tree: ast.Module) -> bool:
     for node in tree.body:
         if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
@@ -84,9 +103,9 @@ def test_every_module_with_a_main_has_a_main_guard():
     assert not missing, f"python -m would exit 0 doing nothing: {missing}"
 
 
-def test_sft_trainer_module_answers_its_options():
+def test_sft_trainer_module_answers_its_options(python):
     out = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.sft_trainer", "--validate-only", "engine=fsdp"],
+        [python, "-m", "verl.trainer.sft_trainer", "--validate-only", "engine=fsdp"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -96,7 +115,7 @@ def test_sft_trainer_module_answers_its_options():
     assert out.stdout.strip().splitlines()[-1] == "config OK"
     bad = subprocess.run(
         [
-            sys.executable,
+            python,
             "-m",
             "verl.trainer.sft_trainer",
             "--validate-only",
@@ -145,7 +164,7 @@ def test_upstream_sft_values_without_a_meaning_here_are_refused(override, messag
 
 
 @pytest.mark.slow
-def test_python_m_sft_trainer_trains_with_upstream_keys(tmp_path):
+def test_python_m_sft_trainer_trains_with_upstream_keys(python, tmp_path):
     """``python -m verl.trainer.sft_trainer`` as upstream's scripts call it: two steps on a
     tiny model and multi-turn ``conversation`` rows, metrics, a checkpoint and the model."""
     tok = build_tiny_tokenizer()
@@ -178,7 +197,7 @@ def test_python_m_sft_trainer_trains_with_upstream_keys(tmp_path):
         f"trainer.log_dir={run / 'logs'}",
     ]
     out = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.sft_trainer", *argv],
+        [python, "-m", "verl.trainer.sft_trainer", *argv],
         capture_output=True,
         text=True,
         timeout=600,
