@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # The parent: import the modules named in argv, then fork one child per request line
-# {"argv", "cwd", "stderr"} (and "env": the child's os.environ, when given); answer {"pid"}
-# when forked and {"returncode"} when it ended (negative: killed by that signal, as
+# {"argv", "cwd", "stderr"} (and "env": the child's os.environ, "setsid": a new session, when
+# given); answer {"pid"} when forked and {"returncode"} when it ended (negative: killed by that signal, as
 # subprocess reports it).
 _PARENT = r"""
 import json, os, runpy, sys, traceback
@@ -46,6 +46,8 @@ for line in requests:
     req = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        if req.get("setsid"):
+            os.setsid()
         os.chdir(req["cwd"])
         if "env" in req:
             os.environ.clear()
@@ -127,15 +129,18 @@ class Prewarmed:
         stderr: Path,
         timeout: float = 300,
         env: dict[str, str] | None = None,
+        start_new_session: bool = False,
     ) -> Child:
         """Fork a child that runs ``python argv...`` (a script, or ``-m module``) in ``cwd``,
         with ``env`` as its ``os.environ`` when given (``/proc/<pid>/environ`` stays the
-        parent's); its stdout is discarded, its stderr written to ``stderr``. Returns once the
+        parent's) and in a session of its own with ``start_new_session``; its stdout is discarded, its stderr written to ``stderr``. Returns once the
         child is forked (``timeout``: for the parent's imports, on the first call). Start the
         next child only after this one ended: the parent waits on one at a time."""
         request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "stderr": str(stderr)}
         if env is not None:
             request["env"] = dict(env)
+        if start_new_session:
+            request["setsid"] = True
         self._proc.stdin.write(json.dumps(request).encode() + b"\n")
         self._proc.stdin.flush()
         pid = self._answer(timeout, None)["pid"]

@@ -2,14 +2,16 @@
 
 The RL tests run ``python -m verl.trainer.main_ppo`` in a child process with a custom
 reward (so scoring runs in forked reward workers) that announces itself and then dawdles,
-so the signal lands in the middle of step 2's scoring; each driver is forked from one parent
-that imported the trainer for the module (``tests/trainer/prewarmed.py``: the signals land on
-the driver's own process, as on a fresh interpreter's, without its seconds of imports); the last runs ``main_sft`` on two
-FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group; another runs
-upstream's ``torchrun -m verl.trainer.fsdp_sft_trainer`` on two ranks and stops it with
-SIGTERM. Every process the child starts inherits an environment variable unique to the
-test (the module's, for the forked drivers: the parent carries it too and is left out),
-which finds them even after they have been re-parented.
+so the signal lands in the middle of step 2's scoring; another runs ``main_sft`` on two
+FSDP2 ranks (Ray actors) and sends Ctrl-C's SIGINT to its process group (the driver in a
+session of its own, as a shell's foreground job). These drivers are forked from one parent
+that imported the trainers for the module (``tests/trainer/prewarmed.py``): each is a
+process of its own that the signal reaches as it would a fresh interpreter, without that
+interpreter's seconds of imports. The last runs upstream's ``torchrun -m
+verl.trainer.fsdp_sft_trainer`` on two ranks (real interpreters: torchrun's own start) and
+stops it with SIGTERM. Every process a driver starts inherits an environment variable
+unique to the module's parent (which carries it too and is left out) or to the torchrun
+test, which finds them even after they have been re-parented.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ MARK = "VERL_DRIVER_SIGNAL_TEST"
 # One OpenMP thread per child driver, as in the pytest process (tests/conftest.py): two stall
 # on two cores shared with the other xdist worker.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-PREWARM = ("verl.trainer.main_ppo", "verl.trainer.rl.trainer", "verl.workers")
+PREWARM = (
+    "verl.trainer.main_ppo",
+    "verl.trainer.rl.trainer",
+    "verl.workers",
+    "verl.trainer.main_sft",
+    "verl.trainer.offline.launch",
+)
 
 REWARD = """
 import os, time
@@ -55,8 +63,9 @@ def slow(data_source, solution_str, ground_truth, extra_info=None):
 
 
 class Drivers:
-    """The module's prewarmed parent: ``start`` forks a ``main_ppo`` driver; every process a
-    driver starts carries ``mark``, as the parent (``pid``) does."""
+    """The module's prewarmed parent: ``start`` forks a ``main_ppo`` driver (``parent.start``
+    any other); every process a driver starts carries ``mark``, as the parent (``pid``)
+    does."""
 
     def __init__(self, parent: Prewarmed, mark: str, env: dict[str, str]) -> None:
         self.parent, self.pid, self.mark, self.env = parent, parent.pid, mark, env
@@ -252,7 +261,7 @@ def test_sigterm_during_validation_before_training_stops_with_nothing_trained(
         _assert_all_gone(drivers.mark, "the run stopped", drivers.pid)
 
 
-def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path):
+def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(drivers, tiny_model_dir, tmp_path):
     """SIGINT to the whole process group of ``main_sft`` on two FSDP2 ranks, as a terminal's
     Ctrl-C sends it: the ranks finish the step under way, save, and the driver exits 130."""
     from verl.config import load_sft_config
@@ -278,16 +287,14 @@ def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path
     )
     config_file = tmp_path / "sft.yaml"
     config_file.write_text(to_yaml(cfg))
-    mark = uuid.uuid4().hex
-    child = subprocess.Popen(
-        [sys.executable, "-m", "verl.trainer.main_sft", "--config", str(config_file)],
-        env={**os.environ, **ONE_THREAD, MARK: mark},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    child = drivers.parent.start(
+        ["-m", "verl.trainer.main_sft", "--config", config_file],
         cwd=tmp_path,
+        stderr=tmp_path / "driver.err",
+        env=drivers.env,
         start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
-    with _reaped(child, mark):
+    with _reaped(child, drivers.mark, drivers.pid):
         _wait_for_step_2(child, tmp_path / "metrics.jsonl", 300)
         os.killpg(child.pid, signal.SIGINT)
         _, stderr = child.communicate(timeout=120)
@@ -300,7 +307,7 @@ def test_ctrl_c_stops_a_two_rank_sft_run_after_the_step(tiny_model_dir, tmp_path
         assert Path(stopped.group(2)) == tmp_path / f"global_step_{step}"
         assert (tmp_path / f"global_step_{step}" / "checkpoint.json").is_file()
         assert not (tmp_path / "huggingface").exists()
-        _assert_all_gone(mark, "the run stopped")
+        _assert_all_gone(drivers.mark, "the run stopped", drivers.pid)
 
 
 def test_torchrun_runs_upstreams_sft_entry_point_on_two_ranks(tiny_model_dir, tmp_path):
