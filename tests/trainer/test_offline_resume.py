@@ -1,9 +1,13 @@
 """Periodic checkpoints and exact resume of the offline trainers (SFT, DPO, KTO).
 
-N steps straight against N/2 steps, a SIGKILL of the child process that ran them, and an
+N steps straight against N/2 steps, a SIGKILL of the child process that ran them (forked
+from a parent that imported the trainers once for the module: ``prewarmed.py``), and an
 auto-resume in this process: every logged metric, every weight and optimizer tensor of the
 final checkpoint and the exported model equal bit for bit. The same on two FSDP2 ranks (Ray
-actors, gloo): both ranks SIGKILLed in step 3, a new group resumes, bit for bit. Also: KTO
+actors, gloo): both ranks SIGKILLed in step 3, a new group resumes, bit for bit; for SFT the
+resumed group is the one the driver's SIGTERM stops after step 3 (its own checkpoint), and a
+third group resumes from that, bit for bit (one chain: each group of ranks is two new
+processes importing torch). Also: KTO
 after an in-process crash, the refusals (another trainer's checkpoint, changed data),
 ``resume_path`` and retention. The uninterrupted two-rank run of each trainer is trained
 once for the module (``two_rank_straight``): the two-rank tests share the session's Ray
@@ -17,7 +21,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -47,6 +50,8 @@ from verl.trainer.offline.launch import (
     wait_forwarding_stops,
 )
 from verl.trainer.offline.sft import SFTTrainer
+
+from .prewarmed import Prewarmed
 
 try:  # the workers of the two-rank test live here: Ray ships their code by value
     import ray
@@ -160,9 +165,18 @@ trainer.train()
 """
 
 
+@pytest.fixture(scope="module")
+def children(tmp_path_factory):
+    """The module's prewarmed parent of the child runs (``prewarmed.py``)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    modules = ("verl.config", "verl.trainer.offline.sft", "verl.trainer.offline.dpo")
+    with Prewarmed(modules, env, tmp_path_factory.mktemp("children")) as parent:
+        yield parent
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sft", "dpo"])
-def test_killed_child_resumes_bit_for_bit(kind, tiny_model_dir, tmp_path):
+def test_killed_child_resumes_bit_for_bit(kind, children, tiny_model_dir, tmp_path):
     cls = TRAINERS[kind][0]
     straight_dir, run_dir = tmp_path / "straight", tmp_path / "killed"
     straight = cls(make_config(kind, tiny_model_dir, straight_dir))
@@ -176,25 +190,20 @@ def test_killed_child_resumes_bit_for_bit(kind, tiny_model_dir, tmp_path):
     (tmp_path / "child.py").write_text(_CHILD)
     (tmp_path / "run.yaml").write_text(to_yaml(cfg))
     marker = tmp_path / "paused"
-    child = subprocess.Popen(
-        [sys.executable, "child.py", kind, str(marker), "run.yaml"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    child = children.start(
+        ["child.py", kind, marker, "run.yaml"], cwd=tmp_path, stderr=tmp_path / "child.err"
     )
     try:
         deadline = time.monotonic() + 180
         while not marker.exists():
             if child.poll() is not None:
-                pytest.fail(f"child exited early: {child.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"child exited early: {child.stderr_bytes().decode()[-2000:]}")
             assert time.monotonic() < deadline, "the child never reached step 3"
             time.sleep(0.1)
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
         child.wait()
-        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
     assert (run_dir / LATEST_FILE).read_text().strip() == "2"
     assert not (run_dir / "huggingface").exists()
@@ -357,25 +366,15 @@ def two_rank_straight(tiny_model_dir, tmp_path_factory, ray_session):
     return straight
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sft", "dpo"])
-def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
-    kind, ray_session, two_rank_straight, tiny_model_dir, tmp_path
-):
-    straight, straight_dir = two_rank_straight(kind)
-    run_dir = tmp_path / "run"
-    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
-    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
-    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
-    assert "actor/worker_state_rank1.json" in manifest["files"]
-
-    cfg = make_config(kind, tiny_model_dir, run_dir, *TWO_RANKS)
-    group, stop = start_rank_group(kind, cfg, PausingWorker, marker_dir=str(tmp_path))
+def _kill_in_step_3(kind: str, cfg: Any, marker_dir: Path) -> None:
+    """Train ``cfg`` on two new ranks until both are in step 3, then SIGKILL both."""
+    marker_dir.mkdir()
+    group, stop = start_rank_group(kind, cfg, PausingWorker, marker_dir=str(marker_dir))
     try:
         pids = group.pid()
         future = group.submit("train")
         deadline = time.monotonic() + 300
-        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+        while not all((marker_dir / f"rank{r}").exists() for r in (0, 1)):
             assert not future.done(), future.result()
             assert time.monotonic() < deadline, "the ranks never reached step 3"
             time.sleep(0.2)
@@ -385,13 +384,18 @@ def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
             future.result(timeout=120)
     finally:
         stop()
-    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
 
-    resumed = train_on_ranks(kind, cfg)  # a new group of new processes; resume_mode=auto
-    assert resumed["resumed_from"] == str(run_dir / "global_step_2")
+
+def _assert_resumed_like_straight(
+    resumed: dict[str, Any], run_dir: Path, logged_before: int, straight_run: tuple
+) -> None:
+    """Steps 1-4 logged once each; the first ``logged_before`` rows (the interrupted runs')
+    and the resumed run's history, the validation, the final checkpoint and the export equal
+    the straight run's bit for bit."""
+    straight, straight_dir = straight_run
     rows = logged_steps(run_dir)
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    assert_same_metrics(rows[:2] + resumed["history"], straight["history"])
+    assert_same_metrics(rows[:logged_before] + resumed["history"], straight["history"])
     assert resumed["val_after"] == straight["val_after"]
     assert_bitwise(
         sharded_tensors(run_dir / "global_step_4"), sharded_tensors(straight_dir / "global_step_4")
@@ -400,27 +404,25 @@ def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit(
         load_file(run_dir / "huggingface" / "model.safetensors"),
         load_file(straight_dir / "huggingface" / "model.safetensors"),
     )
-    if kind != "sft":
-        return
-    # The two-rank checkpoint in one process (single engine): DCP re-shards to full tensors.
-    one = SFTTrainer(
-        make_config(
-            kind,
-            tiny_model_dir,
-            tmp_path / "one",
-            "trainer.total_training_steps=5",
-            "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={run_dir / 'global_step_4'}",
-        )
-    )
-    one.resume()
-    exported = load_file(run_dir / "huggingface" / "model.safetensors")
-    loaded = one.engine.state_dict_for_save()
-    assert exported.keys() <= loaded.keys()
-    assert all(torch.equal(loaded[k], exported[k]) for k in exported)
-    one.train()
-    assert [one.global_step, len(one.history)] == [5, 1]
-    assert math.isfinite(one.history[0]["train/loss"])
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit_dpo(
+    ray_session, two_rank_straight, tiny_model_dir, tmp_path
+):
+    straight, straight_dir = two_rank_straight("dpo")
+    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
+    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    assert "actor/worker_state_rank1.json" in manifest["files"]
+    run_dir = tmp_path / "run"
+    cfg = make_config("dpo", tiny_model_dir, run_dir, *TWO_RANKS)
+    _kill_in_step_3("dpo", cfg, tmp_path / "killed")
+    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+
+    resumed = train_on_ranks("dpo", cfg)  # a new group of new processes; resume_mode=auto
+    assert resumed["resumed_from"] == str(run_dir / "global_step_2")
+    _assert_resumed_like_straight(resumed, run_dir, 2, (straight, straight_dir))
 
 
 def test_rank_settings_are_checked_before_anything_runs(tiny_model_dir, tmp_path, caplog):
@@ -514,18 +516,32 @@ class StopWaitingWorker(OfflineTrainWorker):
 
 
 @pytest.mark.slow
-def test_two_ranks_stop_on_the_drivers_sigterm_after_the_step_and_resume(
+def test_two_fsdp2_ranks_killed_then_stopped_by_the_drivers_sigterm_and_resumed_sft(
     ray_session, two_rank_straight, tiny_model_dir, tmp_path
 ):
+    """SIGKILL of both ranks in step 3; a new group resumes from step 2 and the driver's
+    SIGTERM, forwarded, stops it after step 3 with its own checkpoint (save_freq=2 would not
+    save step 3); a third group resumes from that to the end: bit for bit the straight run.
+    Then the two-rank checkpoint loads in one process."""
     straight, straight_dir = two_rank_straight("sft")
+    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
+    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    assert "actor/worker_state_rank1.json" in manifest["files"]
     run_dir = tmp_path / "run"
-    cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS, "trainer.save_freq=4")
+    cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
+    _kill_in_step_3("sft", cfg, tmp_path / "killed")
+    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+    assert [row["step"] for row in logged_steps(run_dir)] == [1, 2]
+
+    marker_dir = tmp_path / "stopping"
+    marker_dir.mkdir()
     handler_before = signal.getsignal(signal.SIGTERM)
-    group, stop = start_rank_group("sft", cfg, StopWaitingWorker, marker_dir=str(tmp_path))
+    group, stop = start_rank_group("sft", cfg, StopWaitingWorker, marker_dir=str(marker_dir))
     try:
         future = group.submit("train")
         deadline = time.monotonic() + 300
-        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+        while not all((marker_dir / f"rank{r}").exists() for r in (0, 1)):
             assert not future.done(), future.result()
             assert time.monotonic() < deadline, "the ranks never reached step 3"
             time.sleep(0.1)
@@ -538,14 +554,31 @@ def test_two_ranks_stop_on_the_drivers_sigterm_after_the_step_and_resume(
     assert signal.getsignal(signal.SIGTERM) is handler_before
     # the ranks finished step 3 (it had begun), agreed to stop, saved, and returned
     assert results["stopped"] == (signal.SIGTERM, 3, str(run_dir / "global_step_3"))
-    assert complete_checkpoints(run_dir) == [(3, run_dir / "global_step_3")]
+    assert [step for step, _ in complete_checkpoints(run_dir)] == [2, 3]
+    assert (run_dir / LATEST_FILE).read_text().strip() == "3"
     assert not (run_dir / "huggingface").exists()
-    assert [row["step"] for row in logged_steps(run_dir)] == [1, 2, 3]
+    assert [row["step"] for row in logged_steps(run_dir)] == [1, 2, 3]  # resumed from step 2
 
-    resumed = train_on_ranks("sft", cfg)
+    resumed = train_on_ranks("sft", cfg)  # a third group of new processes
     assert resumed["resumed_from"] == str(run_dir / "global_step_3")
-    assert_same_metrics(logged_steps(run_dir)[:3] + resumed["history"], straight["history"])
-    assert_bitwise(
-        load_file(run_dir / "huggingface" / "model.safetensors"),
-        load_file(straight_dir / "huggingface" / "model.safetensors"),
+    _assert_resumed_like_straight(resumed, run_dir, 3, (straight, straight_dir))
+
+    # The two-rank checkpoint in one process (single engine): DCP re-shards to full tensors.
+    one = SFTTrainer(
+        make_config(
+            "sft",
+            tiny_model_dir,
+            tmp_path / "one",
+            "trainer.total_training_steps=5",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={run_dir / 'global_step_4'}",
+        )
     )
+    one.resume()
+    exported = load_file(run_dir / "huggingface" / "model.safetensors")
+    loaded = one.engine.state_dict_for_save()
+    assert exported.keys() <= loaded.keys()
+    assert all(torch.equal(loaded[k], exported[k]) for k in exported)
+    one.train()
+    assert [one.global_step, len(one.history)] == [5, 1]
+    assert math.isfinite(one.history[0]["train/loss"])
