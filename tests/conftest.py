@@ -59,6 +59,7 @@ SESSION_MARK = "VERL_TEST_SESSION"
 LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
 CHILD_GRACE_S = float(os.environ.get("VERL_TEST_CHILD_GRACE_S", "5"))
 VLLM_RPC_VAR = "VLLM_RPC_BASE_PATH"
+OMP_WAIT_VAR = "OMP_WAIT_POLICY"
 
 
 LEFT_BEHIND_KEY = "verl_left_behind"  # an xdist worker's report to the controller
@@ -74,6 +75,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # the controller's (the environment they started with), so no scan finds its own runner.
     os.environ[SESSION_MARK] = f"{inherited}.{worker}" if worker and inherited else uuid.uuid4().hex
     config.stash[_worker_reports] = []
+    # torch's OpenMP threads sleep when they wait, in every process the tests start, as in
+    # the processes verl's commands start (verl/utils/omp_wait.py): the suite's processes
+    # share two cores, where spinning threads stall each other
+    os.environ.setdefault(OMP_WAIT_VAR, "PASSIVE")
     if worker:
         config.pluginmanager.register(_XdistGroupIds(), "verl-xdist-group-ids")
     if VLLM_RPC_VAR not in os.environ:  # xdist workers inherit the controller's directory

@@ -16,6 +16,12 @@ from __future__ import annotations
 import importlib
 import sys
 
+from verl.utils.omp_wait import prefer_passive_wait
+
+# Every entry point passes through this package before anything imports torch: torch's
+# OpenMP threads then sleep instead of spinning when they wait (verl/utils/omp_wait.py).
+prefer_passive_wait()
+
 # command -> (module with main(argv, prog=...), leading arguments, one-line help)
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "train": ("verl.cli.ppo", (), "validate the config and run PPO/GRPO training"),
