@@ -9,6 +9,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
 venv="${VERL_VENV:-$root/.venv}"
 cd "$root"
+# Python may cache compiled modules: every test and every process a test starts (ranks, Ray
+# workers, child drivers) imports verl's modules, which without the cache are compiled again
+# each time (about 0.5 s a process), and pytest rewrites every test module on each worker.
+unset PYTHONDONTWRITEBYTECODE
 "$venv/bin/ruff" check verl tests bench
 "$venv/bin/ruff" format --check verl tests bench
 # --durations: the 25 slowest tests at the end of the log, where suite time is lost.
