@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.engine import OptimSpec, build_engine
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -285,27 +284,21 @@ def _variants_worker(rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(fn, out_dir: Path, name: str) -> list[dict[str, Any]]:
+def _spawn(fn, out_dir: Path, name: str, request) -> list[dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
-    # Spawned children import this module by name: make the repository root importable.
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    mp.start_processes(
-        fn, args=(find_free_port(), str(out_dir)), nprocs=WORLD, start_method="spawn", join=True
-    )
+    run_ranks(fn, (find_free_port(), str(out_dir)), WORLD, request)
     return [torch.load(out_dir / f"{name}_rank{r}.pt") for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
-def main_results(tmp_path_factory) -> list[dict[str, Any]]:
-    return _spawn(_main_worker, tmp_path_factory.mktemp("fsdp2_main"), "main")
+def main_results(tmp_path_factory, request) -> list[dict[str, Any]]:
+    return _spawn(_main_worker, tmp_path_factory.mktemp("fsdp2_main"), "main", request)
 
 
 @pytest.fixture(scope="module")
-def variant_results(tmp_path_factory) -> list[dict[str, Any]]:
-    return _spawn(_variants_worker, tmp_path_factory.mktemp("fsdp2_variants"), "variants")
+def variant_results(tmp_path_factory, request) -> list[dict[str, Any]]:
+    return _spawn(_variants_worker, tmp_path_factory.mktemp("fsdp2_variants"), "variants", request)
 
 
 # ---- references ---------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,6 +35,7 @@ from test_fsdp2_engine import (
     _value_loss_fn,
 )
 
+from tests.ranks import run_ranks
 from verl.engine import OptimSpec, build_engine
 from verl.models.tiny import build_tiny_model
 
@@ -130,16 +130,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[dict[str, Any]]:
+def results(tmp_path_factory, request) -> list[dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
     out = tmp_path_factory.mktemp("fsdp2_shard_dim")
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    mp.start_processes(
-        _worker, args=(find_free_port(), str(out)), nprocs=WORLD, start_method="spawn", join=True
-    )
+    run_ranks(_worker, (find_free_port(), str(out)), WORLD, request)
     return [torch.load(out / f"shard_rank{r}.pt") for r in range(WORLD)]
 
 

@@ -13,14 +13,13 @@ compares within 1e-5 (fp32).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.engine import OptimSpec, build_engine
 from verl.engine.options import EngineOptions
 from verl.engine.tensor_parallel import (
@@ -169,19 +168,12 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def results(tmp_path_factory, request) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     out = tmp_path_factory.mktemp("tensor_parallel")
-    mp.start_processes(
-        _tp_worker, args=(find_free_port(), str(out)), nprocs=WORLD, start_method="spawn"
-    )
-    mp.start_processes(
-        _resume_worker, args=(find_free_port(), str(out)), nprocs=1, start_method="spawn"
-    )
+    run_ranks(_tp_worker, (find_free_port(), str(out)), WORLD, request)
+    run_ranks(_resume_worker, (find_free_port(), str(out)), 1, request)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)], torch.load(out / "resumed.pt")
 
 

@@ -12,14 +12,13 @@ engine's within 1e-5 (fp32).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.engine import OptimSpec, build_engine
 from verl.kernels.torch_functional import compute_response_log_probs
 
@@ -117,15 +116,10 @@ def _tp_worker(rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def test_smollm2_shapes_at_tensor_3_equal_one_process(tmp_path):
+def test_smollm2_shapes_at_tensor_3_equal_one_process(tmp_path, request):
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    mp.start_processes(
-        _tp_worker, args=(find_free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn"
-    )
+    run_ranks(_tp_worker, (find_free_port(), str(tmp_path)), WORLD, request)
     want = _run(build_engine("single", _smollm2_like(), OptimSpec(lr=1e-2)))
     mask = _batch()[1][:, -RESPONSE_LEN:].bool()
     worst: dict[str, float] = {}

@@ -13,14 +13,13 @@ with LoRA, activation checkpointing and token-budget micro-batches.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.config import load_config
 from verl.models import CausalLMWithValueHead
 from verl.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model_dir
@@ -213,19 +212,11 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory, model_dir) -> list[dict[str, Any]]:
+def results(tmp_path_factory, model_dir, request) -> list[dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     out_dir = tmp_path_factory.mktemp("ulysses_workers")
-    mp.start_processes(
-        _worker,
-        args=(find_free_port(), model_dir, str(out_dir)),
-        nprocs=WORLD,
-        start_method="spawn",
-    )
+    run_ranks(_worker, (find_free_port(), model_dir, str(out_dir)), WORLD, request)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -10,14 +10,13 @@ the one-process references and compares within 1e-5 (fp32).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
 
@@ -102,16 +101,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[dict[str, Any]]:
+def results(tmp_path_factory, request) -> list[dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     out_dir = tmp_path_factory.mktemp("ulysses")
-    mp.start_processes(
-        _worker, args=(find_free_port(), str(out_dir)), nprocs=WORLD, start_method="spawn"
-    )
+    run_ranks(_worker, (find_free_port(), str(out_dir)), WORLD, request)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

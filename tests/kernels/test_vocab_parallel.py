@@ -12,14 +12,13 @@ head called outside it returns the gathered full logits. All within 1e-5 in fp32
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.ranks import run_ranks
 from verl.kernels.logprob_kernels import LogProbEntropy
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models.tiny import build_tiny_model
@@ -112,16 +111,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[dict[str, Any]]:
+def results(tmp_path_factory, request) -> list[dict[str, Any]]:
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     out_dir = tmp_path_factory.mktemp("vocab_parallel")
-    mp.start_processes(
-        _worker, args=(find_free_port(), str(out_dir)), nprocs=WORLD, start_method="spawn"
-    )
+    run_ranks(_worker, (find_free_port(), str(out_dir)), WORLD, request)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

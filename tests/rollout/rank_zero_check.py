@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 def _free_port() -> int:
@@ -119,4 +118,6 @@ def _check(rank: int, model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(_rank, args=(_free_port(), sys.argv[1], sys.argv[2]), nprocs=2)
+    from tests.ranks import run_ranks  # the test runs this script with the repository on PYTHONPATH
+
+    run_ranks(_rank, (_free_port(), sys.argv[1], sys.argv[2]), 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.ranks import run_ranks
 from verl.config import load_config
 from verl.models.tiny import save_tiny_model_dir
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -206,19 +207,9 @@ def _fsdp2_actor(rank: int, model_dir: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_actor_computes_in_bf16_with_fp32_master_weights(model_dir, tmp_path):
-    import sys
-    from pathlib import Path
-
-    import torch.multiprocessing as mp
-
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
+def test_fsdp2_actor_computes_in_bf16_with_fp32_master_weights(model_dir, tmp_path, request):
     out = tmp_path / "res.pt"
-    mp.start_processes(
-        _fsdp2_actor, args=(str(model_dir), str(out)), nprocs=1, start_method="spawn", join=True
-    )
+    run_ranks(_fsdp2_actor, (str(model_dir), str(out)), 1, request)
     res = torch.load(out)
     assert res["param_dtypes"] == ["torch.float32"]
     assert res["policy"] == {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}

@@ -21,6 +21,7 @@ import math
 import pytest
 import torch
 
+from tests.ranks import run_ranks
 from verl.config import load_config
 from verl.kernels.torch_functional import compute_response_log_probs
 from verl.models import CausalLMWithValueHead
@@ -505,25 +506,11 @@ def _fsdp2_rank(rank: int, port: int, out_dir: str, model_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def fsdp2_grads(model_dir, tmp_path_factory) -> list[dict]:
-    import sys
-    from pathlib import Path
-
-    import torch.multiprocessing as mp
-
+def fsdp2_grads(model_dir, tmp_path_factory, request) -> list[dict]:
     from verl.utils.distributed import find_free_port
 
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:  # spawned children import this module by name
-        sys.path.insert(0, root)
     out = tmp_path_factory.mktemp("fsdp2_update")
-    mp.start_processes(
-        _fsdp2_rank,
-        args=(find_free_port(), str(out), str(model_dir)),
-        nprocs=WORLD,
-        start_method="spawn",
-        join=True,
-    )
+    run_ranks(_fsdp2_rank, (find_free_port(), str(out), str(model_dir)), WORLD, request)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
