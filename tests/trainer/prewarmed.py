@@ -9,9 +9,13 @@ and OpenBLAS starts it again in the child when first used), then forks one child
 ``run`` (to its end) or ``start`` (a ``Child`` read like a ``subprocess.Popen``, to signal
 or kill while it runs): the child is a new process (its own pid, memory and file
 descriptors) that runs the script as ``python script args...`` (or a module as
-``python -m module args...``) would, as ``__main__``, and ends through the normal
-interpreter exit (atexit handlers run); a signal sent to its pid reaches it alone, a SIGKILL
-kills it alone. What the child starts (reward workers, tool threads) is its own.
+``python -m module args...``) would, as ``__main__``, and ends as the interpreter's exit
+does up to its finalisation (non-daemon threads joined, atexit handlers run, the standard
+streams flushed, the exit status ``SystemExit`` gives) but without tearing down the modules,
+seconds for torch's and transformers' (a file a run leaves unclosed is not flushed: a
+failure here, never a pass); a signal sent to its pid reaches it alone, a SIGKILL kills it
+alone. What the child starts (reward workers, tool threads) is its own. At the end of its
+input the parent exits at once (it ran nothing to finish).
 
 The parent's environment, and so every child's, is the ``env`` given (``start`` can give a
 child another ``os.environ``); ``/proc/<pid>/environ`` of a forked child is its parent's, so
@@ -34,10 +38,10 @@ from pathlib import Path
 
 # The parent: import the modules named in argv, then fork one child per request line
 # {"argv", "cwd", "stderr"} (and "env": the child's os.environ, "setsid": a new session, when
-# given); answer {"pid"} when forked and {"returncode"} when it ended (negative: killed by that signal, as
-# subprocess reports it).
+# given); answer {"pid"} when forked and {"returncode"} when it ended (negative: killed by
+# that signal, as subprocess reports it).
 _PARENT = r"""
-import json, os, runpy, sys, traceback
+import atexit, json, os, runpy, sys, threading, traceback
 
 for name in sys.argv[1:]:
     __import__(name)
@@ -61,6 +65,7 @@ for line in requests:
         os.close(err)
         sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
         argv = list(req["argv"])
+        code = 0
         try:
             if argv[0] == "-m":  # python -m module args...
                 sys.argv = argv[1:]
@@ -68,18 +73,31 @@ for line in requests:
             else:
                 sys.argv = argv
                 runpy.run_path(argv[0], run_name="__main__")
-        except SystemExit:
-            raise
+        except SystemExit as stop:  # as the interpreter reads it
+            if stop.code is None or isinstance(stop.code, int):
+                code = stop.code or 0
+            else:
+                print(stop.code, file=sys.stderr)
+                code = 1
         except BaseException:
             traceback.print_exc()
-            sys.exit(1)
-        sys.exit(0)  # the interpreter's normal exit, as `python script` ends
+            code = 1
+        # the interpreter's exit up to its finalisation, which tearing down torch's and
+        # transformers' modules makes seconds long: non-daemon threads joined, atexit run
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     answers.write(json.dumps({"pid": pid}) + "\n")
     answers.flush()
     _, status = os.waitpid(pid, 0)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     answers.write(json.dumps({"returncode": code}) + "\n")
     answers.flush()
+# End of input: no child left to wait for. Exit without the interpreter's teardown of torch's
+# and transformers' modules (seconds, for a process that ran nothing).
+os._exit(0)
 """
 
 
