@@ -386,6 +386,22 @@ def _kill_in_step_3(kind: str, cfg: Any, marker_dir: Path) -> None:
         stop()
 
 
+def _two_ranks_killed_in_step_3(kind: str, two_rank_straight, model_dir: Path, tmp_path: Path):
+    """The straight two-rank run of ``kind`` (its checkpoint is a two-rank FSDP2 one), then
+    the same config in ``tmp_path / "run"`` killed in step 3 (step 2 the latest checkpoint).
+    Returns the straight run, the killed run's directory and its config."""
+    straight_run = two_rank_straight(kind)
+    manifest = read_manifest(straight_run[1] / "global_step_4", verify=True)
+    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
+    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
+    assert "actor/worker_state_rank1.json" in manifest["files"]
+    run_dir = tmp_path / "run"
+    cfg = make_config(kind, model_dir, run_dir, *TWO_RANKS)
+    _kill_in_step_3(kind, cfg, tmp_path / "killed")
+    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+    return straight_run, run_dir, cfg
+
+
 def _assert_resumed_like_straight(
     resumed: dict[str, Any], run_dir: Path, logged_before: int, straight_run: tuple
 ) -> None:
@@ -410,15 +426,9 @@ def _assert_resumed_like_straight(
 def test_two_fsdp2_ranks_killed_and_resumed_bit_for_bit_dpo(
     ray_session, two_rank_straight, tiny_model_dir, tmp_path
 ):
-    straight, straight_dir = two_rank_straight("dpo")
-    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
-    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
-    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
-    assert "actor/worker_state_rank1.json" in manifest["files"]
-    run_dir = tmp_path / "run"
-    cfg = make_config("dpo", tiny_model_dir, run_dir, *TWO_RANKS)
-    _kill_in_step_3("dpo", cfg, tmp_path / "killed")
-    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+    (straight, straight_dir), run_dir, cfg = _two_ranks_killed_in_step_3(
+        "dpo", two_rank_straight, tiny_model_dir, tmp_path
+    )
 
     resumed = train_on_ranks("dpo", cfg)  # a new group of new processes; resume_mode=auto
     assert resumed["resumed_from"] == str(run_dir / "global_step_2")
@@ -523,15 +533,9 @@ def test_two_fsdp2_ranks_killed_then_stopped_by_the_drivers_sigterm_and_resumed_
     SIGTERM, forwarded, stops it after step 3 with its own checkpoint (save_freq=2 would not
     save step 3); a third group resumes from that to the end: bit for bit the straight run.
     Then the two-rank checkpoint loads in one process."""
-    straight, straight_dir = two_rank_straight("sft")
-    manifest = read_manifest(straight_dir / "global_step_4", verify=True)
-    assert manifest["roles"]["actor_rollout_ref"]["world_size"] == 2
-    assert manifest["roles"]["actor_rollout_ref"]["strategy"] == "fsdp2"
-    assert "actor/worker_state_rank1.json" in manifest["files"]
-    run_dir = tmp_path / "run"
-    cfg = make_config("sft", tiny_model_dir, run_dir, *TWO_RANKS)
-    _kill_in_step_3("sft", cfg, tmp_path / "killed")
-    assert (run_dir / LATEST_FILE).read_text().strip() == "2"
+    (straight, straight_dir), run_dir, cfg = _two_ranks_killed_in_step_3(
+        "sft", two_rank_straight, tiny_model_dir, tmp_path
+    )
     assert [row["step"] for row in logged_steps(run_dir)] == [1, 2]
 
     marker_dir = tmp_path / "stopping"
