@@ -32,9 +32,49 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+# A forked child's end of a prewarmed parent (this module's and tests/trainer/prewarmed.py's):
+# run ``argv`` as ``python argv...`` would, as ``__main__`` (with ``set_path``, the script's
+# directory or, for ``-m``, the working directory first on ``sys.path``, as the interpreter
+# puts it), then end as the interpreter's exit does up to its finalisation, never returning.
+RUN_AS_PYTHON = r"""
+def run_as_python(argv, set_path):
+    import atexit, os, runpy, sys, threading, traceback
+
+    code = 0
+    try:
+        if argv[0] == "-m":  # python -m module args...
+            sys.argv = argv[1:]
+            if set_path:
+                sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            if set_path:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:  # as the interpreter reads it
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # the interpreter's exit up to its finalisation, which tearing down torch's and
+    # transformers' modules makes seconds long: non-daemon threads joined, atexit run
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+"""
+
 # argv: socket path, modules to import. Serves one run at a time until killed.
-_PARENT = r"""
-import atexit, json, os, runpy, socket, sys, threading, traceback
+_PARENT = (
+    RUN_AS_PYTHON
+    + r"""
+import json, os, socket, sys
 
 path = sys.argv[1]
 for name in sys.argv[2:]:
@@ -61,33 +101,7 @@ while True:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        argv = req["argv"]
-        code = 0
-        try:
-            if argv[0] == "-m":  # python -m module args...
-                sys.argv = argv[1:]
-                sys.path.insert(0, os.getcwd())
-                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = argv
-                sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-                runpy.run_path(argv[0], run_name="__main__")
-        except SystemExit as stop:  # as the interpreter reads it
-            if stop.code is None or isinstance(stop.code, int):
-                code = stop.code or 0
-            else:
-                print(stop.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        # the interpreter's exit up to its finalisation, which tearing down torch's and
-        # transformers' modules makes seconds long: non-daemon threads joined, atexit run
-        threading._shutdown()
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        run_as_python(req["argv"], set_path=True)
     for fd in fds:
         os.close(fd)
     _, status = os.waitpid(pid, 0)
@@ -95,6 +109,7 @@ while True:
     conn.sendall(str(code).encode())
     conn.close()
 """
+)
 
 # The executable: {real} is the real interpreter, {sock} the parent's socket.
 _CLIENT = """#!{real} -IS

@@ -36,12 +36,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.prewarmed_python import RUN_AS_PYTHON
+
 # The parent: import the modules named in argv, then fork one child per request line
 # {"argv", "cwd", "stderr"} (and "env": the child's os.environ, "setsid": a new session, when
 # given); answer {"pid"} when forked and {"returncode"} when it ended (negative: killed by
 # that signal, as subprocess reports it).
-_PARENT = r"""
-import atexit, json, os, runpy, sys, threading, traceback
+_PARENT = (
+    RUN_AS_PYTHON
+    + r"""
+import json, os, sys
 
 for name in sys.argv[1:]:
     __import__(name)
@@ -64,31 +68,7 @@ for line in requests:
         os.close(null)
         os.close(err)
         sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
-        argv = list(req["argv"])
-        code = 0
-        try:
-            if argv[0] == "-m":  # python -m module args...
-                sys.argv = argv[1:]
-                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = argv
-                runpy.run_path(argv[0], run_name="__main__")
-        except SystemExit as stop:  # as the interpreter reads it
-            if stop.code is None or isinstance(stop.code, int):
-                code = stop.code or 0
-            else:
-                print(stop.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        # the interpreter's exit up to its finalisation, which tearing down torch's and
-        # transformers' modules makes seconds long: non-daemon threads joined, atexit run
-        threading._shutdown()
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        run_as_python(list(req["argv"]), set_path=False)
     answers.write(json.dumps({"pid": pid}) + "\n")
     answers.flush()
     _, status = os.waitpid(pid, 0)
@@ -99,6 +79,7 @@ for line in requests:
 # and transformers' modules (seconds, for a process that ran nothing).
 os._exit(0)
 """
+)
 
 
 class Prewarmed:
