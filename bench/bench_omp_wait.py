@@ -9,7 +9,7 @@ OpenMP runtime loads with torch, so each measurement is a fresh child process wi
 environment.
 
 Workload, on the main job's model (SmolLM2-135M-Instruct in fp32, the precision ``auto``
-picks on a CPU without native bf16) or ``--tiny`` (a small Llama built from a config): an
+picks on a CPU without native bf16) or ``--tiny`` (a small random Llama, ``verl.models.tiny``): an
 update-sized forward + backward (``--update-rows`` x ``--update-tokens`` tokens) and a decode
 (``--decode-rows`` rows, ``--decode-steps`` tokens with a KV cache), ``--threads`` torch threads
 (default: the machine's cores), a warm-up of each first. Conditions: ``idle`` (nothing else
@@ -103,19 +103,11 @@ def _build_model(tiny: bool):
     import torch
 
     if tiny:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from verl.models.tiny import build_tiny_model
 
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=4096,
-            tie_word_embeddings=True,
+        return build_tiny_model(
+            arch="llama", hidden_size=256, num_layers=4, num_heads=4, intermediate_size=768
         )
-        return LlamaForCausalLM(cfg).float()
     from transformers import AutoModelForCausalLM
 
     from verl.models.embedded import embedded_model_dir
