@@ -51,6 +51,7 @@ from typing import Any
 import pytest
 
 from verl.utils.lifetime import processes_with_env
+from verl.utils.omp_wait import PASSIVE, WAIT_POLICY_ENV
 
 RAY_TEST_CPUS = 4
 RAY_GROUPS = ("ray_session", "ray_session_b")  # one cluster each, on different workers
@@ -59,7 +60,6 @@ SESSION_MARK = "VERL_TEST_SESSION"
 LEAK_GRACE_S = float(os.environ.get("VERL_TEST_LEAK_GRACE_S", "15"))
 CHILD_GRACE_S = float(os.environ.get("VERL_TEST_CHILD_GRACE_S", "5"))
 VLLM_RPC_VAR = "VLLM_RPC_BASE_PATH"
-OMP_WAIT_VAR = "OMP_WAIT_POLICY"
 
 
 LEFT_BEHIND_KEY = "verl_left_behind"  # an xdist worker's report to the controller
@@ -78,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # torch's OpenMP threads sleep when they wait, in every process the tests start, as in
     # the processes verl's commands start (verl/utils/omp_wait.py): the suite's processes
     # share two cores, where spinning threads stall each other
-    os.environ.setdefault(OMP_WAIT_VAR, "PASSIVE")
+    os.environ.setdefault(WAIT_POLICY_ENV, PASSIVE)
     if worker:
         config.pluginmanager.register(_XdistGroupIds(), "verl-xdist-group-ids")
     if VLLM_RPC_VAR not in os.environ:  # xdist workers inherit the controller's directory
